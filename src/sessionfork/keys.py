@@ -1,0 +1,53 @@
+"""Every Redis key, channel, stream and queue name of sessionfork. This docstring is the key schema.
+
+Session registry (may live on a Redis Cluster; every key of one session shares the hash tag
+``{<id>}``, so each atomic step on a session touches one slot)::
+
+    sf:s:{<id>}            hash   the session record
+                                    header    header JSON (wire.Header)
+                                    instance  live instance token; absent once disposed
+                                    len       total events, inherited seed included
+                                    seedlen   events inherited from the parent (seedLength)
+                                    seed      JSON list of [ancestor id, start, stop): list indexes
+                                              into that ancestor's own log, oldest ancestor first
+                                    last      type of the last event ("" for an empty log)
+                                    req       request id that created it by fork (for replays)
+    sf:s:{<id>}:log        list   the session's own events (seq >= seedlen), JSON without "seq"
+    sf:s:{<id>}:children   set    ids of the sessions forked from this one (lineage index)
+
+Queue side (one Redis primary, the one RQ uses; never a cluster)::
+
+    sf:req:<request id>    hash   idempotency record: digest, planned child ids, outcome JSON
+    sf:outcomes            stream every outcome, capped (XADD MAXLEN ~)
+    sf:replies             channel default reply channel (requests may name their own)
+    sessionfork            RQ queue name (RQ itself derives rq:queue:sessionfork etc.)
+    sf:lifecycle           stream session/created, session/flush, session/disposed for persistence
+"""
+
+from __future__ import annotations
+
+PREFIX = "sf"
+DEFAULT_QUEUE = "sessionfork"
+DEFAULT_REPLY_CHANNEL = f"{PREFIX}:replies"
+OUTCOME_STREAM = f"{PREFIX}:outcomes"
+LIFECYCLE_STREAM = f"{PREFIX}:lifecycle"
+
+
+def session(session_id: str) -> str:
+    """The session record (hash)."""
+    return f"{PREFIX}:s:{{{session_id}}}"
+
+
+def session_log(session_id: str) -> str:
+    """The session's own events (list)."""
+    return f"{PREFIX}:s:{{{session_id}}}:log"
+
+
+def session_children(session_id: str) -> str:
+    """Ids of the sessions forked from this one (set)."""
+    return f"{PREFIX}:s:{{{session_id}}}:children"
+
+
+def request(request_id: str) -> str:
+    """The idempotency record of one fork request (hash, on the queue server)."""
+    return f"{PREFIX}:req:{request_id}"

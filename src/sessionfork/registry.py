@@ -1,0 +1,314 @@
+"""Sessions in Redis: create, append, read, dispose, and the two atomic steps of a fork.
+
+Every read and write of the session layout (see ``keys``) goes through ``Registry``. Each atomic
+step touches the keys of one session only (one hash slot), so the registry runs unchanged on a
+single server or a Redis Cluster.
+
+Seeds are kept by reference: a forked child's record lists the ancestor log slices it inherits
+(immutable, since logs are append-only), so a fork costs the same whatever the parent's length and
+a child uses memory only for its own events. Reading resolves the references in one pipelined
+round trip after the record is read.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, TypeAlias
+
+import msgspec
+from msgspec import UNSET
+from redis import Redis
+from redis.cluster import RedisCluster
+from redis.commands.core import Script
+
+from . import errors, keys, rules, wire
+from .wire import Event, Header, LiveHandle, NewEvent, SeedMeta
+
+RedisClient: TypeAlias = "Redis | RedisCluster"
+SessionRef: TypeAlias = "str | LiveHandle"
+"""A session named by id (any live instance) or by live handle (that instance only)."""
+
+_segments = msgspec.json.Decoder(list[tuple[str, int, int]])
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_session_id() -> str:
+    """``session-<uuid4>``: unique across processes and machines without coordination."""
+    return f"session-{uuid.uuid4()}"
+
+
+def new_instance_token() -> str:
+    return secrets.token_hex(16)
+
+
+def _load(name: str) -> str:
+    return resources.files(__package__).joinpath("scripts", name).read_text(encoding="utf-8")
+
+
+def _unpack(ref: SessionRef) -> tuple[str, str]:
+    if isinstance(ref, LiveHandle):
+        return rules.check_id(ref.id), ref.instance
+    return rules.check_id(ref), ""
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """The source step's result: the source's log at one instant, as references.
+
+    ``length`` events: ``segments`` (inherited, ``seed_length`` of them) then the source's own
+    events ``[0, length - seed_length)``.
+    """
+
+    source: Header
+    length: int
+    seed_length: int
+    segments: tuple[tuple[str, int, int], ...]
+
+    @property
+    def meta(self) -> SeedMeta:
+        return SeedMeta(parent_session=self.source.id, seed_length=self.length, cwd=self.source.cwd)
+
+    def child_segments(self) -> list[list[object]]:
+        return rules.child_segments(
+            self.source.id, [list(s) for s in self.segments], self.seed_length, self.length
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ForkPlan:
+    """What the source step found: a snapshot or the error that stops the fork, and the
+    children that the same request id already created (a replay after a crash)."""
+
+    snapshot: Snapshot | None
+    error: errors.ForkError | None
+    replayed: dict[str, Header]
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    header: Header
+    length: int
+    seed_length: int
+    segments: tuple[tuple[str, int, int], ...]
+
+
+class Registry:
+    """The session registry on one Redis connection (a ``Redis`` or a ``RedisCluster``).
+
+    ``clock`` returns Unix epoch milliseconds; ``new_id`` and ``new_token`` make session ids and
+    instance tokens. All three are injected so tests can pin them.
+    """
+
+    def __init__(
+        self,
+        redis: Redis | RedisCluster,
+        *,
+        clock: Callable[[], int] = now_ms,
+        new_id: Callable[[], str] = new_session_id,
+        new_token: Callable[[], str] = new_instance_token,
+    ) -> None:
+        self.redis = redis
+        self._clock = clock
+        self._new_id = new_id
+        self._new_token = new_token
+        self._create: Script = redis.register_script(_load("create.lua"))
+        self._append: Script = redis.register_script(_load("append.lua"))
+        self._snapshot: Script = redis.register_script(_load("snapshot.lua"))
+        self._dispose: Script = redis.register_script(_load("dispose.lua"))
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def create(self, session_id: str | None = None, *, cwd: str | None = None) -> LiveHandle:
+        """Create a live session; raises ``SESSION_ALREADY_EXISTS`` if the id was ever used."""
+        sid = rules.check_id(session_id) if session_id is not None else self._new_id()
+        header = Header(version=wire.HEADER_VERSION, id=sid, created_at=self._clock(),
+                        cwd=UNSET if cwd is None else cwd)
+        token = self._new_token()
+        raw = wire.encode_header(header)
+        created = self._create(keys=[keys.session(sid)], args=[raw, token, 0, 0, "[]", "", ""])
+        if created is None:
+            raise errors.already_exists(sid)
+        return LiveHandle(sid, token)
+
+    def append(self, session: SessionRef, events: Sequence[NewEvent]) -> list[Event]:
+        """Append events to a live session; returns them with their ``seq`` and ``time``.
+
+        Concurrent appenders never produce a gap or a duplicate seq (the script assigns the
+        positions). Raises ``SESSION_NOT_FOUND`` / ``SESSION_NOT_LIVE``.
+        """
+        sid, instance = _unpack(session)
+        if not events:
+            return []
+        ts = self._clock()
+        payload = [wire.encode_stored_event(e, ts) for e in events]
+        first = int(self._append(keys=[keys.session(sid), keys.session_log(sid)],
+                                 args=[instance, events[-1].type, *payload]))
+        self._raise_for(first, sid)
+        return [Event(e.type, first + i, ts, e.data, dict(e.extra)) for i, e in enumerate(events)]
+
+    def dispose(self, session: SessionRef) -> None:
+        """End the live incarnation; header and events stay readable, the id is never reused."""
+        sid, instance = _unpack(session)
+        self._raise_for(int(self._dispose(keys=[keys.session(sid)], args=[instance])), sid)
+
+    @staticmethod
+    def _raise_for(status: int, sid: str) -> None:
+        if status == -1:
+            raise errors.not_found(sid)
+        if status == -2:
+            raise errors.not_live(sid)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def header(self, session_id: str) -> Header:
+        """The header of a session, live or disposed; ``SESSION_NOT_FOUND`` if never created."""
+        sid = rules.check_id(session_id)
+        raw = self.redis.hget(keys.session(sid), "header")
+        if raw is None:
+            raise errors.not_found(sid)
+        return wire.decode_header(raw)
+
+    def instance(self, session_id: str) -> str | None:
+        """The live instance token, or ``None`` when the session is not live."""
+        raw = self.redis.hget(keys.session(rules.check_id(session_id)), "instance")
+        return None if raw is None else _text(raw)
+
+    def length(self, session_id: str) -> int:
+        raw = self.redis.hget(keys.session(rules.check_id(session_id)), "len")
+        return 0 if raw is None else int(raw)
+
+    def exists(self, session_id: str) -> bool:
+        return bool(self.redis.exists(keys.session(rules.check_id(session_id))))
+
+    def events(self, session_id: str, start: int = 0, stop: int | None = None) -> list[Event]:
+        """Events with ``start <= seq < stop`` (the whole log by default), inherited seed included."""
+        record = self._record(rules.check_id(session_id))
+        stop = record.length if stop is None else min(stop, record.length)
+        return self._read(session_id, record.segments, record.seed_length, max(start, 0), stop)
+
+    def children(self, session_id: str) -> list[str]:
+        """Ids of the sessions forked from this one, sorted."""
+        members = self.redis.smembers(keys.session_children(rules.check_id(session_id)))
+        return sorted(_text(m) for m in members)
+
+    def _record(self, sid: str) -> _Record:
+        header, length, seed_length, seed = self.redis.hmget(
+            keys.session(sid), ["header", "len", "seedlen", "seed"]
+        )
+        if header is None or length is None or seed_length is None or seed is None:
+            raise errors.not_found(sid)
+        return _Record(wire.decode_header(header), int(length), int(seed_length),
+                       tuple(_segments.decode(seed)))
+
+    def _read(self, sid: str, segments: Sequence[tuple[str, int, int]], seed_length: int,
+              start: int, stop: int) -> list[Event]:
+        # Walk the log's pieces (ancestor slices, then the own log) and fetch the overlap of each
+        # with [start, stop) in one pipeline; ancestor slices are immutable, so no lock is needed.
+        plan: list[tuple[str, int, int, int]] = []  # (log owner, first index, last index, first seq)
+        seq = 0
+        pieces = [*segments, (sid, 0, None)]
+        for owner, lo, hi in pieces:
+            size = (hi if hi is not None else stop - seed_length) - lo
+            a, b = max(start, seq), min(stop, seq + size)
+            if a < b:
+                plan.append((owner, lo + a - seq, lo + b - seq - 1, a))
+            seq += size
+        if not plan:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for owner, first, last, _ in plan:
+            pipe.lrange(keys.session_log(owner), first, last)
+        out: list[Event] = []
+        for (_, _, _, first_seq), raws in zip(plan, pipe.execute(), strict=True):
+            out.extend(wire.decode_stored_event(raw, first_seq + i) for i, raw in enumerate(raws))
+        return out
+
+    # -- the two atomic steps of a fork ----------------------------------------------------------
+
+    def take_snapshot(self, source: SessionRef) -> Snapshot:
+        """The source step alone: ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE`` or ``OPEN_TURN``."""
+        plan = self.prepare_fork(source)
+        if plan.error is not None:
+            raise plan.error
+        assert plan.snapshot is not None
+        return plan.snapshot
+
+    def prepare_fork(self, source: SessionRef, child_ids: Sequence[str] = (), *,
+                     request_id: str = "") -> ForkPlan:
+        """The source step, plus a look at the children-to-be, in one round trip.
+
+        The source step is one script on the source's slot: live? instance? boundary? length?
+        A child id that exists is ``SESSION_ALREADY_EXISTS`` (raised here, before the boundary
+        rule) unless ``request_id`` created it: then it is returned in ``replayed``.
+        """
+        sid, instance = _unpack(source)
+        checked = [rules.check_id(c) for c in child_ids]
+        pipe = self.redis.pipeline(transaction=False)
+        for child in checked:
+            pipe.hmget(keys.session(child), ["header", "req"])
+        self._snapshot(keys=[keys.session(sid)], args=[instance], client=pipe)
+        *taken, reply = pipe.execute()
+        replayed: dict[str, Header] = {}
+        for child, (header, req) in zip(checked, taken, strict=True):
+            if header is None:
+                continue
+            if not request_id or req is None or _text(req) != request_id:
+                raise errors.already_exists(child)
+            replayed[child] = wire.decode_header(header)
+        try:
+            return ForkPlan(self.snapshot_from_reply(sid, reply), None, replayed)
+        except errors.ForkError as exc:
+            return ForkPlan(None, exc, replayed)
+
+    @staticmethod
+    def snapshot_from_reply(sid: str, reply: list[Any]) -> Snapshot:
+        status = _text(reply[0])
+        if status == "NOT_FOUND":
+            raise errors.not_found(sid)
+        if status == "NOT_LIVE":
+            raise errors.not_live(sid)
+        if status == "OPEN_TURN":
+            raise errors.open_turn(sid, _text(reply[1]))
+        _, length, header, seed, seed_length = reply
+        return Snapshot(wire.decode_header(header), int(length), int(seed_length),
+                        tuple(_segments.decode(seed)))
+
+    def read_snapshot(self, snap: Snapshot) -> list[Event]:
+        """The events a snapshot covers: fresh objects, safe for the caller to mutate."""
+        return self._read(snap.source.id, snap.segments, snap.seed_length, 0, snap.length)
+
+    def child_header(self, snap: Snapshot, child_id: str) -> Header:
+        return Header(version=wire.HEADER_VERSION, id=child_id, created_at=self._clock(),
+                      cwd=snap.source.cwd, parent_session=snap.source.id, seed_length=snap.length)
+
+    def create_child(self, snap: Snapshot, child_id: str | None = None, *,
+                     request_id: str = "") -> Header:
+        """The child step: create the child from a snapshot, atomically on the child's slot.
+
+        With ``request_id``, a child already created by the same request is returned as is (a
+        replay after a crash), so a request forks at most once. Then the parent's children index
+        gains the child (idempotent). Raises ``SESSION_ALREADY_EXISTS``.
+        """
+        cid = rules.check_id(child_id) if child_id is not None else self._new_id()
+        header = self.child_header(snap, cid)
+        raw = self._create(
+            keys=[keys.session(cid)],
+            args=[wire.encode_header(header), self._new_token(), snap.length, snap.length,
+                  wire.encode(snap.child_segments()), "turn/end" if snap.length else "", request_id],
+        )
+        if raw is None:
+            raise errors.already_exists(cid)
+        self.redis.sadd(keys.session_children(snap.source.id), cid)
+        return wire.decode_header(raw)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,17 @@
+-- Create a session record if its id is free: a new session (len 0) or a forked child.
+-- KEYS[1] = sf:s:{<id>}      (the new session's record; one slot)
+-- ARGV    = header JSON, instance token, len, seedlen, seed JSON, last type, request id ("" = none)
+-- Returns the header JSON of the record now under KEYS[1] when it is ours (created now, or
+-- created earlier by the same request id: a replay), or false when another owner has the id.
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  if ARGV[7] ~= '' and redis.call('HGET', KEYS[1], 'req') == ARGV[7] then
+    return redis.call('HGET', KEYS[1], 'header')
+  end
+  return false
+end
+redis.call('HSET', KEYS[1], 'header', ARGV[1], 'instance', ARGV[2], 'len', ARGV[3],
+  'seedlen', ARGV[4], 'seed', ARGV[5], 'last', ARGV[6])
+if ARGV[7] ~= '' then
+  redis.call('HSET', KEYS[1], 'req', ARGV[7])
+end
+return ARGV[1]

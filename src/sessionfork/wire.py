@@ -1,0 +1,114 @@
+"""Every type that crosses Redis, the queue or the CLI, as msgspec Structs; decoders built once.
+
+Wire names are camelCase (``createdAt``, ``parentSession``); optional keys are absent, never
+null. Schema growth: new fields go last and carry a default. Requests reject unknown fields;
+events keep them (``Event.extra``) so that every field of the original harness round-trips.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from . import errors
+
+HEADER_VERSION: Final = 0
+_EVENT_KEYS: Final = frozenset({"type", "seq", "time", "data"})
+
+
+class Header(msgspec.Struct, rename="camel", frozen=True):
+    """A session header: ``{version, id, createdAt, cwd?, parentSession?, seedLength?}``."""
+
+    version: int
+    id: str
+    created_at: int
+    cwd: str | UnsetType = UNSET
+    parent_session: str | UnsetType = UNSET
+    seed_length: int | UnsetType = UNSET
+
+
+class LiveHandle(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A live incarnation of a session: its id and the instance token it was created with."""
+
+    id: str
+    instance: str
+
+
+class NewEvent(msgspec.Struct, frozen=True):
+    """An event to append; the registry assigns ``seq`` and ``time``.
+
+    ``extra`` holds fields beyond ``type``/``data`` (``sourceEventSeqs``, ``surfaceOp``, ...); they
+    are stored and returned verbatim.
+    """
+
+    type: str
+    data: Any = None
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.type, str) or not self.type:
+            raise errors.invalid("event type must be a non-empty string")
+        clash = _EVENT_KEYS.intersection(self.extra)
+        if clash:
+            raise errors.invalid(f"event extra fields may not redefine {sorted(clash)}")
+
+
+class Event(msgspec.Struct):
+    """A logged event ``{type, seq, time, data, ...extra}``; ``time`` is Unix epoch milliseconds."""
+
+    type: str
+    seq: int
+    time: int
+    data: Any = None
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class SeedMeta(msgspec.Struct, rename="camel", frozen=True):
+    """Lineage of a snapshot: what a child forked from it records in its header."""
+
+    parent_session: str
+    seed_length: int
+    cwd: str | UnsetType = UNSET
+
+
+_json = msgspec.json.Encoder()
+_body_decoder = msgspec.json.Decoder(dict[str, Any])
+_header_decoder = msgspec.json.Decoder(Header)
+
+
+def encode_stored_event(event: NewEvent, time_ms: int) -> bytes:
+    """The bytes kept in a session log: the event without ``seq`` (it is the position)."""
+    return _json.encode({"type": event.type, "time": time_ms, "data": event.data, **event.extra})
+
+
+def decode_stored_event(raw: bytes, seq: int) -> Event:
+    body = _body_decoder.decode(raw)
+    kind = body.pop("type")
+    time_ms = body.pop("time")
+    data = body.pop("data", None)
+    body.pop("seq", None)
+    return Event(kind, seq, time_ms, data, body)
+
+
+def event_to_builtins(event: Event) -> dict[str, Any]:
+    """The harness's JSON shape of an event: ``{type, seq, time, data, ...extra}``."""
+    return {"type": event.type, "seq": event.seq, "time": event.time, "data": event.data, **event.extra}
+
+
+def encode_event(event: Event) -> bytes:
+    return _json.encode(event_to_builtins(event))
+
+
+def encode(value: Any) -> bytes:
+    """JSON-encode any wire Struct."""
+    return _json.encode(value)
+
+
+def encode_header(header: Header) -> bytes:
+    return _json.encode(header)
+
+
+def decode_header(raw: bytes | str) -> Header:
+    return _header_decoder.decode(raw)
