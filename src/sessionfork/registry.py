@@ -89,6 +89,7 @@ class ForkPlan:
 
     snapshot: Snapshot | None
     error: errors.ForkError | None
+    existing: list[str]
     replayed: dict[str, Header]
 
 
@@ -246,8 +247,8 @@ class Registry:
         """The source step, plus a look at the children-to-be, in one round trip.
 
         The source step is one script on the source's slot: live? instance? boundary? length?
-        A child id that exists is ``SESSION_ALREADY_EXISTS`` (raised here, before the boundary
-        rule) unless ``request_id`` created it: then it is returned in ``replayed``.
+        Each child id that exists lands in ``existing``, or in ``replayed`` when ``request_id``
+        created it (a replay after a crash).
         """
         sid, instance = _unpack(source)
         checked = [rules.check_id(c) for c in child_ids]
@@ -256,17 +257,19 @@ class Registry:
             pipe.hmget(keys.session(child), ["header", "req"])
         self._snapshot(keys=[keys.session(sid)], args=[instance], client=pipe)
         *taken, reply = pipe.execute()
+        existing: list[str] = []
         replayed: dict[str, Header] = {}
         for child, (header, req) in zip(checked, taken, strict=True):
             if header is None:
                 continue
-            if not request_id or req is None or _text(req) != request_id:
-                raise errors.already_exists(child)
-            replayed[child] = wire.decode_header(header)
+            if request_id and req is not None and _text(req) == request_id:
+                replayed[child] = wire.decode_header(header)
+            else:
+                existing.append(child)
         try:
-            return ForkPlan(self.snapshot_from_reply(sid, reply), None, replayed)
+            return ForkPlan(self.snapshot_from_reply(sid, reply), None, existing, replayed)
         except errors.ForkError as exc:
-            return ForkPlan(None, exc, replayed)
+            return ForkPlan(None, exc, existing, replayed)
 
     @staticmethod
     def snapshot_from_reply(sid: str, reply: list[Any]) -> Snapshot:
@@ -289,25 +292,40 @@ class Registry:
         return Header(version=wire.HEADER_VERSION, id=child_id, created_at=self._clock(),
                       cwd=snap.source.cwd, parent_session=snap.source.id, seed_length=snap.length)
 
+    def create_children(self, snap: Snapshot, child_ids: Sequence[str], *,
+                        request_id: str = "") -> list[Header | errors.ForkError]:
+        """The child step for each id: create it from ``snap``, atomically on its own slot.
+
+        One pipelined round trip for all children, then one to index the created ones under the
+        parent. A child already created by the same ``request_id`` is returned as it is (a
+        replay), so a request forks at most once; any other existing id is
+        ``SESSION_ALREADY_EXISTS`` in its place of the result.
+        """
+        checked = [rules.check_id(c) for c in child_ids]
+        segments = wire.encode(snap.child_segments())
+        last = "turn/end" if snap.length else ""
+        pipe = self.redis.pipeline(transaction=False)
+        for cid in checked:
+            raw = wire.encode_header(self.child_header(snap, cid))
+            self._create(keys=[keys.session(cid)], client=pipe,
+                         args=[raw, self._new_token(), snap.length, snap.length, segments, last, request_id])
+        results: list[Header | errors.ForkError] = [
+            errors.already_exists(cid) if raw is None else wire.decode_header(raw)
+            for cid, raw in zip(checked, pipe.execute(), strict=True)
+        ]
+        created = [r.id for r in results if isinstance(r, Header)]
+        if created:
+            self.redis.sadd(keys.session_children(snap.source.id), *created)
+        return results
+
     def create_child(self, snap: Snapshot, child_id: str | None = None, *,
                      request_id: str = "") -> Header:
-        """The child step: create the child from a snapshot, atomically on the child's slot.
-
-        With ``request_id``, a child already created by the same request is returned as is (a
-        replay after a crash), so a request forks at most once. Then the parent's children index
-        gains the child (idempotent). Raises ``SESSION_ALREADY_EXISTS``.
-        """
-        cid = rules.check_id(child_id) if child_id is not None else self._new_id()
-        header = self.child_header(snap, cid)
-        raw = self._create(
-            keys=[keys.session(cid)],
-            args=[wire.encode_header(header), self._new_token(), snap.length, snap.length,
-                  wire.encode(snap.child_segments()), "turn/end" if snap.length else "", request_id],
-        )
-        if raw is None:
-            raise errors.already_exists(cid)
-        self.redis.sadd(keys.session_children(snap.source.id), cid)
-        return wire.decode_header(raw)
+        """``create_children`` for one child (generated id by default); raises on failure."""
+        cid = self._new_id() if child_id is None else child_id
+        (result,) = self.create_children(snap, [cid], request_id=request_id)
+        if isinstance(result, errors.ForkError):
+            raise result
+        return result
 
 
 def _text(value: bytes | str) -> str:

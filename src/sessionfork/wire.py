@@ -7,6 +7,7 @@ events keep them (``Event.extra``) so that every field of the original harness r
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Final
 
 import msgspec
@@ -112,3 +113,93 @@ def encode_header(header: Header) -> bytes:
 
 def decode_header(raw: bytes | str) -> Header:
     return _header_decoder.decode(raw)
+
+
+# -- requests and replies (the queue's wire format) ---------------------------------------------
+
+
+class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True,
+                  kw_only=True):
+    """A fork request as schedulers enqueue it. Unknown fields are rejected.
+
+    At most one of ``session_id`` (one child, caller's id), ``session_ids`` (fan-out, caller's ids)
+    and ``count`` (fan-out, generated ids); none of them means one child with a generated id.
+    """
+
+    source: str | LiveHandle
+    request_id: str | UnsetType = UNSET
+    session_id: str | UnsetType = UNSET
+    reply_to: str | UnsetType = UNSET
+    count: int | UnsetType = UNSET
+    session_ids: list[str] | UnsetType = UNSET
+
+    @property
+    def source_id(self) -> str:
+        return self.source.id if isinstance(self.source, LiveHandle) else self.source
+
+    @property
+    def fans_out(self) -> bool:
+        return self.count is not UNSET or self.session_ids is not UNSET
+
+
+class ChildError(msgspec.Struct, rename="camel", kw_only=True):
+    """One requested child of a fan-out that was not created."""
+
+    session_id: str
+    code: str
+    message: str
+
+
+class ForkResult(msgspec.Struct, tag="fork/result", tag_field="type", rename="camel", kw_only=True):
+    """Success. One child: ``session``. Fan-out: ``sessions`` (created), ``failed`` (not created)."""
+
+    request_id: str
+    ok: bool = True
+    session: Header | UnsetType = UNSET
+    sessions: list[Header] | UnsetType = UNSET
+    failed: list[ChildError] | UnsetType = UNSET
+
+
+class ForkFailure(msgspec.Struct, tag="fork/error", tag_field="type", rename="camel", kw_only=True):
+    """Failure: nothing was created. ``code`` is an ``ErrorCode`` value."""
+
+    request_id: str
+    ok: bool = False
+    code: str
+    message: str
+
+
+Reply = ForkResult | ForkFailure
+
+_request_decoder = msgspec.json.Decoder(ForkRequest)
+_reply_decoder: msgspec.json.Decoder[ForkResult | ForkFailure] = msgspec.json.Decoder(Reply)
+
+
+def decode_request(raw: bytes | str) -> ForkRequest:
+    """Decode a request; any schema violation is ``INVALID_REQUEST`` naming the field."""
+    try:
+        return _request_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise errors.invalid(f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise errors.invalid(f"invalid request: not JSON ({exc})") from None
+
+
+def decode_reply(raw: bytes | str) -> Reply:
+    return _reply_decoder.decode(raw)
+
+
+class _DigestKey(msgspec.Struct, array_like=True):
+    source: str | LiveHandle
+    session_id: str | UnsetType
+    count: int | UnsetType
+    session_ids: list[str] | UnsetType
+
+
+def digest(request: ForkRequest) -> str:
+    """What makes two requests under one request id "the same": source and children asked for.
+
+    ``requestId`` and ``replyTo`` are not part of it (a retry may listen elsewhere).
+    """
+    key = _DigestKey(request.source, request.session_id, request.count, request.session_ids)
+    return hashlib.sha256(_json.encode(key)).hexdigest()

@@ -1,0 +1,153 @@
+"""Outcomes: stored under the request id first, then announced (outcome stream, reply channel).
+
+Lives on the queue server (a single Redis primary, the one RQ uses). ``Outcomes`` is the worker's
+side (claim, record); ``wait_for_reply`` is the scheduler's side. A waiter subscribes first and
+then reads the stored outcome, so a reply published before it listened, or while it reconnected,
+is never lost.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from importlib import resources
+
+import msgspec
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from . import keys, wire
+from .registry import Snapshot
+from .wire import ForkFailure, Reply
+
+_ids = msgspec.json.Decoder(list[str])
+_snapshot_codec = msgspec.json.Decoder(tuple[wire.Header, int, int, list[tuple[str, int, int]]])
+
+
+def _script(name: str) -> str:
+    return resources.files(__package__).joinpath("scripts", name).read_text(encoding="utf-8")
+
+
+def code_of(reply: Reply) -> str:
+    """``OK`` for a result, the error code for a failure: the outcome stream's ``code`` field."""
+    return reply.code if isinstance(reply, ForkFailure) else "OK"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The state of a request id when a worker takes it up."""
+
+    state: str  # NEW | RESUME | DONE | CONFLICT
+    children: tuple[str, ...] = ()
+    snapshot: Snapshot | None = None
+    outcome: Reply | None = None
+
+
+class Outcomes:
+    """The outcome store of one queue server."""
+
+    def __init__(self, redis: Redis, *, ttl: int, stream_maxlen: int) -> None:
+        self.redis = redis
+        self.ttl = ttl
+        self.stream_maxlen = stream_maxlen
+        self._claim = redis.register_script(_script("claim.lua"))
+        self._record = redis.register_script(_script("record.lua"))
+
+    def claim(self, request_id: str, digest: str, children: list[str]) -> Claim:
+        """Claim ``request_id`` for a request with ``digest``, planning ``children`` if new."""
+        reply = self._claim(keys=[keys.request(request_id)],
+                            args=[digest, wire.encode(children), self.ttl])
+        state = _text(reply[0])
+        if state == "CONFLICT":
+            return Claim(state)
+        if state == "DONE":
+            return Claim(state, outcome=wire.decode_reply(reply[1]))
+        snap = None
+        if state == "RESUME" and reply[2]:
+            header, length, seed_length, segments = _snapshot_codec.decode(reply[2])
+            snap = Snapshot(header, length, seed_length, tuple(tuple(s) for s in segments))  # type: ignore[misc]
+        return Claim(state, tuple(_ids.decode(reply[1])), snap)
+
+    def remember_snapshot(self, request_id: str, snap: Snapshot) -> None:
+        """Keep a fan-out's snapshot so that a resumed request gives every child the same seed."""
+        value = wire.encode((snap.source, snap.length, snap.seed_length, list(snap.segments)))
+        self.redis.hset(keys.request(request_id), "snapshot", value)
+
+    def record(self, reply: Reply, channel: str, *, digest: str = "", duration_us: int = 0) -> Reply:
+        """Store ``reply`` as the request's outcome unless one is stored; announce it if stored now.
+
+        Returns the request's outcome: ``reply``, or the outcome stored first.
+        """
+        raw = wire.encode(reply)
+        stored, outcome = self._record(
+            keys=[keys.request(reply.request_id), keys.OUTCOME_STREAM],
+            args=[raw, channel, self.ttl, self.stream_maxlen, digest, reply.request_id,
+                  code_of(reply), duration_us],
+        )
+        return reply if stored else wire.decode_reply(outcome)
+
+    def announce(self, reply: Reply, channel: str) -> None:
+        """Announce an outcome that is not the request's own (``IDEMPOTENCY_CONFLICT``)."""
+        raw = wire.encode(reply)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xadd(keys.OUTCOME_STREAM, {"request": reply.request_id, "code": code_of(reply), "us": 0,
+                                        "reply": raw}, maxlen=self.stream_maxlen, approximate=True)
+        pipe.publish(channel, raw)
+        pipe.execute()
+
+    def get(self, request_id: str) -> Reply | None:
+        raw = self.redis.hget(keys.request(request_id), "outcome")
+        return None if raw is None else wire.decode_reply(raw)
+
+
+def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
+                   *, digest: str | None = None) -> Reply | None:
+    """Wait up to ``timeout`` seconds for the outcome of ``request_id``; ``None`` on time-out.
+
+    Subscribes to ``channel``, then reads the stored outcome, then listens; after a dropped
+    connection it reads the stored outcome again, so no reply is lost. With ``digest``, a request
+    id already used by a different request answers ``IDEMPOTENCY_CONFLICT``.
+    """
+    deadline = time.monotonic() + timeout
+    needle = request_id.encode()
+    pubsub = redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    try:
+        check_store = True
+        while True:
+            try:
+                if check_store:
+                    pubsub.subscribe(channel)
+                    found = _stored(redis, request_id, digest)
+                    if found is not None:
+                        return found
+                    check_store = False
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                message = pubsub.get_message(timeout=min(left, 1.0))
+            except (RedisConnectionError, RedisTimeoutError):
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.05)  # back off before reconnecting; not synchronisation
+                check_store = True
+                continue
+            if message is None or needle not in message["data"]:
+                continue
+            reply = wire.decode_reply(message["data"])
+            if reply.request_id == request_id:
+                return _stored(redis, request_id, digest) or reply
+    finally:
+        pubsub.close()
+
+
+def _stored(redis: Redis, request_id: str, digest: str | None) -> Reply | None:
+    stored_digest, outcome = redis.hmget(keys.request(request_id), ["digest", "outcome"])
+    if digest is not None and stored_digest is not None and _text(stored_digest) != digest:
+        return ForkFailure(request_id=request_id, code="IDEMPOTENCY_CONFLICT",
+                           message=f'request id "{request_id}" was already used for a different request')
+    return None if outcome is None else wire.decode_reply(outcome)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,67 @@
+"""Golden values of the key schema (``sessionfork.keys``): these strings are a storage contract."""
+
+from __future__ import annotations
+
+import pytest
+from redis.cluster import key_slot
+
+from sessionfork import keys
+
+IDS = ["a", "s1", "session-3f2b8c1e-0000-4000-8000-000000000000", "A.b_c:d-e", "x" * 128]
+
+
+def test_prefix_is_sf() -> None:
+    assert keys.PREFIX == "sf"
+
+
+def test_session_record_key() -> None:
+    assert keys.session("a") == "sf:s:{a}"
+
+
+def test_session_log_key() -> None:
+    assert keys.session_log("a") == "sf:s:{a}:log"
+
+
+def test_session_children_key() -> None:
+    assert keys.session_children("a") == "sf:s:{a}:children"
+
+
+def test_request_key_has_no_hash_tag() -> None:
+    assert keys.request("r1") == "sf:req:r1"
+
+
+def test_default_queue_name() -> None:
+    assert keys.DEFAULT_QUEUE == "sessionfork"
+
+
+def test_default_reply_channel() -> None:
+    assert keys.DEFAULT_REPLY_CHANNEL == "sf:replies"
+
+
+def test_outcome_stream() -> None:
+    assert keys.OUTCOME_STREAM == "sf:outcomes"
+
+
+def test_lifecycle_stream() -> None:
+    assert keys.LIFECYCLE_STREAM == "sf:lifecycle"
+
+
+def test_session_keys_keep_dots_colons_and_dashes_verbatim() -> None:
+    assert keys.session("A.b_c:d-e") == "sf:s:{A.b_c:d-e}"
+    assert keys.session_log("A.b_c:d-e") == "sf:s:{A.b_c:d-e}:log"
+    assert keys.session_children("A.b_c:d-e") == "sf:s:{A.b_c:d-e}:children"
+
+
+@pytest.mark.parametrize("session_id", IDS)
+def test_all_keys_of_one_session_share_one_cluster_slot(session_id: str) -> None:
+    slots = {
+        key_slot(keys.session(session_id).encode()),
+        key_slot(keys.session_log(session_id).encode()),
+        key_slot(keys.session_children(session_id).encode()),
+    }
+    assert slots == {key_slot(session_id.encode())}
+
+
+def test_different_sessions_are_not_forced_into_one_slot() -> None:
+    slots = {key_slot(keys.session(f"s{i}").encode()) for i in range(20)}
+    assert len(slots) > 1
