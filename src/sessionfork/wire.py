@@ -189,17 +189,11 @@ def decode_reply(raw: bytes | str) -> Reply:
     return _reply_decoder.decode(raw)
 
 
-class _DigestKey(msgspec.Struct, array_like=True):
-    source: str | LiveHandle
-    session_id: str | UnsetType
-    count: int | UnsetType
-    session_ids: list[str] | UnsetType
-
-
 def digest(request: ForkRequest) -> str:
     """What makes two requests under one request id "the same": source and children asked for.
 
     ``requestId`` and ``replyTo`` are not part of it (a retry may listen elsewhere).
     """
-    key = _DigestKey(request.source, request.session_id, request.count, request.session_ids)
+    fields = (request.source, request.session_id, request.count, request.session_ids)
+    key = [None if f is UNSET else f for f in fields]
     return hashlib.sha256(_json.encode(key)).hexdigest()

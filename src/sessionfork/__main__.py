@@ -1,0 +1,5 @@
+"""``python -m sessionfork``: the CLI."""
+
+from .cli import main
+
+main()

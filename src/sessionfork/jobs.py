@@ -1,0 +1,81 @@
+"""The RQ side of a request: the job function, its serializer, enqueueing.
+
+The job function's dotted path, ``sessionfork.jobs.fork``, is a public contract: a job is
+``fork(<request JSON as a string>)`` with the request id as RQ job id, serialized as JSON (never
+pickled). ``ForkWorker`` (module ``workers``) refuses any job that is not exactly that.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+from rq import Queue, Retry
+from rq.exceptions import DuplicateJobError
+from rq.job import Job
+from rq.job import get_current_job as _current_job
+
+from . import keys
+from .config import Settings
+from .registry import Registry
+from .replies import Outcomes
+from .service import ForkService
+from .wire import Reply
+
+JOB_FUNCTION = "sessionfork.jobs.fork"
+
+
+class JSONSerializer:
+    """RQ serializer: plain JSON via msgspec, readable by ``rq.serializers.JSONSerializer`` too."""
+
+    @staticmethod
+    def dumps(obj: Any) -> bytes:
+        return msgspec.json.encode(obj)
+
+    @staticmethod
+    def loads(data: bytes | str) -> Any:
+        return msgspec.json.decode(data)
+
+
+def make_queue(redis: Any, settings: Settings) -> Queue:
+    return Queue(settings.queue, connection=redis, serializer=JSONSerializer)
+
+
+def enqueue(queue: Queue, payload: bytes, request_id: str, settings: Settings) -> bool:
+    """Enqueue one request as a unique job (the job id is the request id).
+
+    Returns False when a job with that id exists already (RQ's unique enqueue): the request is
+    queued or done, and its one outcome answers this submission too.
+    """
+    try:
+        queue.enqueue_call(
+            JOB_FUNCTION, args=(payload.decode(),), job_id=request_id, unique=True,
+            retry=Retry(max=settings.retries) if settings.retries else None,
+            timeout=settings.job_timeout, result_ttl=settings.outcome_ttl, failure_ttl=settings.outcome_ttl,
+        )
+    except DuplicateJobError:
+        return False
+    return True
+
+
+def is_final_attempt(job: Job) -> bool:
+    """No RQ retry is left after this run."""
+    return not job.retries_left
+
+
+def fork(payload: str) -> Reply:
+    """The job function, for plain ``rq worker --serializer sessionfork.jobs.JSONSerializer``.
+
+    ``sessionfork worker`` does not import it: it checks the name and runs its own service. Run
+    by ``rq worker``, the registry and the outcomes share the queue's connection.
+    """
+    job = _current_job()
+    if job is None:
+        raise RuntimeError("sessionfork.jobs.fork runs only inside an RQ job")
+    service = ForkService(
+        Registry(job.connection),
+        Outcomes(job.connection, ttl=Settings().outcome_ttl, stream_maxlen=Settings().outcome_stream_maxlen),
+        reply_channel=keys.DEFAULT_REPLY_CHANNEL, max_request_bytes=Settings().max_request_bytes,
+        max_fanout=Settings().max_fanout,
+    )
+    return service.handle(payload, job.id, final_attempt=is_final_attempt(job))

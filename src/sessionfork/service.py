@@ -1,0 +1,137 @@
+"""One fork request, from its bytes to its one outcome: decode, validate, claim, fork, record.
+
+``ForkService.handle`` is what a worker runs per job. Its guarantees:
+
+* bad input (size, JSON, schema, ids, limits) ends as ``INVALID_REQUEST`` before any work;
+* a request id forks at most once: a replay returns the first outcome and creates nothing;
+* the outcome is stored before it is announced, and announced exactly once;
+* an unexpected exception is re-raised for RQ to retry; on the last attempt it is first recorded
+  as ``INTERNAL``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+
+from msgspec import UNSET
+
+from . import errors, rules, wire
+from .errors import ErrorCode, ForkError
+from .forks import FanOut, fork_many
+from .registry import Registry, new_session_id
+from .replies import Claim, Outcomes
+from .wire import ChildError, ForkFailure, ForkRequest, ForkResult, Reply
+
+MAX_CHANNEL_LENGTH = 256
+
+
+class ForkService:
+    """Runs fork requests against a registry, recording outcomes in ``outcomes``."""
+
+    def __init__(self, registry: Registry, outcomes: Outcomes, *, reply_channel: str,
+                 max_request_bytes: int, max_fanout: int,
+                 new_id: Callable[[], str] = new_session_id,
+                 monotonic: Callable[[], float] = time.perf_counter) -> None:
+        self.registry = registry
+        self.outcomes = outcomes
+        self.reply_channel = reply_channel
+        self.max_request_bytes = max_request_bytes
+        self.max_fanout = max_fanout
+        self._new_id = new_id
+        self._monotonic = monotonic
+
+    def parse(self, payload: str | bytes, job_id: str) -> ForkRequest:
+        """Decode and validate a request; ``INVALID_REQUEST`` naming the field otherwise."""
+        raw = payload.encode() if isinstance(payload, str) else payload
+        if len(raw) > self.max_request_bytes:
+            raise errors.invalid(f"request is {len(raw)} bytes, over the limit of {self.max_request_bytes}")
+        request = wire.decode_request(raw)
+        rules.check_id(job_id, "requestId")
+        if request.request_id is not UNSET and request.request_id != job_id:
+            raise errors.invalid(f"requestId {request.request_id!r} does not match the job id {job_id!r}")
+        rules.check_id(request.source_id, "source")
+        if request.session_id is not UNSET:
+            rules.check_id(request.session_id, "sessionId")
+        chosen = [f for f in ("sessionId", "sessionIds", "count")
+                  if getattr(request, _FIELDS[f]) is not UNSET]
+        if len(chosen) > 1:
+            raise errors.invalid(f"invalid request: {' and '.join(chosen)} are exclusive")
+        if request.count is not UNSET and not 1 <= request.count <= self.max_fanout:
+            raise errors.invalid(f"invalid count {request.count}: expected 1 to {self.max_fanout}")
+        if request.session_ids is not UNSET:
+            ids = request.session_ids
+            if not 1 <= len(ids) <= self.max_fanout:
+                raise errors.invalid(f"invalid sessionIds: expected 1 to {self.max_fanout} ids, got {len(ids)}")
+            for i, cid in enumerate(ids):
+                rules.check_id(cid, f"sessionIds[{i}]")
+            if len(set(ids)) != len(ids):
+                raise errors.invalid("invalid sessionIds: ids must be distinct")
+        if request.reply_to is not UNSET and not _valid_channel(request.reply_to):
+            raise errors.invalid(f"invalid replyTo: expected 1-{MAX_CHANNEL_LENGTH} printable ASCII characters")
+        return request
+
+    def handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool = True) -> Reply:
+        """Run one request to its outcome and return the outcome (the first one, on a replay)."""
+        started = self._monotonic()
+        try:
+            request = self.parse(payload, job_id)
+        except ForkError as exc:
+            raw = payload.encode() if isinstance(payload, str) else payload
+            failure = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
+            return self.outcomes.record(failure, self.reply_channel,
+                                        digest="invalid:" + hashlib.sha256(raw).hexdigest())
+        channel = self.reply_channel if request.reply_to is UNSET else request.reply_to
+        try:
+            claim = self.outcomes.claim(job_id, wire.digest(request), self._plan(request))
+            if claim.outcome is not None:
+                return claim.outcome
+            if claim.state == "CONFLICT":
+                conflict = ForkFailure(
+                    request_id=job_id, code=ErrorCode.IDEMPOTENCY_CONFLICT.value,
+                    message=f'request id "{job_id}" was already used for a different request')
+                self.outcomes.announce(conflict, channel)
+                return conflict
+            reply = self._execute(request, job_id, claim)
+        except ForkError as exc:
+            reply = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
+        except Exception as exc:
+            if final_attempt:
+                internal = ForkFailure(request_id=job_id, code=ErrorCode.INTERNAL.value,
+                                       message=f"internal error: {type(exc).__name__}: {exc}")
+                self.outcomes.record(internal, channel)
+            raise
+        elapsed = int((self._monotonic() - started) * 1e6)
+        return self.outcomes.record(reply, channel, duration_us=elapsed)
+
+    def _plan(self, request: ForkRequest) -> list[str]:
+        if request.session_ids is not UNSET:
+            return list(request.session_ids)
+        if request.count is not UNSET:
+            return [self._new_id() for _ in range(request.count)]
+        return [self._new_id() if request.session_id is UNSET else request.session_id]
+
+    def _execute(self, request: ForkRequest, request_id: str, claim: Claim) -> Reply:
+        result: FanOut = fork_many(
+            self.registry, request.source, claim.children, request_id=request_id,
+            stored=claim.snapshot,
+            remember=(lambda snap: self.outcomes.remember_snapshot(request_id, snap))
+            if len(claim.children) > 1 else None,
+        )
+        if not request.fans_out:
+            if result.failed:
+                raise result.failed[0][1]
+            return ForkResult(request_id=request_id, session=result.created[0])
+        return ForkResult(
+            request_id=request_id, ok=not result.failed, sessions=result.created,
+            failed=[ChildError(session_id=cid, code=e.code.value, message=e.message)
+                    for cid, e in result.failed] or UNSET,
+        )
+
+
+_FIELDS = {"sessionId": "session_id", "sessionIds": "session_ids", "count": "count"}
+
+
+def _valid_channel(name: str) -> bool:
+    return 0 < len(name) <= MAX_CHANNEL_LENGTH and name.isascii() and name.isprintable()
