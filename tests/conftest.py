@@ -1,10 +1,11 @@
 """Shared fixtures: a throwaway Redis-compatible server per session, flushed between tests.
 
-On CI (``CI`` set) a missing server binary is a failure, never a skip.
+On CI (``CI`` set) a skipped test fails the run: a missing server is a failure, never a skip.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -31,3 +32,12 @@ def redis(server: EmbeddedServer) -> Iterator[Redis]:
 @pytest.fixture
 def registry(redis: Redis) -> Registry:
     return Registry(redis)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
+    if os.environ.get("CI") and skipped:
+        if reporter:
+            reporter.write_line(f"CI: {skipped} skipped test(s) count as failures", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

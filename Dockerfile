@@ -1,0 +1,7 @@
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY src ./src
+COPY worker ./worker
+RUN pip install --no-cache-dir .
+CMD ["sessionfork", "worker"]

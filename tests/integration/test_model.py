@@ -1,0 +1,210 @@
+"""Model-based test: random create/append/fork/snapshot/dispose sequences against the real registry
+agree with a small in-memory model, outcome by outcome, and in every session's stored state."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from redis import Redis
+
+from sessionfork import errors, forks
+from sessionfork.errors import ForkError
+from sessionfork.registry import Registry, SessionRef
+from sessionfork.wire import UNSET, Header, LiveHandle, NewEvent, SeedMeta
+
+IDS = ["s0", "s1", "s2", "s3", "s4"]
+REQUESTS = [None, "r0", "r1"]
+CHUNKS = {
+    "open": ["turn/start"],
+    "step": ["step/start"],
+    "user": ["user/message"],
+    "tool": ["tool/call"],
+    "close": ["turn/end"],
+    "whole turn": ["turn/start", "user/message", "assistant/message", "turn/end"],
+    "close and reopen": ["turn/end", "turn/start"],
+}
+STALE_TOKEN = "stale-token"
+
+ids = st.sampled_from(IDS)
+ref_kinds = st.sampled_from(["id", "handle", "stale"])
+
+StoredEvent = tuple[str, int, int, Any]  # (type, seq, time, data)
+Outcome = tuple[str, Any]
+
+
+@dataclass
+class ModelSession:
+    header: Header
+    token: str
+    events: list[StoredEvent] = field(default_factory=list)
+    live: bool = True
+    request: str | None = None
+    children: set[str] = field(default_factory=set)
+
+
+def outcome_of(action: Any) -> Outcome:
+    try:
+        return ("ok", action())
+    except ForkError as exc:
+        return ("error", (exc.code, exc.message))
+
+
+def error(exc: ForkError) -> Outcome:
+    return ("error", (exc.code, exc.message))
+
+
+class ForkMachine(RuleBasedStateMachine):
+    def __init__(self, client: Redis) -> None:
+        super().__init__()
+        client.flushdb()
+        self.now = 1_000
+        tokens = count()
+        self.registry = Registry(client, clock=lambda: self.now, new_token=lambda: f"tok-{next(tokens)}")
+        self.sessions: dict[str, ModelSession] = {}
+        self.seen_tokens: set[str] = set()
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        self.now += 1
+
+    def ref(self, sid: str, kind: str) -> tuple[SessionRef, bool]:
+        """A reference to ``sid`` and whether it is stale."""
+        if kind == "id":
+            return sid, False
+        if kind == "handle":
+            known = self.sessions.get(sid)
+            return LiveHandle(sid, known.token if known else "unknown-token"), False
+        return LiveHandle(sid, STALE_TOKEN), True
+
+    def source_error(self, sid: str, stale: bool) -> ForkError | None:
+        session = self.sessions.get(sid)
+        if session is None or not session.live:
+            return errors.not_found(sid)
+        if stale:
+            return errors.not_live(sid)
+        return None
+
+    def boundary_error(self, sid: str) -> ForkError | None:
+        events = self.sessions[sid].events
+        if events and events[-1][0] != "turn/end":
+            return errors.open_turn(sid, events[-1][0])
+        return None
+
+    def new_token(self, token: str | None) -> str:
+        assert token is not None
+        assert token not in self.seen_tokens
+        assert token != STALE_TOKEN
+        self.seen_tokens.add(token)
+        return token
+
+    # -- rules -------------------------------------------------------------------------------------
+
+    @rule(sid=ids, cwd=st.sampled_from([None, "/w", ""]))
+    def create(self, sid: str, cwd: str | None) -> None:
+        self.tick()
+        actual = outcome_of(lambda: self.registry.create(sid, cwd=cwd))
+        if sid in self.sessions:
+            assert actual == error(errors.already_exists(sid))
+            return
+        status, handle = actual
+        assert status == "ok", actual
+        assert handle.id == sid
+        header = Header(version=0, id=sid, created_at=self.now, cwd=UNSET if cwd is None else cwd)
+        self.sessions[sid] = ModelSession(header, self.new_token(handle.instance))
+
+    @rule(sid=ids, kind=ref_kinds, chunk=st.sampled_from(sorted(CHUNKS)))
+    def append(self, sid: str, kind: str, chunk: str) -> None:
+        self.tick()
+        ref, stale = self.ref(sid, kind)
+        new = [NewEvent(t, {"at": self.now, "i": i}) for i, t in enumerate(CHUNKS[chunk])]
+        actual = outcome_of(lambda: self.registry.append(ref, new))
+        expected_error = self.source_error(sid, stale)
+        if expected_error is not None:
+            assert actual == error(expected_error)
+            return
+        log = self.sessions[sid].events
+        stored = [(e.type, len(log) + i, self.now, e.data) for i, e in enumerate(new)]
+        assert actual[0] == "ok", actual
+        assert [(e.type, e.seq, e.time, e.data) for e in actual[1]] == stored
+        log.extend(stored)
+
+    @rule(sid=ids, kind=ref_kinds)
+    def dispose(self, sid: str, kind: str) -> None:
+        self.tick()
+        ref, stale = self.ref(sid, kind)
+        actual = outcome_of(lambda: self.registry.dispose(ref))
+        expected_error = self.source_error(sid, stale)
+        if expected_error is not None:
+            assert actual == error(expected_error)
+            return
+        assert actual == ("ok", None)
+        self.sessions[sid].live = False
+
+    @rule(source=ids, kind=ref_kinds, child=ids, request=st.sampled_from(REQUESTS))
+    def fork(self, source: str, kind: str, child: str, request: str | None) -> None:
+        self.tick()
+        ref, stale = self.ref(source, kind)
+        actual = outcome_of(lambda: forks.fork(self.registry, ref, child, request_id=request or ""))
+        existing = self.sessions.get(child)
+        if existing is not None:
+            if request is not None and existing.request == request:
+                assert actual == ("ok", existing.header)  # a replay, whatever the source's state
+            else:
+                assert actual == error(errors.already_exists(child))
+            return
+        expected_error = self.source_error(source, stale) or self.boundary_error(source)
+        if expected_error is not None:
+            assert actual == error(expected_error)
+            return
+        parent = self.sessions[source]
+        header = Header(version=0, id=child, created_at=self.now, cwd=parent.header.cwd,
+                        parent_session=source, seed_length=len(parent.events))
+        assert actual == ("ok", header)
+        token = self.new_token(self.registry.instance(child))
+        self.sessions[child] = ModelSession(header, token, list(parent.events), request=request)
+        parent.children.add(child)
+
+    @rule(source=ids, kind=ref_kinds)
+    def snapshot(self, source: str, kind: str) -> None:
+        self.tick()
+        ref, stale = self.ref(source, kind)
+        actual = outcome_of(lambda: forks.snapshot(self.registry, ref))
+        expected_error = self.source_error(source, stale) or self.boundary_error(source)
+        if expected_error is not None:
+            assert actual == error(expected_error)
+            return
+        parent = self.sessions[source]
+        assert actual[0] == "ok", actual
+        events, meta = actual[1]
+        assert [(e.type, e.seq, e.time, e.data) for e in events] == parent.events
+        assert meta == SeedMeta(parent_session=source, seed_length=len(parent.events), cwd=parent.header.cwd)
+
+    # -- invariant ---------------------------------------------------------------------------------
+
+    @invariant()
+    def registry_agrees_with_model(self) -> None:
+        for sid in IDS:
+            session = self.sessions.get(sid)
+            if session is None:
+                assert not self.registry.exists(sid)
+                assert outcome_of(lambda s=sid: self.registry.header(s)) == error(errors.not_found(sid))
+                continue
+            assert self.registry.header(sid) == session.header
+            stored = [(e.type, e.seq, e.time, e.data) for e in self.registry.events(sid)]
+            assert stored == session.events
+            assert self.registry.length(sid) == len(session.events)
+            assert self.registry.instance(sid) == (session.token if session.live else None)
+            assert self.registry.children(sid) == sorted(session.children)
+
+
+def test_registry_agrees_with_in_memory_model(redis: Redis) -> None:
+    run_state_machine_as_test(
+        lambda: ForkMachine(redis),
+        settings=settings(max_examples=40, stateful_step_count=25, deadline=None),
+    )
