@@ -25,6 +25,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue, SimpleWorker
 from rq.exceptions import AbandonedJobError, DeserializationError
+from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.registry import StartedJobRegistry
 from rq.timeouts import JobTimeoutException
@@ -39,6 +40,7 @@ from .wire import ForkFailure, Reply
 T = TypeVar("T")
 log = logging.getLogger("sessionfork.worker")
 _DOWN = (RedisConnectionError, RedisTimeoutError)
+_HEARTBEAT_EVERY = 1.0
 
 
 class _Refused(Exception):
@@ -66,38 +68,35 @@ class ForkWorker(SimpleWorker):
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline)
-        else:
-            self._until_up(lambda: super(ForkWorker, self).heartbeat(timeout))
+            return
+        # RQ heart-beats several times per job; once a second is plenty against a TTL of minutes.
+        last = self.last_heartbeat
+        if last is not None and timeout is None and (now() - last).total_seconds() < _HEARTBEAT_EVERY:
+            return
+        self._until_up(lambda: super(ForkWorker, self).heartbeat(timeout))
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        if pipeline is None and state == self._state:
+            return  # already recorded (the job's last pipeline sets IDLE)
+        super().set_state(state, pipeline)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        self._until_up(lambda: self.prepare_execution(job))
-        self.perform_job(job, queue)
-        self._until_up(lambda: self.set_state(WorkerStatus.IDLE))
+        """Run one job with RQ's bookkeeping in two pipelines (start, finish) around the fork.
 
-    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
-        # RQ's version, minus the process title that would deserialize a refused job's payload.
-        with self.connection.pipeline() as pipeline:
-            self.set_current_job_id(job.id, pipeline=pipeline)
-            self.set_current_job_working_time(0, pipeline=pipeline)
-            ttl = self.get_heartbeat_ttl(job)
-            self.heartbeat(ttl, pipeline=pipeline)
-            job.heartbeat(now(), ttl, pipeline=pipeline)
-            job.prepare_for_execution(self.name, pipeline=pipeline)
-            if remove_from_intermediate_queue:
-                pipeline.lrem(Queue(job.origin, connection=self.connection).intermediate_queue_key, 1, job.id)
-            pipeline.execute()
-
-    def perform_job(self, job: Job, queue: Queue) -> bool:
-        started_job_registry: StartedJobRegistry = queue.started_job_registry
-        self._until_up(lambda: self.prepare_job_execution(job, len(self.queues) == 1))
-        job.started_at = now()
+        sessionfork jobs have no dependents, callbacks or repeats, so RQ's general success path
+        (a WATCH loop and several round trips) is not needed; failures take RQ's own path.
+        """
+        try:
+            payload = _payload(job)
+        except _Refused as refused:
+            self._until_up(lambda: self.prepare_execution(job))
+            self._until_up(lambda: self.prepare_job_execution(job, len(self.queues) == 1))
+            self._refuse(job, queue, queue.started_job_registry, str(refused))
+            self._until_up(lambda: super(ForkWorker, self).set_state(WorkerStatus.IDLE))
+            return
+        self._until_up(lambda: self._start(job, queue))
         began = time.perf_counter()
         try:
-            try:
-                payload = _payload(job)
-            except _Refused as refused:
-                self._refuse(job, queue, started_job_registry, str(refused))
-                return False
             with self.death_penalty_class(job.timeout or self.queue_class.DEFAULT_TIMEOUT,
                                           JobTimeoutException, job_id=job.id):
                 reply = self._until_up(lambda: self.service.handle(
@@ -108,17 +107,52 @@ class ForkWorker(SimpleWorker):
             exc_info = sys.exc_info()
             self.handle_exception(job, *exc_info)
             self._until_up(lambda: self.handle_job_failure(
-                job=job, queue=queue, started_job_registry=started_job_registry,
+                job=job, queue=queue, started_job_registry=queue.started_job_registry,
                 exc_string="".join(traceback.format_exception(*exc_info))))
-            return False
+            self._until_up(lambda: super(ForkWorker, self).set_state(WorkerStatus.IDLE))
+            return
         job.ended_at = now()
         job._result = reply
-        job._status = JobStatus.FINISHED
-        self._until_up(lambda: self.handle_job_success(job=job, queue=queue,
-                                                       started_job_registry=started_job_registry))
+        self._until_up(lambda: self._finish(job))
         if self.on_outcome is not None:
             self.on_outcome(job, reply, time.perf_counter() - began)
-        return True
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        # RQ's version, minus the process title that would deserialize a refused job's payload.
+        with self.connection.pipeline() as pipe:
+            self.set_current_job_id(job.id, pipeline=pipe)
+            ttl = self.get_heartbeat_ttl(job)
+            super().heartbeat(ttl, pipeline=pipe)
+            job.prepare_for_execution(self.name, pipeline=pipe)
+            if remove_from_intermediate_queue:
+                pipe.lrem(Queue(job.origin, connection=self.connection).intermediate_queue_key, 1, job.id)
+            pipe.execute()
+
+    def _start(self, job: Job, queue: Queue) -> None:
+        ttl = self.get_heartbeat_ttl(job)
+        with self.connection.pipeline() as pipe:
+            self.execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+            super().set_state(WorkerStatus.BUSY, pipeline=pipe)
+            self.set_current_job_id(job.id, pipeline=pipe)
+            super().heartbeat(ttl, pipeline=pipe)
+            job.prepare_for_execution(self.name, pipeline=pipe)
+            if len(self.queues) == 1:
+                pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+            pipe.execute()
+
+    def _finish(self, job: Job) -> None:
+        assert self.execution is not None and job.started_at is not None and job.ended_at is not None
+        result_ttl = job.get_result_ttl(self.default_result_ttl)
+        with self.connection.pipeline() as pipe:
+            self.increment_successful_job_count(pipeline=pipe)
+            self.increment_total_working_time(job.ended_at - job.started_at, pipe)
+            job._handle_success(result_ttl, pipeline=pipe, worker_name=self.name,
+                                execution_id=self.execution.id, execution_started_at=self.execution.created_at,
+                                execution_ended_at=job.ended_at)
+            job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
+            self.cleanup_execution(job, pipeline=pipe)
+            super().set_state(WorkerStatus.IDLE, pipeline=pipe)
+            pipe.execute()
 
     # sessionfork's own --------------------------------------------------------------------------
 

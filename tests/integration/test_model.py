@@ -7,9 +7,15 @@ from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
 
-from hypothesis import settings
+from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from redis import Redis
 
 from sessionfork import errors, forks
@@ -17,7 +23,7 @@ from sessionfork.errors import ForkError
 from sessionfork.registry import Registry, SessionRef
 from sessionfork.wire import UNSET, Header, LiveHandle, NewEvent, SeedMeta
 
-IDS = ["s0", "s1", "s2", "s3", "s4"]
+IDS = [f"s{i}" for i in range(8)]
 REQUESTS = [None, "r0", "r1"]
 CHUNKS = {
     "open": ["turn/start"],
@@ -32,6 +38,10 @@ STALE_TOKEN = "stale-token"
 
 ids = st.sampled_from(IDS)
 ref_kinds = st.sampled_from(["id", "handle", "stale"])
+live_kinds = st.sampled_from(["id", "handle"])
+cwds = st.sampled_from([None, "/w", ""])
+chunks = st.sampled_from(sorted(CHUNKS))
+requests = st.sampled_from(REQUESTS)
 
 StoredEvent = tuple[str, int, int, Any]  # (type, seq, time, data)
 Outcome = tuple[str, Any]
@@ -47,11 +57,14 @@ class ModelSession:
     children: set[str] = field(default_factory=set)
 
 
-def outcome_of(action: Any) -> Outcome:
+def outcome_of(action: Any, label: str = "") -> Outcome:
     try:
-        return ("ok", action())
+        result: Outcome = ("ok", action())
     except ForkError as exc:
-        return ("error", (exc.code, exc.message))
+        result = ("error", (exc.code, exc.message))
+    if label:  # shown by --hypothesis-show-statistics
+        event(f"{label}: {result[0] if result[0] == 'ok' else result[1][0].value}")
+    return result
 
 
 def error(exc: ForkError) -> Outcome:
@@ -103,12 +116,23 @@ class ForkMachine(RuleBasedStateMachine):
         self.seen_tokens.add(token)
         return token
 
-    # -- rules -------------------------------------------------------------------------------------
+    def existing(self, data: st.DataObject) -> str:
+        return data.draw(st.sampled_from(sorted(self.sessions)), label="existing id")
 
-    @rule(sid=ids, cwd=st.sampled_from([None, "/w", ""]))
-    def create(self, sid: str, cwd: str | None) -> None:
+    def fresh(self, data: st.DataObject) -> str:
+        return data.draw(st.sampled_from([i for i in IDS if i not in self.sessions]), label="fresh id")
+
+    def has_sessions(self) -> bool:
+        return bool(self.sessions)
+
+    def has_fresh_ids(self) -> bool:
+        return len(self.sessions) < len(IDS)
+
+    # -- operations: each compares the registry's outcome with the model's, then updates the model --
+
+    def do_create(self, sid: str, cwd: str | None) -> None:
         self.tick()
-        actual = outcome_of(lambda: self.registry.create(sid, cwd=cwd))
+        actual = outcome_of(lambda: self.registry.create(sid, cwd=cwd), "create")
         if sid in self.sessions:
             assert actual == error(errors.already_exists(sid))
             return
@@ -118,12 +142,11 @@ class ForkMachine(RuleBasedStateMachine):
         header = Header(version=0, id=sid, created_at=self.now, cwd=UNSET if cwd is None else cwd)
         self.sessions[sid] = ModelSession(header, self.new_token(handle.instance))
 
-    @rule(sid=ids, kind=ref_kinds, chunk=st.sampled_from(sorted(CHUNKS)))
-    def append(self, sid: str, kind: str, chunk: str) -> None:
+    def do_append(self, sid: str, kind: str, chunk: str) -> None:
         self.tick()
         ref, stale = self.ref(sid, kind)
         new = [NewEvent(t, {"at": self.now, "i": i}) for i, t in enumerate(CHUNKS[chunk])]
-        actual = outcome_of(lambda: self.registry.append(ref, new))
+        actual = outcome_of(lambda: self.registry.append(ref, new), "append")
         expected_error = self.source_error(sid, stale)
         if expected_error is not None:
             assert actual == error(expected_error)
@@ -134,11 +157,10 @@ class ForkMachine(RuleBasedStateMachine):
         assert [(e.type, e.seq, e.time, e.data) for e in actual[1]] == stored
         log.extend(stored)
 
-    @rule(sid=ids, kind=ref_kinds)
-    def dispose(self, sid: str, kind: str) -> None:
+    def do_dispose(self, sid: str, kind: str) -> None:
         self.tick()
         ref, stale = self.ref(sid, kind)
-        actual = outcome_of(lambda: self.registry.dispose(ref))
+        actual = outcome_of(lambda: self.registry.dispose(ref), "dispose")
         expected_error = self.source_error(sid, stale)
         if expected_error is not None:
             assert actual == error(expected_error)
@@ -146,11 +168,12 @@ class ForkMachine(RuleBasedStateMachine):
         assert actual == ("ok", None)
         self.sessions[sid].live = False
 
-    @rule(source=ids, kind=ref_kinds, child=ids, request=st.sampled_from(REQUESTS))
-    def fork(self, source: str, kind: str, child: str, request: str | None) -> None:
+    def do_fork(self, source: str, kind: str, child: str, request: str | None) -> None:
         self.tick()
         ref, stale = self.ref(source, kind)
-        actual = outcome_of(lambda: forks.fork(self.registry, ref, child, request_id=request or ""))
+        actual = outcome_of(
+            lambda: forks.fork(self.registry, ref, child, request_id=request or ""), "fork"
+        )
         existing = self.sessions.get(child)
         if existing is not None:
             if request is not None and existing.request == request:
@@ -170,11 +193,10 @@ class ForkMachine(RuleBasedStateMachine):
         self.sessions[child] = ModelSession(header, token, list(parent.events), request=request)
         parent.children.add(child)
 
-    @rule(source=ids, kind=ref_kinds)
-    def snapshot(self, source: str, kind: str) -> None:
+    def do_snapshot(self, source: str, kind: str) -> None:
         self.tick()
         ref, stale = self.ref(source, kind)
-        actual = outcome_of(lambda: forks.snapshot(self.registry, ref))
+        actual = outcome_of(lambda: forks.snapshot(self.registry, ref), "snapshot")
         expected_error = self.source_error(source, stale) or self.boundary_error(source)
         if expected_error is not None:
             assert actual == error(expected_error)
@@ -184,6 +206,64 @@ class ForkMachine(RuleBasedStateMachine):
         events, meta = actual[1]
         assert [(e.type, e.seq, e.time, e.data) for e in events] == parent.events
         assert meta == SeedMeta(parent_session=source, seed_length=len(parent.events), cwd=parent.header.cwd)
+
+    # -- rules: any id (mostly error paths), and ids drawn from the model (mostly success paths) ---
+
+    @rule(sid=ids, cwd=cwds)
+    def create_any(self, sid: str, cwd: str | None) -> None:
+        self.do_create(sid, cwd)
+
+    @rule(sid=ids, kind=ref_kinds, chunk=chunks)
+    def append_any(self, sid: str, kind: str, chunk: str) -> None:
+        self.do_append(sid, kind, chunk)
+
+    @precondition(has_sessions)
+    @rule(data=st.data(), chunk=chunks)
+    def append_existing(self, data: st.DataObject, chunk: str) -> None:
+        self.do_append(self.existing(data), data.draw(live_kinds), chunk)
+
+    @precondition(has_sessions)
+    @rule(data=st.data())
+    def complete_turn_existing(self, data: st.DataObject) -> None:
+        # Closes any open turn, so that forks of deeper lineages with own events are common.
+        sid = self.existing(data)
+        events = self.sessions[sid].events
+        self.do_append(sid, "id", "close" if events and events[-1][0] != "turn/end" else "whole turn")
+
+    @rule(sid=ids, kind=ref_kinds)
+    def dispose_any(self, sid: str, kind: str) -> None:
+        self.do_dispose(sid, kind)
+
+    @rule(source=ids, kind=ref_kinds, child=ids, request=requests)
+    def fork_any(self, source: str, kind: str, child: str, request: str | None) -> None:
+        self.do_fork(source, kind, child, request)
+
+    @precondition(lambda self: self.has_sessions() and self.has_fresh_ids())
+    @rule(data=st.data(), request=requests)
+    def fork_existing_into_fresh(self, data: st.DataObject, request: str | None) -> None:
+        self.do_fork(self.existing(data), data.draw(live_kinds), self.fresh(data), request)
+
+    @precondition(has_sessions)
+    @rule(data=st.data(), request=requests)
+    def fork_existing_into_existing(self, data: st.DataObject, request: str | None) -> None:
+        # Replays (same request id) and SESSION_ALREADY_EXISTS.
+        self.do_fork(self.existing(data), data.draw(ref_kinds), self.existing(data), request)
+
+    @precondition(lambda self: any(s.request for s in self.sessions.values()))
+    @rule(data=st.data(), source=ids, kind=ref_kinds)
+    def fork_replay(self, data: st.DataObject, source: str, kind: str) -> None:
+        # The same request again, from a source that may since have moved on, closed or gone.
+        child = data.draw(st.sampled_from(sorted(c for c, s in self.sessions.items() if s.request)))
+        self.do_fork(source, kind, child, self.sessions[child].request)
+
+    @rule(source=ids, kind=ref_kinds)
+    def snapshot_any(self, source: str, kind: str) -> None:
+        self.do_snapshot(source, kind)
+
+    @precondition(has_sessions)
+    @rule(data=st.data())
+    def snapshot_existing(self, data: st.DataObject) -> None:
+        self.do_snapshot(self.existing(data), data.draw(live_kinds))
 
     # -- invariant ---------------------------------------------------------------------------------
 

@@ -1,0 +1,137 @@
+"""Shared helpers of the worker and fault tests: worker processes, finished turns, clients, outcomes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from redis import Redis
+
+from sessionfork import keys, wire
+from sessionfork.client import Client
+from sessionfork.config import Settings
+from sessionfork.embedded import wait_until
+from sessionfork.wire import NewEvent, Reply
+from sessionfork.workers import fresh_workers
+
+WORKER_ENV: Mapping[str, str] = {
+    "SESSIONFORK_ABANDONED_AFTER": "2",
+    "SESSIONFORK_MAINTENANCE_INTERVAL": "1",
+    "SESSIONFORK_WORKER_TTL": "20",
+}
+"""Short recovery timings for test workers (see ``sessionfork.config.ENV``)."""
+
+SETTINGS = Settings(abandoned_after=2, maintenance_interval=1, worker_ttl=20)
+"""The settings the test workers run with, for the test side's clients and queues."""
+
+
+def clean_environ(**env: object) -> dict[str, str]:
+    """The process environment minus any sessionfork/Redis setting, plus the test timings and ``env``."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONFORK_") and k != "REDIS_URL"}
+    return {**base, **WORKER_ENV, **{k: str(v) for k, v in env.items()}}
+
+
+def worker_name(prefix: str = "w") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def cli_args(url: str | None, *args: str) -> list[str]:
+    """The argv of ``sessionfork [--redis-url URL] ARGS...`` run by this interpreter."""
+    return [sys.executable, "-m", "sessionfork", *(["--redis-url", url] if url else []), *args]
+
+
+def start_worker(url: str, name: str, **env: object) -> subprocess.Popen[bytes]:
+    """Start ``sessionfork worker`` as an OS process (its output goes to the test's captured stderr)."""
+    return subprocess.Popen(cli_args(url, "worker", "--name", name, "--log-level", "WARNING"),
+                            env=clean_environ(**env), stdin=subprocess.DEVNULL)
+
+
+def wait_registered(redis: Redis, name: str, timeout: float = 20.0) -> None:
+    """Wait until the worker ``name`` has registered with a fresh heartbeat."""
+    wait_until(lambda: name in fresh_workers(redis, SETTINGS), timeout, f"worker {name} to register")
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
+    """SIGTERM ``proc`` and reap it (SIGKILL when it does not exit in time); returns its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout)
+    return proc.returncode
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``proc`` (a crash) and reap it."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait(15)
+
+
+def turn(n: int) -> list[NewEvent]:
+    """The four events of a finished turn ``n``."""
+    return [
+        NewEvent("turn/start", {"turn": n, "trigger": "user"}),
+        NewEvent("user/message", {"text": f"question {n}"}),
+        NewEvent("assistant/message", {"text": f"answer {n}"}),
+        NewEvent("turn/end", {"turn": n, "reason": {"kind": "completed"}}),
+    ]
+
+
+def make_client(redis: Redis, **settings: Any) -> Client:
+    """A scheduler's client on ``redis`` with the test settings (``settings`` override fields)."""
+    return Client(redis, msgspec.structs.replace(SETTINGS, **settings) if settings else SETTINGS)
+
+
+@dataclass(frozen=True)
+class OutcomeEntry:
+    """One entry of the outcome stream."""
+
+    entry_id: str
+    fields: frozenset[str]
+    request: str
+    code: str
+    us: int
+    raw: bytes
+    reply: Reply
+
+
+def outcome_entries(redis: Redis) -> list[OutcomeEntry]:
+    """Every entry of ``keys.OUTCOME_STREAM``, oldest first, its reply decoded."""
+    entries = []
+    for entry_id, fields in redis.xrange(keys.OUTCOME_STREAM):
+        f = {k.decode(): v for k, v in fields.items()}
+        entries.append(OutcomeEntry(
+            entry_id=entry_id.decode(), fields=frozenset(f), request=f["request"].decode(),
+            code=f["code"].decode(), us=int(f["us"]), raw=f["reply"], reply=wire.decode_reply(f["reply"])))
+    return entries
+
+
+def stored_outcome(redis: Redis, request_id: str) -> bytes | None:
+    """The raw outcome JSON stored under the request id, or ``None``."""
+    raw: bytes | None = redis.hget(keys.request(request_id), "outcome")
+    return raw
+
+
+def session_keys(redis: Redis) -> set[str]:
+    """Ids of every session record (``sf:s:{<id>}``; logs and children sets excluded)."""
+    out = set()
+    for key in redis.scan_iter(match="sf:s:*", count=1000):
+        text = key.decode()
+        if text.endswith("}"):
+            out.add(text[len("sf:s:{"):-1])
+    return out
+
+
+def count_session_keys(redis: Redis) -> int:
+    """How many ``sf:s:*`` keys exist (records, logs and children sets)."""
+    return sum(1 for _ in redis.scan_iter(match="sf:s:*", count=1000))
