@@ -7,6 +7,7 @@ stderr and a non-zero exit status, never a traceback. Exit status: 0 ok, 1 an er
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -32,6 +33,8 @@ class Context:
 
     def __init__(self, settings: config.Settings) -> None:
         self.settings = settings
+        self._queue: Any = None
+        self._registry: Any = None
 
     @property
     def registry_url(self) -> str:
@@ -42,10 +45,16 @@ class Context:
         return self.settings.queue_url or self.registry_url
 
     def registry(self) -> Registry:
-        return Registry(connections.registry_client(self.settings, self.registry_url))
+        if self._registry is None:
+            shared = not self.settings.cluster and self.queue_url == self.registry_url
+            client = self.queue_redis() if shared else connections.registry_client(self.settings, self.registry_url)
+            self._registry = Registry(client, max_event_bytes=self.settings.max_event_bytes)
+        return self._registry  # type: ignore[no-any-return]
 
     def queue_redis(self) -> Any:
-        return connections.queue_client(self.settings, self.queue_url)
+        if self._queue is None:
+            self._queue = connections.queue_client(self.settings, self.queue_url)
+        return self._queue
 
     def service(self) -> ForkService:
         s = self.settings
@@ -103,17 +112,27 @@ def cli(ctx: click.Context, redis_url: str | None, queue_url: str | None, cluste
 @click.option("--name", help="Worker name (default: RQ's).")
 @click.option("--max-jobs", type=int, help="Quit after this many jobs.")
 @click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one object per line, with request id, source, child, code, duration.")
+@click.option("--metrics-port", type=int, help="Serve Prometheus metrics on this port.")
 @click.pass_obj
 @clean_errors
-def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, log_level: str) -> None:
+def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, log_level: str,
+           log_format: str, metrics_port: int | None) -> None:
     """Run a fork worker until SIGTERM (finishes the fork in hand, then exits 0)."""
+    from .metrics import Observer, configure_logging
     from .workers import ForkWorker
 
+    configure_logging(log_format, log_level)
     s = obj.settings
     service = obj.service()
     queue_redis = service.outcomes.redis
     queue_redis.ping()
-    fork_worker = ForkWorker([jobs.make_queue(queue_redis, s)], service=service, connection=queue_redis,
+    queue = jobs.make_queue(queue_redis, s)
+    observer = Observer(queue_depth=lambda: queue.count)
+    if metrics_port is not None:
+        observer.serve(metrics_port)
+    fork_worker = ForkWorker([queue], service=service, connection=queue_redis, on_outcome=observer,
                              abandoned_after=s.abandoned_after, maintenance_interval=s.maintenance_interval,
                              worker_ttl=s.worker_ttl, name=name)
     fork_worker.work(burst=burst, max_jobs=max_jobs, logging_level=log_level)
@@ -176,7 +195,71 @@ def demo(obj: Context, keep: bool) -> None:
         sys.exit(1)
 
 
+@cli.command()
+@click.argument("session_id")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "mermaid"]), default="text", show_default=True)
+@click.pass_obj
+@clean_errors
+def tree(obj: Context, session_id: str, fmt: str) -> None:
+    """Show SESSION_ID's ancestors and all its descendants."""
+    from . import lineage
+
+    found = lineage.lineage(obj.registry(), session_id)
+    if fmt == "json":
+        click.echo(wire.encode(found).decode())
+    elif fmt == "mermaid":
+        click.echo(lineage.render_mermaid(found))
+    else:
+        click.echo(lineage.render_text(found))
+
+
+@cli.command()
+@click.argument("session_id")
+@click.pass_obj
+@clean_errors
+def repair(obj: Context, session_id: str) -> None:
+    """Close the turn a crashed host left open, so the session forks again."""
+    from .repair import repair as close_open_turn
+
+    added = close_open_turn(obj.registry(), session_id)
+    if not added:
+        click.echo(f"{session_id}: balanced, nothing to repair")
+        return
+    click.echo(f"{session_id}: appended {len(added)} event(s), seq {added[0].seq}..{added[-1].seq}: "
+               + ", ".join(e.type for e in added))
+
+
+@cli.command()
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new outcomes as they come.")
+@click.option("--new", "only_new", is_flag=True, help="Skip the outcomes already in the stream.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_obj
+@clean_errors
+def events(obj: Context, follow: bool, only_new: bool, as_json: bool) -> None:
+    """Print the outcome stream, one line per outcome (code coloured on a terminal)."""
+    from .dashboard import format_line, read_outcomes
+
+    style = click.style if sys.stdout.isatty() and not as_json else None
+    with contextlib.suppress(KeyboardInterrupt):
+        for outcome in read_outcomes(obj.queue_redis(), start="$" if only_new else "-", follow=follow or only_new):
+            click.echo(wire.encode(outcome).decode() if as_json else format_line(outcome, style))
+
+
+@cli.command()
+@click.option("--window", type=int, default=3600, show_default=True, help="Seconds to look back.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@clean_errors
+def stats(obj: Context, window: int, as_json: bool) -> None:
+    """Counts per outcome code and run-time percentiles over a window."""
+    from .dashboard import compute_stats, render_stats
+    from .registry import now_ms
+
+    result = compute_stats(obj.queue_redis(), window, now_ms())
+    click.echo(wire.encode(result).decode() if as_json else render_stats(result))
+
+
 def main() -> None:
     """Console entry point: settings from the process environment."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     cli(obj=dict(os.environ), prog_name="sessionfork")

@@ -14,6 +14,8 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                     req       request id that created it by fork (for replays)
     sf:s:{<id>}:log        list   the session's own events (seq >= seedlen), JSON without "seq"
     sf:s:{<id>}:children   set    ids of the sessions forked from this one (lineage index)
+    sf:lifecycle           stream session/created, session/flush, session/disposed, for persistence
+                                  backends (fields: type, id, len); capped (XADD MAXLEN ~)
 
 Queue side (one Redis primary, the one RQ uses; never a cluster)::
 
@@ -21,7 +23,6 @@ Queue side (one Redis primary, the one RQ uses; never a cluster)::
     sf:outcomes            stream every outcome, capped (XADD MAXLEN ~)
     sf:replies             channel default reply channel (requests may name their own)
     sessionfork            RQ queue name (RQ itself derives rq:queue:sessionfork etc.)
-    sf:lifecycle           stream session/created, session/flush, session/disposed for persistence
 """
 
 from __future__ import annotations

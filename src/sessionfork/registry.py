@@ -115,8 +115,16 @@ class Registry:
         clock: Callable[[], int] = now_ms,
         new_id: Callable[[], str] = new_session_id,
         new_token: Callable[[], str] = new_instance_token,
+        max_event_bytes: int = 1024 * 1024,
+        lifecycle_maxlen: int = 1_000_000,
     ) -> None:
         self.redis = redis
+        self.max_event_bytes = max_event_bytes
+        self.lifecycle_maxlen = lifecycle_maxlen
+        # On a single server the scripts append lifecycle events atomically with their change; on
+        # a cluster the stream lives in another slot, so the registry appends them right after.
+        self._cluster = isinstance(redis, RedisCluster)
+        self._lifecycle = [] if self._cluster else [keys.LIFECYCLE_STREAM]
         self._clock = clock
         self._new_id = new_id
         self._new_token = new_token
@@ -134,31 +142,61 @@ class Registry:
                         cwd=UNSET if cwd is None else cwd)
         token = self._new_token()
         raw = wire.encode_header(header)
-        created = self._create(keys=[keys.session(sid)], args=[raw, token, 0, 0, "[]", "", ""])
+        created = self._create(keys=[keys.session(sid), *self._lifecycle],
+                               args=[raw, token, 0, 0, "[]", "", "", self.lifecycle_maxlen, sid])
         if created is None:
             raise errors.already_exists(sid)
+        if self._cluster:
+            self._emit(self.redis, "session/created", sid, 0)
         return LiveHandle(sid, token)
 
-    def append(self, session: SessionRef, events: Sequence[NewEvent]) -> list[Event]:
+    def append(self, session: SessionRef, events: Sequence[NewEvent], *,
+               expect_length: int | None = None, time_ms: int | None = None) -> list[Event]:
         """Append events to a live session; returns them with their ``seq`` and ``time``.
 
         Concurrent appenders never produce a gap or a duplicate seq (the script assigns the
-        positions). Raises ``SESSION_NOT_FOUND`` / ``SESSION_NOT_LIVE``.
+        positions). A batch holding a ``turn/end`` emits ``session/flush``. With
+        ``expect_length``, nothing is appended unless the log has exactly that many events
+        (``LengthMoved``). Raises ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, and
+        ``INVALID_REQUEST`` for an event over ``max_event_bytes``.
         """
         sid, instance = _unpack(session)
         if not events:
             return []
-        ts = self._clock()
+        ts = self._clock() if time_ms is None else time_ms
         payload = [wire.encode_stored_event(e, ts) for e in events]
-        first = int(self._append(keys=[keys.session(sid), keys.session_log(sid)],
-                                 args=[instance, events[-1].type, *payload]))
+        for i, raw in enumerate(payload):
+            if len(raw) > self.max_event_bytes:
+                raise errors.invalid(f"event {i} is {len(raw)} bytes, over the limit of {self.max_event_bytes}")
+        flush = any(e.type == rules.TURN_END for e in events)
+        first = int(self._append(
+            keys=[keys.session(sid), keys.session_log(sid), *self._lifecycle],
+            args=[instance, events[-1].type, "" if expect_length is None else expect_length,
+                  "1" if flush else "0", self.lifecycle_maxlen, sid, *payload]))
+        if first == -3:
+            raise LengthMoved(sid)
         self._raise_for(first, sid)
+        if flush and self._cluster:
+            self._emit(self.redis, "session/flush", sid, first + len(events))
         return [Event(e.type, first + i, ts, e.data, dict(e.extra)) for i, e in enumerate(events)]
 
     def dispose(self, session: SessionRef) -> None:
         """End the live incarnation; header and events stay readable, the id is never reused."""
         sid, instance = _unpack(session)
-        self._raise_for(int(self._dispose(keys=[keys.session(sid)], args=[instance])), sid)
+        status = int(self._dispose(keys=[keys.session(sid), *self._lifecycle],
+                                   args=[instance, self.lifecycle_maxlen, sid]))
+        self._raise_for(status, sid)
+        if self._cluster:
+            self._emit(self.redis, "session/disposed", sid, self.length(sid))
+
+    def flush(self, session_id: str) -> None:
+        """Emit ``session/flush`` on demand: persistence backends write what they miss."""
+        sid = rules.check_id(session_id)
+        self._emit(self.redis, "session/flush", sid, self.length(sid))
+
+    def _emit(self, client: Any, kind: str, sid: str, length: int) -> None:
+        client.xadd(keys.LIFECYCLE_STREAM, {"type": kind, "id": sid, "len": length},
+                    maxlen=self.lifecycle_maxlen, approximate=True)
 
     @staticmethod
     def _raise_for(status: int, sid: str) -> None:
@@ -307,15 +345,21 @@ class Registry:
         pipe = self.redis.pipeline(transaction=False)
         for cid in checked:
             raw = wire.encode_header(self.child_header(snap, cid))
-            self._create(keys=[keys.session(cid)], client=pipe,
-                         args=[raw, self._new_token(), snap.length, snap.length, segments, last, request_id])
+            self._create(keys=[keys.session(cid), *self._lifecycle], client=pipe,
+                         args=[raw, self._new_token(), snap.length, snap.length, segments, last, request_id,
+                               self.lifecycle_maxlen, cid])
         results: list[Header | errors.ForkError] = [
             errors.already_exists(cid) if raw is None else wire.decode_header(raw)
             for cid, raw in zip(checked, pipe.execute(), strict=True)
         ]
         created = [r.id for r in results if isinstance(r, Header)]
         if created:
-            self.redis.sadd(keys.session_children(snap.source.id), *created)
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.sadd(keys.session_children(snap.source.id), *created)
+            if self._cluster:
+                for cid in created:
+                    self._emit(pipe, "session/created", cid, snap.length)
+            pipe.execute()
         return results
 
     def create_child(self, snap: Snapshot, child_id: str | None = None, *,
@@ -326,6 +370,10 @@ class Registry:
         if isinstance(result, errors.ForkError):
             raise result
         return result
+
+
+class LengthMoved(Exception):
+    """``append(expect_length=...)`` found the log at another length: re-read and try again."""
 
 
 def _text(value: bytes | str) -> str:

@@ -51,7 +51,7 @@ class ForkWorker(SimpleWorker):
     """Runs ``sessionfork.jobs.fork`` jobs with ``service``; see the module docstring."""
 
     def __init__(self, queues: list[Queue], *, service: ForkService, abandoned_after: int,
-                 on_outcome: Callable[[Job, Reply, float], None] | None = None, **kwargs: Any) -> None:
+                 on_outcome: Callable[[str, str, Reply, float], None] | None = None, **kwargs: Any) -> None:
         super().__init__(queues, serializer=jobs.JSONSerializer, **kwargs)
         self.service = service
         self.abandoned_after = abandoned_after
@@ -115,7 +115,7 @@ class ForkWorker(SimpleWorker):
         job._result = reply
         self._until_up(lambda: self._finish(job))
         if self.on_outcome is not None:
-            self.on_outcome(job, reply, time.perf_counter() - began)
+            self.on_outcome(job.id, payload, reply, time.perf_counter() - began)
 
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
         # RQ's version, minus the process title that would deserialize a refused job's payload.
@@ -166,7 +166,7 @@ class ForkWorker(SimpleWorker):
         self._until_up(lambda: self.handle_job_failure(job=job, queue=queue, started_job_registry=started,
                                                        exc_string=f"refused: {reason}"))
         if self.on_outcome is not None:
-            self.on_outcome(job, reply, 0.0)
+            self.on_outcome(job.id, "", reply, 0.0)
 
     def _finish_abandoned(self, job: Job, exc_type: type[BaseException], *_: Any) -> bool:
         # Called by RQ for every job failure; acts only on jobs abandoned by a dead worker whose

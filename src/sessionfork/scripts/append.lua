@@ -1,14 +1,23 @@
 -- Append events to a live session; the position gives each its seq, so appends never gap or clash.
 -- KEYS[1] = sf:s:{<id>}, KEYS[2] = sf:s:{<id>}:log   (one slot)
--- ARGV    = instance token ("" = any live instance), type of the last new event, event JSON...
--- Returns the seq of the first new event, -1 when the session is not live, -2 on a stale token.
+-- KEYS[3] = sf:lifecycle   (optional: given only when it shares the server, i.e. not on a cluster)
+-- ARGV    = instance token ("" = any live instance), type of the last new event,
+--           expected length ("" = any), flush ("1" when the batch holds a turn/end),
+--           lifecycle stream MAXLEN, session id, event JSON...
+-- Returns the seq of the first new event; -1 not live, -2 stale token, -3 length moved on.
 local rec = redis.call('HMGET', KEYS[1], 'instance', 'len')
 if not rec[1] then return -1 end
 if ARGV[1] ~= '' and rec[1] ~= ARGV[1] then return -2 end
-local n = #ARGV - 2
+if ARGV[3] ~= '' and rec[2] ~= ARGV[3] then return -3 end
+local first = 7
+local n = #ARGV - first + 1
 -- RPUSH in chunks: unpack() of a huge argument list overflows the Lua C stack.
-for i = 3, #ARGV, 4000 do
+for i = first, #ARGV, 4000 do
   redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 3999, #ARGV)))
 end
-redis.call('HSET', KEYS[1], 'len', tonumber(rec[2]) + n, 'last', ARGV[2])
+local len = tonumber(rec[2]) + n
+redis.call('HSET', KEYS[1], 'len', len, 'last', ARGV[2])
+if KEYS[3] and ARGV[4] == '1' then
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'type', 'session/flush', 'id', ARGV[6], 'len', len)
+end
 return tonumber(rec[2])

@@ -1,6 +1,8 @@
 -- Create a session record if its id is free: a new session (len 0) or a forked child.
--- KEYS[1] = sf:s:{<id>}      (the new session's record; one slot)
--- ARGV    = header JSON, instance token, len, seedlen, seed JSON, last type, request id ("" = none)
+-- KEYS[1] = sf:s:{<id>}      (the new session's record)
+-- KEYS[2] = sf:lifecycle     (optional: given only when it shares the server, i.e. not on a cluster)
+-- ARGV    = header JSON, instance token, len, seedlen, seed JSON, last type, request id ("" = none),
+--           lifecycle stream MAXLEN, session id
 -- Returns the header JSON of the record now under KEYS[1] when it is ours (created now, or
 -- created earlier by the same request id: a replay), or false when another owner has the id.
 if redis.call('EXISTS', KEYS[1]) == 1 then
@@ -13,5 +15,9 @@ redis.call('HSET', KEYS[1], 'header', ARGV[1], 'instance', ARGV[2], 'len', ARGV[
   'seedlen', ARGV[4], 'seed', ARGV[5], 'last', ARGV[6])
 if ARGV[7] ~= '' then
   redis.call('HSET', KEYS[1], 'req', ARGV[7])
+end
+if KEYS[2] then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'type', 'session/created', 'id', ARGV[9],
+    'len', ARGV[3])
 end
 return ARGV[1]

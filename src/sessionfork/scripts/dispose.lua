@@ -1,9 +1,13 @@
 -- End a session's live incarnation; its header and events stay readable.
--- KEYS[1] = sf:s:{<id>}   (one slot)
--- ARGV[1] = instance token ("" = any live instance)
+-- KEYS[1] = sf:s:{<id>}
+-- KEYS[2] = sf:lifecycle   (optional: given only when it shares the server, i.e. not on a cluster)
+-- ARGV    = instance token ("" = any live instance), lifecycle stream MAXLEN, session id
 -- Returns 1 when disposed now, -1 when not live, -2 on a stale token.
-local inst = redis.call('HGET', KEYS[1], 'instance')
-if not inst then return -1 end
-if ARGV[1] ~= '' and inst ~= ARGV[1] then return -2 end
+local r = redis.call('HMGET', KEYS[1], 'instance', 'len')
+if not r[1] then return -1 end
+if ARGV[1] ~= '' and r[1] ~= ARGV[1] then return -2 end
 redis.call('HDEL', KEYS[1], 'instance')
+if KEYS[2] then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[2], '*', 'type', 'session/disposed', 'id', ARGV[3], 'len', r[2])
+end
 return 1
