@@ -7,6 +7,7 @@ nothing on disk beyond a temporary directory, and are killed on ``stop()``.
 
 from __future__ import annotations
 
+import random
 import shutil
 import signal
 import socket
@@ -49,6 +50,21 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def free_cluster_port(rng: random.Random | None = None) -> int:
+    """A free port ``p`` with ``p + 10000`` free too (a cluster node's bus port), ``p`` ≤ 55535."""
+    pick = rng or random.Random()
+    for _ in range(200):
+        port = pick.randrange(20000, 55000)
+        try:
+            for candidate in (port, port + 10000):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+    raise ServerNotAvailable("no free port pair for a cluster node")
 
 
 def wait_until(predicate: object, timeout: float, what: str, interval: float = 0.01) -> None:
@@ -129,6 +145,95 @@ class EmbeddedServer:
 
     def __enter__(self) -> EmbeddedServer:
         return self.start() if self.process is None else self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class EmbeddedCluster:
+    """A Redis Cluster of ``masters`` primaries (each with ``replicas`` replicas) on free ports.
+
+    Slots are split evenly over the primaries; the nodes are met and replicas attached by this
+    class (no redis-cli needed). ``url`` names one node; cluster clients discover the rest.
+    """
+
+    def __init__(self, masters: int = 3, replicas: int = 0, *, binary: str | None = None,
+                 node_timeout_ms: int = 1000) -> None:
+        self.binary = binary or find_server_binary()
+        self.node_timeout_ms = node_timeout_ms
+        self.masters: list[EmbeddedServer] = []
+        self.replicas: list[EmbeddedServer] = []
+        self._shape = (masters, replicas)
+
+    def _node(self) -> EmbeddedServer:
+        port = free_cluster_port()
+        return EmbeddedServer(binary=self.binary, port=port, extra_args=[
+            "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
+            "--cluster-node-timeout", str(self.node_timeout_ms), "--cluster-require-full-coverage", "no",
+            "--appendonly", "yes", "--appendfsync", "always"])
+
+    @property
+    def nodes(self) -> list[EmbeddedServer]:
+        return [*self.masters, *self.replicas]
+
+    @property
+    def url(self) -> str:
+        live = [n for n in self.nodes if n.process is not None and n.process.poll() is None]
+        return live[0].url
+
+    def start(self, timeout: float = 30.0) -> EmbeddedCluster:
+        masters, replicas = self._shape
+        self.masters = [self._node().start() for _ in range(masters)]
+        self.replicas = [self._node().start() for _ in range(masters * replicas)]
+        per = 16384 // masters
+        for i, node in enumerate(self.masters):
+            last = 16383 if i == masters - 1 else (i + 1) * per - 1
+            with node.client() as c:
+                c.execute_command("CLUSTER", "ADDSLOTSRANGE", i * per, last)
+        first = self.masters[0]
+        for node in self.nodes[1:]:
+            with node.client() as c:
+                c.execute_command("CLUSTER", "MEET", "127.0.0.1", first.port)
+        wait_until(lambda: all(self._knows(n, len(self.nodes)) for n in self.nodes), timeout, "cluster nodes to meet")
+        for i, node in enumerate(self.replicas):
+            master_id = self._node_id(self.masters[i % masters])
+            with node.client() as c:
+                c.execute_command("CLUSTER", "REPLICATE", master_id)
+        wait_until(self.is_ok, timeout, "cluster_state:ok")
+        return self
+
+    @staticmethod
+    def _node_id(node: EmbeddedServer) -> str:
+        with node.client() as c:
+            raw = c.execute_command("CLUSTER", "MYID")
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+    @staticmethod
+    def _knows(node: EmbeddedServer, count: int) -> bool:
+        with node.client() as c:
+            raw = c.execute_command("CLUSTER", "NODES")
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        return len([line for line in text.splitlines() if line.strip()]) >= count
+
+    def is_ok(self) -> bool:
+        """Every running node reports ``cluster_state:ok`` and replicas are in sync."""
+        for node in self.nodes:
+            if node.process is None or node.process.poll() is not None:
+                continue
+            with node.client() as c:
+                info = c.execute_command("CLUSTER", "INFO")
+                text = info.decode() if isinstance(info, bytes) else str(info)
+                if "cluster_state:ok" not in text:
+                    return False
+        return True
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()
+
+    def __enter__(self) -> EmbeddedCluster:
+        return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:

@@ -17,16 +17,15 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, TypeAlias
 
 import msgspec
 from msgspec import UNSET
 from redis import Redis
 from redis.cluster import RedisCluster
-from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
-from . import errors, keys, rules, wire
+from . import errors, keys, lua, rules, wire
 from .wire import Event, Header, LiveHandle, NewEvent, SeedMeta
 
 RedisClient: TypeAlias = "Redis | RedisCluster"
@@ -47,10 +46,6 @@ def new_session_id() -> str:
 
 def new_instance_token() -> str:
     return secrets.token_hex(16)
-
-
-def _load(name: str) -> str:
-    return resources.files(__package__).joinpath("scripts", name).read_text(encoding="utf-8")
 
 
 def _unpack(ref: SessionRef) -> tuple[str, str]:
@@ -128,10 +123,10 @@ class Registry:
         self._clock = clock
         self._new_id = new_id
         self._new_token = new_token
-        self._create: Script = redis.register_script(_load("create.lua"))
-        self._append: Script = redis.register_script(_load("append.lua"))
-        self._snapshot: Script = redis.register_script(_load("snapshot.lua"))
-        self._dispose: Script = redis.register_script(_load("dispose.lua"))
+        self._create = lua.register(redis, "create.lua")
+        self._append = lua.register(redis, "append.lua")
+        self._snapshot = lua.register(redis, "snapshot.lua")
+        self._dispose = lua.register(redis, "dispose.lua")
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -290,11 +285,23 @@ class Registry:
         """
         sid, instance = _unpack(source)
         checked = [rules.check_id(c) for c in child_ids]
-        pipe = self.redis.pipeline(transaction=False)
-        for child in checked:
-            pipe.hmget(keys.session(child), ["header", "req"])
-        self._snapshot(keys=[keys.session(sid)], args=[instance], client=pipe)
-        *taken, reply = pipe.execute()
+        if self._cluster:
+            # A cluster pipeline cannot carry scripts: look at the children, then run the step.
+            pipe = self.redis.pipeline(transaction=False)
+            for child in checked:
+                pipe.hmget(keys.session(child), ["header", "req"])
+            taken = pipe.execute() if checked else []
+            reply = self._snapshot(keys=[keys.session(sid)], args=[instance])
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            for child in checked:
+                pipe.hmget(keys.session(child), ["header", "req"])
+            pipe.evalsha(self._snapshot.sha, 1, keys.session(sid), instance)
+            try:
+                *taken, reply = pipe.execute()
+            except NoScriptError:
+                self._snapshot.sha = self.redis.script_load(self._snapshot.script)
+                return self.prepare_fork(source, child_ids, request_id=request_id)
         existing: list[str] = []
         replayed: dict[str, Header] = {}
         for child, (header, req) in zip(checked, taken, strict=True):
@@ -342,15 +349,15 @@ class Registry:
         checked = [rules.check_id(c) for c in child_ids]
         segments = wire.encode(snap.child_segments())
         last = "turn/end" if snap.length else ""
-        pipe = self.redis.pipeline(transaction=False)
-        for cid in checked:
-            raw = wire.encode_header(self.child_header(snap, cid))
-            self._create(keys=[keys.session(cid), *self._lifecycle], client=pipe,
-                         args=[raw, self._new_token(), snap.length, snap.length, segments, last, request_id,
-                               self.lifecycle_maxlen, cid])
+        calls: list[lua.Call] = [
+            (self._create, [keys.session(cid), *self._lifecycle],
+             [wire.encode_header(self.child_header(snap, cid)), self._new_token(), snap.length, snap.length,
+              segments, last, request_id, self.lifecycle_maxlen, cid])
+            for cid in checked
+        ]
         results: list[Header | errors.ForkError] = [
             errors.already_exists(cid) if raw is None else wire.decode_header(raw)
-            for cid, raw in zip(checked, pipe.execute(), strict=True)
+            for cid, raw in zip(checked, lua.eval_many(self.redis, calls), strict=True)
         ]
         created = [r.id for r in results if isinstance(r, Header)]
         if created:

@@ -10,23 +10,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from importlib import resources
 
 import msgspec
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import keys, wire
+from . import keys, lua, wire
 from .registry import Snapshot
 from .wire import ForkFailure, Reply
 
 _ids = msgspec.json.Decoder(list[str])
 _snapshot_codec = msgspec.json.Decoder(tuple[wire.Header, int, int, list[tuple[str, int, int]]])
-
-
-def _script(name: str) -> str:
-    return resources.files(__package__).joinpath("scripts", name).read_text(encoding="utf-8")
 
 
 def code_of(reply: Reply) -> str:
@@ -51,8 +46,8 @@ class Outcomes:
         self.redis = redis
         self.ttl = ttl
         self.stream_maxlen = stream_maxlen
-        self._claim = redis.register_script(_script("claim.lua"))
-        self._record = redis.register_script(_script("record.lua"))
+        self._claim = lua.register(redis, "claim.lua")
+        self._record = lua.register(redis, "record.lua")
 
     def claim(self, request_id: str, digest: str, children: list[str]) -> Claim:
         """Claim ``request_id`` for a request with ``digest``, planning ``children`` if new."""
