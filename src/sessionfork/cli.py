@@ -48,7 +48,9 @@ class Context:
         if self._registry is None:
             shared = not self.settings.cluster and self.queue_url == self.registry_url
             client = self.queue_redis() if shared else connections.registry_client(self.settings, self.registry_url)
-            self._registry = Registry(client, max_event_bytes=self.settings.max_event_bytes)
+            self._registry = Registry(client, max_event_bytes=self.settings.max_event_bytes,
+                                      wait_replicas=self.settings.wait_replicas,
+                                      wait_timeout_ms=self.settings.wait_timeout_ms)
         return self._registry  # type: ignore[no-any-return]
 
     def queue_redis(self) -> Any:

@@ -32,24 +32,56 @@ def register(redis: Any, name: str) -> Script:
     return script
 
 
-def eval_many(redis: Any, calls: Sequence[Call], *, parallel: int = 8) -> list[Any]:
-    """Results of ``calls`` in order; one round trip on a server, one per call on a cluster."""
+class NotReplicated(Exception):
+    """WAIT saw fewer replicas acknowledge a write than asked; the write stands on the primary.
+
+    Raised so that the request is retried (it is idempotent): the retry waits again.
+    """
+
+
+def eval_many(redis: Any, calls: Sequence[Call], *, parallel: int = 8, replicas: int = 0,
+              wait_ms: int = 1000) -> list[Any]:
+    """Results of ``calls`` in order; one round trip on a server, one per call on a cluster.
+
+    With ``replicas``, each write is followed by WAIT on the same connection, and
+    ``NotReplicated`` is raised when fewer replicas acknowledged it within ``wait_ms``.
+    """
     if not calls:
         return []
     if isinstance(redis, RedisCluster):
+        def one(call: Call) -> Any:
+            script, keys, args = call
+            result = script(keys=list(keys), args=list(args))
+            if replicas:
+                node = redis.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
+                acked = redis.execute_command("WAIT", replicas, wait_ms, target_nodes=node)  # type: ignore[no-untyped-call]
+                _check(acked, replicas)
+            return result
+
         if len(calls) == 1 or parallel <= 1:
-            return [script(keys=list(keys), args=list(args)) for script, keys, args in calls]
+            return [one(c) for c in calls]
         with ThreadPoolExecutor(max_workers=min(parallel, len(calls))) as pool:
-            return list(pool.map(lambda c: c[0](keys=list(c[1]), args=list(c[2])), calls))
+            return list(pool.map(one, calls))
     for attempt in (1, 2):
         pipe = redis.pipeline(transaction=False)
         for script, keys, args in calls:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
+        if replicas:
+            pipe.execute_command("WAIT", replicas, wait_ms)
         try:
-            return list(pipe.execute())
+            results = list(pipe.execute())
+            if replicas:
+                _check(results.pop(), replicas)
+            return results
         except NoScriptError:
             if attempt == 2:
                 raise
             for script in {id(c[0]): c[0] for c in calls}.values():
                 script.sha = redis.script_load(script.script)
     raise AssertionError("unreachable")
+
+
+def _check(acknowledged: Any, wanted: int) -> None:
+    got = int(acknowledged)
+    if got < wanted:
+        raise NotReplicated(f"{got} of {wanted} replica(s) acknowledged the write in time")

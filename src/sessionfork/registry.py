@@ -112,8 +112,12 @@ class Registry:
         new_token: Callable[[], str] = new_instance_token,
         max_event_bytes: int = 1024 * 1024,
         lifecycle_maxlen: int = 1_000_000,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
     ) -> None:
         self.redis = redis
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
         self.max_event_bytes = max_event_bytes
         self.lifecycle_maxlen = lifecycle_maxlen
         # On a single server the scripts append lifecycle events atomically with their change; on
@@ -344,7 +348,9 @@ class Registry:
         One pipelined round trip for all children, then one to index the created ones under the
         parent. A child already created by the same ``request_id`` is returned as it is (a
         replay), so a request forks at most once; any other existing id is
-        ``SESSION_ALREADY_EXISTS`` in its place of the result.
+        ``SESSION_ALREADY_EXISTS`` in its place of the result. With ``wait_replicas``, the
+        children are acknowledged by that many replicas before this returns
+        (``lua.NotReplicated`` otherwise).
         """
         checked = [rules.check_id(c) for c in child_ids]
         segments = wire.encode(snap.child_segments())
@@ -357,7 +363,8 @@ class Registry:
         ]
         results: list[Header | errors.ForkError] = [
             errors.already_exists(cid) if raw is None else wire.decode_header(raw)
-            for cid, raw in zip(checked, lua.eval_many(self.redis, calls), strict=True)
+            for cid, raw in zip(checked, lua.eval_many(self.redis, calls, replicas=self.wait_replicas,
+                                                       wait_ms=self.wait_timeout_ms), strict=True)
         ]
         created = [r.id for r in results if isinstance(r, Header)]
         if created:
