@@ -4,7 +4,7 @@
     python3 run.py demo [--redis-url URL]   the main job: a walkthrough on an embedded server
     python3 run.py test [PYTEST ARGS]        ruff, mypy --strict, then the whole test suite
     python3 run.py bench [--quick]           the benchmark (table on stdout, JSON in bench-results/)
-    python3 run.py worker [ARGS]             a worker (REDIS_URL or --redis-url)
+    python3 run.py worker [ARGS]             a worker (settings from REDIS_URL, SESSIONFORK_*)
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ STAMP = VENV / ".sessionfork-installed"
 
 def ensure_env() -> None:
     """Create the virtual env and install the project with its test extras, once per pyproject."""
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - this file runs before any check of the Python version
         sys.exit(f"sessionfork needs Python 3.11+, this is {sys.version.split()[0]}")
     want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
     if STAMP.exists() and STAMP.read_text() == want:
@@ -50,10 +50,8 @@ def main(argv: list[str]) -> int:
     ensure_env()
     task, rest = argv[0], argv[1:]
     py = str(BIN / "python")
-    if task == "demo":
-        return run(py, "-m", "sessionfork", *_split_globals(rest), "demo")
-    if task == "worker":
-        return run(py, "-m", "sessionfork", *_split_globals(rest), "worker")
+    if task in {"demo", "worker"}:
+        return run(py, "-m", "sessionfork", task, *rest)
     if task == "bench":
         return run(py, "-m", "sessionfork.bench", *rest)
     for step in ([str(BIN / "ruff"), "check", "src", "tests", "worker", "run.py"], [str(BIN / "mypy")]):
@@ -61,11 +59,6 @@ def main(argv: list[str]) -> int:
         if code:
             return code
     return run(py, "-m", "pytest", *rest)
-
-
-def _split_globals(args: list[str]) -> list[str]:
-    # `run.py demo --redis-url X` reads naturally; the CLI wants global options first.
-    return args
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+import msgspec
 from redis.exceptions import RedisError
 
 from . import config, connections, jobs, wire
@@ -183,15 +184,16 @@ def health(obj: Context) -> None:
 
 
 @cli.command()
-@click.option("--keep", is_flag=True, help="Leave the demo sessions in Redis.")
+@click.option("--redis-url", "demo_url", help="Use this server instead of starting an embedded one.")
 @click.pass_obj
 @clean_errors
-def demo(obj: Context, keep: bool) -> None:
+def demo(obj: Context, demo_url: str | None) -> None:
     """Walk through every outcome on an embedded server (or --redis-url), then stop what it started."""
     from .demo import DemoFailed, run_demo
 
+    settings = obj.settings if demo_url is None else msgspec.structs.replace(obj.settings, redis_url=demo_url)
     try:
-        run_demo(obj.settings, echo=click.echo, keep=keep)
+        run_demo(settings, echo=click.echo)
     except DemoFailed as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)

@@ -66,7 +66,7 @@ class DemoFailed(RuntimeError):
     """An outcome other than the one the walkthrough shows: the demo checks itself."""
 
 
-def run_demo(settings: Settings, *, echo: Echo, keep: bool = False) -> None:
+def run_demo(settings: Settings, *, echo: Echo) -> None:
     """Run the walkthrough; ``DemoFailed`` on an unexpected outcome."""
     with _server(settings) as s:
         echo(f"registry and queue: {s.redis_url}" + ("" if settings.redis_url else " (embedded)"))
@@ -113,8 +113,8 @@ def run_demo(settings: Settings, *, echo: Echo, keep: bool = False) -> None:
 
         echo("\n# lineage of " + sid("parent"))
         echo(lineage.render_text(lineage.lineage(registry, sid("parent"))))
-        if not keep and settings.redis_url:
-            echo("\n(demo sessions stay in the given server; they are prefixed demo-" + tag + ")")
+        if settings.redis_url:
+            echo(f"\n(the demo sessions stay in {settings.redis_url}: ids start with demo-{tag}-)")
 
 
 def _worker_up(client: Client, settings: Settings) -> bool:

@@ -245,6 +245,16 @@ class ForkMachine(RuleBasedStateMachine):
     def fork_existing_into_fresh(self, data: st.DataObject, request: str | None) -> None:
         self.do_fork(self.existing(data), data.draw(live_kinds), self.fresh(data), request)
 
+    @precondition(lambda self: self.has_sessions() and self.has_fresh_ids())
+    @rule(data=st.data())
+    def fork_and_continue(self, data: st.DataObject) -> None:
+        # Grows lineages whose every level has events of its own: forks of forks read their
+        # seeds across several ancestor slices.
+        child = self.fresh(data)
+        self.do_fork(self.existing(data), "id", child, None)
+        if child in self.sessions:
+            self.do_append(child, "handle", "whole turn")
+
     @precondition(has_sessions)
     @rule(data=st.data(), request=requests)
     def fork_existing_into_existing(self, data: st.DataObject, request: str | None) -> None:
