@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from . import rules
+from . import errors, rules
 from .registry import LengthMoved, Registry
 from .wire import Event, NewEvent
 
@@ -72,6 +72,8 @@ def repair(registry: Registry, session_id: str, *, attempts: int = 5) -> list[Ev
     appended meanwhile (the repair is recomputed from the new tail).
     """
     sid = rules.check_id(session_id)
+    if registry.instance(sid) is None:
+        raise errors.not_found(sid)  # never created, or disposed: nothing live to repair
     for _ in range(attempts):
         length = registry.length(sid)
         tail = _open_turn(registry, sid, length)
