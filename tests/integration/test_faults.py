@@ -265,7 +265,7 @@ def test_idle_worker_exits_0_on_sigterm(own_server: EmbeddedServer, rds: Redis,
 
     assert stop(proc) == 0
 
-    assert SimpleWorker.find_by_key(SimpleWorker.redis_worker_namespace_prefix + name, connection=rds) is None
+    assert name not in [w.name for w in SimpleWorker.all(connection=rds)]
 
 
 # -- Redis restart and dropped connections --------------------------------------------------------

@@ -348,20 +348,36 @@ JsonlBackend(Registry(Redis(port=port)), root, consumer="killed", block_ms=100, 
 
 
 class Writer(threading.Thread):
-    """Appends turns to every live session, forks them now and then, disposes a few, until stopped."""
+    """Appends a turn to every live session per round, forks some, disposes a few: ``budget`` rounds."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, budget: int) -> None:
         super().__init__(daemon=True)
         self.registry = registry
-        self.halt = threading.Event()
+        self.changed = threading.Condition()
+        self.budget = budget
+        self.halted = False
         self.rounds = 0
         self.sessions = [registry.create().id for _ in range(3)]
         self.live = list(self.sessions)
         self.errors: list[BaseException] = []
 
+    def allow(self, rounds: int) -> None:
+        with self.changed:
+            self.budget += rounds
+            self.changed.notify_all()
+
+    def halt(self) -> None:
+        with self.changed:
+            self.halted = True
+            self.changed.notify_all()
+
     def run(self) -> None:
         try:
-            while not self.halt.is_set():
+            while True:
+                with self.changed:
+                    self.changed.wait_for(lambda: self.halted or self.rounds < self.budget)
+                    if self.halted:
+                        return
                 for sid in self.live:
                     self.registry.append(sid, turn(self.rounds))
                 if self.rounds % 4 == 1 and len(self.sessions) < 12:
@@ -387,28 +403,28 @@ def test_sigkilled_backend_catches_up_without_duplicates_or_gaps(registry: Regis
     def start_backend() -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, "-c", BACKEND, str(server.port), str(root)], stdin=subprocess.DEVNULL)
 
-    def more_rounds(n: int) -> None:
-        target = writer.rounds + n
-        wait_until(lambda: writer.rounds >= target or not writer.is_alive(), 20, f"{n} more writer rounds")
+    def all_rounds(more: int) -> None:
+        writer.allow(more)
+        wait_until(lambda: writer.rounds >= writer.budget or not writer.is_alive(), 20, "the writer's rounds")
 
-    writer = Writer(Registry(server.client()))
+    writer = Writer(Registry(server.client()), budget=150)
     backend = start_backend()
     try:
         writer.start()
         wait_until(lambda: len(list(root.rglob("*.jsonl"))) >= 4, 20, "the backend's first files")
         assert backend.poll() is None, "the backend died before the kill"
         kill(backend)
-        more_rounds(10)  # entries pile up while no backend runs
+        all_rounds(10)  # entries pile up while no backend runs
         backend = start_backend()
-        more_rounds(10)
-        writer.halt.set()
+        all_rounds(10)
+        writer.halt()
         writer.join(20)
         assert not writer.errors
         wait_until(lambda: all_files_match(registry, root, writer.sessions), 30, "every file to match the registry")
     finally:
-        writer.halt.set()
+        writer.halt()
         stop(backend)
-    assert len(writer.sessions) > 3 and writer.rounds > 20
+    assert len(writer.sessions) == 12 and writer.rounds >= 170
     for sid in writer.sessions:
         header, *events = file_lines(file_of(registry, root, sid))
         assert header == expected_lines(registry, sid)[0]

@@ -1,0 +1,104 @@
+"""Operators' views: the outcome stream (events), stats, Prometheus metrics and JSON log lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from redis import Redis
+
+from sessionfork import NewEvent, Registry
+from sessionfork.dashboard import compute_stats, format_line, read_outcomes
+from sessionfork.embedded import EmbeddedServer, free_port
+from sessionfork.metrics import JsonFormatter, Observer
+from sessionfork.registry import now_ms
+from sessionfork.replies import Outcomes
+from sessionfork.service import ForkService
+from sessionfork.wire import Reply
+
+
+def service(redis: Redis, registry: Registry) -> ForkService:
+    return ForkService(registry, Outcomes(redis, ttl=60, stream_maxlen=1000), reply_channel="sf:replies",
+                       max_request_bytes=65536, max_fanout=16)
+
+
+def outcomes(redis: Redis, registry: Registry) -> list[Reply]:
+    src = registry.create("src")
+    registry.append(src, [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
+    svc = service(redis, registry)
+    return [svc.handle('{"source":"src","sessionId":"c1"}', "r1"),
+            svc.handle('{"source":"src","sessionId":"c1"}', "r2"),
+            svc.handle('{"source":"nobody"}', "r3"),
+            svc.handle("not json", "r4")]
+
+
+def test_every_outcome_is_in_the_stream_in_order(redis: Redis, registry: Registry) -> None:
+    outcomes(redis, registry)
+    seen = list(read_outcomes(redis))
+    assert [(o.request_id, o.code) for o in seen] == [
+        ("r1", "OK"), ("r2", "SESSION_ALREADY_EXISTS"), ("r3", "SESSION_NOT_FOUND"), ("r4", "INVALID_REQUEST")]
+
+
+def test_lines_name_request_code_and_child(redis: Redis, registry: Registry) -> None:
+    outcomes(redis, registry)
+    first = format_line(next(read_outcomes(redis)))
+    assert "r1" in first and "OK" in first and "c1 <- src (seed 2)" in first
+
+
+def test_stats_count_codes_and_percentiles(redis: Redis, registry: Registry) -> None:
+    outcomes(redis, registry)
+    stats = compute_stats(redis, 3600, now_ms())
+    assert stats.total == 4
+    assert stats.codes == {"INVALID_REQUEST": 1, "OK": 1, "SESSION_ALREADY_EXISTS": 1, "SESSION_NOT_FOUND": 1}
+    assert stats.p50_ms is not None and stats.p99_ms is not None and stats.p50_ms <= stats.p99_ms
+
+
+def test_stats_window_excludes_older_outcomes(redis: Redis, registry: Registry) -> None:
+    outcomes(redis, registry)
+    assert compute_stats(redis, 60, now_ms() + 3_600_000).total == 0
+
+
+def test_events_command_json_lines(server: EmbeddedServer, redis: Redis, registry: Registry) -> None:
+    outcomes(redis, registry)
+    out = subprocess.run([sys.executable, "-m", "sessionfork", "--redis-url", server.url, "events", "--json"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [line["code"] for line in lines] == ["OK", "SESSION_ALREADY_EXISTS", "SESSION_NOT_FOUND", "INVALID_REQUEST"]
+    assert lines[0]["reply"]["session"]["id"] == "c1"
+
+
+def test_stats_command_prints_counts(server: EmbeddedServer, redis: Redis, registry: Registry) -> None:
+    outcomes(redis, registry)
+    out = subprocess.run([sys.executable, "-m", "sessionfork", "--redis-url", server.url, "stats"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    assert "outcomes in the last 3600s: 4" in out.stdout
+    assert re.search(r"^  SESSION_NOT_FOUND +1$", out.stdout, re.MULTILINE)
+
+
+def test_metrics_count_outcomes_by_code(redis: Redis, registry: Registry) -> None:
+    observer = Observer(queue_depth=lambda: 7)
+    for i, reply in enumerate(outcomes(redis, registry)):
+        observer(f"r{i}", '{"source":"src"}', reply, 0.002)
+    port = free_port()
+    observer.serve(port, addr="127.0.0.1")
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'sessionfork_forks_total{code="OK"} 1.0' in text
+    assert 'sessionfork_forks_total{code="SESSION_NOT_FOUND"} 1.0' in text
+    assert "sessionfork_queue_depth 7.0" in text
+    assert "sessionfork_fork_duration_seconds_count 4.0" in text
+    assert "sessionfork_children_per_request_sum 1.0" in text
+
+
+def test_outcome_log_line_is_json_with_fields(redis: Redis, registry: Registry,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    reply = outcomes(redis, registry)[0]
+    with caplog.at_level(logging.INFO, logger="sessionfork.outcome"):
+        Observer()("r1", '{"source":{"id":"src","instance":"t"}}', reply, 0.0015)
+    line = json.loads(JsonFormatter().format(caplog.records[-1]))
+    assert {k: line[k] for k in ("request_id", "source", "child", "code", "duration_ms")} == {
+        "request_id": "r1", "source": "src", "child": ["c1"], "code": "OK", "duration_ms": 1.5}
