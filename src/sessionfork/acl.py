@@ -10,8 +10,8 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
 
 ``sf-scheduler`` (enqueues requests and reads replies; the queue server)
     * RQ's unique enqueue: ``EVALSHA``/``SCRIPT LOAD`` of RQ's script, which runs ``EXISTS`` and
-      ``HSET`` on ``rq:job:*`` and ``RPUSH`` on ``rq:queue:<queue>`` (write-only); ``SADD rq:queues``
-      (write-only) in a ``MULTI``/``EXEC``; ``INFO`` for the server version (RQ stores it in the job).
+      ``HSET`` on ``rq:job:*`` and ``RPUSH`` on ``rq:queue:<queue>``; ``SADD rq:queues`` (a
+      write-only key) in a ``MULTI``/``EXEC``; ``INFO`` for the server version (RQ stores it in the job).
     * replies: ``SUBSCRIBE`` to the reply channel ``<reply>`` and to per-request reply channels
       under the prefix ``<reply>:`` (a request's ``replyTo`` must use that prefix when schedulers
       run under this user); read-only ``HMGET`` of ``sf:req:*``; read-only ``XRANGE``/``XREVRANGE``/
@@ -38,7 +38,7 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
 ``sf-host`` (an agent host: creates, appends, reads and disposes sessions; the registry)
     * ``sf:s:*`` through the registry's scripts (``EVALSHA``/``SCRIPT LOAD``; the scripts run
       ``EXISTS``/``HGET``/``HMGET``/``HSET``/``HDEL``/``RPUSH``), reads (``HGET``/``HMGET``/
-      ``LRANGE``/``SMEMBERS``/``EXISTS``) and ``XADD`` to ``sf:lifecycle`` (write-only).
+      ``LRANGE``/``SMEMBERS``/``EXISTS``) and ``XADD`` to ``sf:lifecycle``.
     * nothing on ``rq:*``, ``sf:req:*`` or ``sf:outcomes``, no channel.
     * residual: ACL key patterns cannot tell one host's sessions from another's; the instance
       token of a live handle is what keeps hosts apart.
