@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import errors, rules
-from .registry import Registry, SessionRef, Snapshot
+from .registry import ForkPlan, Registry, SessionRef, Snapshot
 from .wire import Event, Header, SeedMeta
 
 
@@ -52,18 +52,21 @@ class FanOut:
 
 def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], *,
               request_id: str = "", stored: Snapshot | None = None,
-              remember: Callable[[Snapshot], None] | None = None) -> FanOut:
+              remember: Callable[[Snapshot], None] | None = None, plan: ForkPlan | None = None) -> FanOut:
     """Fork ``child_ids`` from **one** snapshot: every child gets exactly the same seed.
 
     Ids that exist already are reported per id (``SESSION_ALREADY_EXISTS``); the others are
     created. When every id exists, that is the error, before the boundary rule. ``stored`` is the
     snapshot a crashed attempt of the same request took (its children must share it);
     ``remember`` is called with a new snapshot before any child exists, to keep it for a retry.
+    ``plan`` is the result of ``registry.prepare_fork`` for exactly these ids, when the caller ran
+    it already (pipelined with other work).
     """
     ids = [rules.check_id(c) for c in child_ids]
     if len(set(ids)) != len(ids):
         raise errors.invalid("child session ids must be distinct")
-    plan = registry.prepare_fork(source, ids, request_id=request_id)
+    if plan is None:
+        plan = registry.prepare_fork(source, ids, request_id=request_id)
     snap = stored or plan.snapshot
     if snap is None:
         if plan.replayed and len(plan.replayed) + len(plan.existing) == len(ids):

@@ -81,8 +81,8 @@ class ForeignFile(Exception):
 class JsonlBackend:
     """Mirror sessions into JSONL files from the lifecycle stream, as consumer ``consumer`` of ``group``.
 
-    One consumer per process; several may share a group and a root (files are locked while
-    written). Pending entries idle for ``claim_idle_ms`` (a dead consumer's) are reclaimed at
+    One consumer per process; several may share a group and a root (files are ``flock``-ed while
+    written: POSIX only). Pending entries idle for ``claim_idle_ms`` (a dead consumer's) are reclaimed at
     start and every ``claim_idle_ms``. Redis errors propagate: restart and nothing is lost.
     """
 
@@ -114,7 +114,11 @@ class JsonlBackend:
         return total
 
     def step(self) -> int:
-        """Handle one batch (blocking up to ``block_ms`` when there is none); returns entries acked."""
+        """Handle one batch (blocking up to ``block_ms`` when there is none); returns entries acked.
+
+        Order: a due reclaim pass (XAUTOCLAIM), then this consumer's own pending entries (left by
+        a previous run under the same name), then new entries.
+        """
         return self._step(self.batch)
 
     def _step(self, limit: int) -> int:
@@ -226,7 +230,7 @@ class JsonlBackend:
         length = self.registry.length(session_id)
         path = path_for(self.root, header)
         first = header_line(header)
-        _ensure_dir(path.parent)
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+b") as f:
             # Another consumer of the group may hold an entry of the same session right now.
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
@@ -239,10 +243,11 @@ class JsonlBackend:
                 if end < size:
                     log.warning("%s: cut off %d bytes of a torn or unparsable tail", path, size - end)
                     f.truncate(end)
-            if next_seq > length:
-                log.warning("%s holds %d events, more than the registry's %d", path, next_seq, length)
-            new = self.registry.events(session_id, max(next_seq, 0), length) if next_seq < length else []
-            assert not new or new[0].seq == max(next_seq, 0), "the registry skipped or repeated a seq"
+            start = max(next_seq, 0)
+            if start > length:  # Redis lost data, or this root belongs to another registry
+                log.warning("%s holds %d events, more than the registry's %d", path, start, length)
+            new = self.registry.events(session_id, start, length) if start < length else []
+            assert not new or new[0].seq == start, "the registry skipped or repeated a seq"
             data = (first if next_seq < 0 else b"") + b"".join(wire.encode_event(e) + b"\n" for e in new)
             if data or end < size:
                 f.seek(end)
@@ -251,10 +256,10 @@ class JsonlBackend:
                 os.fsync(f.fileno())
             new_size = end + len(data)
         if next_seq < 0:
-            # A new file: its directory entry (and its directory's) must survive a crash as well.
-            _fsync_dir(path.parent)
-            _fsync_dir(path.parent.parent)
-        self._cache[session_id] = (new_size, max(next_seq, 0) + len(new))
+            # A new file: its name, and its directories' (maybe made just now), must survive a crash too.
+            for made in (path.parent, self.root, self.root.parent):
+                _fsync_dir(made)
+        self._cache[session_id] = (new_size, start + len(new))
         self._cache.move_to_end(session_id)
         if len(self._cache) > _CACHE_MAX:
             self._cache.popitem(last=False)
@@ -282,8 +287,8 @@ def _recover(f: IO[bytes], size: int, first: bytes) -> tuple[int, int]:
             f.seek(0)
             found = value if prev < 0 else _decode(f.readline())
             if found != expected:
-                raise ForeignFile(f"line 1 is {found!r}, not this session's header")
-            return nl + 1, 0 if prev < 0 else value["seq"] + 1
+                raise ForeignFile(f"line 1 is {found!r:.200}, not this session's header")
+            return nl + 1, 0 if prev < 0 else value["seq"]
         end = prev + 1
     return 0, -1
 
@@ -306,17 +311,6 @@ def _decode(line: bytes) -> Any:
         return msgspec.json.decode(line)
     except msgspec.DecodeError:
         return None
-
-
-def _ensure_dir(path: Path) -> None:
-    if path.is_dir():
-        return
-    _ensure_dir(path.parent)
-    try:
-        path.mkdir()
-    except FileExistsError:
-        return  # made meanwhile by another consumer, which syncs its parent
-    _fsync_dir(path.parent)
 
 
 def _fsync_dir(path: Path) -> None:

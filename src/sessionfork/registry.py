@@ -287,7 +287,7 @@ class Registry:
         Each child id that exists lands in ``existing``, or in ``replayed`` when ``request_id``
         created it (a replay after a crash).
         """
-        sid, instance = _unpack(source)
+        sid, instance = _unpack(source)  # ids are checked before any Redis call
         checked = [rules.check_id(c) for c in child_ids]
         if self._cluster:
             # A cluster pipeline cannot carry scripts: look at the children, then run the step.
@@ -296,16 +296,34 @@ class Registry:
                 pipe.hmget(keys.session(child), ["header", "req"])
             taken = pipe.execute() if checked else []
             reply = self._snapshot(keys=[keys.session(sid)], args=[instance])
-        else:
-            pipe = self.redis.pipeline(transaction=False)
-            for child in checked:
-                pipe.hmget(keys.session(child), ["header", "req"])
-            pipe.evalsha(self._snapshot.sha, 1, keys.session(sid), instance)
-            try:
-                *taken, reply = pipe.execute()
-            except NoScriptError:
-                self._snapshot.sha = self.redis.script_load(self._snapshot.script)
-                return self.prepare_fork(source, child_ids, request_id=request_id)
+            return self._plan(sid, checked, request_id, [*taken, reply])
+        pipe = self.redis.pipeline(transaction=False)
+        parse = self.queue_prepare(pipe, source, checked, request_id=request_id)
+        results = pipe.execute(raise_on_error=False)
+        if any(isinstance(r, NoScriptError) for r in results):
+            self.load_scripts()
+            return self.prepare_fork(source, child_ids, request_id=request_id)
+        return parse(results)
+
+    def queue_prepare(self, pipe: Any, source: SessionRef, child_ids: Sequence[str] = (), *,
+                      request_id: str = "") -> Callable[[list[Any]], ForkPlan]:
+        """Queue ``prepare_fork``'s commands on a single server's ``pipe`` (read-only, so safe
+        to re-run); returns the parser of their results, which must come last in the pipeline."""
+        sid, instance = _unpack(source)
+        checked = [rules.check_id(c) for c in child_ids]
+        for child in checked:
+            pipe.hmget(keys.session(child), ["header", "req"])
+        pipe.evalsha(self._snapshot.sha, 1, keys.session(sid), instance)
+        count = len(checked) + 1
+        return lambda results: self._plan(sid, checked, request_id, results[-count:])
+
+    def load_scripts(self) -> None:
+        """Load every script (after a NOSCRIPT: the server restarted or was flushed)."""
+        for script in (self._create, self._append, self._snapshot, self._dispose):
+            script.sha = self.redis.script_load(script.script)
+
+    def _plan(self, sid: str, checked: list[str], request_id: str, results: list[Any]) -> ForkPlan:
+        *taken, reply = results
         existing: list[str] = []
         replayed: dict[str, Header] = {}
         for child, (header, req) in zip(checked, taken, strict=True):
@@ -319,6 +337,10 @@ class Registry:
             return ForkPlan(self.snapshot_from_reply(sid, reply), None, existing, replayed)
         except errors.ForkError as exc:
             return ForkPlan(None, exc, existing, replayed)
+
+    @property
+    def is_cluster(self) -> bool:
+        return self._cluster
 
     @staticmethod
     def snapshot_from_reply(sid: str, reply: list[Any]) -> Snapshot:
@@ -345,8 +367,8 @@ class Registry:
                         request_id: str = "") -> list[Header | errors.ForkError]:
         """The child step for each id: create it from ``snap``, atomically on its own slot.
 
-        One pipelined round trip for all children, then one to index the created ones under the
-        parent. A child already created by the same ``request_id`` is returned as it is (a
+        One pipelined round trip for all children, which also indexes them under the parent (on
+        a cluster, a second round trip does). A child already created by the same ``request_id`` is returned as it is (a
         replay), so a request forks at most once; any other existing id is
         ``SESSION_ALREADY_EXISTS`` in its place of the result. With ``wait_replicas``, the
         children are acknowledged by that many replicas before this returns
@@ -355,8 +377,11 @@ class Registry:
         checked = [rules.check_id(c) for c in child_ids]
         segments = wire.encode(snap.child_segments())
         last = "turn/end" if snap.length else ""
+        # On one server the script also indexes the child under its parent (atomically); on a
+        # cluster the parent's index is in another slot and is written right after.
+        index = [] if self._cluster else [keys.session_children(snap.source.id)]
         calls: list[lua.Call] = [
-            (self._create, [keys.session(cid), *self._lifecycle],
+            (self._create, [keys.session(cid), *self._lifecycle, *index],
              [wire.encode_header(self.child_header(snap, cid)), self._new_token(), snap.length, snap.length,
               segments, last, request_id, self.lifecycle_maxlen, cid])
             for cid in checked
@@ -367,12 +392,11 @@ class Registry:
                                                        wait_ms=self.wait_timeout_ms), strict=True)
         ]
         created = [r.id for r in results if isinstance(r, Header)]
-        if created:
+        if created and self._cluster:
             pipe = self.redis.pipeline(transaction=False)
             pipe.sadd(keys.session_children(snap.source.id), *created)
-            if self._cluster:
-                for cid in created:
-                    self._emit(pipe, "session/created", cid, snap.length)
+            for cid in created:
+                self._emit(pipe, "session/created", cid, snap.length)
             pipe.execute()
         return results
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from redis import Redis
@@ -51,8 +52,19 @@ class Outcomes:
 
     def claim(self, request_id: str, digest: str, children: list[str]) -> Claim:
         """Claim ``request_id`` for a request with ``digest``, planning ``children`` if new."""
-        reply = self._claim(keys=[keys.request(request_id)],
-                            args=[digest, wire.encode(children), self.ttl])
+        return self.parse_claim(self._claim(keys=[keys.request(request_id)],
+                                            args=[digest, wire.encode(children), self.ttl]))
+
+    def queue_claim(self, pipe: Any, request_id: str, digest: str, children: list[str]) -> None:
+        """Queue ``claim`` on ``pipe`` (first in it); ``parse_claim`` reads its result."""
+        pipe.evalsha(self._claim.sha, 1, keys.request(request_id), digest, wire.encode(children), self.ttl)
+
+    def load_scripts(self) -> None:
+        for script in (self._claim, self._record):
+            script.sha = self.redis.script_load(script.script)
+
+    @staticmethod
+    def parse_claim(reply: list[Any]) -> Claim:
         state = _text(reply[0])
         if state == "CONFLICT":
             return Claim(state)

@@ -16,11 +16,12 @@ import time
 from collections.abc import Callable
 
 from msgspec import UNSET
+from redis.exceptions import NoScriptError
 
 from . import errors, rules, wire
 from .errors import ErrorCode, ForkError
 from .forks import FanOut, fork_many
-from .registry import Registry, new_session_id
+from .registry import ForkPlan, Registry, new_session_id
 from .replies import Claim, Outcomes
 from .wire import ChildError, ForkFailure, ForkRequest, ForkResult, Reply
 
@@ -84,7 +85,7 @@ class ForkService:
                                         digest="invalid:" + hashlib.sha256(raw).hexdigest())
         channel = self.reply_channel if request.reply_to is UNSET else request.reply_to
         try:
-            claim = self.outcomes.claim(job_id, wire.digest(request), self._plan(request))
+            claim, plan = self._claim(request, job_id)
             if claim.outcome is not None:
                 return claim.outcome
             if claim.state == "CONFLICT":
@@ -93,7 +94,7 @@ class ForkService:
                     message=f'request id "{job_id}" was already used for a different request')
                 self.outcomes.announce(conflict, channel)
                 return conflict
-            reply = self._execute(request, job_id, claim)
+            reply = self._execute(request, job_id, claim, plan)
         except ForkError as exc:
             reply = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
         except Exception as exc:
@@ -112,10 +113,34 @@ class ForkService:
             return [self._new_id() for _ in range(request.count)]
         return [self._new_id() if request.session_id is UNSET else request.session_id]
 
-    def _execute(self, request: ForkRequest, request_id: str, claim: Claim) -> Reply:
+    def _claim(self, request: ForkRequest, request_id: str) -> tuple[Claim, ForkPlan | None]:
+        """Claim the request id; on a shared single server, run the source step in the same trip.
+
+        The source step only reads, so its result is simply dropped when the claim says the
+        request is not new (its children were planned by an earlier attempt).
+        """
+        planned, digest = self._plan(request), wire.digest(request)
+        redis = self.outcomes.redis
+        if redis is not self.registry.redis or self.registry.is_cluster:
+            return self.outcomes.claim(request_id, digest, planned), None
+        pipe = redis.pipeline(transaction=False)
+        self.outcomes.queue_claim(pipe, request_id, digest, planned)
+        parse = self.registry.queue_prepare(pipe, request.source, planned, request_id=request_id)
+        results = pipe.execute(raise_on_error=False)
+        if any(isinstance(r, NoScriptError) for r in results):
+            self.outcomes.load_scripts()
+            self.registry.load_scripts()
+            return self.outcomes.claim(request_id, digest, planned), None
+        for r in results:
+            if isinstance(r, Exception):
+                raise r
+        claim = self.outcomes.parse_claim(results[0])
+        return claim, parse(results) if claim.state == "NEW" else None
+
+    def _execute(self, request: ForkRequest, request_id: str, claim: Claim, plan: ForkPlan | None) -> Reply:
         result: FanOut = fork_many(
             self.registry, request.source, claim.children, request_id=request_id,
-            stored=claim.snapshot,
+            stored=claim.snapshot, plan=plan,
             remember=(lambda snap: self.outcomes.remember_snapshot(request_id, snap))
             if len(claim.children) > 1 else None,
         )

@@ -1,6 +1,8 @@
 -- Create a session record if its id is free: a new session (len 0) or a forked child.
 -- KEYS[1] = sf:s:{<id>}      (the new session's record)
--- KEYS[2] = sf:lifecycle     (optional: given only when it shares the server, i.e. not on a cluster)
+-- KEYS[2] = sf:lifecycle, KEYS[3] = the parent's sf:s:{<parent>}:children
+--           (both optional: given only when they share the server, i.e. not on a cluster, where
+--           the registry writes them right after this script)
 -- ARGV    = header JSON, instance token, len, seedlen, seed JSON, last type, request id ("" = none),
 --           lifecycle stream MAXLEN, session id
 -- Returns the header JSON of the record now under KEYS[1] when it is ours (created now, or
@@ -19,5 +21,8 @@ end
 if KEYS[2] then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'type', 'session/created', 'id', ARGV[9],
     'len', ARGV[3])
+end
+if KEYS[3] then
+  redis.call('SADD', KEYS[3], ARGV[9])
 end
 return ARGV[1]
