@@ -11,8 +11,12 @@ import contextlib
 import functools
 import logging
 import os
+import signal
+import socket
 import sys
+import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -261,6 +265,35 @@ def stats(obj: Context, window: int, as_json: bool) -> None:
 
     result = compute_stats(obj.queue_redis(), window, now_ms())
     click.echo(wire.encode(result).decode() if as_json else render_stats(result))
+
+
+@cli.command()
+@click.option("--root", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory of the JSONL files.")
+@click.option("--consumer", help="Consumer name in the group (default: host name and pid).")
+@click.option("--group", default="persist", show_default=True, help="Consumer group on sf:lifecycle.")
+@click.option("--sync", "sync_ids", multiple=True, help="Bring these sessions' files up to date, then exit.")
+@click.option("--log-level", default="INFO", show_default=True)
+@click.pass_obj
+@clean_errors
+def persist(obj: Context, root: Path, consumer: str | None, group: str, sync_ids: tuple[str, ...],
+            log_level: str) -> None:
+    """Write sessions as the original harness's JSONL files, from the lifecycle stream (SIGTERM stops)."""
+    from .metrics import configure_logging
+    from .persist import JsonlBackend
+
+    configure_logging("text", log_level)
+    name = consumer or f"{socket.gethostname()}-{os.getpid()}"
+    backend = JsonlBackend(obj.registry(), root, group=group, consumer=name)
+    if sync_ids:
+        for sid in sync_ids:
+            click.echo(f"{sid}: {backend.sync(sid)} event(s) written")
+        return
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    handled = backend.run(stop)
+    click.echo(f"persist stopped after {handled} lifecycle entries", err=True)
 
 
 def main() -> None:

@@ -288,7 +288,7 @@ def _recover(f: IO[bytes], size: int, first: bytes) -> tuple[int, int]:
             found = value if prev < 0 else _decode(f.readline())
             if found != expected:
                 raise ForeignFile(f"line 1 is {found!r:.200}, not this session's header")
-            return nl + 1, 0 if prev < 0 else value["seq"]
+            return nl + 1, 0 if prev < 0 else value["seq"] + 1
         end = prev + 1
     return 0, -1
 

@@ -191,6 +191,7 @@ class Registry:
     def flush(self, session_id: str) -> None:
         """Emit ``session/flush`` on demand: persistence backends write what they miss."""
         sid = rules.check_id(session_id)
+        self.header(sid)  # SESSION_NOT_FOUND for an id never created
         self._emit(self.redis, "session/flush", sid, self.length(sid))
 
     def _emit(self, client: Any, kind: str, sid: str, length: int) -> None:

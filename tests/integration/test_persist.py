@@ -191,16 +191,31 @@ def test_second_group_replaying_whole_stream_writes_no_duplicates(registry: Regi
 # -- crash repair --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("tail", [b'{"type":"assistant/mess', b"\x00\x00\x00\x00"], ids=["torn-json", "nul-bytes"])
-def test_half_written_last_line_is_cut_off_on_next_write(registry: Registry, root: Path, make_backend: Factory,
+TAILS = pytest.mark.parametrize("tail", [b'{"type":"assistant/mess', b"\x00" * 4], ids=["torn-json", "nul-bytes"])
+
+
+@TAILS
+def test_half_written_last_line_is_cut_off_on_next_flush(registry: Registry, root: Path, make_backend: Factory,
                                                          tail: bytes) -> None:
     sid = session_with_turns(registry, 1)
     backend = make_backend()
     drain(backend)
     with file_of(registry, root, sid).open("ab") as f:
         f.write(tail)
-    registry.append(sid, turn(1))
+    registry.flush(sid)
     drain(backend)
+    assert file_lines(file_of(registry, root, sid)) == expected_lines(registry, sid)
+
+
+@TAILS
+def test_new_events_follow_the_last_complete_line(registry: Registry, root: Path, make_backend: Factory,
+                                                  tail: bytes) -> None:
+    sid = session_with_turns(registry, 1)
+    drain(make_backend())
+    with file_of(registry, root, sid).open("ab") as f:
+        f.write(tail)
+    registry.append(sid, turn(1))
+    drain(make_backend())
     assert file_lines(file_of(registry, root, sid)) == expected_lines(registry, sid)
 
 
