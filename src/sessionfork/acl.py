@@ -24,8 +24,8 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
 
 ``sf-worker`` (``sessionfork worker``; the queue server and the registry)
     * RQ bookkeeping on ``rq:*``: job hashes, queue and intermediate queue (``BLMOVE``/``LMOVE``,
-      ``LREM``), started/finished/failed/scheduled registries (sorted sets), executions, results
-      (streams), the worker's hash and sets, retries (``RPUSH``/``LPUSH``), transactions
+      ``LREM``), started/finished/failed registries (sorted sets), executions, results (streams),
+      the worker's hash and sets, retries and abandoned jobs (``RPUSH``), transactions
       (``MULTI``/``EXEC``/``WATCH``), ``SUBSCRIBE rq:pubsub:<worker>`` (RQ's command channel),
       ``CLIENT SETNAME``, ``INFO``.
     * sessionfork: ``sf:req:*`` and ``sf:outcomes`` (claim and record scripts), ``PUBLISH`` to the
@@ -43,8 +43,8 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
     * residual: ACL key patterns cannot tell one host's sessions from another's; the instance
       token of a live handle is what keeps hosts apart.
 
-With ``settings.cluster``, the host and the worker also get what a cluster client needs to learn
-the topology (``CLUSTER SLOTS``/``CLUSTER SHARDS``, ``COMMAND``, ``READONLY``). Apply the same rules
+With ``settings.cluster``, the host and the worker also get what redis-py's cluster client needs to
+learn the topology (``CLUSTER SLOTS``, ``COMMAND``); checked against an embedded 3-node cluster. Apply the same rules
 on the queue server and on the registry server when they differ.
 """
 
@@ -68,7 +68,7 @@ _RESET = ("resetpass", "resetkeys", "resetchannels", "clearselectors", "-@all")
 _CONNECTION = ("ping", "client|setinfo")
 _SCRIPTS = ("evalsha", "script|load")
 _TRANSACTIONS = ("multi", "exec", "discard")
-_CLUSTER = ("cluster|slots", "cluster|shards", "command", "readonly")
+_CLUSTER = ("cluster|slots", "command")  # what redis-py's RedisCluster asks to learn the topology
 
 _SCHEDULER_COMMANDS = (
     *_CONNECTION, *_SCRIPTS, *_TRANSACTIONS, "info",
@@ -79,12 +79,12 @@ _SCHEDULER_COMMANDS = (
 _WORKER_COMMANDS = (
     *_CONNECTION, *_SCRIPTS, *_TRANSACTIONS, "watch", "unwatch", "info", "client|setname",
     "subscribe", "unsubscribe", "publish",
-    "del", "exists", "expire", "persist", "get", "set",
+    "del", "exists", "expire", "get", "set",  # get/set: RQ's intermediate-queue "first seen" marks
     "hget", "hmget", "hgetall", "hexists", "hset", "hsetnx", "hdel", "hincrby", "hincrbyfloat",
-    "blmove", "lmove", "lpush", "rpush", "lrange", "lrem", "llen", "lpos",
-    "sadd", "srem", "smembers", "sismember",
-    "zadd", "zrem", "zcard", "zscore", "zrange", "zrangebyscore", "zremrangebyscore",
-    "xadd", "xlen", "xrange", "xrevrange",
+    "blmove", "lmove", "rpush", "lrange", "lrem", "llen",  # lmove: --burst; llen: the metrics' queue depth
+    "sadd", "srem", "smembers",
+    "zadd", "zrem", "zscore", "zrange", "zrangebyscore", "zremrangebyscore",
+    "xadd",
 )
 _HOST_COMMANDS = (
     *_CONNECTION, *_SCRIPTS,

@@ -35,6 +35,8 @@ def fork(registry: Registry, source: SessionRef, session_id: str | None = None, 
     if the source has moved on or been disposed since.
     """
     if session_id is None:
+        if request_id:
+            raise errors.invalid("request_id needs an explicit session_id: a generated id cannot be replayed")
         return registry.create_child(registry.take_snapshot(source))
     result = fork_many(registry, source, [session_id], request_id=request_id)
     if result.failed:
@@ -63,6 +65,8 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     it already (pipelined with other work).
     """
     ids = [rules.check_id(c) for c in child_ids]
+    if request_id:
+        rules.check_id(request_id, "request id")
     if len(set(ids)) != len(ids):
         raise errors.invalid("child session ids must be distinct")
     if plan is None:

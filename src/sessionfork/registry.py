@@ -161,6 +161,11 @@ class Registry:
         """
         sid, instance = _unpack(session)
         if not events:
+            live = self.instance(sid)
+            if live is None:
+                raise errors.not_found(sid)
+            if instance and live != instance:
+                raise errors.not_live(sid)
             return []
         ts = self._clock() if time_ms is None else time_ms
         payload = [wire.encode_stored_event(e, ts) for e in events]

@@ -792,3 +792,32 @@ def test_reads_of_a_never_created_session_are_not_found(registry: Registry) -> N
     assert registry.instance("ghost") is None
     assert not registry.exists("ghost")
     assert registry.length("ghost") == 0
+
+
+def test_empty_append_to_a_disposed_session_is_not_found(registry: Registry) -> None:
+    handle = registry.create("gone-empty")
+    registry.dispose(handle)
+    with pytest.raises(ForkError) as err:
+        registry.append("gone-empty", [])
+    assert err.value.code is ErrorCode.SESSION_NOT_FOUND
+
+
+def test_empty_append_through_a_stale_handle_is_not_live(registry: Registry) -> None:
+    registry.create("stale-empty")
+    with pytest.raises(ForkError) as err:
+        registry.append(LiveHandle("stale-empty", "nope"), [])
+    assert err.value.code is ErrorCode.SESSION_NOT_LIVE
+
+
+def test_request_id_without_child_id_is_refused(registry: Registry) -> None:
+    registry.create("src-noid")
+    with pytest.raises(ForkError) as err:
+        forks.fork(registry, "src-noid", request_id="r-1")
+    assert err.value.code is ErrorCode.INVALID_REQUEST
+
+
+def test_bad_request_id_is_refused(registry: Registry) -> None:
+    registry.create("src-badreq")
+    with pytest.raises(ForkError) as err:
+        forks.fork(registry, "src-badreq", "child-badreq", request_id="bad id{")
+    assert err.value.code is ErrorCode.INVALID_REQUEST
