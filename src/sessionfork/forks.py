@@ -75,6 +75,7 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     if snap is None:
         if plan.replayed and len(plan.replayed) + len(plan.existing) == len(ids):
             # Every child is settled already: a replay needs no live source.
+            registry.confirm_replays(list(plan.replayed.values()))
             return _settle(ids, {}, plan.replayed)
         if plan.existing and len(plan.existing) == len(ids):
             raise errors.already_exists(plan.existing[0])
@@ -84,6 +85,7 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     if stored is None and remember is not None and todo:
         remember(snap)
     made = dict(zip(todo, registry.create_children(snap, todo, request_id=request_id), strict=True))
+    registry.confirm_replays(list(plan.replayed.values()))
     return _settle(ids, made, plan.replayed)
 
 

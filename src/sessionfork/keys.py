@@ -14,6 +14,8 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                     req       request id that created it by fork (for replays)
     sf:s:{<id>}:log        list   the session's own events (seq >= seedlen), JSON without "seq"
     sf:s:{<id>}:children   set    ids of the sessions forked from this one (lineage index)
+    <key>:replicated       string a marker written (and expired within 1 ms) next to a key, in its
+                                  slot, to WAIT for replicas after a replayed fork
     sf:lifecycle           stream session/created, session/flush, session/disposed, for persistence
                                   backends (fields: type, id, len); capped (XADD MAXLEN ~)
 
@@ -52,3 +54,8 @@ def session_children(session_id: str) -> str:
 def request(request_id: str) -> str:
     """The idempotency record of one fork request (hash, on the queue server)."""
     return f"{PREFIX}:req:{request_id}"
+
+
+def replication_marker(key: str) -> str:
+    """A throwaway key in ``key``'s slot (same hash tag), written before a WAIT."""
+    return f"{key}:replicated"

@@ -406,6 +406,26 @@ class Registry:
             pipe.execute()
         return results
 
+    def confirm_replays(self, replayed: Sequence[Header]) -> None:
+        """Finish what an earlier attempt of a request may have left undone for its children.
+
+        That attempt created them, then may have stopped before the steps that follow the child
+        step: on a cluster, indexing under the parent and the ``session/created`` event (repeated
+        here: consumers are idempotent); anywhere, the WAIT for replicas.
+        """
+        if not replayed:
+            return
+        if self._cluster:
+            pipe = self.redis.pipeline(transaction=False)
+            for child in replayed:
+                if child.parent_session is not UNSET:
+                    pipe.sadd(keys.session_children(child.parent_session), child.id)
+                self._emit(pipe, "session/created", child.id, 0 if child.seed_length is UNSET else child.seed_length)
+            pipe.execute()
+        if self.wait_replicas:
+            lua.wait_for_replicas(self.redis, [keys.session(c.id) for c in replayed], self.wait_replicas,
+                                  self.wait_timeout_ms)
+
     def create_child(self, snap: Snapshot, child_id: str | None = None, *,
                      request_id: str = "") -> Header:
         """``create_children`` for one child (generated id by default); raises on failure."""

@@ -1,21 +1,17 @@
 """The soak test: ``python -m sessionfork.soak [--seconds 60] [--redis-url URL]``.
 
-``run_soak(url, seconds=...)`` loads a real worker fleet on one server (registry and queue): it starts
-``workers`` ``sessionfork worker`` processes; ``appenders`` processes appending whole turns (one
-event per call, so a source is often inside an open turn) to ``sources`` sessions; ``schedulers``
-processes submitting fork requests through ``Client`` (single forks, with a caller's or a generated
-id, and fan-outs of 4; at most ``WINDOW`` in flight each). After ``seconds`` it stops schedulers and
-appenders, waits until every submitted request has an outcome, SIGTERMs the workers and reports:
-
-* ``duplicates`` / ``lost``: requests with more than one / no entry in the outcome stream, and
-  ``outcomes_by_code``: those entries per code (adding up to ``requests`` when all is well);
-* ``bad_seeds``: created children whose log is not their parent's log cut at a turn/end (or empty);
-* ``bytes_per_child_*``: growth of ``used_memory`` per created child over the first and the second
-  half of the children (client buffers and the sources' own logs excluded; the children have no
-  own events here): flat memory per child means the two are close.
-
-``SoakError`` when a helper process crashes or outcomes do not all come in time; ``worker_exit_codes``
-holds the workers' exit statuses (0 expected); ``SoakReport.clean`` means every check passed.
+``run_soak(url, seconds=...)`` loads a real worker fleet on one server (registry and queue alike):
+``workers`` ``sessionfork worker`` processes; ``appenders`` processes appending whole turns to
+``sources`` sessions (one event per call: a source is often inside an open turn); ``schedulers``
+processes submitting single forks (caller's or generated id) and fan-outs of 4 through ``Client``,
+at most ``WINDOW`` in flight each. After ``seconds`` it stops schedulers and appenders, waits until
+every submitted request has an outcome (``TimeoutError`` otherwise; ``SoakError`` if a helper
+crashed), SIGTERMs the workers (``worker_exit_codes``, 0 expected) and reports ``duplicates`` /
+``lost`` (requests with more than one / no outcome stream entry), ``outcomes_by_code`` (those
+entries per code: they add up to ``requests``), ``bad_seeds`` (children whose log is not their
+parent's log cut at a turn/end, or empty) and ``bytes_per_child_*``: ``used_memory`` growth per
+created child (client buffers and the sources' own logs excluded; children have no own events
+here) over the first and the second half of the children. ``SoakReport.clean``: every check passed.
 """
 
 from __future__ import annotations
@@ -44,12 +40,11 @@ from .workers import fresh_workers
 TIMEOUT = 60.0
 WINDOW = 16
 FANOUT = 4
-TURN_PAUSE = 0.005
-"""Seconds an appender rests between turns: sources grow like agents' logs, not like a flood."""
+TURN_PAUSE = 0.005  # seconds an appender rests between turns: sources grow like agents' logs, not a flood
 
 
 class SoakError(RuntimeError):
-    """The soak could not run to its checks (a crashed helper, outcomes that never came)."""
+    """A helper process (appender or scheduler) crashed: the soak could not run to its checks."""
 
 
 @dataclass(frozen=True)
@@ -71,67 +66,59 @@ class SoakReport:
                 and sum(self.outcomes_by_code.values()) == self.requests)
 
     def render(self) -> str:
-        rows = [("seconds", f"{self.seconds:.1f}"), ("requests", str(self.requests))]
-        rows += [(f"  {code}", str(n)) for code, n in sorted(self.outcomes_by_code.items())]
-        rows += [("children", str(self.children)), ("duplicates", str(self.duplicates)), ("lost", str(self.lost)),
-                 ("bad seeds", str(self.bad_seeds)),
-                 ("bytes/child, 1st half", f"{self.bytes_per_child_first_half:.1f}"),
-                 ("bytes/child, 2nd half", f"{self.bytes_per_child_second_half:.1f}"),
-                 ("worker exit codes", " ".join(map(str, self.worker_exit_codes))),
-                 ("verdict", "clean" if self.clean else "FAILED")]
-        return "\n".join(f"{label:<24}{value:>12}" for label, value in rows)
+        rows = [("seconds", f"{self.seconds:.1f}"), ("requests", self.requests),
+                *((f"  {code}", n) for code, n in sorted(self.outcomes_by_code.items())),
+                ("children", self.children), ("duplicates", self.duplicates), ("lost", self.lost),
+                ("bad seeds", self.bad_seeds), ("bytes/child, 1st half", f"{self.bytes_per_child_first_half:.1f}"),
+                ("bytes/child, 2nd half", f"{self.bytes_per_child_second_half:.1f}"),
+                ("worker exit codes", " ".join(map(str, self.worker_exit_codes))),
+                ("verdict", "clean" if self.clean else "FAILED")]
+        return "\n".join(f"{label:<24}{value!s:>12}" for label, value in rows)
 
 
-def _turn(n: int) -> list[NewEvent]:
-    return [NewEvent("turn/start", {"turn": n}), NewEvent("user/message", {"text": f"question {n}"}),
-            NewEvent("assistant/message", {"text": f"answer {n}"}), NewEvent("turn/end", {"turn": n})]
+def _append_turns(url: str, sources: list[str], stop: Any) -> int:
+    registry = Registry(Redis.from_url(url))
+    turns = 0
+    while not stop.is_set():  # checked between whole turns only: the sources end at a boundary
+        for event in (NewEvent("turn/start", {"turn": turns}), NewEvent("user/message", {"text": f"q{turns}"}),
+                      NewEvent("assistant/message", {"text": f"a{turns}"}), NewEvent("turn/end", {"turn": turns})):
+            registry.append(sources[turns % len(sources)], [event])
+        turns += 1
+        stop.wait(TURN_PAUSE)
+    return turns
 
 
-def _appender(url: str, sources: list[str], index: int, gate: Any, stop: Any, results: Any) -> None:
+def _submit_forks(url: str, sources: list[str], stop: Any) -> list[str]:
+    client = Client(Redis.from_url(url))
+    submitted: list[str] = []
+    pending: collections.deque[wire.ForkRequest] = collections.deque()
+    while not stop.is_set():
+        n = len(submitted)
+        request = client.request(sources[n % len(sources)], count=FANOUT if n % 3 == 2 else None,
+                                 session_id=f"soak-{uuid.uuid4().hex}" if n % 3 == 0 else None)
+        submitted.append(client.submit(request))
+        pending.append(request)
+        if len(pending) >= WINDOW:
+            client.wait(pending.popleft(), TIMEOUT)
+    return submitted
+
+
+def _helper(role: str, url: str, sources: list[str], gate: Any, stop: Any, results: Any) -> None:
+    """A spawned appender or scheduler: starts at ``gate``, runs until ``stop``, reports to ``results``."""
     try:
-        registry = Registry(Redis.from_url(url))
         gate.wait(TIMEOUT)
-        turns = 0
-        while not stop.is_set():  # checked between whole turns only: sources end at a boundary
-            source = sources[turns % len(sources)]
-            for event in _turn(turns):
-                registry.append(source, [event])
-            turns += 1
-            stop.wait(TURN_PAUSE)
-        results.put(("appender", index, turns))
+        body = _append_turns if role == "appender" else _submit_forks
+        results.put((role, body(url, sources, stop)))
     except BaseException:
-        results.put(("crash", index, traceback.format_exc()))
+        results.put(("crash", traceback.format_exc()))
 
 
-def _scheduler(url: str, sources: list[str], index: int, gate: Any, stop: Any, results: Any) -> None:
-    try:
-        client = Client(Redis.from_url(url))
-        submitted: list[str] = []
-        pending: collections.deque[wire.ForkRequest] = collections.deque()
-        gate.wait(TIMEOUT)
-        while not stop.is_set():
-            n = len(submitted)
-            source = sources[n % len(sources)]
-            kind = n % 3
-            request = client.request(source, session_id=f"soak-{uuid.uuid4().hex}" if kind == 0 else None,
-                                     count=FANOUT if kind == 2 else None)
-            submitted.append(client.submit(request))
-            pending.append(request)
-            if len(pending) >= WINDOW:
-                client.wait(pending.popleft(), TIMEOUT)
-        results.put(("scheduler", index, submitted))
-    except BaseException:
-        results.put(("crash", index, traceback.format_exc()))
-
-
-def _memory(redis: Redis, sources: list[str]) -> int:
+def _sample(redis: Redis, sources: list[str]) -> tuple[int, int]:
+    """(used_memory without client buffers and the sources' own logs, children created so far)."""
     info = redis.info("memory")
     own = sum(int(redis.memory_usage(keys.session_log(s), samples=0) or 0) for s in sources)
-    return int(info["used_memory"]) - int(info.get("mem_clients_normal", 0)) - own
-
-
-def _children(redis: Redis, sources: list[str]) -> int:
-    return sum(int(redis.scard(keys.session_children(s))) for s in sources)
+    children = sum(int(redis.scard(keys.session_children(s))) for s in sources)
+    return int(info["used_memory"]) - int(info.get("mem_clients_normal", 0)) - own, children
 
 
 def _per_child(a: tuple[int, int], b: tuple[int, int]) -> float:
@@ -151,15 +138,14 @@ def _bad_seeds(registry: Registry, created: list[Header]) -> int:
     verdicts: dict[tuple[Any, ...], bool] = {}
     bad = 0
     for i, header in enumerate(created):
-        record, own_log = tuple(raw[2 * i]), raw[2 * i + 1]
         parent, seed = header.parent_session, header.seed_length
-        if not isinstance(parent, str) or parent not in parents or not isinstance(seed, int) or own_log:
+        if not isinstance(parent, str) or parent not in parents or not isinstance(seed, int) or raw[2 * i + 1]:
             bad += 1
             continue
-        signature = (parent, seed, *record)
+        signature = (parent, seed, *raw[2 * i])
         if signature not in verdicts:
-            events, source = registry.events(header.id), parents[parent]
-            verdicts[signature] = (len(events) == seed and events == source[:seed]
+            events = registry.events(header.id)
+            verdicts[signature] = (len(events) == seed and events == parents[parent][:seed]
                                    and (seed == 0 or events[-1].type == "turn/end"))
         bad += not verdicts[signature]
     return bad
@@ -198,81 +184,73 @@ def _stop(fleet: list[subprocess.Popen[bytes]]) -> list[int]:
     return codes
 
 
+def _settle(redis: Redis, submitted: list[str]) -> None:
+    """Wait until every request in ``submitted`` has a stored outcome (``TimeoutError`` at the deadline)."""
+    waiting = list(submitted)
+
+    def settled() -> bool:
+        pipe = redis.pipeline(transaction=False)
+        for rid in waiting:
+            pipe.hexists(keys.request(rid), "outcome")
+        waiting[:] = [rid for rid, done in zip(waiting, pipe.execute(), strict=True) if not done]
+        return not waiting
+
+    wait_until(settled, TIMEOUT, "every soak request to have an outcome", interval=0.05)
+
+
 def run_soak(url: str, *, seconds: float, workers: int = 4, schedulers: int = 2, appenders: int = 2,
              sources: int = 4) -> SoakReport:
     """Run the soak described in the module docstring against the server at ``url``."""
-    redis = Redis.from_url(url)
-    registry = Registry(redis)
-    run = uuid.uuid4().hex[:8]
-    started_ms = now_ms()
-    source_ids = [f"soak-src-{run}-{i}" for i in range(sources)]
-    for sid in source_ids:
-        registry.create(sid)
-    names = [f"soak-{run}-{i}" for i in range(workers)]
-    fleet = [subprocess.Popen([sys.executable, "-m", "sessionfork", "--redis-url", url, "worker", "--name", name,
-                               "--log-level", "ERROR"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-             for name in names]
-    ctx = multiprocessing.get_context("spawn")
-    shares = [share for share in (source_ids[i::appenders] for i in range(appenders)) if share]
-    gate, stop, results = ctx.Barrier(len(shares) + schedulers + 1), ctx.Event(), ctx.Queue()
-    helpers = [ctx.Process(target=_appender, args=(url, share, i, gate, stop, results), daemon=True)
-               for i, share in enumerate(shares)]
-    helpers += [ctx.Process(target=_scheduler, args=(url, source_ids, i, gate, stop, results), daemon=True)
-                for i in range(schedulers)]
-    for p in helpers:
-        p.start()
-    try:
-        wait_until(lambda: set(names) <= set(fresh_workers(redis, Settings())), TIMEOUT, "soak workers to register")
-        gate.wait(TIMEOUT)
-        began = time.monotonic()
-        samples = [(_memory(redis, source_ids), _children(redis, source_ids))]
-        interval = min(1.0, max(0.1, seconds / 20))
-        while time.monotonic() - began < seconds:
-            stop.wait(interval)  # pacing of the memory samples, not synchronisation
-            samples.append((_memory(redis, source_ids), _children(redis, source_ids)))
-        stop.set()
+    with Redis.from_url(url) as redis:
+        registry, run, started_ms = Registry(redis), uuid.uuid4().hex[:8], now_ms()
+        source_ids = [registry.create(f"soak-src-{run}-{i}").id for i in range(sources)]
+        names = [f"soak-{run}-{i}" for i in range(workers)]
+        fleet = [subprocess.Popen([sys.executable, "-m", "sessionfork", "--redis-url", url, "worker", "--name", n,
+                                   "--log-level", "ERROR"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+                 for n in names]
+        ctx = multiprocessing.get_context("spawn")
+        jobs = [("appender", share) for share in (source_ids[i::appenders] for i in range(appenders)) if share]
+        jobs += [("scheduler", source_ids)] * schedulers
+        gate, stop, results = ctx.Barrier(len(jobs) + 1), ctx.Event(), ctx.Queue()
+        helpers = [ctx.Process(target=_helper, args=(role, url, share, gate, stop, results), daemon=True)
+                   for role, share in jobs]
         submitted: list[str] = []
-        for _ in helpers:
-            kind, index, value = results.get(timeout=TIMEOUT)
-            if kind == "crash":
-                raise SoakError(f"soak helper {index} crashed:\n{value}")
-            if kind == "scheduler":
-                submitted += value
-        for p in helpers:
-            p.join(TIMEOUT)
-        elapsed = time.monotonic() - began
-        waiting = list(submitted)
-
-        def settled() -> bool:
-            nonlocal waiting
-            pipe = redis.pipeline(transaction=False)
-            for rid in waiting:
-                pipe.hexists(keys.request(rid), "outcome")
-            waiting = [rid for rid, done in zip(waiting, pipe.execute(), strict=True) if not done]
-            return not waiting
-
         try:
-            wait_until(settled, TIMEOUT, "every soak request to have an outcome", interval=0.05)
-        except TimeoutError as exc:
-            raise SoakError(f"{len(waiting)} request(s) without an outcome, e.g. {waiting[:3]}") from exc
-        samples.append((_memory(redis, source_ids), _children(redis, source_ids)))
-    finally:
-        stop.set()
-        for p in helpers:
-            if p.is_alive():
-                p.kill()
-            p.join(TIMEOUT)
-        exit_codes = _stop(fleet)
-    per_request, by_code, created = _outcomes(redis, set(submitted), started_ms)
-    half = samples[-1][1] / 2
-    middle = min(samples, key=lambda s: abs(s[1] - half))
-    report = SoakReport(
-        requests=len(submitted), outcomes_by_code=dict(by_code), children=len(created),
-        duplicates=sum(1 for n in per_request.values() if n > 1), lost=len(set(submitted) - set(per_request)),
-        bad_seeds=_bad_seeds(registry, created), bytes_per_child_first_half=_per_child(samples[0], middle),
-        bytes_per_child_second_half=_per_child(middle, samples[-1]), seconds=elapsed, worker_exit_codes=exit_codes)
-    redis.close()
-    return report
+            for p in helpers:
+                p.start()
+            wait_until(lambda: set(names) <= set(fresh_workers(redis, Settings())), TIMEOUT, "soak workers")
+            gate.wait(TIMEOUT)
+            began = time.monotonic()
+            samples = [_sample(redis, source_ids)]
+            while time.monotonic() - began < seconds:
+                stop.wait(min(1.0, max(0.1, seconds / 20)))  # pacing of the memory samples
+                samples.append(_sample(redis, source_ids))
+            stop.set()
+            elapsed = time.monotonic() - began
+            for _ in helpers:
+                role, value = results.get(timeout=TIMEOUT)
+                if role == "crash":
+                    raise SoakError(f"a soak helper crashed:\n{value}")
+                submitted += value if role == "scheduler" else []
+            for p in helpers:
+                p.join(TIMEOUT)
+            _settle(redis, submitted)
+            samples.append(_sample(redis, source_ids))
+        finally:
+            stop.set()
+            for p in helpers:
+                if p.is_alive():  # only when something failed: the others have exited by now
+                    p.kill()
+                p.join(TIMEOUT)
+            exit_codes = _stop(fleet)
+        per_request, by_code, created = _outcomes(redis, set(submitted), started_ms)
+        middle = min(samples, key=lambda s: abs(s[1] - samples[-1][1] / 2))
+        return SoakReport(
+            requests=len(submitted), outcomes_by_code=dict(by_code), children=len(created),
+            duplicates=sum(1 for n in per_request.values() if n > 1), lost=len(set(submitted) - set(per_request)),
+            bad_seeds=_bad_seeds(registry, created), bytes_per_child_first_half=_per_child(samples[0], middle),
+            bytes_per_child_second_half=_per_child(middle, samples[-1]), seconds=elapsed,
+            worker_exit_codes=exit_codes)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -280,15 +258,12 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=60.0, help="how long schedulers submit (default 60)")
     parser.add_argument("--redis-url", help="server for registry and queue (default: start an embedded one)")
-    parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--schedulers", type=int, default=2)
-    parser.add_argument("--appenders", type=int, default=2)
-    parser.add_argument("--sources", type=int, default=4)
-    args = parser.parse_args(argv)
-    options = {"seconds": args.seconds, "workers": args.workers, "schedulers": args.schedulers,
-               "appenders": args.appenders, "sources": args.sources}
-    if args.redis_url:
-        report = run_soak(args.redis_url, **options)
+    for name, default in (("workers", 4), ("schedulers", 2), ("appenders", 2), ("sources", 4)):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    options = vars(parser.parse_args(argv))
+    url = options.pop("redis_url")
+    if url:
+        report = run_soak(url, **options)
     else:
         with EmbeddedServer() as server:
             report = run_soak(server.url, **options)

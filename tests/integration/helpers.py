@@ -13,6 +13,7 @@ from typing import Any
 
 import msgspec
 from redis import Redis
+from rq import SimpleWorker
 
 from sessionfork import keys, wire
 from sessionfork.client import Client
@@ -54,8 +55,16 @@ def start_worker(url: str, name: str, **env: object) -> subprocess.Popen[bytes]:
 
 
 def wait_registered(redis: Redis, name: str, timeout: float = 20.0) -> None:
-    """Wait until the worker ``name`` has registered with a fresh heartbeat."""
-    wait_until(lambda: name in fresh_workers(redis, SETTINGS), timeout, f"worker {name} to register")
+    """Wait until the worker ``name`` has registered with a fresh heartbeat and entered its work loop.
+
+    RQ registers a worker before it installs its SIGTERM handler; the state leaves "started" after.
+    """
+
+    def ready() -> bool:
+        state = redis.hget(SimpleWorker.redis_worker_namespace_prefix + name, "state")
+        return state not in (None, b"started") and name in fresh_workers(redis, SETTINGS)
+
+    wait_until(ready, timeout, f"worker {name} to register and enter its work loop")
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> int:

@@ -32,6 +32,7 @@ from helpers import (
 )
 from redis import Redis
 from rq import SimpleWorker
+from rq.job import Job
 from rq.registry import StartedJobRegistry
 
 from sessionfork import jobs, keys
@@ -123,11 +124,14 @@ def current_job(redis: Redis, worker: str) -> str | None:
 
 
 def wait_in_hand(redis: Redis, workers: list[str], job_id: str) -> str:
-    """Wait until one of ``workers`` runs ``job_id``; returns its name."""
+    """Wait until one of ``workers`` runs ``job_id`` (its current job, in RQ's started registry)."""
+    started = StartedJobRegistry(queue=jobs.make_queue(redis, SETTINGS))
     found: list[str] = []
 
     def check() -> bool:
-        found.extend(w for w in workers if current_job(redis, w) == job_id)
+        holders = [w for w in workers if current_job(redis, w) == job_id]
+        if holders and job_id in started.get_job_ids(cleanup=False):
+            found.extend(holders)
         return bool(found)
 
     wait_until(check, 30, f"a worker to take {job_id}", interval=0.002)
@@ -178,10 +182,11 @@ def assert_consistent(redis: Redis, request_ids: list[str], sources: list[str]) 
     assert orphans == set()
 
 
-def assert_no_stranded_jobs(redis: Redis) -> None:
+def stranded_jobs(redis: Redis) -> list[str]:
+    """Jobs taken from the queue and not finished: in RQ's intermediate queue or started registry."""
     queue = jobs.make_queue(redis, SETTINGS)
-    assert redis.lrange(queue.intermediate_queue_key, 0, -1) == []
-    assert StartedJobRegistry(queue=queue).get_job_ids(cleanup=False) == []
+    intermediate = [raw.decode() for raw in redis.lrange(queue.intermediate_queue_key, 0, -1)]
+    return intermediate + StartedJobRegistry(queue=queue).get_job_ids(cleanup=False)
 
 
 # -- SIGKILL --------------------------------------------------------------------------------------
@@ -206,6 +211,8 @@ def test_sigkill_storm_leaves_one_outcome_per_request_and_no_orphan(
 
     assert workers[victim].returncode == -signal.SIGKILL
     assert_consistent(rds, ids, sources)
+    wait_until(lambda: not stranded_jobs(rds), 10, "RQ to settle every job")
+    assert Job.fetch("big-60", connection=rds, serializer=jobs.JSONSerializer).retries_left == 2  # killed once
     big = msgspec.json.decode(stored_outcome(rds, "big-60") or b"", type=ForkResult)
     assert len(children_of(big)) == BIG
     assert {(h.parent_session, h.seed_length) for h in children_of(big)} == {("src-0", 4)}
@@ -234,7 +241,7 @@ def test_sigterm_finishes_the_fork_in_hand_exits_0_and_leaves_the_rest_queued(
     assert missing_outcomes(rds, taken) == []
     assert missing_outcomes(rds, rest) == rest
     assert jobs.make_queue(rds, SETTINGS).job_ids == rest
-    assert_no_stranded_jobs(rds)
+    assert stranded_jobs(rds) == []
     assert current_job(rds, name) is None
 
 
@@ -349,9 +356,10 @@ def start_dying_worker(url: str, signame: str) -> subprocess.Popen[bytes]:
                             env=clean_environ(), stdin=subprocess.DEVNULL)
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: workers.ForkWorker: a SIGTERM between RQ's dequeue (BLMOVE into "
-                   "the intermediate queue) and prepare_execution (state BUSY) raises StopRequested; the worker "
-                   "exits 0 leaving the job it took in rq:queue:sessionfork:intermediate, neither run nor queued")
+@pytest.mark.xfail(strict=True, reason=(
+    "src bug: workers.ForkWorker: a SIGTERM between RQ's dequeue (BLMOVE into the intermediate queue) and "
+    "ForkWorker._start (state BUSY) makes RQ's request_stop raise StopRequested; the worker exits 0 leaving the "
+    "job it took in rq:queue:sessionfork:intermediate, neither run nor queued"))
 def test_sigterm_right_after_dequeue_leaves_the_job_queued_or_done(
         own_server: EmbeddedServer, rds: Redis, procs: list[subprocess.Popen[bytes]]) -> None:
     add_sources(rds, 1)
@@ -365,11 +373,10 @@ def test_sigterm_right_after_dequeue_leaves_the_job_queued_or_done(
     assert stored_outcome(rds, rid) is not None or jobs.make_queue(rds, SETTINGS).job_ids == [rid]
 
 
-@pytest.mark.xfail(strict=True, raises=TimeoutError,
-                   reason="src bug: a job of a worker SIGKILLed between RQ's dequeue and prepare_execution is in "
-                   "the intermediate queue, not the started registry, so it is recovered only by RQ's "
-                   "intermediate-queue cleanup after > 60 s, not within abandoned_after + maintenance_interval "
-                   "as config.Settings.maintenance_interval promises")
+@pytest.mark.xfail(strict=True, raises=TimeoutError, reason=(
+    "src bug: the job of a worker SIGKILLed between RQ's dequeue and ForkWorker._start is in the intermediate "
+    "queue, not the started registry, so only RQ's intermediate-queue cleanup recovers it, after > 60 s, not "
+    "within abandoned_after + maintenance_interval as config.Settings.maintenance_interval promises"))
 def test_job_of_a_worker_killed_right_after_dequeue_is_recovered_quickly(
         own_server: EmbeddedServer, rds: Redis, procs: list[subprocess.Popen[bytes]]) -> None:
     add_sources(rds, 1)

@@ -1,0 +1,92 @@
+"""Redis Cluster fixtures for the cluster tests: one 3-master/1-replica cluster per module.
+
+Import the fixtures into a test module (``from cluster_fixtures import ...  # noqa: F401``); they
+are registered under the names ``cluster``, ``cluster_client`` and ``cluster_registry``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from redis.cluster import RedisCluster
+
+from sessionfork.embedded import EmbeddedCluster, EmbeddedServer, wait_until
+from sessionfork.registry import Registry
+
+START_TIMEOUT = 60.0
+
+
+class FastSyncCluster(EmbeddedCluster):
+    """An ``EmbeddedCluster`` whose primaries start a replica's full sync at once (no 5 s delay).
+
+    ``close()`` stops every node ever made, also those of a start that failed half-way (the base
+    class only knows the nodes of a completed list comprehension).
+    """
+
+    def __init__(self, masters: int, replicas: int) -> None:
+        super().__init__(masters, replicas)
+        self.made: list[EmbeddedServer] = []
+
+    def _node(self) -> EmbeddedServer:
+        node = super()._node()
+        node.extra_args += ["--repl-diskless-sync-delay", "0"]
+        self.made.append(node)
+        return node
+
+    def close(self) -> None:
+        for node in self.made:
+            node.close()
+
+
+def replicas_in_sync(cluster: EmbeddedCluster) -> bool:
+    """Every running replica has its link to its primary up and the cluster reports ok."""
+    for node in cluster.replicas:
+        if node.process is None or node.process.poll() is not None:
+            continue
+        with node.client() as c:
+            info = c.info("replication")
+        if info.get("role") != "slave" or info.get("master_link_status") != "up":
+            return False
+    return cluster.is_ok()
+
+
+@contextmanager
+def running_cluster(masters: int = 3, replicas: int = 1) -> Iterator[EmbeddedCluster]:
+    """A started cluster with replicas in sync; every node is stopped on exit, even a failed start."""
+    cluster = FastSyncCluster(masters, replicas)
+    try:
+        cluster.start(START_TIMEOUT)
+        wait_until(lambda: replicas_in_sync(cluster), START_TIMEOUT, "replicas to sync with their primaries")
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def flush_masters(cluster: EmbeddedCluster) -> None:
+    """``FLUSHALL`` on every running primary (replicas follow)."""
+    for node in cluster.masters:
+        if node.process is not None and node.process.poll() is None:
+            with node.client() as c:
+                c.flushall()
+
+
+@pytest.fixture(scope="module", name="cluster")
+def cluster_fixture() -> Iterator[EmbeddedCluster]:
+    with running_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module", name="cluster_client")
+def cluster_client_fixture(cluster: EmbeddedCluster) -> Iterator[RedisCluster]:
+    client = RedisCluster.from_url(cluster.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture(name="cluster_registry")
+def cluster_registry_fixture(cluster: EmbeddedCluster, cluster_client: RedisCluster) -> Registry:
+    """A registry on the module's cluster, every primary flushed first."""
+    flush_masters(cluster)
+    return Registry(cluster_client)

@@ -1,0 +1,247 @@
+"""Least-privilege ACL users (``sessionfork.acl``): the whole flow runs under them, and each role
+is refused (NOPERM) outside its part of the key space and command set."""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from helpers import SETTINGS, clean_environ, cli_args, make_client, stop, turn, wait_registered, worker_name
+from redis import Redis
+from redis.exceptions import NoPermissionError
+
+from sessionfork import acl, keys
+from sessionfork.config import Settings
+from sessionfork.embedded import EmbeddedServer
+from sessionfork.registry import Registry
+from sessionfork.wire import ForkResult, Header, Reply
+
+PASSWORDS = {acl.SCHEDULER: "scheduler-secret", acl.WORKER: "worker-secret", acl.HOST: "host-secret"}
+EXPECTED_DENIALS = {(acl.WORKER, "command", "client|list")}
+"""The one denial of the flow, on purpose: RQ asks CLIENT LIST for its own address (see acl.py)."""
+
+
+@dataclass(frozen=True)
+class Flow:
+    """What the module's one run of the whole flow left behind."""
+
+    reply: Reply
+    request_id: str
+    denials: set[tuple[str, str, str]]
+    worker_log: Path
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@pytest.fixture(scope="module")
+def acl_server() -> Iterator[EmbeddedServer]:
+    """A server of this module's own, with the three users created by a default-user client."""
+    with EmbeddedServer() as srv:
+        admin = srv.client()
+        for line in acl.acl_rules(SETTINGS, PASSWORDS):
+            admin.execute_command(*shlex.split(line))
+        admin.close()
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def admin(acl_server: EmbeddedServer) -> Iterator[Redis]:
+    client = acl_server.client()
+    yield client
+    client.close()
+
+
+def _url(server: EmbeddedServer, user: str) -> str:
+    return f"redis://{user}:{PASSWORDS[user]}@127.0.0.1:{server.port}/0"
+
+
+@pytest.fixture(scope="module")
+def scheduler(acl_server: EmbeddedServer) -> Iterator[Redis]:
+    client = Redis.from_url(_url(acl_server, acl.SCHEDULER))
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def host(acl_server: EmbeddedServer) -> Iterator[Redis]:
+    client = Redis.from_url(_url(acl_server, acl.HOST))
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="module")
+def flow(acl_server: EmbeddedServer, admin: Redis, scheduler: Redis, host: Redis,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flow]:
+    """Host creates and appends "a"; a worker runs as sf-worker; the scheduler forks "a" and waits."""
+    registry = Registry(host)
+    registry.append(registry.create("a", cwd="/w"), turn(1))
+    name = worker_name("acl")
+    log_path = tmp_path_factory.mktemp("acl") / "worker.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen(cli_args(_url(acl_server, acl.WORKER), "worker", "--name", name, "--log-level", "WARNING"),
+                            env=clean_environ(), stdin=subprocess.DEVNULL, stderr=log)
+    try:
+        wait_registered(admin, name)
+        client = make_client(scheduler)
+        request = client.request("a", session_id="child-1")
+        client.submit(request)
+        reply = client.wait(request, 10)
+        denials = {(_text(e["username"]), _text(e["reason"]), _text(e["object"]))
+                   for e in admin.acl_log()}
+        assert isinstance(request.request_id, str)
+        yield Flow(reply, request.request_id, denials, log_path)
+    finally:
+        assert stop(proc) == 0
+        log.close()
+
+
+# -- the rules as text ----------------------------------------------------------------------------
+
+
+def test_rules_give_one_setuser_line_per_role_starting_from_nothing() -> None:
+    lines = acl.acl_rules(Settings(), PASSWORDS)
+
+    heads = [shlex.split(line)[:9] for line in lines]
+    assert heads == [["ACL", "SETUSER", user, "resetpass", "resetkeys", "resetchannels", "clearselectors",
+                      "-@all", "on"] for user in (acl.SCHEDULER, acl.WORKER, acl.HOST)]
+
+
+def test_rules_store_password_hashes_never_passwords() -> None:
+    text = acl.render(acl.acl_rules(Settings(), PASSWORDS))
+
+    assert not any(password in text for password in PASSWORDS.values())
+    assert "#" + hashlib.sha256(b"worker-secret").hexdigest() in text
+
+
+def test_rules_refuse_a_missing_password() -> None:
+    with pytest.raises(ValueError, match="sf-host"):
+        acl.acl_rules(Settings(), {acl.SCHEDULER: "a", acl.WORKER: "b"})
+
+
+def test_rules_refuse_an_empty_password() -> None:
+    with pytest.raises(ValueError, match="sf-worker"):
+        acl.acl_rules(Settings(), {**PASSWORDS, acl.WORKER: ""})
+
+
+def test_rules_escape_glob_characters_of_the_queue_and_reply_channel() -> None:
+    settings = Settings(queue="q*[1]", reply_channel="r?")
+
+    scheduler = shlex.split(acl.acl_rules(settings, PASSWORDS)[0])
+
+    assert "~rq:queue:q\\*\\[1\\]" in scheduler
+    assert {"&r\\?", "&r\\?:*"} <= set(scheduler)
+
+
+def test_cluster_settings_grant_the_topology_commands_to_host_and_worker_only() -> None:
+    scheduler, worker, host = (set(shlex.split(line)) for line in acl.acl_rules(Settings(cluster=True), PASSWORDS))
+
+    assert "+cluster|slots" in worker
+    assert "+cluster|slots" in host
+    assert "+cluster|slots" not in scheduler
+
+
+def test_wait_replicas_grants_wait_to_the_worker() -> None:
+    worker = shlex.split(acl.acl_rules(Settings(wait_replicas=1), PASSWORDS)[1])
+
+    assert "+wait" in worker
+
+
+def test_render_puts_one_command_per_line() -> None:
+    lines = acl.acl_rules(Settings(), PASSWORDS)
+
+    assert acl.render(lines).splitlines() == lines
+
+
+# -- the whole flow under the three users ---------------------------------------------------------
+
+
+def test_scheduler_fork_is_served_by_the_worker_user(flow: Flow, admin: Redis) -> None:
+    assert isinstance(flow.reply, ForkResult), flow.reply
+    assert flow.reply.ok
+    assert isinstance(flow.reply.session, Header)
+    assert (flow.reply.session.id, flow.reply.session.parent_session) == ("child-1", "a")
+    stored = admin.hget(keys.session("child-1"), "header")
+    assert stored is not None
+    assert msgspec.json.decode(stored)["parentSession"] == "a"
+
+
+def test_flow_meets_no_acl_denial_but_the_deliberate_client_list(flow: Flow) -> None:
+    assert flow.denials == EXPECTED_DENIALS
+
+
+def test_host_reads_back_the_session_it_wrote(flow: Flow, host: Redis) -> None:
+    assert [e.type for e in Registry(host).events("a")] == [e.type for e in turn(1)]
+
+
+def test_scheduler_reads_the_outcome_stream(flow: Flow, scheduler: Redis) -> None:
+    entries = scheduler.xrange(keys.OUTCOME_STREAM)
+
+    assert flow.request_id.encode() in [fields[b"request"] for _, fields in entries]
+
+
+# -- refusals -------------------------------------------------------------------------------------
+
+
+def test_scheduler_cannot_write_a_session(flow: Flow, scheduler: Redis) -> None:
+    with pytest.raises(NoPermissionError):
+        scheduler.hset(keys.session("x"), "header", "{}")
+
+
+def test_scheduler_cannot_create_a_session_through_the_registry(flow: Flow, scheduler: Redis, admin: Redis) -> None:
+    with pytest.raises(NoPermissionError):
+        Registry(scheduler).create("x")
+    assert admin.exists(keys.session("x")) == 0
+
+
+def test_scheduler_cannot_delete_a_job(flow: Flow, scheduler: Redis, admin: Redis) -> None:
+    job_key = f"rq:job:{flow.request_id}"
+
+    with pytest.raises(NoPermissionError):
+        scheduler.delete(job_key)
+    assert admin.exists(job_key) == 1
+
+
+def test_scheduler_cannot_expire_a_job(flow: Flow, scheduler: Redis) -> None:
+    with pytest.raises(NoPermissionError):
+        scheduler.expire(f"rq:job:{flow.request_id}", 1)
+
+
+def test_scheduler_cannot_write_a_fork_request_record(flow: Flow, scheduler: Redis) -> None:
+    with pytest.raises(NoPermissionError):
+        scheduler.hset(keys.request(flow.request_id), "outcome", "{}")
+
+
+def test_host_cannot_push_to_the_queue(flow: Flow, host: Redis) -> None:
+    with pytest.raises(NoPermissionError):
+        host.lpush(f"rq:queue:{keys.DEFAULT_QUEUE}", "job-1")
+
+
+def test_host_cannot_read_fork_requests(flow: Flow, host: Redis) -> None:
+    with pytest.raises(NoPermissionError):
+        host.hmget(keys.request(flow.request_id), ["outcome"])
+
+
+@pytest.mark.parametrize("command", [
+    ("FLUSHALL",), ("CONFIG", "GET", "*"), ("KEYS", "*"), ("ACL", "LIST"), ("CLIENT", "LIST"),
+    ("CONFIG", "SET", "maxclients", "10000"), ("MONITOR",), ("SCRIPT", "FLUSH"), ("SHUTDOWN", "NOSAVE"),
+], ids=lambda c: " ".join(c))
+def test_worker_cannot_run_admin_commands(acl_server: EmbeddedServer, command: tuple[str, ...]) -> None:
+    worker = Redis.from_url(_url(acl_server, acl.WORKER))
+    try:
+        with pytest.raises(NoPermissionError):
+            worker.execute_command(*command)
+    finally:
+        worker.close()
+
+
+def test_worker_logs_no_traceback(flow: Flow) -> None:
+    assert "Traceback" not in flow.worker_log.read_text(errors="replace")
