@@ -5,7 +5,8 @@ The public API is what ``__all__`` lists; everything else is private and may cha
 
 from .errors import ErrorCode, ForkError
 from .forks import fork, snapshot
-from .registry import Registry, Snapshot
+from .registry import Registry
+from .snapshots import Snapshot
 from .wire import Event, Header, LiveHandle, NewEvent, SeedMeta
 
 __all__ = [

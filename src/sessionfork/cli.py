@@ -261,7 +261,7 @@ def events(obj: Context, follow: bool, only_new: bool, as_json: bool) -> None:
 def stats(obj: Context, window: int, as_json: bool) -> None:
     """Counts per outcome code and run-time percentiles over a window."""
     from .dashboard import compute_stats, render_stats
-    from .registry import now_ms
+    from .factories import now_ms
 
     result = compute_stats(obj.queue_redis(), window, now_ms())
     click.echo(wire.encode(result).decode() if as_json else render_stats(result))

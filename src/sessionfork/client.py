@@ -10,7 +10,6 @@ it again, or retrying after a time-out, never forks twice and always answers the
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 
 import msgspec
@@ -19,12 +18,9 @@ from redis import Redis
 
 from . import jobs, wire
 from .config import Settings
+from .factories import new_request_id
 from .replies import wait_for_reply
 from .wire import ForkRequest, LiveHandle, Reply
-
-
-def new_request_id() -> str:
-    return f"req-{uuid.uuid4()}"
 
 
 class Client:

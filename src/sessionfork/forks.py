@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import errors, rules
-from .registry import ForkPlan, Registry, SessionRef, Snapshot
+from .registry import Registry, SessionRef
+from .snapshots import ForkPlan, Snapshot
 from .wire import Event, Header, SeedMeta
 
 

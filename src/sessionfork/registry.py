@@ -12,80 +12,28 @@ round trip after the record is read.
 
 from __future__ import annotations
 
-import secrets
-import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-import msgspec
 from msgspec import UNSET
 from redis import Redis
 from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from . import errors, keys, lua, rules, wire
-from .wire import Event, Header, LiveHandle, NewEvent, SeedMeta
+from .factories import new_instance_token, new_session_id, now_ms
+from .snapshots import ForkPlan, Snapshot, decode_segments, parse_snapshot
+from .wire import Event, Header, LiveHandle, NewEvent
 
-RedisClient: TypeAlias = "Redis | RedisCluster"
 SessionRef: TypeAlias = "str | LiveHandle"
 """A session named by id (any live instance) or by live handle (that instance only)."""
-
-_segments = msgspec.json.Decoder(list[tuple[str, int, int]])
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def new_session_id() -> str:
-    """``session-<uuid4>``: unique across processes and machines without coordination."""
-    return f"session-{uuid.uuid4()}"
-
-
-def new_instance_token() -> str:
-    return secrets.token_hex(16)
 
 
 def _unpack(ref: SessionRef) -> tuple[str, str]:
     if isinstance(ref, LiveHandle):
         return rules.check_id(ref.id), ref.instance
     return rules.check_id(ref), ""
-
-
-@dataclass(frozen=True, slots=True)
-class Snapshot:
-    """The source step's result: the source's log at one instant, as references.
-
-    ``length`` events: ``segments`` (inherited, ``seed_length`` of them) then the source's own
-    events ``[0, length - seed_length)``.
-    """
-
-    source: Header
-    length: int
-    seed_length: int
-    segments: tuple[tuple[str, int, int], ...]
-
-    @property
-    def meta(self) -> SeedMeta:
-        return SeedMeta(parent_session=self.source.id, seed_length=self.length, cwd=self.source.cwd)
-
-    def child_segments(self) -> list[list[object]]:
-        return rules.child_segments(
-            self.source.id, [list(s) for s in self.segments], self.seed_length, self.length
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class ForkPlan:
-    """What the source step found: a snapshot or the error that stops the fork, and the
-    children that the same request id already created (a replay after a crash)."""
-
-    snapshot: Snapshot | None
-    error: errors.ForkError | None
-    existing: list[str]
-    replayed: dict[str, Header]
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +198,7 @@ class Registry:
         if header is None or length is None or seed_length is None or seed is None:
             raise errors.not_found(sid)
         return _Record(wire.decode_header(header), int(length), int(seed_length),
-                       tuple(_segments.decode(seed)))
+                       decode_segments(seed))
 
     def _read(self, sid: str, segments: Sequence[tuple[str, int, int]], seed_length: int,
               start: int, stop: int) -> list[Event]:
@@ -340,26 +288,13 @@ class Registry:
             else:
                 existing.append(child)
         try:
-            return ForkPlan(self.snapshot_from_reply(sid, reply), None, existing, replayed)
+            return ForkPlan(parse_snapshot(sid, reply), None, existing, replayed)
         except errors.ForkError as exc:
             return ForkPlan(None, exc, existing, replayed)
 
     @property
     def is_cluster(self) -> bool:
         return self._cluster
-
-    @staticmethod
-    def snapshot_from_reply(sid: str, reply: list[Any]) -> Snapshot:
-        status = _text(reply[0])
-        if status == "NOT_FOUND":
-            raise errors.not_found(sid)
-        if status == "NOT_LIVE":
-            raise errors.not_live(sid)
-        if status == "OPEN_TURN":
-            raise errors.open_turn(sid, _text(reply[1]))
-        _, length, header, seed, seed_length = reply
-        return Snapshot(wire.decode_header(header), int(length), int(seed_length),
-                        tuple(_segments.decode(seed)))
 
     def read_snapshot(self, snap: Snapshot) -> list[Event]:
         """The events a snapshot covers: fresh objects, safe for the caller to mutate."""

@@ -18,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import keys, lua, wire
-from .registry import Snapshot
+from .snapshots import Snapshot
 from .wire import ForkFailure, Reply
 
 _ids = msgspec.json.Decoder(list[str])

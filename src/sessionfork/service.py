@@ -20,9 +20,11 @@ from redis.exceptions import NoScriptError
 
 from . import errors, rules, wire
 from .errors import ErrorCode, ForkError
+from .factories import new_session_id
 from .forks import FanOut, fork_many
-from .registry import ForkPlan, Registry, new_session_id
+from .registry import Registry
 from .replies import Claim, Outcomes
+from .snapshots import ForkPlan
 from .wire import ChildError, ForkFailure, ForkRequest, ForkResult, Reply
 
 MAX_CHANNEL_LENGTH = 256

@@ -33,7 +33,8 @@ from . import keys, wire
 from .client import Client
 from .config import Settings
 from .embedded import EmbeddedServer, wait_until
-from .registry import Registry, now_ms
+from .factories import now_ms
+from .registry import Registry
 from .wire import ForkResult, Header, NewEvent
 from .workers import fresh_workers
 

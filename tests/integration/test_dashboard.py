@@ -15,8 +15,8 @@ from redis import Redis
 from sessionfork import NewEvent, Registry
 from sessionfork.dashboard import compute_stats, format_line, read_outcomes
 from sessionfork.embedded import EmbeddedServer, free_port
+from sessionfork.factories import now_ms
 from sessionfork.metrics import JsonFormatter, Observer
-from sessionfork.registry import now_ms
 from sessionfork.replies import Outcomes
 from sessionfork.service import ForkService
 from sessionfork.wire import Reply
