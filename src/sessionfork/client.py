@@ -16,7 +16,7 @@ import msgspec
 from msgspec import UNSET
 from redis import Redis
 
-from . import jobs, wire
+from . import jobs, rules, wire
 from .config import Settings
 from .factories import new_request_id
 from .replies import wait_for_reply
@@ -36,7 +36,10 @@ class Client:
     def request(self, source: str | LiveHandle, *, session_id: str | None = None,
                 session_ids: list[str] | None = None, count: int | None = None,
                 request_id: str | None = None, reply_to: str | None = None) -> ForkRequest:
-        """Build a request (a generated request id when none is given)."""
+        """Build a request (a generated request id when none is given); ``INVALID_REQUEST`` for a
+        request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id)."""
+        if request_id is not None:
+            rules.check_request_id(request_id)
         return ForkRequest(
             source=source, request_id=request_id or self._new_id(),
             session_id=UNSET if session_id is None else session_id,
@@ -50,6 +53,7 @@ class Client:
         if request.request_id is UNSET:
             request = msgspec.structs.replace(request, request_id=self._new_id())
         assert isinstance(request.request_id, str)
+        rules.check_request_id(request.request_id)
         jobs.enqueue(self.queue, wire.encode(request), request.request_id, self.settings)
         return request.request_id
 

@@ -67,7 +67,7 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     """
     ids = [rules.check_id(c) for c in child_ids]
     if request_id:
-        rules.check_id(request_id, "request id")
+        rules.check_request_id(request_id, "request id")
     if len(set(ids)) != len(ids):
         raise errors.invalid("child session ids must be distinct")
     if plan is None:

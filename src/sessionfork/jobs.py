@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 from rq import Queue, Retry
-from rq.exceptions import DuplicateJobError
+from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job
 from rq.job import get_current_job as _current_job
 
@@ -37,8 +37,26 @@ class JSONSerializer:
         return msgspec.json.decode(data)
 
 
+class MalformedJob(ValueError):
+    """A job hash that exists but cannot be loaded (no ``data``)."""
+
+
+class ForkJob(Job):
+    """RQ's Job, except that a job hash without ``data`` is an error, not silently skipped.
+
+    RQ's dequeue treats that case like a job that expired (``NoSuchJobError``: skip it), so the
+    request would never get an outcome; raised as ``MalformedJob``, the worker refuses it.
+    """
+
+    def restore(self, raw_data: Any) -> Any:
+        try:
+            return super().restore(raw_data)
+        except NoSuchJobError as exc:
+            raise MalformedJob(str(exc)) from None
+
+
 def make_queue(redis: Any, settings: Settings) -> Queue:
-    return Queue(settings.queue, connection=redis, serializer=JSONSerializer)
+    return Queue(settings.queue, connection=redis, serializer=JSONSerializer, job_class=ForkJob)
 
 
 def enqueue(queue: Queue, payload: bytes, request_id: str, settings: Settings) -> bool:

@@ -65,7 +65,7 @@ def _children(reply: Reply) -> list[Any]:
 def _source(payload: str) -> Any:
     try:
         source = _request_source.decode(payload).get("source")
-    except (msgspec.DecodeError, AttributeError):
+    except Exception:  # a log field: any payload, however hostile, just has no source to show
         return None
     return source.get("id") if isinstance(source, dict) else source
 

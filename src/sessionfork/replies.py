@@ -109,41 +109,44 @@ class Outcomes:
 
 
 def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
-                   *, digest: str | None = None) -> Reply | None:
+                   *, digest: str | None = None, recheck_every: float = 1.0) -> Reply | None:
     """Wait up to ``timeout`` seconds for the outcome of ``request_id``; ``None`` on time-out.
 
-    Subscribes to ``channel``, then reads the stored outcome, then listens; after a dropped
-    connection it reads the stored outcome again, so no reply is lost. With ``digest``, a request
-    id already used by a different request answers ``IDEMPOTENCY_CONFLICT``.
+    Subscribes to ``channel``, then reads the stored outcome, then listens. The stored outcome is
+    read again after a dropped connection and every ``recheck_every`` seconds without news, so a
+    reply is never lost: not one published before the waiter listened, nor one announced on
+    another channel (an earlier submission of the same request with another ``replyTo``). With
+    ``digest``, a request id already used by a different request answers ``IDEMPOTENCY_CONFLICT``.
     """
     deadline = time.monotonic() + timeout
     needle = request_id.encode()
     pubsub = redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
     try:
-        check_store = True
+        subscribed = False
         while True:
             try:
-                if check_store:
+                if not subscribed:
                     pubsub.subscribe(channel)
-                    found = _stored(redis, request_id, digest)
-                    if found is not None:
-                        return found
-                    check_store = False
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return None
-                message = pubsub.get_message(timeout=min(left, 1.0))
+                    subscribed = True
+                found = _stored(redis, request_id, digest)
+                if found is not None:
+                    return found
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    message = pubsub.get_message(timeout=min(left, recheck_every))
+                    if message is None:
+                        break  # quiet for a while: read the store again
+                    if needle in message["data"]:
+                        reply = wire.decode_reply(message["data"])
+                        if reply.request_id == request_id:
+                            return _stored(redis, request_id, digest) or reply
             except (RedisConnectionError, RedisTimeoutError):
                 if time.monotonic() >= deadline:
                     return None
                 time.sleep(0.05)  # back off before reconnecting; not synchronisation
-                check_store = True
-                continue
-            if message is None or needle not in message["data"]:
-                continue
-            reply = wire.decode_reply(message["data"])
-            if reply.request_id == request_id:
-                return _stored(redis, request_id, digest) or reply
+                subscribed = False
     finally:
         pubsub.close()
 

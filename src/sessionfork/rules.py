@@ -25,6 +25,19 @@ def check_id(value: str, what: str = "session id") -> str:
     return value
 
 
+_REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
+
+
+def check_request_id(value: str, what: str = "requestId") -> str:
+    """Return ``value`` or raise ``INVALID_REQUEST``: 1-128 of ``[A-Za-z0-9_-]``.
+
+    Stricter than session ids because a request id is also the RQ job id, which RQ limits so.
+    """
+    if not isinstance(value, str) or _REQUEST_ID_RE.fullmatch(value) is None:
+        raise errors.invalid(f"invalid {what} {value!r}: expected 1-{ID_MAX_LENGTH} characters from [A-Za-z0-9_-]")
+    return value
+
+
 def is_forkable(last_type: str | None) -> bool:
     """The boundary rule: an empty log (``None`` or ``""``) or a last event of type ``turn/end``.
 

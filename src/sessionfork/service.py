@@ -15,7 +15,8 @@ import hashlib
 import time
 from collections.abc import Callable
 
-from msgspec import UNSET
+import msgspec
+from msgspec import UNSET, UnsetType
 from redis.exceptions import NoScriptError
 
 from . import errors, rules, wire
@@ -51,7 +52,7 @@ class ForkService:
         if len(raw) > self.max_request_bytes:
             raise errors.invalid(f"request is {len(raw)} bytes, over the limit of {self.max_request_bytes}")
         request = wire.decode_request(raw)
-        rules.check_id(job_id, "requestId")
+        rules.check_request_id(job_id, "requestId (the RQ job id)")
         if request.request_id is not UNSET and request.request_id != job_id:
             raise errors.invalid(f"requestId {request.request_id!r} does not match the job id {job_id!r}")
         rules.check_id(request.source_id, "source")
@@ -83,7 +84,7 @@ class ForkService:
         except ForkError as exc:
             raw = payload.encode() if isinstance(payload, str) else payload
             failure = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
-            return self.outcomes.record(failure, self.reply_channel,
+            return self.outcomes.record(failure, self._reply_channel_of(raw),
                                         digest="invalid:" + hashlib.sha256(raw).hexdigest())
         channel = self.reply_channel if request.reply_to is UNSET else request.reply_to
         try:
@@ -107,6 +108,17 @@ class ForkService:
             raise
         elapsed = int((self._monotonic() - started) * 1e6)
         return self.outcomes.record(reply, channel, duration_us=elapsed)
+
+    def _reply_channel_of(self, raw: bytes) -> str:
+        """The ``replyTo`` of a request refused as invalid, when it can be read and is valid."""
+        if len(raw) <= self.max_request_bytes:
+            try:
+                reply_to = _reply_to_only.decode(raw).reply_to
+            except (msgspec.DecodeError, RecursionError):
+                reply_to = UNSET
+            if reply_to is not UNSET and _valid_channel(reply_to):
+                return reply_to
+        return self.reply_channel
 
     def _plan(self, request: ForkRequest) -> list[str]:
         if request.session_ids is not UNSET:
@@ -158,6 +170,13 @@ class ForkService:
 
 
 _FIELDS = {"sessionId": "session_id", "sessionIds": "session_ids", "count": "count"}
+
+
+class _ReplyTo(msgspec.Struct, rename="camel"):
+    reply_to: str | UnsetType = UNSET
+
+
+_reply_to_only = msgspec.json.Decoder(_ReplyTo)
 
 
 def _valid_channel(name: str) -> bool:

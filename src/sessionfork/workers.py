@@ -3,13 +3,15 @@
 What it does differently from ``rq worker``:
 
 * no work-horse process per job (forks are O(1) and short): like RQ's ``SimpleWorker``, it keeps
-  RQ's started/finished/failed registries, retries and abandoned-job recovery;
+  RQ's started/finished/failed registries, retries and abandoned-job recovery, and RQ's
+  bookkeeping for a job takes two pipelines (start, finish) instead of a dozen round trips;
 * it never imports the job's callable: a job must name ``sessionfork.jobs.fork`` with one string
   argument, else it is refused (``INVALID_REQUEST``, job failed, nothing run);
-* a dropped Redis connection does not fail the job in hand: the request is idempotent, so the
-  worker waits for Redis to come back and runs it again;
-* an abandoned job (its worker died) whose retries are spent is finished by the maintenance pass
-  that finds it, so its request still gets its one outcome.
+* every job that ends for good leaves its request one outcome: a job RQ fails (retries spent, an
+  abandoned job, a job stuck in the intermediate queue) is finished by running its idempotent
+  request once more, or refused;
+* its loop is ``resilience.ResilientWorker``'s: stops never strand a job, bad queue entries and
+  Redis outages never stop the worker.
 """
 
 from __future__ import annotations
@@ -21,9 +23,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from rq import Queue, SimpleWorker
+from rq import Queue
 from rq.exceptions import AbandonedJobError, DeserializationError
 from rq.executions import Execution
 from rq.job import Job, JobStatus
@@ -34,28 +34,28 @@ from rq.worker import WorkerStatus
 
 from . import jobs
 from .errors import ErrorCode
+from .resilience import ResilientWorker
 from .service import ForkService
 from .wire import ForkFailure, Reply
 
 T = TypeVar("T")
 log = logging.getLogger("sessionfork.worker")
-_DOWN = (RedisConnectionError, RedisTimeoutError)
-_HEARTBEAT_EVERY = 1.0
 
 
 class _Refused(Exception):
     """A job that is not a sessionfork request; never run."""
 
 
-class ForkWorker(SimpleWorker):
+class ForkWorker(ResilientWorker):
     """Runs ``sessionfork.jobs.fork`` jobs with ``service``; see the module docstring."""
 
     def __init__(self, queues: list[Queue], *, service: ForkService, abandoned_after: int,
                  on_outcome: Callable[[str, str, Reply, float], None] | None = None, **kwargs: Any) -> None:
-        super().__init__(queues, serializer=jobs.JSONSerializer, **kwargs)
+        super().__init__(queues, serializer=jobs.JSONSerializer, job_class=jobs.ForkJob, **kwargs)
         self.service = service
         self.abandoned_after = abandoned_after
         self.on_outcome = on_outcome
+        self._holding = False  # a job may be out of the queue and not finished yet
         self.push_exc_handler(self._finish_abandoned)  # type: ignore[no-untyped-call]  # rq leaves it untyped
 
     # RQ hooks ------------------------------------------------------------------------------------
@@ -64,21 +64,6 @@ class ForkWorker(SimpleWorker):
         # The started-registry entry expires this long after the last heartbeat; a job whose
         # worker died is then abandoned and recovered by the next maintenance pass.
         return self.abandoned_after
-
-    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
-        if pipeline is not None:
-            super().heartbeat(timeout, pipeline)
-            return
-        # RQ heart-beats several times per job; once a second is plenty against a TTL of minutes.
-        last = self.last_heartbeat
-        if last is not None and timeout is None and (now() - last).total_seconds() < _HEARTBEAT_EVERY:
-            return
-        self._until_up(lambda: super(ForkWorker, self).heartbeat(timeout))
-
-    def set_state(self, state: str, pipeline: Any = None) -> None:
-        if pipeline is None and state == self._state:
-            return  # already recorded (the job's last pipeline sets IDLE)
-        super().set_state(state, pipeline)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         """Run one job with RQ's bookkeeping in two pipelines (start, finish) around the fork.
@@ -93,7 +78,14 @@ class ForkWorker(SimpleWorker):
             self._until_up(lambda: self.prepare_job_execution(job, len(self.queues) == 1))
             self._refuse(job, queue, queue.started_job_registry, str(refused))
             self._until_up(lambda: super(ForkWorker, self).set_state(WorkerStatus.IDLE))
+            self._holding = False
             return
+        try:
+            self._run(job, queue, payload)
+        finally:
+            self._holding = False
+
+    def _run(self, job: Job, queue: Queue, payload: str) -> None:
         self._until_up(lambda: self._start(job, queue))
         began = time.perf_counter()
         try:
@@ -114,8 +106,7 @@ class ForkWorker(SimpleWorker):
         job.ended_at = now()
         job._result = reply
         self._until_up(lambda: self._finish(job))
-        if self.on_outcome is not None:
-            self.on_outcome(job.id, payload, reply, time.perf_counter() - began)
+        self._observe(job.id, payload, reply, time.perf_counter() - began)
 
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
         # RQ's version, minus the process title that would deserialize a refused job's payload.
@@ -165,41 +156,58 @@ class ForkWorker(SimpleWorker):
         job.ended_at = now()
         self._until_up(lambda: self.handle_job_failure(job=job, queue=queue, started_job_registry=started,
                                                        exc_string=f"refused: {reason}"))
-        if self.on_outcome is not None:
-            self.on_outcome(job.id, "", reply, 0.0)
+        self._observe(job.id, "", reply, 0.0)
+
+    def _observe(self, request_id: str, payload: str, reply: Reply, seconds: float) -> None:
+        if self.on_outcome is None:
+            return
+        try:
+            self.on_outcome(request_id, payload, reply, seconds)
+        except Exception:  # metrics and logs must never stop the worker
+            log.exception("outcome observer failed for %s", request_id)
+
+    def handle_job_failure(self, job: Job, queue: Queue, started_job_registry: Any = None,
+                           exc_string: str = "") -> None:
+        # RQ ends jobs here from several places (a failed run, the intermediate-queue cleanup);
+        # a job that ends without a retry must still leave its request one outcome.
+        retried = job.should_retry and self._stopped_job_id != job.id
+        super().handle_job_failure(job, queue, started_job_registry, exc_string)
+        if not retried:
+            self._ensure_outcome(job)
 
     def _finish_abandoned(self, job: Job, exc_type: type[BaseException], *_: Any) -> bool:
-        # Called by RQ for every job failure; acts only on jobs abandoned by a dead worker whose
-        # retries are spent. The request is idempotent, so finishing it here is safe.
-        if not issubclass(exc_type, AbandonedJobError) or not jobs.is_final_attempt(job):
-            return True
-        try:
-            payload = _payload(job)
-        except _Refused as refused:
-            payload = None
-            reason = str(refused)
-        try:
-            if payload is None:
-                failure = ForkFailure(request_id=job.id, code=ErrorCode.INVALID_REQUEST.value, message=reason)
-                self.service.outcomes.record(failure, self.service.reply_channel, digest="invalid:job")
-            else:
-                self.service.handle(payload, job.id, final_attempt=True)
-        except Exception:
-            log.exception("could not finish abandoned job %s", job.id)
+        # Called by RQ for every job failure; acts on jobs abandoned by a dead worker whose
+        # retries are spent (RQ's started-registry cleanup fails them without handle_job_failure).
+        if issubclass(exc_type, AbandonedJobError) and jobs.is_final_attempt(job):
+            self._ensure_outcome(job)
         return True
 
-    def _until_up(self, step: Callable[[], T]) -> T:
-        """Run ``step``; while Redis is unreachable, back off and run it again (steps are idempotent)."""
-        delay = 0.1
-        while True:
+    def _ensure_outcome(self, job: Job) -> None:
+        """Give a request whose job ended for good its one outcome, if it has none yet.
+
+        The request is idempotent, so running it here finishes it (or records ``INTERNAL``).
+        """
+        try:
+            if self.service.outcomes.get(job.id) is not None:
+                return
             try:
-                return step()
-            except _DOWN as exc:
-                if self._stop_requested:
-                    raise
-                log.warning("Redis unreachable (%s); retrying in %.1fs", exc, delay)
-                time.sleep(delay)  # back-off, not synchronisation
-                delay = min(delay * 2, 5.0)
+                payload = _payload(job)
+            except _Refused as refused:
+                failure = ForkFailure(request_id=job.id, code=ErrorCode.INVALID_REQUEST.value, message=str(refused))
+                self.service.outcomes.record(failure, self.service.reply_channel, digest="invalid:job")
+                return
+            self.service.handle(payload, job.id, final_attempt=True)
+        except Exception:
+            log.exception("could not finish the request of job %s", job.id)
+
+    def _refuse_entry(self, job_id: str, exc: Exception) -> None:
+        reason = f"queue entry {job_id!r} is not a loadable sessionfork job ({type(exc).__name__}: {exc})"
+        log.warning("refused %s", reason)
+        for queue in self.queues:
+            self.connection.lrem(queue.intermediate_queue_key, 1, job_id)
+        failure = ForkFailure(request_id=job_id, code=ErrorCode.INVALID_REQUEST.value, message=reason)
+        self.service.outcomes.record(failure, self.service.reply_channel, digest="invalid:job")
+        self._observe(job_id, "", failure, 0.0)
 
 
 def _payload(job: Job) -> str:
@@ -219,5 +227,5 @@ def fresh_workers(redis: Any, settings: Any) -> list[str]:
     """Names of the workers of ``settings.queue`` whose heartbeat is younger than their TTL."""
     queue = jobs.make_queue(redis, settings)
     cutoff = now().timestamp() - settings.worker_ttl
-    return [w.name for w in SimpleWorker.all(queue=queue)
+    return [w.name for w in ResilientWorker.all(queue=queue)
             if w.last_heartbeat is not None and w.last_heartbeat.timestamp() >= cutoff]

@@ -48,7 +48,7 @@ def acl_server() -> Iterator[EmbeddedServer]:
     with EmbeddedServer() as srv:
         admin = srv.client()
         for line in acl.acl_rules(SETTINGS, PASSWORDS):
-            admin.execute_command(*shlex.split(line))
+            admin.execute_command(*shlex.split(line))  # type: ignore[no-untyped-call]
         admin.close()
         yield srv
 
@@ -183,7 +183,7 @@ def test_host_reads_back_the_session_it_wrote(flow: Flow, host: Redis) -> None:
 
 
 def test_scheduler_reads_the_outcome_stream(flow: Flow, scheduler: Redis) -> None:
-    entries = scheduler.xrange(keys.OUTCOME_STREAM)
+    entries: Any = scheduler.xrange(keys.OUTCOME_STREAM)
 
     assert flow.request_id.encode() in [fields[b"request"] for _, fields in entries]
 
@@ -238,7 +238,7 @@ def test_worker_cannot_run_admin_commands(acl_server: EmbeddedServer, command: t
     worker = Redis.from_url(_url(acl_server, acl.WORKER))
     try:
         with pytest.raises(NoPermissionError):
-            worker.execute_command(*command)
+            worker.execute_command(*command)  # type: ignore[no-untyped-call]
     finally:
         worker.close()
 

@@ -274,10 +274,6 @@ def test_invalid_request_is_refused_before_any_work(redis: Redis, registry: Regi
     assert [(e.request, e.code) for e in outcome_entries(redis)] == [(rid, "INVALID_REQUEST")]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "src bug: service.ForkService.handle records an INVALID_REQUEST outcome on the default reply channel, ignoring "
-    "the request's replyTo, and replies.wait_for_reply reads the store only before it listens, so a waiter on the "
-    "replyTo channel never gets the reply (TimeoutError)"))
 def test_invalid_request_reply_reaches_a_waiter_on_its_reply_to_channel(redis: Redis, client: Client,
                                                                         server: EmbeddedServer, source: str) -> None:
     request = client.request(source, session_id="not valid!", reply_to="team-a:replies")
@@ -495,10 +491,6 @@ def test_reply_to_channel_gets_the_reply_and_the_default_channel_does_not(
     assert seen == [("team-a:replies", routed.request_id), (keys.DEFAULT_REPLY_CHANNEL, marker.request_id)]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "src bug: replies.wait_for_reply reads the stored outcome only before it listens, so a retry listening on "
-    "another replyTo than the queued first submission never gets the outcome (TimeoutError), though it is stored "
-    "during the wait"))
 def test_retry_waiting_on_another_reply_channel_gets_the_outcome(client: Client, server: EmbeddedServer,
                                                                  source: str) -> None:
     first = client.request(source, session_id="c", request_id="moved-1", reply_to="team-a:replies")
