@@ -1,4 +1,4 @@
-"""Least-privilege Redis ACL users for the three roles of a sessionfork deployment (Redis 7 syntax).
+"""Least-privilege Redis ACL users for the roles of a sessionfork deployment (Redis 7 syntax).
 
 ``acl_rules`` returns one ``ACL SETUSER`` command line per role; run each with an admin client
 (``client.execute_command(*shlex.split(line))``) or pipe ``render(...)`` into ``redis-cli``. Each
@@ -20,9 +20,8 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
       (``sf:s:*``), no registry script effect, no admin command.
     * residual (what key patterns cannot separate): it may ``HSET`` or ``HMGET`` any ``rq:job:*``
       hash, because RQ's script needs ``EXISTS`` and ``HSET`` there. A worker refuses every job but
-      a fork request, so a rewritten job can at worst be another fork request (except that a job
-      hash RQ cannot parse still stops a worker today: see the strict xfails of
-      ``tests/integration/test_hostile.py``).
+      a fork request, so a rewritten job can at worst be another fork request, and a job hash RQ
+      cannot parse is refused (``INVALID_REQUEST``) without stopping the worker.
 
 ``sf-worker`` (``sessionfork worker``; the queue server and the registry)
     * RQ bookkeeping on ``rq:*``: job hashes, queue and intermediate queue (``BLMOVE``/``LMOVE``,
@@ -46,6 +45,10 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
     * residual: ACL key patterns cannot tell one host's sessions from another's; the instance
       token of a live handle is what keeps hosts apart.
 
+``sf-persist`` (``sessionfork persist``; the registry)
+    * read-only ``sf:s:*`` (``HGET``/``HMGET``/``LRANGE``/``EXISTS``); its consumer group on
+      ``sf:lifecycle`` (``XGROUP CREATE``, ``XREADGROUP``, ``XACK``, ``XAUTOCLAIM``).
+
 With ``settings.cluster``, the host and the worker also get what redis-py's cluster client needs
 to learn the topology (``CLUSTER SLOTS``, ``COMMAND``; checked against an embedded 3-node cluster).
 Apply the same rules on the queue server and on the registry server when they differ.
@@ -63,7 +66,8 @@ from .config import Settings
 SCHEDULER = "sf-scheduler"
 WORKER = "sf-worker"
 HOST = "sf-host"
-USERS = (SCHEDULER, WORKER, HOST)
+PERSIST = "sf-persist"
+USERS = (SCHEDULER, WORKER, HOST, PERSIST)
 
 # Every role starts from nothing; order matters (a later rule adds to an earlier one).
 _RESET = ("resetpass", "resetkeys", "resetchannels", "clearselectors", "-@all")
@@ -84,7 +88,8 @@ _WORKER_COMMANDS = (
     "subscribe", "unsubscribe", "publish",
     "del", "exists", "expire", "get", "set",  # get/set: RQ's intermediate-queue "first seen" marks
     "hget", "hmget", "hgetall", "hexists", "hset", "hsetnx", "hdel", "hincrby", "hincrbyfloat",
-    "blmove", "lmove", "rpush", "lrange", "lrem", "llen",  # lmove: --burst; llen: the metrics' queue depth
+    "blmove", "lmove", "rpush", "lpush", "lrange", "lrem", "llen",  # lmove: --burst; llen: queue depth;
+    # lpush: a job stranded by a dead worker goes back to the queue's front
     "sadd", "srem", "smembers",
     "zadd", "zrem", "zscore", "zrange", "zrangebyscore", "zremrangebyscore",
     "xadd",
@@ -92,6 +97,11 @@ _WORKER_COMMANDS = (
 _HOST_COMMANDS = (
     *_CONNECTION, *_SCRIPTS,
     "exists", "hget", "hmget", "hset", "hdel", "rpush", "lrange", "smembers", "xadd",
+)
+_PERSIST_COMMANDS = (
+    *_CONNECTION,
+    "hget", "hmget", "lrange", "exists",  # reading sessions
+    "xgroup|create", "xreadgroup", "xack", "xautoclaim",  # the consumer group on the lifecycle stream
 )
 
 
@@ -111,9 +121,9 @@ def _line(user: str, password: str, key_rules: Sequence[str], channels: Sequence
 
 
 def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
-    """``ACL SETUSER`` lines for ``sf-scheduler``, ``sf-worker`` and ``sf-host``, in that order.
+    """``ACL SETUSER`` lines for ``sf-scheduler``, ``sf-worker``, ``sf-host`` and ``sf-persist``.
 
-    ``passwords`` maps each of the three user names to its (non-empty) password; a missing or
+    ``passwords`` maps each of the four user names to its (non-empty) password; a missing or
     empty one is a ``ValueError``. The queue name and reply channel come from ``settings``;
     ``settings.cluster`` and ``settings.wait_replicas`` add what those modes send. Each line is
     ``shlex``-quoted: ``shlex.split(line)`` gives the command's arguments.
@@ -140,7 +150,10 @@ def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
          f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}"],
         ["rq:pubsub:*", *replies], (*_WORKER_COMMANDS, *cluster, *wait))
     host = _line(HOST, passwords[HOST], sessions, (), (*_HOST_COMMANDS, *cluster))
-    return [scheduler, worker, host]
+    # XREADGROUP and XACK write the group's state, so the stream needs write access too.
+    persist = _line(PERSIST, passwords[PERSIST], [f"%R~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}"],
+                    (), (*_PERSIST_COMMANDS, *cluster))
+    return [scheduler, worker, host, persist]
 
 
 def render(lines: Sequence[str]) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import shlex
 import subprocess
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +20,13 @@ from redis.exceptions import NoPermissionError
 
 from sessionfork import acl, keys
 from sessionfork.config import Settings
-from sessionfork.embedded import EmbeddedServer
+from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.persist import JsonlBackend
 from sessionfork.registry import Registry
-from sessionfork.wire import ForkResult, Header, Reply
+from sessionfork.wire import ForkResult, Header, NewEvent, Reply
 
-PASSWORDS = {acl.SCHEDULER: "scheduler-secret", acl.WORKER: "worker-secret", acl.HOST: "host-secret"}
+PASSWORDS = {acl.SCHEDULER: "scheduler-secret", acl.WORKER: "worker-secret", acl.HOST: "host-secret",
+             acl.PERSIST: "persist-secret"}
 EXPECTED_DENIALS = {(acl.WORKER, "command", "client|list")}
 """The one denial of the flow, on purpose: RQ asks CLIENT LIST for its own address (see acl.py)."""
 
@@ -112,7 +115,7 @@ def test_rules_give_one_setuser_line_per_role_starting_from_nothing() -> None:
 
     heads = [shlex.split(line)[:9] for line in lines]
     assert heads == [["ACL", "SETUSER", user, "resetpass", "resetkeys", "resetchannels", "clearselectors",
-                      "-@all", "on"] for user in (acl.SCHEDULER, acl.WORKER, acl.HOST)]
+                      "-@all", "on"] for user in (acl.SCHEDULER, acl.WORKER, acl.HOST, acl.PERSIST)]
 
 
 def test_rules_store_password_hashes_never_passwords() -> None:
@@ -142,7 +145,7 @@ def test_rules_escape_glob_characters_of_the_queue_and_reply_channel() -> None:
 
 
 def test_cluster_settings_grant_the_topology_commands_to_host_and_worker_only() -> None:
-    scheduler, worker, host = (set(shlex.split(line)) for line in acl.acl_rules(Settings(cluster=True), PASSWORDS))
+    scheduler, worker, host, _ = (set(shlex.split(line)) for line in acl.acl_rules(Settings(cluster=True), PASSWORDS))
 
     assert "+cluster|slots" in worker
     assert "+cluster|slots" in host
@@ -245,3 +248,19 @@ def test_worker_cannot_run_admin_commands(acl_server: EmbeddedServer, command: t
 
 def test_worker_logs_no_traceback(flow: Flow) -> None:
     assert "Traceback" not in flow.worker_log.read_text(errors="replace")
+
+
+def test_persistence_backend_runs_as_its_own_user(acl_server: EmbeddedServer, host: Redis, tmp_path: Path) -> None:
+    sid = f"persisted-{uuid.uuid4().hex[:8]}"
+    handle = Registry(host).create(sid)
+    Registry(host).append(handle, [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
+    with Redis.from_url(_url(acl_server, acl.PERSIST)) as client:
+        backend = JsonlBackend(Registry(client), tmp_path, consumer="acl-test")
+        wait_until(lambda: backend.step() >= 0 and (tmp_path / "_no-cwd" / f"{sid}.jsonl").exists(), 20,
+                   "the persisted file")
+        lines = (tmp_path / "_no-cwd" / f"{sid}.jsonl").read_text().splitlines()
+        assert len(lines) == 3
+        with pytest.raises(NoPermissionError):
+            client.hset(keys.session("x"), "header", "{}")
+        with pytest.raises(NoPermissionError):
+            client.delete(keys.LIFECYCLE_STREAM)
