@@ -44,6 +44,15 @@ class ResilientWorker(SimpleWorker):
     def _refuse_entry(self, job_id: str, exc: Exception) -> None:
         raise NotImplementedError
 
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        # RQ registers the worker before it installs its signal handlers: a SIGTERM in between
+        # would kill it uncleanly. Install them first; a stop during start-up is a clean stop.
+        self._install_signal_handlers()  # type: ignore[no-untyped-call]
+        try:
+            super().bootstrap(*args, **kwargs)
+        except StopRequested:
+            self._stop_requested = True
+
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         if pipeline is not None:
             super().heartbeat(timeout, pipeline)
