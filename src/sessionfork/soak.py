@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import collections
 import multiprocessing
+import random
 import subprocess
 import sys
 import time
@@ -29,12 +30,13 @@ from typing import Any
 
 from redis import Redis
 
-from . import keys, wire
+from . import keys, rules, wire
 from .client import Client
 from .config import Settings
 from .embedded import EmbeddedServer, wait_until
 from .factories import now_ms
 from .registry import Registry
+from .snapshots import decode_segments
 from .wire import ForkResult, Header, NewEvent
 from .workers import fresh_workers
 
@@ -126,30 +128,39 @@ def _per_child(a: tuple[int, int], b: tuple[int, int]) -> float:
     return (b[0] - a[0]) / (b[1] - a[1]) if b[1] > a[1] else 0.0
 
 
-def _bad_seeds(registry: Registry, created: list[Header]) -> int:
-    """Children whose events are not their parent's prefix up to a turn/end (or empty)."""
+def _bad_seeds(registry: Registry, created: list[Header], *, materialise: int = 300) -> int:
+    """Children whose log is not their parent's log cut at a turn/end (or empty).
+
+    Every child is checked by its record: its seed must reference exactly its parent's log up to
+    ``seedLength`` (the references *are* its events: logs are append-only), the parent's event at
+    ``seedLength - 1`` must be a ``turn/end``, and it must have no events of its own. A random
+    sample of ``materialise`` children is also read event by event and compared with the parent.
+    """
     parents = {p: registry.events(p) for p in {h.parent_session for h in created} if isinstance(p, str)}
-    # A child's events are a function of its record (len, seedlen, seed) and immutable ancestor logs:
-    # read them once per distinct record, and compare every child's record with that one.
+    records: dict[str, Any] = {p: registry.redis.hmget(keys.session(p), ["seedlen", "seed"]) for p in parents}
     pipe = registry.redis.pipeline(transaction=False)
     for header in created:
-        pipe.hmget(keys.session(header.id), ["len", "seedlen", "seed"])
+        pipe.hmget(keys.session(header.id), ["len", "seed"])
         pipe.exists(keys.session_log(header.id))
     raw = pipe.execute()
-    verdicts: dict[tuple[Any, ...], bool] = {}
-    bad = 0
+    bad: set[str] = set()
     for i, header in enumerate(created):
         parent, seed = header.parent_session, header.seed_length
         if not isinstance(parent, str) or parent not in parents or not isinstance(seed, int) or raw[2 * i + 1]:
-            bad += 1
+            bad.add(header.id)
             continue
-        signature = (parent, seed, *raw[2 * i])
-        if signature not in verdicts:
-            events = registry.events(header.id)
-            verdicts[signature] = (len(events) == seed and events == parents[parent][:seed]
-                                   and (seed == 0 or events[-1].type == "turn/end"))
-        bad += not verdicts[signature]
-    return bad
+        length, segments = raw[2 * i]
+        parent_seedlen, parent_segments = records[parent]
+        expected = rules.child_segments(parent, [list(s) for s in decode_segments(parent_segments)],
+                                        int(parent_seedlen), seed)
+        boundary = seed == 0 or parents[parent][seed - 1].type == "turn/end"
+        if int(length) != seed or [list(s) for s in decode_segments(segments)] != expected or not boundary:
+            bad.add(header.id)
+    for header in random.sample(created, min(materialise, len(created))):
+        parent, seed = header.parent_session, header.seed_length
+        if isinstance(parent, str) and isinstance(seed, int) and registry.events(header.id) != parents[parent][:seed]:
+            bad.add(header.id)
+    return len(bad)
 
 
 def _outcomes(redis: Redis, mine: set[str], since_ms: int
