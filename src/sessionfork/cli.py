@@ -63,7 +63,7 @@ class Context:
         return ForkService(self.registry(), Outcomes(self.queue_redis(), ttl=s.outcome_ttl,
                                                      stream_maxlen=s.outcome_stream_maxlen),
                            reply_channel=s.reply_channel, max_request_bytes=s.max_request_bytes,
-                           max_fanout=s.max_fanout)
+                           max_fanout=s.max_fanout, max_id_length=s.max_id_length)
 
 
 def clean_errors(fn: F) -> F:

@@ -32,6 +32,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Most children one request may create."""
     max_event_bytes: int = 1024 * 1024
     """Largest single event accepted on append."""
+    max_id_length: int = 128
+    """Longest session or request id a request may name (1-128; the id rule allows 128)."""
     outcome_ttl: int = 7 * 24 * 3600
     """Seconds an outcome (and so the idempotency of its request id) is kept."""
     outcome_stream_maxlen: int = 100_000
@@ -64,6 +66,7 @@ ENV: Mapping[str, str] = {
     "max_request_bytes": "SESSIONFORK_MAX_REQUEST_BYTES",
     "max_fanout": "SESSIONFORK_MAX_FANOUT",
     "max_event_bytes": "SESSIONFORK_MAX_EVENT_BYTES",
+    "max_id_length": "SESSIONFORK_MAX_ID_LENGTH",
     "outcome_ttl": "SESSIONFORK_OUTCOME_TTL",
     "outcome_stream_maxlen": "SESSIONFORK_OUTCOME_STREAM_MAXLEN",
     "job_timeout": "SESSIONFORK_JOB_TIMEOUT",
@@ -91,8 +94,10 @@ def from_environ(environ: Mapping[str, str], **overrides: Any) -> Settings:
         settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid setting: {exc}") from None
-    for field in ("max_request_bytes", "max_fanout", "max_event_bytes", "outcome_ttl", "job_timeout",
-                  "abandoned_after", "maintenance_interval", "worker_ttl"):
+    for field in ("max_request_bytes", "max_fanout", "max_event_bytes", "max_id_length", "outcome_ttl",
+                  "job_timeout", "abandoned_after", "maintenance_interval", "worker_ttl"):
         if getattr(settings, field) <= 0:
             raise ConfigError(f"{ENV[field]} must be positive, got {getattr(settings, field)}")
+    if settings.max_id_length > 128:
+        raise ConfigError(f"SESSIONFORK_MAX_ID_LENGTH may only lower the id rule's 128, got {settings.max_id_length}")
     return settings

@@ -35,7 +35,7 @@ class ForkService:
     """Runs fork requests against a registry, recording outcomes in ``outcomes``."""
 
     def __init__(self, registry: Registry, outcomes: Outcomes, *, reply_channel: str,
-                 max_request_bytes: int, max_fanout: int,
+                 max_request_bytes: int, max_fanout: int, max_id_length: int = 128,
                  new_id: Callable[[], str] = new_session_id,
                  monotonic: Callable[[], float] = time.perf_counter) -> None:
         self.registry = registry
@@ -43,6 +43,7 @@ class ForkService:
         self.reply_channel = reply_channel
         self.max_request_bytes = max_request_bytes
         self.max_fanout = max_fanout
+        self.max_id_length = max_id_length
         self._new_id = new_id
         self._monotonic = monotonic
 
@@ -72,6 +73,13 @@ class ForkService:
                 rules.check_id(cid, f"sessionIds[{i}]")
             if len(set(ids)) != len(ids):
                 raise errors.invalid("invalid sessionIds: ids must be distinct")
+        named = [("requestId", job_id), ("source", request.source_id)]
+        named += [("sessionId", request.session_id)] if request.session_id is not UNSET else []
+        named += [(f"sessionIds[{i}]", c) for i, c in enumerate(request.session_ids or ())]
+        for field, value in named:
+            if len(value) > self.max_id_length:
+                limit = self.max_id_length
+                raise errors.invalid(f"invalid {field}: {len(value)} characters, over the limit of {limit}")
         if request.reply_to is not UNSET and not _valid_channel(request.reply_to):
             raise errors.invalid(f"invalid replyTo: expected 1-{MAX_CHANNEL_LENGTH} printable ASCII characters")
         return request

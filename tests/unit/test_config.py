@@ -36,3 +36,9 @@ def test_non_positive_limit_names_the_variable() -> None:
 
 def test_every_setting_has_a_variable() -> None:
     assert set(config.ENV) == set(config.Settings.__struct_fields__)
+
+
+def test_id_length_limit_can_only_lower_the_rule() -> None:
+    assert config.from_environ({"SESSIONFORK_MAX_ID_LENGTH": "64"}).max_id_length == 64
+    with pytest.raises(config.ConfigError, match="SESSIONFORK_MAX_ID_LENGTH"):
+        config.from_environ({"SESSIONFORK_MAX_ID_LENGTH": "129"})
