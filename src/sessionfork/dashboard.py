@@ -41,7 +41,7 @@ def read_outcomes(redis: Any, *, start: str = "-", follow: bool = False, block_m
             lo = last if last == "-" else f"({last}"
             entries = redis.xrange(keys.OUTCOME_STREAM, min=lo, max="+", count=batch)
             for entry_id, fields in entries:
-                last = _text(entry_id)
+                last = wire.text(entry_id)
                 yield _outcome(last, fields)
             if len(entries) < batch:
                 break
@@ -50,14 +50,14 @@ def read_outcomes(redis: Any, *, start: str = "-", follow: bool = False, block_m
     while follow:
         for _, entries in redis.xread({keys.OUTCOME_STREAM: last}, block=block_ms, count=batch) or []:
             for entry_id, fields in entries:
-                last = _text(entry_id)
+                last = wire.text(entry_id)
                 yield _outcome(last, fields)
 
 
 def _outcome(entry_id: str, fields: dict[Any, Any]) -> Outcome:
-    f = {_text(k): v for k, v in fields.items()}
-    return Outcome(id=entry_id, time=int(entry_id.split("-")[0]), request_id=_text(f["request"]),
-                   code=_text(f["code"]), duration_us=int(f.get("us", 0)), reply=wire.decode_reply(f["reply"]))
+    f = {wire.text(k): v for k, v in fields.items()}
+    return Outcome(id=entry_id, time=int(entry_id.split("-")[0]), request_id=wire.text(f["request"]),
+                   code=wire.text(f["code"]), duration_us=int(f.get("us", 0)), reply=wire.decode_reply(f["reply"]))
 
 
 def format_line(outcome: Outcome, style: Any = None) -> str:
@@ -116,7 +116,3 @@ def render_stats(stats: Stats) -> str:
 
     lines.append(f"run time: p50 {ms(stats.p50_ms)}  p90 {ms(stats.p90_ms)}  p99 {ms(stats.p99_ms)}")
     return "\n".join(lines)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -52,7 +52,7 @@ def lineage(registry: Registry, session_id: str, *, max_nodes: int = 10_000) -> 
         for node in frontier:
             pipe.smembers(keys.session_children(node.id))
         child_lists = pipe.execute()
-        ids = [(node, _text(c)) for node, members in zip(frontier, child_lists, strict=True)
+        ids = [(node, wire.text(c)) for node, members in zip(frontier, child_lists, strict=True)
                for c in sorted(members)]
         pipe = registry.redis.pipeline(transaction=False)
         for _, cid in ids:
@@ -127,7 +127,3 @@ def render_mermaid(tree: Lineage) -> str:
     walk(tree.root)
     out.append("    classDef disposed stroke-dasharray: 5 5")
     return "\n".join(out)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -132,7 +132,7 @@ class JsonlBackend:
             if self._pending_cursor is not None:
                 entries = self._read(self._pending_cursor, limit, None)
                 if entries:
-                    self._pending_cursor = _text(entries[-1][0])
+                    self._pending_cursor = wire.text(entries[-1][0])
                     return self._handle(entries)
                 self._pending_cursor = None
             return self._handle(self._read(">", limit, self.block_ms))
@@ -163,7 +163,7 @@ class JsonlBackend:
     def _autoclaim(self, limit: int) -> list[Any]:
         reply = self._redis.xautoclaim(keys.LIFECYCLE_STREAM, self.group, self.consumer, self.claim_idle_ms,
                                        start_id=self._claim_cursor or "0-0", count=limit)
-        cursor = _text(reply[0])
+        cursor = wire.text(reply[0])
         if cursor == "0-0":  # a full pass over the pending entries: the next one in claim_idle_ms
             self._claim_cursor = None
             self._next_claim = time.monotonic() + self.claim_idle_ms / 1000
@@ -184,10 +184,10 @@ class JsonlBackend:
         for entry_id, raw_fields in entries:
             if entry_id is None:
                 continue  # redis-py's placeholder for a nil entry: nothing to ack
-            fields = {_text(k): _text(v) for k, v in (raw_fields or {}).items()}
+            fields = {wire.text(k): wire.text(v) for k, v in (raw_fields or {}).items()}
             kind, sid = fields.get("type"), fields.get("id", "")
             if kind not in KINDS or not rules.is_valid_id(sid):
-                log.warning("skipping entry %s: %r", _text(entry_id), fields or "(trimmed from the stream)")
+                log.warning("skipping entry %s: %r", wire.text(entry_id), fields or "(trimmed from the stream)")
                 done.append(entry_id)
                 continue
             by_session.setdefault(sid, []).append(entry_id)
@@ -319,7 +319,3 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

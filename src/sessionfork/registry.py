@@ -171,7 +171,7 @@ class Registry:
     def instance(self, session_id: str) -> str | None:
         """The live instance token, or ``None`` when the session is not live."""
         raw = self.redis.hget(keys.session(rules.check_id(session_id)), "instance")
-        return None if raw is None else _text(raw)
+        return None if raw is None else wire.text(raw)
 
     def length(self, session_id: str) -> int:
         raw = self.redis.hget(keys.session(rules.check_id(session_id)), "len")
@@ -189,7 +189,7 @@ class Registry:
     def children(self, session_id: str) -> list[str]:
         """Ids of the sessions forked from this one, sorted."""
         members = self.redis.smembers(keys.session_children(rules.check_id(session_id)))
-        return sorted(_text(m) for m in members)
+        return sorted(wire.text(m) for m in members)
 
     def _record(self, sid: str) -> _Record:
         header, length, seed_length, seed = self.redis.hmget(
@@ -283,7 +283,7 @@ class Registry:
         for child, (header, req) in zip(checked, taken, strict=True):
             if header is None:
                 continue
-            if request_id and req is not None and _text(req) == request_id:
+            if request_id and req is not None and wire.text(req) == request_id:
                 replayed[child] = wire.decode_header(header)
             else:
                 existing.append(child)
@@ -373,7 +373,3 @@ class Registry:
 
 class LengthMoved(Exception):
     """``append(expect_length=...)`` found the log at another length: re-read and try again."""
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -65,7 +65,7 @@ class Outcomes:
 
     @staticmethod
     def parse_claim(reply: list[Any]) -> Claim:
-        state = _text(reply[0])
+        state = wire.text(reply[0])
         if state == "CONFLICT":
             return Claim(state)
         if state == "DONE":
@@ -153,14 +153,10 @@ def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
 
 def _stored(redis: Redis, request_id: str, digest: str | None) -> Reply | None:
     stored_digest, outcome = redis.hmget(keys.request(request_id), ["digest", "outcome"])
-    stored_digest = None if stored_digest is None else _text(stored_digest)
+    stored_digest = None if stored_digest is None else wire.text(stored_digest)
     # An "invalid:" digest marks a request refused before it was understood: its outcome stands.
     if digest is not None and stored_digest and not stored_digest.startswith("invalid:") \
             and stored_digest != digest:
         return ForkFailure(request_id=request_id, code="IDEMPOTENCY_CONFLICT",
                            message=f'request id "{request_id}" was already used for a different request')
     return None if outcome is None else wire.decode_reply(outcome)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -54,17 +54,13 @@ def decode_segments(raw: bytes | str) -> tuple[tuple[str, int, int], ...]:
 
 
 def parse_snapshot(sid: str, reply: list[Any]) -> Snapshot:
-    status = _text(reply[0])
+    status = wire.text(reply[0])
     if status == "NOT_FOUND":
         raise errors.not_found(sid)
     if status == "NOT_LIVE":
         raise errors.not_live(sid)
     if status == "OPEN_TURN":
-        raise errors.open_turn(sid, _text(reply[1]))
+        raise errors.open_turn(sid, wire.text(reply[1]))
     _, length, header, seed, seed_length = reply
     return Snapshot(wire.decode_header(header), int(length), int(seed_length),
                     decode_segments(seed))
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -102,6 +102,11 @@ def encode_event(event: Event) -> bytes:
     return _json.encode(event_to_builtins(event))
 
 
+def text(value: bytes | str) -> str:
+    """A Redis reply as ``str`` (clients are created without ``decode_responses``)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def encode(value: Any) -> bytes:
     """JSON-encode any wire Struct."""
     return _json.encode(value)
