@@ -12,6 +12,7 @@ round trip after the record is read.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
@@ -28,6 +29,9 @@ from .wire import Event, Header, LiveHandle, NewEvent
 
 SessionRef: TypeAlias = "str | LiveHandle"
 """A session named by id (any live instance) or by live handle (that instance only)."""
+
+
+_LINEAGE_CACHE = 4096  # sessions whose seed references a registry remembers (they never change)
 
 
 def _unpack(ref: SessionRef) -> tuple[str, str]:
@@ -71,6 +75,7 @@ class Registry:
         # On a single server the scripts append lifecycle events atomically with their change; on
         # a cluster the stream lives in another slot, so the registry appends them right after.
         self._cluster = isinstance(redis, RedisCluster)
+        self._lineages: OrderedDict[str, tuple[int, tuple[tuple[str, int, int], ...]]] = OrderedDict()
         self._lifecycle = [] if self._cluster else [keys.LIFECYCLE_STREAM]
         self._clock = clock
         self._new_id = new_id
@@ -181,10 +186,21 @@ class Registry:
         return bool(self.redis.exists(keys.session(rules.check_id(session_id))))
 
     def events(self, session_id: str, start: int = 0, stop: int | None = None) -> list[Event]:
-        """Events with ``start <= seq < stop`` (the whole log by default), inherited seed included."""
-        record = self._record(rules.check_id(session_id))
-        stop = record.length if stop is None else min(stop, record.length)
-        return self._read(session_id, record.segments, record.seed_length, max(start, 0), stop)
+        """Events with ``start <= seq < stop`` (the whole log by default), inherited seed included.
+
+        One pipelined round trip for all the slices, whatever the depth of the lineage; the first
+        read of a session also reads its record (its seed references never change, so they are
+        remembered).
+        """
+        sid = rules.check_id(session_id)
+        known = self._lineages.get(sid)
+        if known is None:
+            record = self._record(sid)
+            known = (record.seed_length, record.segments)
+            self._lineages[sid] = known
+            if len(self._lineages) > _LINEAGE_CACHE:
+                self._lineages.popitem(last=False)
+        return self._read(sid, known[1], known[0], max(start, 0), stop)
 
     def children(self, session_id: str) -> list[str]:
         """Ids of the sessions forked from this one, sorted."""
@@ -201,20 +217,20 @@ class Registry:
                        decode_segments(seed))
 
     def _read(self, sid: str, segments: Sequence[tuple[str, int, int]], seed_length: int,
-              start: int, stop: int) -> list[Event]:
+              start: int, stop: int | None) -> list[Event]:
         # Walk the log's pieces (ancestor slices, then the own log) and fetch the overlap of each
         # with [start, stop) in one pipeline; ancestor slices are immutable, so no lock is needed.
+        # ``stop=None`` reads the own log to its end, whatever its length now.
         plan: list[tuple[str, int, int, int]] = []  # (log owner, first index, last index, first seq)
         seq = 0
-        pieces = [*segments, (sid, 0, None)]
-        for owner, lo, hi in pieces:
-            size = (hi if hi is not None else stop - seed_length) - lo
-            a, b = max(start, seq), min(stop, seq + size)
+        for owner, lo, hi in segments:
+            a, b = max(start, seq), seq + hi - lo if stop is None else min(stop, seq + hi - lo)
             if a < b:
                 plan.append((owner, lo + a - seq, lo + b - seq - 1, a))
-            seq += size
-        if not plan:
-            return []
+            seq += hi - lo
+        first = max(start, seed_length)
+        if stop is None or first < stop:
+            plan.append((sid, first - seed_length, -1 if stop is None else stop - seed_length - 1, first))
         pipe = self.redis.pipeline(transaction=False)
         for owner, first, last, _ in plan:
             pipe.lrange(keys.session_log(owner), first, last)

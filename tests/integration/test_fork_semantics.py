@@ -821,3 +821,28 @@ def test_bad_request_id_is_refused(registry: Registry) -> None:
     with pytest.raises(ForkError) as err:
         forks.fork(registry, "src-badreq", "child-badreq", request_id="bad id{")
     assert err.value.code is ErrorCode.INVALID_REQUEST
+
+
+def test_a_deep_childs_log_is_read_in_one_round_trip(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    from redis.connection import AbstractConnection
+
+    parent = "depth-0"
+    registry.append(registry.create(parent), [NewEvent("turn/start"), NewEvent("turn/end")])
+    for depth in range(1, 21):
+        child = f"depth-{depth}"
+        forks.fork(registry, parent, child)
+        registry.append(child, [NewEvent("turn/start"), NewEvent("turn/end")])
+        parent = child
+    registry.events(parent)  # the first read also reads the record
+    sent: list[bytes] = []
+    original = AbstractConnection.send_packed_command
+
+    def counting(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+        sent.append(command)
+        original(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
+    events = registry.events(parent)
+    assert len(sent) == 1
+    assert [e.seq for e in events] == list(range(42))
+    assert [e.type for e in events] == ["turn/start", "turn/end"] * 21
