@@ -97,6 +97,7 @@ def persist(obj: Context, root: Path, consumer: str | None, group: str, sync_ids
     from .persist import JsonlBackend
 
     configure_logging("text", log_level)
+    root.mkdir(parents=True, exist_ok=True)  # an unusable root is one clear error now, not later
     name = consumer or f"{socket.gethostname()}-{os.getpid()}"
     backend = JsonlBackend(obj.registry(), root, group=group, consumer=name)
     if sync_ids:

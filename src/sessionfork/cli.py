@@ -2,7 +2,7 @@
 
 Every command answers a bad id, a missing session or an unreachable server with one clear line on
 stderr and a non-zero exit status, never a traceback. Exit status: 0 ok, 1 an error outcome,
-2 bad usage or settings, 3 Redis unreachable, 4 timed out.
+2 bad usage or settings, 3 Redis unreachable, 4 timed out, 5 a file system error.
 """
 
 from __future__ import annotations
@@ -85,6 +85,9 @@ def clean_errors(fn: F) -> F:
         except TimeoutError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(4)
+        except OSError as exc:  # after TimeoutError, one of its subclasses: e.g. persist's --root
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(5)
 
     return wrapper  # type: ignore[return-value]
 

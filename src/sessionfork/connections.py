@@ -11,11 +11,16 @@ from typing import Any
 from redis import Redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
+from redis.exceptions import ClusterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from .config import Settings
+
+TRANSIENT: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError)
+"""Errors that mean Redis is briefly unreachable (a dropped connection, a restart, a failover):
+the step is retried after a back-off, never reported as a failure of the request."""
 
 
 def _options(url: str, settings: Settings) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """The outcome stream for operators: follow it, format it, summarise it.
 
 Entries of ``sf:outcomes`` carry ``request``, ``code`` (``OK`` or an error code), ``us`` (time to
-run the request, microseconds) and ``reply`` (the reply event JSON).
+run the request), ``lat`` (from enqueue to outcome; both microseconds, 0 when unknown) and
+``reply`` (the reply event JSON).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class Outcome(msgspec.Struct, rename="camel", kw_only=True):
     code: str
     duration_us: int
     reply: wire.ForkResult | wire.ForkFailure
+    latency_us: int = 0
 
 
 def read_outcomes(redis: Any, *, start: str = "-", follow: bool = False, block_ms: int = 1000,
@@ -57,7 +59,8 @@ def read_outcomes(redis: Any, *, start: str = "-", follow: bool = False, block_m
 def _outcome(entry_id: str, fields: dict[Any, Any]) -> Outcome:
     f = {wire.text(k): v for k, v in fields.items()}
     return Outcome(id=entry_id, time=int(entry_id.split("-")[0]), request_id=wire.text(f["request"]),
-                   code=wire.text(f["code"]), duration_us=int(f.get("us", 0)), reply=wire.decode_reply(f["reply"]))
+                   code=wire.text(f["code"]), duration_us=int(f.get("us", 0)), reply=wire.decode_reply(f["reply"]),
+                   latency_us=int(f.get("lat", 0)))
 
 
 def format_line(outcome: Outcome, style: Any = None) -> str:
@@ -77,33 +80,50 @@ def format_line(outcome: Outcome, style: Any = None) -> str:
            f"{outcome.duration_us / 1000:.2f}ms  {detail}"
 
 
+class Percentiles(msgspec.Struct, kw_only=True):
+    """p50/p90/p99 in milliseconds (``None`` without samples)."""
+
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
+
+
 class Stats(msgspec.Struct, kw_only=True):
-    """Counts per outcome code and run-time percentiles (ms) over a window (``stats --json``)."""
+    """Counts per outcome code and percentiles over a window (``stats --json``).
+
+    ``run_time``: from a worker taking up a request to its outcome; ``latency``: from enqueue to
+    outcome (what a scheduler waits).
+    """
 
     window_seconds: int
     total: int
     codes: dict[str, int]
-    p50_ms: float | None
-    p90_ms: float | None
-    p99_ms: float | None
+    run_time: Percentiles
+    latency: Percentiles
+
+
+def _percentiles(samples: list[float]) -> Percentiles:
+    if len(samples) >= 2:
+        q = statistics.quantiles(samples, n=100, method="inclusive")
+        return Percentiles(p50_ms=q[49], p90_ms=q[89], p99_ms=q[98])
+    if samples:
+        return Percentiles(p50_ms=samples[0], p90_ms=samples[0], p99_ms=samples[0])
+    return Percentiles()
 
 
 def compute_stats(redis: Any, window_seconds: int, now_ms: int) -> Stats:
     since = now_ms - window_seconds * 1000
     codes: Counter[str] = Counter()
-    durations: list[float] = []
+    run_times: list[float] = []
+    latencies: list[float] = []
     for outcome in read_outcomes(redis, start=f"{since}-0"):
         codes[outcome.code] += 1
         if outcome.duration_us:
-            durations.append(outcome.duration_us / 1000)
-    pct: list[float | None] = [None, None, None]
-    if len(durations) >= 2:
-        q = statistics.quantiles(durations, n=100, method="inclusive")
-        pct = [q[49], q[89], q[98]]
-    elif durations:
-        pct = [durations[0]] * 3
+            run_times.append(outcome.duration_us / 1000)
+        if outcome.latency_us:
+            latencies.append(outcome.latency_us / 1000)
     return Stats(window_seconds=window_seconds, total=sum(codes.values()), codes=dict(sorted(codes.items())),
-                 p50_ms=pct[0], p90_ms=pct[1], p99_ms=pct[2])
+                 run_time=_percentiles(run_times), latency=_percentiles(latencies))
 
 
 def render_stats(stats: Stats) -> str:
@@ -114,5 +134,6 @@ def render_stats(stats: Stats) -> str:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f} ms"
 
-    lines.append(f"run time: p50 {ms(stats.p50_ms)}  p90 {ms(stats.p90_ms)}  p99 {ms(stats.p99_ms)}")
+    for label, p in (("run time", stats.run_time), ("enqueue→outcome", stats.latency)):
+        lines.append(f"{label}: p50 {ms(p.p50_ms)}  p90 {ms(p.p90_ms)}  p99 {ms(p.p99_ms)}")
     return "\n".join(lines)

@@ -55,13 +55,14 @@ class FanOut:
 
 def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], *,
               request_id: str = "", stored: Snapshot | None = None,
-              remember: Callable[[Snapshot], None] | None = None, plan: ForkPlan | None = None) -> FanOut:
+              remember: Callable[[Snapshot], Snapshot] | None = None, plan: ForkPlan | None = None) -> FanOut:
     """Fork ``child_ids`` from **one** snapshot: every child gets exactly the same seed.
 
     Ids that exist already are reported per id (``SESSION_ALREADY_EXISTS``); the others are
     created. When every id exists, that is the error, before the boundary rule. ``stored`` is the
     snapshot a crashed attempt of the same request took (its children must share it);
-    ``remember`` is called with a new snapshot before any child exists, to keep it for a retry.
+    ``remember`` is called with a new snapshot before any child exists, to keep it for a retry; it
+    returns the snapshot to use (the one another attempt of the same request stored first).
     ``plan`` is the result of ``registry.prepare_fork`` for exactly these ids, when the caller ran
     it already (pipelined with other work).
     """
@@ -72,19 +73,19 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
         raise errors.invalid("child session ids must be distinct")
     if plan is None:
         plan = registry.prepare_fork(source, ids, request_id=request_id)
+    if plan.existing and len(plan.existing) == len(ids):
+        raise errors.already_exists(plan.existing[0])  # before the boundary rule, as for one child
     snap = stored or plan.snapshot
     if snap is None:
         if plan.replayed and len(plan.replayed) + len(plan.existing) == len(ids):
             # Every child is settled already: a replay needs no live source.
             registry.confirm_replays(list(plan.replayed.values()))
             return _settle(ids, {}, plan.replayed)
-        if plan.existing and len(plan.existing) == len(ids):
-            raise errors.already_exists(plan.existing[0])
         assert plan.error is not None
         raise plan.error
     todo = [c for c in ids if c not in plan.replayed and c not in plan.existing]
     if stored is None and remember is not None and todo:
-        remember(snap)
+        snap = remember(snap)
     made = dict(zip(todo, registry.create_children(snap, todo, request_id=request_id), strict=True))
     registry.confirm_replays(list(plan.replayed.values()))
     return _settle(ids, made, plan.replayed)

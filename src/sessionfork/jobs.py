@@ -7,6 +7,7 @@ pickled). ``ForkWorker`` (module ``workers``) refuses any job that is not exactl
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import msgspec
@@ -15,8 +16,7 @@ from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job
 from rq.job import get_current_job as _current_job
 
-from . import keys
-from .config import Settings
+from .config import Settings, from_environ
 from .registry import Registry
 from .replies import Outcomes
 from .service import ForkService
@@ -42,17 +42,22 @@ class MalformedJob(ValueError):
 
 
 class ForkJob(Job):
-    """RQ's Job, except that a job hash without ``data`` is an error, not silently skipped.
+    """RQ's Job as a fork worker must load it: nothing in the hash may make the worker act.
 
-    RQ's dequeue treats that case like a job that expired (``NoSuchJobError``: skip it), so the
-    request would never get an outcome; raised as ``MalformedJob``, the worker refuses it.
+    * A job hash without ``data`` is ``MalformedJob`` (RQ skips it like an expired job, so its
+      request would never get an outcome); the worker refuses it.
+    * Webhooks and success/failure/stopped callbacks are dropped: anyone who may enqueue may write
+      a job hash, and RQ would POST to those URLs or import and call those names.
     """
 
     def restore(self, raw_data: Any) -> Any:
         try:
-            return super().restore(raw_data)
+            restored = super().restore(raw_data)
         except NoSuchJobError as exc:
             raise MalformedJob(str(exc)) from None
+        self.webhooks = []
+        self._success_callback_name = self._failure_callback_name = self._stopped_callback_name = None
+        return restored
 
 
 def make_queue(redis: Any, settings: Settings) -> Queue:
@@ -90,10 +95,12 @@ def fork(payload: str) -> Reply:
     job = _current_job()
     if job is None:
         raise RuntimeError("sessionfork.jobs.fork runs only inside an RQ job")
+    # An entry point (RQ calls it): the only place here that may read the environment.
+    s = from_environ(os.environ)
     service = ForkService(
-        Registry(job.connection),
-        Outcomes(job.connection, ttl=Settings().outcome_ttl, stream_maxlen=Settings().outcome_stream_maxlen),
-        reply_channel=keys.DEFAULT_REPLY_CHANNEL, max_request_bytes=Settings().max_request_bytes,
-        max_fanout=Settings().max_fanout,
+        Registry(job.connection, max_event_bytes=s.max_event_bytes),
+        Outcomes(job.connection, ttl=s.outcome_ttl, stream_maxlen=s.outcome_stream_maxlen),
+        reply_channel=s.reply_channel, max_request_bytes=s.max_request_bytes, max_fanout=s.max_fanout,
+        max_id_length=s.max_id_length,
     )
     return service.handle(payload, job.id, final_attempt=is_final_attempt(job))

@@ -12,6 +12,8 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                               into that ancestor's own log, oldest ancestor first
                                     last      type of the last event ("" for an empty log)
                                     req       request id that created it by fork (for replays)
+                                    batch     id of the last append call, batchseq its first seq
+                                              (a retried append is recognised, never doubled)
     sf:s:{<id>}:log        list   the session's own events (seq >= seedlen), JSON without "seq"
     sf:s:{<id>}:children   set    ids of the sessions forked from this one (lineage index)
     <key>:replicated       string a marker written (and expired within 1 ms) next to a key, in its

@@ -36,6 +36,8 @@ _LINEAGE_CACHE = 4096  # sessions whose seed references a registry remembers (th
 
 def _unpack(ref: SessionRef) -> tuple[str, str]:
     if isinstance(ref, LiveHandle):
+        if not ref.instance:  # "" means "any live instance" to the scripts: never from a handle
+            raise errors.invalid(f"live handle of {ref.id!r} has an empty instance token")
         return rules.check_id(ref.id), ref.instance
     return rules.check_id(ref), ""
 
@@ -129,7 +131,7 @@ class Registry:
         first = int(self._append(
             keys=[keys.session(sid), keys.session_log(sid), *self._lifecycle],
             args=[instance, events[-1].type, "" if expect_length is None else expect_length,
-                  "1" if flush else "0", self.lifecycle_maxlen, sid, *payload]))
+                  "1" if flush else "0", self.lifecycle_maxlen, sid, self._new_token(), *payload]))
         if first == -3:
             raise LengthMoved(sid)
         self._raise_for(first, sid)

@@ -84,7 +84,9 @@ def repair(registry: Registry, session_id: str, *, attempts: int = 5) -> list[Ev
             return registry.append(sid, fix, expect_length=length, time_ms=tail[-1].time)
         except LengthMoved:
             continue
-    raise RuntimeError(f"session {sid!r} kept moving; repair gave up after {attempts} attempts")
+    # Its host keeps writing: it did not crash, and its open turn is its own to close.
+    raise errors.ForkError(errors.ErrorCode.OPEN_TURN,
+                           f'session "{sid}" is being written to; repair is for sessions whose host crashed')
 
 
 def _open_turn(registry: Registry, sid: str, length: int) -> list[Event]:

@@ -70,18 +70,28 @@ class Outcomes:
             return Claim(state)
         if state == "DONE":
             return Claim(state, outcome=wire.decode_reply(reply[1]))
-        snap = None
-        if state == "RESUME" and reply[2]:
-            header, length, seed_length, segments = _snapshot_codec.decode(reply[2])
-            snap = Snapshot(header, length, seed_length, tuple(tuple(s) for s in segments))  # type: ignore[misc]
+        snap = _decode_snapshot(reply[2]) if state == "RESUME" and reply[2] else None
         return Claim(state, tuple(_ids.decode(reply[1])), snap)
 
-    def remember_snapshot(self, request_id: str, snap: Snapshot) -> None:
-        """Keep a fan-out's snapshot so that a resumed request gives every child the same seed."""
-        value = wire.encode((snap.source, snap.length, snap.seed_length, list(snap.segments)))
-        self.redis.hset(keys.request(request_id), "snapshot", value)
+    def remember_snapshot(self, request_id: str, snap: Snapshot) -> Snapshot:
+        """Keep a fan-out's snapshot so that every child of the request gets the same seed.
 
-    def record(self, reply: Reply, channel: str, *, digest: str = "", duration_us: int = 0) -> Reply:
+        The first snapshot stored wins (two attempts of one request may race); returns it.
+        """
+        value = wire.encode((snap.source, snap.length, snap.seed_length, list(snap.segments)))
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hsetnx(keys.request(request_id), "snapshot", value)
+        pipe.hget(keys.request(request_id), "snapshot")
+        _, stored = pipe.execute()
+        return snap if stored == value else _decode_snapshot(stored)
+
+    def planned(self, request_id: str) -> list[str]:
+        """The child ids a request's first claim planned ([] when it was never claimed)."""
+        raw = self.redis.hget(keys.request(request_id), "children")
+        return [] if raw is None else list(_ids.decode(raw))
+
+    def record(self, reply: Reply, channel: str, *, digest: str = "", duration_us: int = 0,
+               latency_us: int = 0) -> Reply:
         """Store ``reply`` as the request's outcome unless one is stored; announce it if stored now.
 
         Returns the request's outcome: ``reply``, or the outcome stored first.
@@ -90,7 +100,7 @@ class Outcomes:
         stored, outcome = self._record(
             keys=[keys.request(reply.request_id), keys.OUTCOME_STREAM],
             args=[raw, channel, self.ttl, self.stream_maxlen, digest, reply.request_id,
-                  code_of(reply), duration_us],
+                  code_of(reply), duration_us, latency_us],
         )
         return reply if stored else wire.decode_reply(outcome)
 
@@ -98,7 +108,7 @@ class Outcomes:
         """Announce an outcome that is not the request's own (``IDEMPOTENCY_CONFLICT``)."""
         raw = wire.encode(reply)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.xadd(keys.OUTCOME_STREAM, {"request": reply.request_id, "code": code_of(reply), "us": 0,
+        pipe.xadd(keys.OUTCOME_STREAM, {"request": reply.request_id, "code": code_of(reply), "us": 0, "lat": 0,
                                         "reply": raw}, maxlen=self.stream_maxlen, approximate=True)
         pipe.publish(channel, raw)
         pipe.execute()
@@ -106,6 +116,11 @@ class Outcomes:
     def get(self, request_id: str) -> Reply | None:
         raw = self.redis.hget(keys.request(request_id), "outcome")
         return None if raw is None else wire.decode_reply(raw)
+
+
+def _decode_snapshot(raw: bytes) -> Snapshot:
+    header, length, seed_length, segments = _snapshot_codec.decode(raw)
+    return Snapshot(header, length, seed_length, tuple((s[0], s[1], s[2]) for s in segments))
 
 
 def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
@@ -138,8 +153,10 @@ def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
                     message = pubsub.get_message(timeout=min(left, recheck_every))
                     if message is None:
                         break  # quiet for a while: read the store again
-                    if needle in message["data"]:
-                        reply = wire.decode_reply(message["data"])
+                    data = message["data"]
+                    data = data.encode() if isinstance(data, str) else data
+                    if needle in data:
+                        reply = wire.decode_reply(data)
                         if reply.request_id == request_id:
                             return _stored(redis, request_id, digest) or reply
             except (RedisConnectionError, RedisTimeoutError):

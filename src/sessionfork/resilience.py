@@ -21,16 +21,18 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-from rq import SimpleWorker
+from rq import SimpleWorker, worker_registration
 from rq.exceptions import DequeueTimeout, StopRequested
+from rq.registry import clean_registries
 from rq.utils import now
 from rq.worker import WorkerStatus
 
+from . import lua
+from .connections import TRANSIENT
+
 T = TypeVar("T")
 log = logging.getLogger("sessionfork.worker")
-DOWN = (RedisConnectionError, RedisTimeoutError)
+DOWN = TRANSIENT
 _HEARTBEAT_EVERY = 1.0
 _IDLE_POLL = 1  # seconds an idle worker blocks waiting for a job before it looks at its stop flag
 
@@ -43,6 +45,10 @@ class ResilientWorker(SimpleWorker):
 
     def _refuse_entry(self, job_id: str, exc: Exception) -> None:
         raise NotImplementedError
+
+    @functools.cached_property
+    def _requeue(self) -> Any:
+        return lua.register(self.connection, "requeue.lua")
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         # RQ registers the worker before it installs its signal handlers: a SIGTERM in between
@@ -124,6 +130,10 @@ class ResilientWorker(SimpleWorker):
 
 
     def run_maintenance_tasks(self) -> None:
+        # RQ's loop calls this too, outside any guard: an outage here must pause, not quit.
+        self._until_up(self._maintain)
+
+    def _maintain(self) -> None:
         try:
             self._requeue_stranded()
             super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
@@ -148,10 +158,25 @@ class ResilientWorker(SimpleWorker):
                 first = stranded.get_first_seen(job_id)
                 if first is None or (now() - first).total_seconds() < self.abandoned_after:
                     continue
-                if self.connection.lrem(stranded.key, 1, job_id):
-                    self.connection.lpush(queue.key, job_id)
+                if self._requeue(keys=[stranded.key, queue.key], args=[job_id]):
                     self.connection.delete(stranded.get_first_seen_key(job_id))
                     log.warning("job %s was stranded by a dead worker; requeued", job_id)
+
+    def clean_registries(self) -> None:
+        # RQ's version, except that the maintenance lock is released even when Redis drops midway
+        # (RQ would leave it for 15 minutes, and no worker would recover abandoned jobs meanwhile).
+        for queue in self.queues:
+            if queue.acquire_maintenance_lock():
+                try:
+                    clean_registries(queue, self._exc_handlers)
+                    worker_registration.clean_worker_registry(queue)
+                    queue.intermediate_queue.cleanup(self, queue)
+                finally:
+                    try:
+                        queue.release_maintenance_lock()  # type: ignore[no-untyped-call]
+                    except DOWN:
+                        log.warning("could not release the maintenance lock of %s; it expires", queue.name)
+        self.last_cleaned_at = now()  # type: ignore[assignment]
 
 
     def _until_up(self, step: Callable[[], T]) -> T:

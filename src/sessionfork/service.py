@@ -20,13 +20,14 @@ from msgspec import UNSET, UnsetType
 from redis.exceptions import NoScriptError
 
 from . import errors, rules, wire
+from .connections import TRANSIENT
 from .errors import ErrorCode, ForkError
-from .factories import new_session_id
+from .factories import new_session_id, now_ms
 from .forks import FanOut, fork_many
 from .registry import Registry
 from .replies import Claim, Outcomes
 from .snapshots import ForkPlan
-from .wire import ChildError, ForkFailure, ForkRequest, ForkResult, Reply
+from .wire import ChildError, ForkFailure, ForkRequest, ForkResult, LiveHandle, Reply
 
 MAX_CHANNEL_LENGTH = 256
 
@@ -57,6 +58,8 @@ class ForkService:
         if request.request_id is not UNSET and request.request_id != job_id:
             raise errors.invalid(f"requestId {request.request_id!r} does not match the job id {job_id!r}")
         rules.check_id(request.source_id, "source")
+        if isinstance(request.source, LiveHandle) and not request.source.instance:
+            raise errors.invalid("invalid source: a live handle needs a non-empty instance")
         if request.session_id is not UNSET:
             rules.check_id(request.session_id, "sessionId")
         chosen = [f for f in ("sessionId", "sessionIds", "count")
@@ -84,8 +87,12 @@ class ForkService:
             raise errors.invalid(f"invalid replyTo: expected 1-{MAX_CHANNEL_LENGTH} printable ASCII characters")
         return request
 
-    def handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool = True) -> Reply:
-        """Run one request to its outcome and return the outcome (the first one, on a replay)."""
+    def handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool = True,
+               enqueued_ms: int | None = None) -> Reply:
+        """Run one request to its outcome and return the outcome (the first one, on a replay).
+
+        ``enqueued_ms`` (epoch ms) lets the outcome stream record the enqueue-to-outcome latency.
+        """
         started = self._monotonic()
         try:
             request = self.parse(payload, job_id)
@@ -108,14 +115,29 @@ class ForkService:
             reply = self._execute(request, job_id, claim, plan)
         except ForkError as exc:
             reply = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
+        except TRANSIENT:
+            raise  # Redis is briefly away: the worker backs off and runs the request again
         except Exception as exc:
             if final_attempt:
-                internal = ForkFailure(request_id=job_id, code=ErrorCode.INTERNAL.value,
-                                       message=f"internal error: {type(exc).__name__}: {exc}")
+                message = f"internal error: {type(exc).__name__}: {exc}"
+                made = self._created_by(request, job_id)
+                if made:  # no hidden partial state: say what exists
+                    message += f"; created before the failure: {', '.join(made)}"
+                internal = ForkFailure(request_id=job_id, code=ErrorCode.INTERNAL.value, message=message)
                 self.outcomes.record(internal, channel)
             raise
         elapsed = int((self._monotonic() - started) * 1e6)
-        return self.outcomes.record(reply, channel, duration_us=elapsed)
+        latency = 0 if enqueued_ms is None else max(0, (now_ms() - enqueued_ms) * 1000)
+        return self.outcomes.record(reply, channel, duration_us=elapsed, latency_us=latency)
+
+    def _created_by(self, request: ForkRequest, request_id: str) -> list[str]:
+        """Children that ``request_id`` created (best effort: a failing Redis answers none)."""
+        try:
+            planned = self.outcomes.planned(request_id)
+            plan = self.registry.prepare_fork(request.source, planned, request_id=request_id)
+        except Exception:
+            return []
+        return sorted(plan.replayed)
 
     def _reply_channel_of(self, raw: bytes) -> str:
         """The ``replyTo`` of a request refused as invalid, when it can be read and is valid."""

@@ -80,8 +80,14 @@ _header_decoder = msgspec.json.Decoder(Header)
 
 
 def encode_stored_event(event: NewEvent, time_ms: int) -> bytes:
-    """The bytes kept in a session log: the event without ``seq`` (it is the position)."""
-    return _json.encode({"type": event.type, "time": time_ms, "data": event.data, **event.extra})
+    """The bytes kept in a session log: the event without ``seq`` (it is the position).
+
+    ``INVALID_REQUEST`` when its data or extra fields are not JSON.
+    """
+    try:
+        return _json.encode({"type": event.type, "time": time_ms, "data": event.data, **event.extra})
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise errors.invalid(f"event {event.type!r} is not JSON: {exc}") from None
 
 
 def decode_stored_event(raw: bytes, seq: int) -> Event:

@@ -91,8 +91,9 @@ class ForkWorker(ResilientWorker):
         try:
             with self.death_penalty_class(job.timeout or self.queue_class.DEFAULT_TIMEOUT,
                                           JobTimeoutException, job_id=job.id):
+                enqueued = None if job.enqueued_at is None else int(job.enqueued_at.timestamp() * 1000)
                 reply = self._until_up(lambda: self.service.handle(
-                    payload, job.id, final_attempt=jobs.is_final_attempt(job)))
+                    payload, job.id, final_attempt=jobs.is_final_attempt(job), enqueued_ms=enqueued))
         except Exception:
             job.ended_at = now()
             job._status = JobStatus.FAILED
@@ -102,6 +103,10 @@ class ForkWorker(ResilientWorker):
                 job=job, queue=queue, started_job_registry=queue.started_job_registry,
                 exc_string="".join(traceback.format_exception(*exc_info))))
             self._until_up(lambda: super(ForkWorker, self).set_state(WorkerStatus.IDLE))
+            if jobs.is_final_attempt(job):  # the request ended: its INTERNAL outcome counts too
+                final = self._until_up(lambda: self.service.outcomes.get(job.id))
+                if final is not None:
+                    self._observe(job.id, payload, final, time.perf_counter() - began)
             return
         job.ended_at = now()
         job._result = reply
@@ -194,19 +199,26 @@ class ForkWorker(ResilientWorker):
                 payload = _payload(job)
             except _Refused as refused:
                 failure = ForkFailure(request_id=job.id, code=ErrorCode.INVALID_REQUEST.value, message=str(refused))
-                self.service.outcomes.record(failure, self.service.reply_channel, digest="invalid:job")
+                reply = self.service.outcomes.record(failure, self.service.reply_channel, digest="invalid:job")
+                self._observe(job.id, "", reply, 0.0)
                 return
-            self.service.handle(payload, job.id, final_attempt=True)
+            try:
+                reply = self.service.handle(payload, job.id, final_attempt=True)
+            finally:
+                stored = self.service.outcomes.get(job.id)
+                if stored is not None:
+                    self._observe(job.id, payload, stored, 0.0)
         except Exception:
             log.exception("could not finish the request of job %s", job.id)
 
     def _refuse_entry(self, job_id: str, exc: Exception) -> None:
         reason = f"queue entry {job_id!r} is not a loadable sessionfork job ({type(exc).__name__}: {exc})"
         log.warning("refused %s", reason)
+        failure = ForkFailure(request_id=job_id, code=ErrorCode.INVALID_REQUEST.value, message=reason)
+        # The outcome first: a worker dying in between leaves the entry, to be refused again.
+        self.service.outcomes.record(failure, self.service.reply_channel, digest="invalid:job")
         for queue in self.queues:
             self.connection.lrem(queue.intermediate_queue_key, 1, job_id)
-        failure = ForkFailure(request_id=job_id, code=ErrorCode.INVALID_REQUEST.value, message=reason)
-        self.service.outcomes.record(failure, self.service.reply_channel, digest="invalid:job")
         self._observe(job_id, "", failure, 0.0)
 
 

@@ -55,7 +55,9 @@ def test_stats_count_codes_and_percentiles(redis: Redis, registry: Registry) -> 
     stats = compute_stats(redis, 3600, now_ms())
     assert stats.total == 4
     assert stats.codes == {"INVALID_REQUEST": 1, "OK": 1, "SESSION_ALREADY_EXISTS": 1, "SESSION_NOT_FOUND": 1}
-    assert stats.p50_ms is not None and stats.p99_ms is not None and stats.p50_ms <= stats.p99_ms
+    run = stats.run_time
+    assert run.p50_ms is not None and run.p99_ms is not None and run.p50_ms <= run.p99_ms
+    assert stats.latency.p50_ms is None  # handled directly, not enqueued: no enqueue time to measure from
 
 
 def test_stats_window_excludes_older_outcomes(redis: Redis, registry: Registry) -> None:
@@ -102,3 +104,13 @@ def test_outcome_log_line_is_json_with_fields(redis: Redis, registry: Registry,
     line = json.loads(JsonFormatter().format(caplog.records[-1]))
     assert {k: line[k] for k in ("request_id", "source", "child", "code", "duration_ms")} == {
         "request_id": "r1", "source": "src", "child": ["c1"], "code": "OK", "duration_ms": 1.5}
+
+
+def test_outcomes_of_enqueued_requests_carry_their_latency(redis: Redis, registry: Registry) -> None:
+    src = registry.create("lat-src")
+    registry.append(src, [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
+    service(redis, registry).handle('{"source":"lat-src"}', "lat-1", enqueued_ms=now_ms() - 250)
+    (outcome,) = list(read_outcomes(redis))
+    assert 250_000 <= outcome.latency_us < 60_000_000
+    stats = compute_stats(redis, 3600, now_ms())
+    assert stats.latency.p50_ms is not None and stats.latency.p50_ms >= 250

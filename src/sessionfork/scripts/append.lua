@@ -3,20 +3,23 @@
 -- KEYS[3] = sf:lifecycle   (optional: given only when it shares the server, i.e. not on a cluster)
 -- ARGV    = instance token ("" = any live instance), type of the last new event,
 --           expected length ("" = any), flush ("1" when the batch holds a turn/end),
---           lifecycle stream MAXLEN, session id, event JSON...
+--           lifecycle stream MAXLEN, session id, batch id (fresh per call), event JSON...
 -- Returns the seq of the first new event; -1 not live, -2 stale token, -3 length moved on.
-local rec = redis.call('HMGET', KEYS[1], 'instance', 'len')
+-- The same batch id again (a client's retry after a lost reply) appends nothing and returns the
+-- first seq it got: an append is never doubled.
+local rec = redis.call('HMGET', KEYS[1], 'instance', 'len', 'batch', 'batchseq')
 if not rec[1] then return -1 end
 if ARGV[1] ~= '' and rec[1] ~= ARGV[1] then return -2 end
+if rec[3] == ARGV[7] then return tonumber(rec[4]) end
 if ARGV[3] ~= '' and rec[2] ~= ARGV[3] then return -3 end
-local first = 7
+local first = 8
 local n = #ARGV - first + 1
 -- RPUSH in chunks: unpack() of a huge argument list overflows the Lua C stack.
 for i = first, #ARGV, 4000 do
   redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 3999, #ARGV)))
 end
 local len = tonumber(rec[2]) + n
-redis.call('HSET', KEYS[1], 'len', len, 'last', ARGV[2])
+redis.call('HSET', KEYS[1], 'len', len, 'last', ARGV[2], 'batch', ARGV[7], 'batchseq', rec[2])
 if KEYS[3] and ARGV[4] == '1' then
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'type', 'session/flush', 'id', ARGV[6], 'len', len)
 end

@@ -5,11 +5,13 @@
 --           the registry writes them right after this script)
 -- ARGV    = header JSON, instance token, len, seedlen, seed JSON, last type, request id ("" = none),
 --           lifecycle stream MAXLEN, session id
--- Returns the header JSON of the record now under KEYS[1] when it is ours (created now, or
--- created earlier by the same request id: a replay), or false when another owner has the id.
+-- Returns the header JSON of the record now under KEYS[1] when it is ours (created now, created
+-- earlier by the same request id: a replay, or by this very call: a client's retry after a lost
+-- reply, recognised by the fresh instance token), or false when another owner has the id.
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  if ARGV[7] ~= '' and redis.call('HGET', KEYS[1], 'req') == ARGV[7] then
-    return redis.call('HGET', KEYS[1], 'header')
+  local mine = redis.call('HMGET', KEYS[1], 'req', 'instance', 'header')
+  if (ARGV[7] ~= '' and mine[1] == ARGV[7]) or mine[2] == ARGV[2] then
+    return mine[3]
   end
   return false
 end

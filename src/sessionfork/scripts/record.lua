@@ -2,7 +2,8 @@
 -- All in one script, so a stored outcome is always announced and never announced twice.
 -- KEYS[1] = sf:req:<request id>, KEYS[2] = sf:outcomes   (queue server)
 -- ARGV    = outcome JSON, reply channel, TTL seconds, stream MAXLEN, digest ("" = keep),
---           request id, code ("OK" or an error code), duration in microseconds
+--           request id, code ("OK" or an error code), run time and enqueue-to-outcome latency in
+--           microseconds (0: unknown)
 -- Returns {1, outcome} when stored now, {0, first outcome} when one was stored before.
 if redis.call('HSETNX', KEYS[1], 'outcome', ARGV[1]) == 0 then
   return {0, redis.call('HGET', KEYS[1], 'outcome')}
@@ -11,6 +12,6 @@ if ARGV[5] ~= '' then redis.call('HSETNX', KEYS[1], 'digest', ARGV[5]) end
 redis.call('HDEL', KEYS[1], 'snapshot')
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*',
-  'request', ARGV[6], 'code', ARGV[7], 'us', ARGV[8], 'reply', ARGV[1])
+  'request', ARGV[6], 'code', ARGV[7], 'us', ARGV[8], 'lat', ARGV[9], 'reply', ARGV[1])
 redis.call('PUBLISH', ARGV[2], ARGV[1])
 return {1, ARGV[1]}
