@@ -25,3 +25,8 @@ def new_instance_token() -> str:
 def new_request_id() -> str:
     """``req-<uuid4>``: a request's idempotency key when the scheduler gives none."""
     return f"req-{uuid.uuid4()}"
+
+
+def new_call_id() -> str:
+    """Names one append call, so that a client's retry of it after a lost reply is recognised."""
+    return secrets.token_hex(8)

@@ -23,7 +23,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import NoScriptError
 
 from . import errors, keys, lua, rules, wire
-from .factories import new_instance_token, new_session_id, now_ms
+from .factories import new_call_id, new_instance_token, new_session_id, now_ms
 from .snapshots import ForkPlan, Snapshot, decode_segments, parse_snapshot
 from .wire import Event, Header, LiveHandle, NewEvent
 
@@ -64,6 +64,7 @@ class Registry:
         clock: Callable[[], int] = now_ms,
         new_id: Callable[[], str] = new_session_id,
         new_token: Callable[[], str] = new_instance_token,
+        new_call_id: Callable[[], str] = new_call_id,
         max_event_bytes: int = 1024 * 1024,
         lifecycle_maxlen: int = 1_000_000,
         wait_replicas: int = 0,
@@ -82,6 +83,7 @@ class Registry:
         self._clock = clock
         self._new_id = new_id
         self._new_token = new_token
+        self._new_call_id = new_call_id
         self._create = lua.register(redis, "create.lua")
         self._append = lua.register(redis, "append.lua")
         self._snapshot = lua.register(redis, "snapshot.lua")
@@ -131,7 +133,7 @@ class Registry:
         first = int(self._append(
             keys=[keys.session(sid), keys.session_log(sid), *self._lifecycle],
             args=[instance, events[-1].type, "" if expect_length is None else expect_length,
-                  "1" if flush else "0", self.lifecycle_maxlen, sid, self._new_token(), *payload]))
+                  "1" if flush else "0", self.lifecycle_maxlen, sid, self._new_call_id(), *payload]))
         if first == -3:
             raise LengthMoved(sid)
         self._raise_for(first, sid)

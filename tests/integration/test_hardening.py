@@ -134,8 +134,8 @@ def test_two_attempts_of_one_fan_out_give_every_child_the_same_seed(redis: Redis
 
 
 def test_a_retried_append_is_never_doubled(redis: Redis) -> None:
-    # The same call id (the instance token factory feeds it) is what a client's retry sends.
-    registry = Registry(redis, new_token=lambda: "same")
+    # The same call id is what a client's retry of one append sends.
+    registry = Registry(redis, new_call_id=lambda: "same")
     handle = registry.create("s")
     first = registry.append(handle, [NewEvent("user/message", {"n": 1})])
     again = registry.append(handle, [NewEvent("user/message", {"n": 1})])
