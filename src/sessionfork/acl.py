@@ -20,7 +20,8 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
       (``sf:s:*``), no registry script effect, no admin command.
     * residual (what key patterns cannot separate): it may ``HSET`` or ``HMGET`` any ``rq:job:*``
       hash, because RQ's script needs ``EXISTS`` and ``HSET`` there. A worker refuses every job but
-      a fork request, so a rewritten job can at worst be another fork request, and a job hash RQ
+      a fork request, so a rewritten job can at worst be another fork request; webhooks and
+      callbacks written into a job hash are dropped when a worker loads it, and a job hash RQ
       cannot parse is refused (``INVALID_REQUEST``) without stopping the worker.
 
 ``sf-worker`` (``sessionfork worker``; the queue server and the registry)
