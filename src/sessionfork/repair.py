@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import errors, rules
-from .registry import LengthMoved, Registry
+from .registry import Registry
+from .store import LengthMoved
 from .wire import Event, NewEvent
 
 INTERRUPTED_ERROR = {"name": "InterruptedError", "code": "interrupted"}
