@@ -7,12 +7,9 @@ that no node ever answered CROSSSLOT.
 
 from __future__ import annotations
 
-import multiprocessing
-import queue
 import subprocess
 import threading
 import time
-import traceback
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -30,6 +27,7 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their 
 )
 from helpers import clean_environ, cli_args, make_client, stop, turn, wait_registered, worker_name
 from msgspec import UNSET
+from racing import ctx_fixture, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
 from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, ClusterError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -328,15 +326,6 @@ def test_worker_with_a_cluster_registry_answers_a_retried_request_with_its_first
 # -- races between OS processes (spawned; each builds its own cluster client) ---------------------
 
 
-def _report(results: Any, name: str, body: Callable[[], Any]) -> None:
-    try:
-        results.put((name, "ok", body()))
-    except ForkError as exc:
-        results.put((name, "fork-error", exc))
-    except BaseException:
-        results.put((name, "crash", traceback.format_exc()))
-
-
 @contextmanager
 def _registry_at(url: str) -> Iterator[Registry]:
     client = RedisCluster.from_url(url)
@@ -352,7 +341,7 @@ def _same_child_forker(url: str, source: str, child: str, worker: int, gate: Any
             gate.wait(TIMEOUT)
             return forks.fork(registry, source, child)
 
-    _report(results, f"forker-{worker}", body)
+    report(results, f"forker-{worker}", body)
 
 
 def _turn_appender(url: str, source: str, gate: Any, results: Any) -> None:
@@ -364,7 +353,7 @@ def _turn_appender(url: str, source: str, gate: Any, results: Any) -> None:
                     registry.append(source, [event])
             return TURNS
 
-    _report(results, "appender", body)
+    report(results, "appender", body)
 
 
 def _repeated_forker(url: str, source: str, worker: int, gate: Any, results: Any) -> None:
@@ -385,7 +374,7 @@ def _repeated_forker(url: str, source: str, worker: int, gate: Any, results: Any
                     created.append(child)
             return {"created": created, "open_turns": open_turns}
 
-    _report(results, f"forker-{worker}", body)
+    report(results, f"forker-{worker}", body)
 
 
 def _tree_forker(url: str, parents: list[str], worker: int, gate: Any, results: Any) -> None:
@@ -403,49 +392,9 @@ def _tree_forker(url: str, parents: list[str], worker: int, gate: Any, results: 
                 made.append((f"{parents[0]}-w{worker}-{i}", grandchild))
             return made
 
-    _report(results, f"tree-{worker}", body)
+    report(results, f"tree-{worker}", body)
 
 
-@pytest.fixture
-def ctx() -> SpawnContext:
-    return multiprocessing.get_context("spawn")
-
-
-@pytest.fixture
-def spawned() -> Iterator[list[SpawnProcess]]:
-    processes: list[SpawnProcess] = []
-    yield processes
-    for process in processes:  # only on failure: a process that outlived the test
-        if process.is_alive():
-            process.kill()
-        process.join(TIMEOUT)
-        process.close()
-
-
-def run(ctx: SpawnContext, spawned: list[SpawnProcess],
-        jobs: Sequence[tuple[Callable[..., None], tuple[Any, ...]]]) -> dict[str, tuple[str, Any]]:
-    """Start one process per job, release them together, and collect ``name -> (status, value)``."""
-    gate = ctx.Barrier(len(jobs))
-    results = ctx.Queue()
-    for target, args in jobs:
-        process = ctx.Process(target=target, args=(*args, gate, results), daemon=True)
-        spawned.append(process)
-        process.start()
-    collected: dict[str, tuple[str, Any]] = {}
-    try:
-        for _ in jobs:  # drain before join: a child blocks on exit until its queue data is read
-            name, status, value = results.get(timeout=TIMEOUT)
-            collected[name] = (status, value)
-    except queue.Empty:
-        pytest.fail(f"processes did not report within {TIMEOUT}s; got {sorted(collected)}")
-    for process in spawned:
-        process.join(TIMEOUT)
-        assert process.exitcode == 0
-    results.close()
-    results.join_thread()
-    crashes = {name: value for name, (status, value) in collected.items() if status == "crash"}
-    assert not crashes, crashes
-    return collected
 
 
 @pytest.mark.slow

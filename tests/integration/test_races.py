@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import queue
-import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
-import pytest
+from racing import ctx_fixture, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
 from redis import Redis
 
 from sessionfork import forks
@@ -29,15 +26,6 @@ APPENDS_PER_WORKER = 150
 # -- worker bodies (module level, so that "spawn" children can import them) -------------------------
 
 
-def _report(results: Any, name: str, body: Callable[[], Any]) -> None:
-    try:
-        results.put((name, "ok", body()))
-    except ForkError as exc:
-        results.put((name, "fork-error", exc))
-    except BaseException:
-        results.put((name, "crash", traceback.format_exc()))
-
-
 def _turn_appender(port: int, source: str, gate: Any, results: Any) -> None:
     def body() -> int:
         client = Redis(port=port)
@@ -53,7 +41,7 @@ def _turn_appender(port: int, source: str, gate: Any, results: Any) -> None:
         finally:
             client.close()
 
-    _report(results, "appender", body)
+    report(results, "appender", body)
 
 
 def _repeated_forker(port: int, source: str, worker: int, gate: Any, results: Any) -> None:
@@ -78,7 +66,7 @@ def _repeated_forker(port: int, source: str, worker: int, gate: Any, results: An
         finally:
             client.close()
 
-    _report(results, f"forker-{worker}", body)
+    report(results, f"forker-{worker}", body)
 
 
 def _same_child_forker(port: int, source: str, child: str, worker: int, gate: Any, results: Any) -> None:
@@ -91,7 +79,7 @@ def _same_child_forker(port: int, source: str, child: str, worker: int, gate: An
         finally:
             client.close()
 
-    _report(results, f"forker-{worker}", body)
+    report(results, f"forker-{worker}", body)
 
 
 def _appender(port: int, session: str, worker: int, gate: Any, results: Any) -> None:
@@ -112,52 +100,7 @@ def _appender(port: int, session: str, worker: int, gate: Any, results: Any) -> 
         finally:
             client.close()
 
-    _report(results, f"appender-{worker}", body)
-
-
-# -- harness ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def ctx() -> SpawnContext:
-    return multiprocessing.get_context("spawn")
-
-
-@pytest.fixture
-def spawned() -> Iterator[list[SpawnProcess]]:
-    processes: list[SpawnProcess] = []
-    yield processes
-    for process in processes:  # only on failure: a worker that outlived the test
-        if process.is_alive():
-            process.terminate()
-        process.join(TIMEOUT)
-        process.close()
-
-
-def run(ctx: SpawnContext, spawned: list[SpawnProcess],
-        jobs: Sequence[tuple[Callable[..., None], tuple[Any, ...]]]) -> dict[str, tuple[str, Any]]:
-    """Start one process per job, release them together, and collect ``name -> (status, value)``."""
-    gate = ctx.Barrier(len(jobs))
-    results = ctx.Queue()
-    for target, args in jobs:
-        process = ctx.Process(target=target, args=(*args, gate, results), daemon=True)
-        spawned.append(process)
-        process.start()
-    collected: dict[str, tuple[str, Any]] = {}
-    try:
-        for _ in jobs:  # drain before join: a child blocks on exit until its queue data is read
-            name, status, value = results.get(timeout=TIMEOUT)
-            collected[name] = (status, value)
-    except queue.Empty:
-        pytest.fail(f"workers did not report within {TIMEOUT}s; got {sorted(collected)}")
-    for process in spawned:
-        process.join(TIMEOUT)
-        assert process.exitcode == 0
-    results.close()
-    results.join_thread()
-    crashes = {name: value for name, (status, value) in collected.items() if status == "crash"}
-    assert not crashes, crashes
-    return collected
+    report(results, f"appender-{worker}", body)
 
 
 # -- the races -------------------------------------------------------------------------------------
