@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--soak", type=float, default=60.0, help="seconds of soak at the end (0: none; --quick: 0)")
     args = parser.parse_args(argv)
     q = args.quick
-    n, n_fork_peer, lat, kids = (30, 10, 20, 20) if q else (2000, 300, 400, 1000)
+    n, n_fork_peer, lat, kids = (30, 10, 20, 200) if q else (2000, 300, 400, 1000)
     sizes = (10, 1_000, 2_000) if q else (10, 1_000, 100_000)
     rows: list[tuple[str, float, str, float | None, str]] = []
     with EmbeddedServer() as server:
