@@ -141,6 +141,11 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
                              abandoned_after=s.abandoned_after, maintenance_interval=s.maintenance_interval,
                              worker_ttl=s.worker_ttl, name=name)
     fork_worker.work(burst=burst, max_jobs=max_jobs, logging_level=log_level)
+    if not (burst or max_jobs or fork_worker.stop_signalled):
+        # RQ's loop ends on an unexpected error after logging it: say so with a failing status,
+        # so that a supervisor (systemd, compose's restart policy) starts the worker again.
+        click.echo("error: the worker loop stopped unexpectedly (see the log above)", err=True)
+        sys.exit(1)
 
 
 @cli.command()

@@ -42,6 +42,11 @@ class ResilientWorker(SimpleWorker):
 
     abandoned_after: int = 30
     _holding: bool = False  # a job may be out of the queue and not finished yet
+    stop_signalled: bool = False  # SIGTERM/SIGINT asked this worker to stop
+
+    def request_stop(self, signum: int, frame: Any) -> None:
+        self.stop_signalled = True
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
 
     def _refuse_entry(self, job_id: str, exc: Exception) -> None:
         raise NotImplementedError

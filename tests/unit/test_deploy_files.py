@@ -42,3 +42,8 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert "python3 run.py test" in readme
     assert "python3 run.py test" in ci
+
+
+def test_compose_restarts_a_worker_that_failed() -> None:
+    worker = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["worker"]
+    assert worker["restart"] == "on-failure"
