@@ -30,6 +30,27 @@ def report(results: Any, name: str, body: Callable[[], Any]) -> None:
         results.put((name, "crash", traceback.format_exc()))
 
 
+def fork_repeatedly(registry: Any, source: str, worker: int, count: int, gate: Any) -> dict[str, list[str]]:
+    """Fork ``source`` ``count`` times once ``gate`` opens; children created and those OPEN_TURN."""
+    from sessionfork import forks
+    from sessionfork.errors import ErrorCode
+
+    created: list[str] = []
+    open_turns: list[str] = []
+    gate.wait(TIMEOUT)
+    for i in range(count):
+        child = f"child-{worker}-{i}"
+        try:
+            forks.fork(registry, source, child)
+        except ForkError as exc:
+            if exc.code is not ErrorCode.OPEN_TURN:
+                raise
+            open_turns.append(child)
+        else:
+            created.append(child)
+    return {"created": created, "open_turns": open_turns}
+
+
 @pytest.fixture(name="ctx")
 def ctx_fixture() -> SpawnContext:
     return multiprocessing.get_context("spawn")

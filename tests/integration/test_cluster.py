@@ -27,7 +27,7 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their 
 )
 from helpers import clean_environ, cli_args, make_client, stop, turn, wait_registered, worker_name
 from msgspec import UNSET
-from racing import ctx_fixture, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
+from racing import ctx_fixture, fork_repeatedly, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
 from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, ClusterError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -359,20 +359,7 @@ def _turn_appender(url: str, source: str, gate: Any, results: Any) -> None:
 def _repeated_forker(url: str, source: str, worker: int, gate: Any, results: Any) -> None:
     def body() -> dict[str, list[str]]:
         with _registry_at(url) as registry:
-            created: list[str] = []
-            open_turns: list[str] = []
-            gate.wait(TIMEOUT)
-            for i in range(FORKS_PER_FORKER):
-                child = f"child-{worker}-{i}"
-                try:
-                    forks.fork(registry, source, child)
-                except ForkError as exc:
-                    if exc.code is not ErrorCode.OPEN_TURN:
-                        raise
-                    open_turns.append(child)
-                else:
-                    created.append(child)
-            return {"created": created, "open_turns": open_turns}
+            return fork_repeatedly(registry, source, worker, FORKS_PER_FORKER, gate)
 
     report(results, f"forker-{worker}", body)
 

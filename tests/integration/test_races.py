@@ -6,7 +6,7 @@ from collections.abc import Callable
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
-from racing import ctx_fixture, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
+from racing import ctx_fixture, fork_repeatedly, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
 from redis import Redis
 
 from sessionfork import forks
@@ -48,21 +48,7 @@ def _repeated_forker(port: int, source: str, worker: int, gate: Any, results: An
     def body() -> dict[str, list[str]]:
         client = Redis(port=port)
         try:
-            registry = Registry(client)
-            created: list[str] = []
-            open_turns: list[str] = []
-            gate.wait(TIMEOUT)
-            for i in range(FORKS_PER_WORKER):
-                child = f"child-{worker}-{i}"
-                try:
-                    forks.fork(registry, source, child)
-                except ForkError as exc:
-                    if exc.code is not ErrorCode.OPEN_TURN:
-                        raise
-                    open_turns.append(child)
-                else:
-                    created.append(child)
-            return {"created": created, "open_turns": open_turns}
+            return fork_repeatedly(Registry(client), source, worker, FORKS_PER_WORKER, gate)
         finally:
             client.close()
 
