@@ -22,7 +22,6 @@ from . import config, connections, jobs, wire
 from .client import Client
 from .errors import ForkError
 from .registry import Registry
-from .replies import Outcomes
 from .service import ForkService
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -48,9 +47,7 @@ class Context:
         if self._registry is None:
             shared = not self.settings.cluster and self.queue_url == self.registry_url
             client = self.queue_redis() if shared else connections.registry_client(self.settings, self.registry_url)
-            self._registry = Registry(client, max_event_bytes=self.settings.max_event_bytes,
-                                      wait_replicas=self.settings.wait_replicas,
-                                      wait_timeout_ms=self.settings.wait_timeout_ms)
+            self._registry = Registry.from_settings(client, self.settings)
         return self._registry  # type: ignore[no-any-return]
 
     def queue_redis(self) -> Any:
@@ -59,11 +56,7 @@ class Context:
         return self._queue
 
     def service(self) -> ForkService:
-        s = self.settings
-        return ForkService(self.registry(), Outcomes(self.queue_redis(), ttl=s.outcome_ttl,
-                                                     stream_maxlen=s.outcome_stream_maxlen),
-                           reply_channel=s.reply_channel, max_request_bytes=s.max_request_bytes,
-                           max_fanout=s.max_fanout, max_id_length=s.max_id_length)
+        return ForkService.from_settings(self.registry(), self.queue_redis(), self.settings)
 
 
 def clean_errors(fn: F) -> F:

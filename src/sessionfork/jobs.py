@@ -18,7 +18,6 @@ from rq.job import get_current_job as _current_job
 
 from .config import Settings, from_environ
 from .registry import Registry
-from .replies import Outcomes
 from .service import ForkService
 from .wire import Reply
 
@@ -96,11 +95,6 @@ def fork(payload: str) -> Reply:
     if job is None:
         raise RuntimeError("sessionfork.jobs.fork runs only inside an RQ job")
     # An entry point (RQ calls it): the only place here that may read the environment.
-    s = from_environ(os.environ)
-    service = ForkService(
-        Registry(job.connection, max_event_bytes=s.max_event_bytes),
-        Outcomes(job.connection, ttl=s.outcome_ttl, stream_maxlen=s.outcome_stream_maxlen),
-        reply_channel=s.reply_channel, max_request_bytes=s.max_request_bytes, max_fanout=s.max_fanout,
-        max_id_length=s.max_id_length,
-    )
+    settings = from_environ(os.environ)
+    service = ForkService.from_settings(Registry.from_settings(job.connection, settings), job.connection, settings)
     return service.handle(payload, job.id, final_attempt=is_final_attempt(job))

@@ -14,6 +14,7 @@ from msgspec import UNSET
 from redis.exceptions import NoScriptError
 
 from . import errors, keys, lua, rules, wire
+from .config import Settings
 from .snapshots import ForkPlan, Snapshot, parse_snapshot
 from .store import SessionRef, SessionStore, split_ref
 from .wire import Event, Header
@@ -23,6 +24,12 @@ __all__ = ["Registry", "SessionRef"]
 
 class Registry(SessionStore):
     """The session registry: create, append, read, dispose (``SessionStore``) and fork steps."""
+
+    @classmethod
+    def from_settings(cls, redis: Any, settings: Settings) -> Registry:
+        """A registry on ``redis`` with the limits and replication wait of ``settings``."""
+        return cls(redis, max_event_bytes=settings.max_event_bytes, wait_replicas=settings.wait_replicas,
+                   wait_timeout_ms=settings.wait_timeout_ms)
 
     # -- the two atomic steps of a fork ----------------------------------------------------------
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
 from redis.exceptions import NoScriptError
 
 from . import errors, rules, wire
+from .config import Settings
 from .connections import TRANSIENT
 from .errors import ErrorCode, ForkError
 from .factories import new_session_id, now_ms
@@ -47,6 +49,14 @@ class ForkService:
         self.max_id_length = max_id_length
         self._new_id = new_id
         self._monotonic = monotonic
+
+    @classmethod
+    def from_settings(cls, registry: Registry, queue_redis: Any, settings: Settings) -> ForkService:
+        """A service on ``registry`` whose outcomes live on ``queue_redis``, limits from ``settings``."""
+        outcomes = Outcomes(queue_redis, ttl=settings.outcome_ttl, stream_maxlen=settings.outcome_stream_maxlen)
+        return cls(registry, outcomes, reply_channel=settings.reply_channel,
+                   max_request_bytes=settings.max_request_bytes, max_fanout=settings.max_fanout,
+                   max_id_length=settings.max_id_length)
 
     def parse(self, payload: str | bytes, job_id: str) -> ForkRequest:
         """Decode and validate a request; ``INVALID_REQUEST`` naming the field otherwise."""

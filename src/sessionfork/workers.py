@@ -21,7 +21,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from rq import Queue
 from rq.exceptions import AbandonedJobError, DeserializationError
@@ -38,7 +38,6 @@ from .resilience import ResilientWorker
 from .service import ForkService
 from .wire import ForkFailure, Reply
 
-T = TypeVar("T")
 log = logging.getLogger("sessionfork.worker")
 
 
@@ -72,15 +71,13 @@ class ForkWorker(ResilientWorker):
         (a WATCH loop and several round trips) is not needed; failures take RQ's own path.
         """
         try:
-            payload = _payload(job)
-        except _Refused as refused:
-            self._until_up(lambda: self.prepare_execution(job))
-            self._until_up(lambda: self.prepare_job_execution(job, len(self.queues) == 1))
-            self._refuse(job, queue, queue.started_job_registry, str(refused))
-            self._until_up(lambda: super(ForkWorker, self).set_state(WorkerStatus.IDLE))
-            self._holding = False
-            return
-        try:
+            try:
+                payload = _payload(job)
+            except _Refused as refused:
+                self._until_up(lambda: self._start(job, queue))
+                self._refuse(job, queue, queue.started_job_registry, str(refused))
+                self._until_up(lambda: super(ForkWorker, self).set_state(WorkerStatus.IDLE))
+                return
             self._run(job, queue, payload)
         finally:
             self._holding = False
@@ -113,18 +110,9 @@ class ForkWorker(ResilientWorker):
         self._until_up(lambda: self._finish(job))
         self._observe(job.id, payload, reply, time.perf_counter() - began)
 
-    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
-        # RQ's version, minus the process title that would deserialize a refused job's payload.
-        with self.connection.pipeline() as pipe:
-            self.set_current_job_id(job.id, pipeline=pipe)
-            ttl = self.get_heartbeat_ttl(job)
-            super().heartbeat(ttl, pipeline=pipe)
-            job.prepare_for_execution(self.name, pipeline=pipe)
-            if remove_from_intermediate_queue:
-                pipe.lrem(Queue(job.origin, connection=self.connection).intermediate_queue_key, 1, job.id)
-            pipe.execute()
-
     def _start(self, job: Job, queue: Queue) -> None:
+        # RQ's prepare_execution and prepare_job_execution in one pipeline; it never reads the
+        # job's payload, so a refused job goes through it too.
         ttl = self.get_heartbeat_ttl(job)
         with self.connection.pipeline() as pipe:
             self.execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
