@@ -53,7 +53,7 @@ def main(argv: list[str]) -> int:
     if task in {"demo", "worker"}:
         return run(py, "-m", "sessionfork", task, *rest)
     if task == "bench":
-        return run(py, "-m", "sessionfork.bench", *rest)
+        return run(py, "-m", "bench.main", *rest)
     for step in ([str(BIN / "ruff"), "check", "src", "tests", "worker", "run.py"], [str(BIN / "mypy")]):
         code = run(*step)
         if code:

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 from redis import Redis
 
+from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.registry import Registry
 
 
 @pytest.fixture(scope="session")

@@ -3,11 +3,11 @@
 The public API is what ``__all__`` lists; everything else is private and may change.
 """
 
-from .errors import ErrorCode, ForkError
-from .forks import fork, snapshot
-from .registry import Registry
-from .snapshots import Snapshot
-from .wire import Event, Header, LiveHandle, NewEvent, SeedMeta
+from .core.errors import ErrorCode, ForkError
+from .core.forks import fork, snapshot
+from .core.registry import Registry
+from .core.snapshots import Snapshot
+from .core.wire import Event, Header, LiveHandle, NewEvent, SeedMeta
 
 __all__ = [
     "ErrorCode",

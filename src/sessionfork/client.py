@@ -1,79 +1,8 @@
-"""What a scheduler imports: submit fork requests, and wait for their replies.
+"""The scheduler client, public home: ``from sessionfork.client import Client``.
 
-    client = Client(Redis.from_url("redis://localhost:6379/0"))
-    reply = client.fork("sess-a", session_id="child-1", timeout=5)
-    if reply.ok: print(reply.session.id)
-
-A request id (given, or generated as ``req-<uuid4>``) makes a submission idempotent: submitting
-it again, or retrying after a time-out, never forks twice and always answers the first outcome.
+Importing it loads the queue side's client only: no worker, no fork service.
 """
 
-from __future__ import annotations
+from .queue.client import Client
 
-from collections.abc import Callable
-
-import msgspec
-from msgspec import UNSET
-from redis import Redis
-
-from . import jobs, rules, wire
-from .config import Settings
-from .factories import new_request_id
-from .replies import wait_for_reply
-from .wire import ForkRequest, LiveHandle, Reply
-
-
-class Client:
-    """A scheduler's handle on the fork queue (``redis`` is the queue server)."""
-
-    def __init__(self, redis: Redis, settings: Settings | None = None, *,
-                 new_id: Callable[[], str] = new_request_id) -> None:
-        self.redis = redis
-        self.settings = settings or Settings()
-        self.queue = jobs.make_queue(redis, self.settings)
-        self._new_id = new_id
-
-    def request(self, source: str | LiveHandle, *, session_id: str | None = None,
-                session_ids: list[str] | None = None, count: int | None = None,
-                request_id: str | None = None, reply_to: str | None = None) -> ForkRequest:
-        """Build a request (a generated request id when none is given); ``INVALID_REQUEST`` for a
-        request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id)."""
-        if request_id is not None:
-            rules.check_request_id(request_id)
-        return ForkRequest(
-            source=source, request_id=request_id or self._new_id(),
-            session_id=UNSET if session_id is None else session_id,
-            session_ids=UNSET if session_ids is None else session_ids,
-            count=UNSET if count is None else count,
-            reply_to=UNSET if reply_to is None else reply_to,
-        )
-
-    def submit(self, request: ForkRequest) -> str:
-        """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op."""
-        if request.request_id is UNSET:
-            request = msgspec.structs.replace(request, request_id=self._new_id())
-        assert isinstance(request.request_id, str)
-        rules.check_request_id(request.request_id)
-        jobs.enqueue(self.queue, wire.encode(request), request.request_id, self.settings)
-        return request.request_id
-
-    def wait(self, request: ForkRequest, timeout: float) -> Reply:
-        """The reply to a submitted request; ``TimeoutError`` when none comes within ``timeout`` s.
-
-        A request id used before for a different request answers ``IDEMPOTENCY_CONFLICT``.
-        """
-        assert isinstance(request.request_id, str), "submit() the request first"
-        channel = self.settings.reply_channel if request.reply_to is UNSET else request.reply_to
-        reply = wait_for_reply(self.redis, request.request_id, channel, timeout, digest=wire.digest(request))
-        if reply is None:
-            raise TimeoutError(f"no reply to request {request.request_id} within {timeout}s")
-        return reply
-
-    def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
-             session_ids: list[str] | None = None, count: int | None = None,
-             request_id: str | None = None, reply_to: str | None = None) -> Reply:
-        """Submit a fork request and wait for its reply."""
-        request = self.request(source, session_id=session_id, session_ids=session_ids, count=count,
-                               request_id=request_id, reply_to=reply_to)
-        self.submit(request)
-        return self.wait(request, timeout)
+__all__ = ["Client"]

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 import pytest
 from redis.cluster import RedisCluster
 
+from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedCluster, EmbeddedServer, wait_until
-from sessionfork.registry import Registry
 
 START_TIMEOUT = 60.0
 

@@ -15,19 +15,19 @@ import msgspec
 from redis import Redis
 from rq import SimpleWorker
 
-from sessionfork import keys, wire
-from sessionfork.client import Client
-from sessionfork.config import Settings
+from sessionfork.core import keys, wire
+from sessionfork.core.config import Settings
+from sessionfork.core.wire import NewEvent, Reply
 from sessionfork.embedded import wait_until
-from sessionfork.wire import NewEvent, Reply
-from sessionfork.workers import fresh_workers
+from sessionfork.queue.client import Client
+from sessionfork.queue.jobs import fresh_workers
 
 WORKER_ENV: Mapping[str, str] = {
     "SESSIONFORK_ABANDONED_AFTER": "2",
     "SESSIONFORK_MAINTENANCE_INTERVAL": "1",
     "SESSIONFORK_WORKER_TTL": "20",
 }
-"""Short recovery timings for test workers (see ``sessionfork.config.ENV``)."""
+"""Short recovery timings for test workers (see ``sessionfork.core.config.ENV``)."""
 
 SETTINGS = Settings(abandoned_after=2, maintenance_interval=1, worker_ttl=20)
 """The settings the test workers run with, for the test side's clients and queues."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from sessionfork.errors import ForkError
+from sessionfork.core.errors import ForkError
 
 TIMEOUT = 60.0
 
@@ -32,8 +32,8 @@ def report(results: Any, name: str, body: Callable[[], Any]) -> None:
 
 def fork_repeatedly(registry: Any, source: str, worker: int, count: int, gate: Any) -> dict[str, list[str]]:
     """Fork ``source`` ``count`` times once ``gate`` opens; children created and those OPEN_TURN."""
-    from sessionfork import forks
-    from sessionfork.errors import ErrorCode
+    from sessionfork.core import forks
+    from sessionfork.core.errors import ErrorCode
 
     created: list[str] = []
     open_turns: list[str] = []

@@ -1,4 +1,4 @@
-"""Least-privilege ACL users (``sessionfork.acl``): the whole flow runs under them, and each role
+"""Least-privilege ACL users (``sessionfork.ops.acl``): the whole flow runs under them, and each role
 is refused (NOPERM) outside its part of the key space and command set."""
 
 from __future__ import annotations
@@ -18,12 +18,13 @@ from helpers import SETTINGS, clean_environ, cli_args, make_client, stop, turn, 
 from redis import Redis
 from redis.exceptions import NoPermissionError
 
-from sessionfork import acl, keys
-from sessionfork.config import Settings
+from sessionfork.core import keys
+from sessionfork.core.config import Settings
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import ForkResult, Header, NewEvent, Reply
 from sessionfork.embedded import EmbeddedServer, wait_until
-from sessionfork.persist import JsonlBackend
-from sessionfork.registry import Registry
-from sessionfork.wire import ForkResult, Header, NewEvent, Reply
+from sessionfork.ops import acl
+from sessionfork.ops.persist import JsonlBackend
 
 PASSWORDS = {acl.SCHEDULER: "scheduler-secret", acl.WORKER: "worker-secret", acl.HOST: "host-secret",
              acl.PERSIST: "persist-secret"}

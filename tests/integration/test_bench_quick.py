@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from sessionfork import bench
+from bench import main as bench
 
 
 @pytest.mark.slow

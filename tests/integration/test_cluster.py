@@ -33,13 +33,14 @@ from redis.exceptions import ClusterDownError, ClusterError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from sessionfork import forks, keys, lineage
-from sessionfork.client import Client
+from sessionfork.core import forks, keys
+from sessionfork.core.errors import ErrorCode, ForkError
+from sessionfork.core.lua import NotReplicated
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import Event, ForkFailure, ForkResult, Header, LiveHandle, NewEvent
 from sessionfork.embedded import EmbeddedCluster, EmbeddedServer, wait_until
-from sessionfork.errors import ErrorCode, ForkError
-from sessionfork.lua import NotReplicated
-from sessionfork.registry import Registry
-from sessionfork.wire import Event, ForkFailure, ForkResult, Header, LiveHandle, NewEvent
+from sessionfork.ops import lineage
+from sessionfork.queue.client import Client
 
 TIMEOUT = 60.0
 SAME_CHILD_FORKERS = 6

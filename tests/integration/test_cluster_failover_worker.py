@@ -9,10 +9,10 @@ from cluster_fixtures import running_cluster
 from helpers import clean_environ, cli_args, make_client, stop, turn, wait_registered, worker_name
 from redis.cluster import RedisCluster
 
-from sessionfork import keys
+from sessionfork.core import keys
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import ForkResult
 from sessionfork.embedded import EmbeddedServer, wait_until
-from sessionfork.registry import Registry
-from sessionfork.wire import ForkResult
 
 TIMEOUT = 60.0
 BEFORE, AFTER = 20, 20

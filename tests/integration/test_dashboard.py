@@ -13,13 +13,13 @@ import pytest
 from redis import Redis
 
 from sessionfork import NewEvent, Registry
-from sessionfork.dashboard import compute_stats, format_line, read_outcomes
+from sessionfork.core.factories import now_ms
+from sessionfork.core.wire import Reply
 from sessionfork.embedded import EmbeddedServer, free_port
-from sessionfork.factories import now_ms
-from sessionfork.metrics import JsonFormatter, Observer
-from sessionfork.replies import Outcomes
-from sessionfork.service import ForkService
-from sessionfork.wire import Reply
+from sessionfork.ops.metrics import JsonFormatter, Observer
+from sessionfork.ops.stats import compute_stats, format_line, read_outcomes
+from sessionfork.queue.outcomes import Outcomes
+from sessionfork.queue.service import ForkService
 
 
 def service(redis: Redis, registry: Registry) -> ForkService:

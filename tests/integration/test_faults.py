@@ -34,13 +34,14 @@ from rq import SimpleWorker
 from rq.job import Job
 from rq.registry import StartedJobRegistry
 
-from sessionfork import jobs, keys
-from sessionfork.client import Client
-from sessionfork.config import Settings
-from sessionfork.connections import queue_client
+from sessionfork.core import keys
+from sessionfork.core.config import Settings
+from sessionfork.core.connections import queue_client
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import ForkRequest, ForkResult, Header
 from sessionfork.embedded import EmbeddedServer, wait_until
-from sessionfork.registry import Registry
-from sessionfork.wire import ForkRequest, ForkResult, Header
+from sessionfork.queue import jobs
+from sessionfork.queue.client import Client
 
 pytestmark = pytest.mark.slow
 
@@ -324,9 +325,10 @@ def test_worker_rides_out_dropped_connections(own_server: EmbeddedServer, rds: R
 
 DIES_AFTER_DEQUEUE = """
 import os, signal, sys
-from sessionfork import config, jobs
-from sessionfork.cli import Context
-from sessionfork.workers import ForkWorker
+from sessionfork.core import config
+from sessionfork.queue import jobs
+from sessionfork.cli.app import Context
+from sessionfork.queue.worker import ForkWorker
 
 url, name, signame = sys.argv[1:4]
 

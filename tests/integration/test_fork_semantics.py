@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from redis import Redis
 
-from sessionfork import forks, keys
-from sessionfork.errors import ErrorCode, ForkError
-from sessionfork.registry import Registry, SessionRef
-from sessionfork.wire import Event, Header, LiveHandle, NewEvent, SeedMeta
+from sessionfork.core import forks, keys
+from sessionfork.core.errors import ErrorCode, ForkError
+from sessionfork.core.registry import Registry, SessionRef
+from sessionfork.core.wire import Event, Header, LiveHandle, NewEvent, SeedMeta
 
 NOW = 1_700_000_000_000
 

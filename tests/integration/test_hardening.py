@@ -13,14 +13,15 @@ import pytest
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from sessionfork import ErrorCode, ForkError, LiveHandle, NewEvent, Registry, jobs
-from sessionfork.client import Client
-from sessionfork.config import Settings
+from sessionfork import ErrorCode, ForkError, LiveHandle, NewEvent, Registry
+from sessionfork.core.config import Settings
+from sessionfork.core.wire import ForkFailure, ForkResult
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.replies import Outcomes, wait_for_reply
-from sessionfork.service import ForkService
-from sessionfork.wire import ForkFailure, ForkResult
-from sessionfork.workers import ForkWorker
+from sessionfork.queue import jobs
+from sessionfork.queue.client import Client
+from sessionfork.queue.outcomes import Outcomes, wait_for_reply
+from sessionfork.queue.service import ForkService
+from sessionfork.queue.worker import ForkWorker
 
 TURN = [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})]
 

@@ -28,16 +28,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis import Redis
 
-from sessionfork import jobs, keys, rules
-from sessionfork.client import Client
-from sessionfork.config import Settings
+from sessionfork.core import keys, rules
+from sessionfork.core.config import Settings
+from sessionfork.core.errors import ErrorCode, ForkError
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import ForkFailure, ForkResult, Header
 from sessionfork.embedded import EmbeddedServer, wait_until
-from sessionfork.errors import ErrorCode, ForkError
-from sessionfork.registry import Registry
-from sessionfork.replies import Outcomes, wait_for_reply
-from sessionfork.service import ForkService
-from sessionfork.wire import ForkFailure, ForkResult, Header
-from sessionfork.workers import fresh_workers
+from sessionfork.queue import jobs
+from sessionfork.queue.client import Client
+from sessionfork.queue.jobs import fresh_workers
+from sessionfork.queue.outcomes import Outcomes, wait_for_reply
+from sessionfork.queue.service import ForkService
 
 SETTINGS = Settings()
 LIMIT = SETTINGS.max_request_bytes

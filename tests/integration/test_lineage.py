@@ -8,9 +8,10 @@ import sys
 
 from redis import Redis
 
-from sessionfork import NewEvent, Registry, fork, keys
+from sessionfork import NewEvent, Registry, fork
+from sessionfork.core import keys
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.lineage import lineage, render_mermaid, render_text
+from sessionfork.ops.lineage import lineage, render_mermaid, render_text
 
 
 def family(registry: Registry) -> None:

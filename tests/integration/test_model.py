@@ -18,10 +18,10 @@ from hypothesis.stateful import (
 )
 from redis import Redis
 
-from sessionfork import errors, forks
-from sessionfork.errors import ForkError
-from sessionfork.registry import Registry, SessionRef
-from sessionfork.wire import UNSET, Header, LiveHandle, NewEvent, SeedMeta
+from sessionfork.core import errors, forks
+from sessionfork.core.errors import ForkError
+from sessionfork.core.registry import Registry, SessionRef
+from sessionfork.core.wire import UNSET, Header, LiveHandle, NewEvent, SeedMeta
 
 IDS = [f"s{i}" for i in range(8)]
 REQUESTS = [None, "r0", "r1"]

@@ -14,11 +14,11 @@ import pytest
 from helpers import kill, stop, turn
 from redis import Redis
 
-from sessionfork import keys, wire
+from sessionfork.core import keys, wire
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import NewEvent
 from sessionfork.embedded import EmbeddedServer, wait_until
-from sessionfork.persist import JsonlBackend, path_for
-from sessionfork.registry import Registry
-from sessionfork.wire import NewEvent
+from sessionfork.ops.persist import JsonlBackend, path_for
 
 GROUP = "persist"
 Factory = Callable[..., JsonlBackend]
@@ -354,8 +354,8 @@ BACKEND = """
 import logging, sys
 from pathlib import Path
 from redis import Redis
-from sessionfork.persist import JsonlBackend
-from sessionfork.registry import Registry
+from sessionfork.ops.persist import JsonlBackend
+from sessionfork.core.registry import Registry
 logging.basicConfig(level=logging.WARNING)
 port, root = int(sys.argv[1]), Path(sys.argv[2])
 JsonlBackend(Registry(Redis(port=port)), root, consumer="killed", block_ms=100, batch=20).run()

@@ -9,11 +9,11 @@ from typing import Any
 from racing import ctx_fixture, fork_repeatedly, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
 from redis import Redis
 
-from sessionfork import forks
+from sessionfork.core import forks
+from sessionfork.core.errors import ErrorCode, ForkError
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import Header, NewEvent
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.errors import ErrorCode, ForkError
-from sessionfork.registry import Registry
-from sessionfork.wire import Header, NewEvent
 
 TIMEOUT = 60.0
 TURNS = 40

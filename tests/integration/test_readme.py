@@ -9,8 +9,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from sessionfork import config
-from sessionfork.cli import cli
+from sessionfork.cli.app import cli
+from sessionfork.core import config
 from sessionfork.embedded import EmbeddedServer
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()

@@ -9,7 +9,7 @@ import pytest
 
 from sessionfork import ErrorCode, ForkError, NewEvent, Registry, fork
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.repair import repair
+from sessionfork.ops.repair import repair
 
 
 def crashed(registry: Registry, sid: str) -> None:

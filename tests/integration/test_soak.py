@@ -1,4 +1,4 @@
-"""The soak run (``sessionfork.soak``): 4 worker processes, 2 schedulers and 2 appenders for 4 s on
+"""The soak run (``bench.soak``): 4 worker processes, 2 schedulers and 2 appenders for 4 s on
 their own server; each test checks one property of the one run's report."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from bench.soak import SoakReport, run_soak
 
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.soak import SoakReport, run_soak
 
 SECONDS = 4.0
 WORKERS = 4

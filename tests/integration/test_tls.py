@@ -23,11 +23,11 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.retry import Retry
 
-from sessionfork.config import Settings
-from sessionfork.connections import queue_client
+from sessionfork.core.config import Settings
+from sessionfork.core.connections import queue_client
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import ForkResult, Header
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.registry import Registry
-from sessionfork.wire import ForkResult, Header
 
 _CHUNK = 64 * 1024
 

@@ -35,13 +35,14 @@ from redis import Redis
 from redis.client import PubSub
 from rq.job import Job, JobStatus
 
-from sessionfork import jobs, keys
-from sessionfork.client import Client
-from sessionfork.config import Settings
+from sessionfork.core import keys
+from sessionfork.core.config import Settings
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import ChildError, ForkFailure, ForkResult, LiveHandle, Reply
 from sessionfork.embedded import EmbeddedServer, wait_until
-from sessionfork.registry import Registry
-from sessionfork.replies import wait_for_reply
-from sessionfork.wire import ChildError, ForkFailure, ForkResult, LiveHandle, Reply
+from sessionfork.queue import jobs
+from sessionfork.queue.client import Client
+from sessionfork.queue.outcomes import wait_for_reply
 
 TIMEOUT = 10.0
 ID_RULE = "expected 1-128 characters from [A-Za-z0-9._:-]"

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from sessionfork.cli import cli
+from sessionfork.cli.app import cli
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.workers import ForkWorker
+from sessionfork.queue.worker import ForkWorker
 
 
 def run_worker(server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch, signalled: bool) -> int:

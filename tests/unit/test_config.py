@@ -2,7 +2,7 @@
 
 import pytest
 
-from sessionfork import config
+from sessionfork.core import config
 
 
 def test_defaults_without_environment() -> None:

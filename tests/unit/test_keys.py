@@ -1,11 +1,11 @@
-"""Golden values of the key schema (``sessionfork.keys``): these strings are a storage contract."""
+"""Golden values of the key schema (``sessionfork.core.keys``): these strings are a storage contract."""
 
 from __future__ import annotations
 
 import pytest
 from redis.cluster import key_slot
 
-from sessionfork import keys
+from sessionfork.core import keys
 
 IDS = ["a", "s1", "session-3f2b8c1e-0000-4000-8000-000000000000", "A.b_c:d-e", "x" * 128]
 

@@ -27,7 +27,7 @@ def test_only_job_and_worker_modules_import_rq() -> None:
 
 
 def test_importing_the_package_does_not_import_rq() -> None:
-    code = "import sys, sessionfork, sessionfork.forks; print(any(m.split('.')[0] == 'rq' for m in sys.modules))"
+    code = "import sys, sessionfork, sessionfork.core.forks; print(any(m.split('.')[0] == 'rq' for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -1,4 +1,4 @@
-"""JSONL paths (``sessionfork.persist``) against the original harness's vectors, plus the segment's contract."""
+"""JSONL paths (``sessionfork.ops.persist``) against the original harness's vectors, plus the segment's contract."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from msgspec import UNSET
 
-from sessionfork.persist import directory, path_for, segment
-from sessionfork.wire import Header
+from sessionfork.core.wire import Header
+from sessionfork.ops.persist import directory, path_for, segment
 
 VECTORS: dict[str, Any] = json.loads((Path(__file__).parent.parent / "data" / "jsonl-paths.json").read_text("utf-8"))
 

@@ -9,10 +9,10 @@ from typing import Any
 import fakeredis
 import pytest
 
-from sessionfork import forks, keys
-from sessionfork.errors import ErrorCode, ForkError
-from sessionfork.registry import Registry
-from sessionfork.wire import Header, LiveHandle, NewEvent, SeedMeta
+from sessionfork.core import forks, keys
+from sessionfork.core.errors import ErrorCode, ForkError
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import Header, LiveHandle, NewEvent, SeedMeta
 
 TURN = [NewEvent("turn/start"), NewEvent("user/message", {"text": "hi"}), NewEvent("turn/end")]
 

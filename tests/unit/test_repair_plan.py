@@ -2,8 +2,8 @@
 
 from typing import Any
 
-from sessionfork.repair import plan_repair
-from sessionfork.wire import Event
+from sessionfork.core.wire import Event
+from sessionfork.ops.repair import plan_repair
 
 
 def log(*events: tuple[str, Any]) -> list[Event]:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sessionfork import rules
-from sessionfork.errors import ErrorCode, ForkError
+from sessionfork.core import rules
+from sessionfork.core.errors import ErrorCode, ForkError
 
 ID_ALPHABET = string.ascii_letters + string.digits + "._:-"
 

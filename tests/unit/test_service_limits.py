@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from sessionfork.errors import ErrorCode, ForkError
-from sessionfork.service import ForkService
+from sessionfork.core.errors import ErrorCode, ForkError
+from sessionfork.queue.service import ForkService
 
 
 def service(**limits: Any) -> ForkService:

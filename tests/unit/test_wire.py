@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sessionfork import wire
-from sessionfork.errors import ErrorCode, ForkError
-from sessionfork.wire import Event, Header, LiveHandle, NewEvent, SeedMeta
+from sessionfork.core import wire
+from sessionfork.core.errors import ErrorCode, ForkError
+from sessionfork.core.wire import Event, Header, LiveHandle, NewEvent, SeedMeta
 
 EVENT_KEYS = {"type", "seq", "time", "data"}
 

@@ -1,0 +1,1 @@
+"""Benchmark, soak and measurement tooling (not installed)."""

@@ -1,0 +1,87 @@
+"""The benchmark: ``python -m bench.main [--quick] [--soak SECONDS] [--out DIR]`` (``make bench``).
+
+Runs on a throwaway server it starts, and measures in the same run the peers every figure is
+compared with: RQ's default ``Worker`` and RQ's ``SimpleWorker`` draining no-op jobs, and a bare
+Redis round trip (PING). Prints a markdown table, then a soak report; writes the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.measure import fork_cost, fork_throughput, latency, noop, ping, round_trips, rq_peer
+from sessionfork.embedded import EmbeddedServer
+
+__all__ = ["main", "noop"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.main", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that it runs, not speed")
+    parser.add_argument("--out", default="bench-results", help="directory for bench.json")
+    parser.add_argument("--soak", type=float, default=60.0, help="seconds of soak at the end (0: none; --quick: 0)")
+    args = parser.parse_args(argv)
+    q = args.quick
+    n, n_fork_peer, lat, kids = (30, 10, 20, 200) if q else (2000, 300, 400, 1000)
+    sizes = (10, 1_000, 2_000) if q else (10, 1_000, 100_000)
+    rows: list[tuple[str, float, str, float | None, str]] = []
+    with EmbeddedServer() as server:
+        def step(label: str, fn: Callable[[], Any]) -> Any:
+            print(f"… {label}", file=sys.stderr, flush=True)
+            return fn()
+
+        pings = step("PING round trips", lambda: ping(server, n * 5))
+        simple = step("RQ SimpleWorker no-op", lambda: rq_peer(server, "simple", n))
+        forking = step("RQ Worker no-op", lambda: rq_peer(server, "worker", n_fork_peer))
+        single = step("sessionfork single forks", lambda: fork_throughput(server, n))
+        rows.append(("single-fork requests/s (1 worker)", single, "RQ SimpleWorker no-op jobs/s", simple, "≥ 0.9"))
+        rows.append(("single-fork requests/s (1 worker)", single, "RQ Worker no-op jobs/s", forking, "≥ 4"))
+        p50, p99 = step("latency", lambda: latency(server, lat))
+        rows.append(("enqueue→reply p50 ms (idle)", p50, "PING ms", 1000 / pings, ""))
+        rows.append(("enqueue→reply p99 ms (idle)", p99, "PING ms", 1000 / pings, "< 5 ms"))
+        costs = {size: step(f"fork cost, {size}-event parent", lambda s=size: fork_cost(server, s, kids))  # type: ignore[misc]
+                 for size in sizes}
+        base_us, _ = costs[sizes[0]]
+        for size, (us, mem) in costs.items():
+            rows.append((f"fork µs, {size}-event parent", us, f"fork µs, {sizes[0]}-event parent", base_us,
+                         "≤ 1.5" if size == sizes[-1] else ""))
+            rows.append((f"Redis bytes/child, {size}-event parent", mem, "limit bytes", 2048.0, "≤ 1"))
+        fan_requests = 5 if q else 100
+        fan = step("fan-out 64", lambda: fork_throughput(server, fan_requests, count=64)) * 64
+        rows.append(("fan-out children/s (64 per request)", fan, "target children/s", 10_000.0, "≥ 1"))
+        ours_rt, simple_rt = step("round trips", lambda: round_trips(server, 50 if q else 500))
+        rows.append(("Redis round trips per job, worker side", ours_rt, "RQ SimpleWorker per no-op job", simple_rt,
+                     ""))
+        for w in (1, 2, 4):
+            rate = step(f"{w} worker(s)", lambda w=w: fork_throughput(server, n, workers=w))  # type: ignore[misc]
+            rows.append((f"single-fork requests/s, {w} worker process(es)", rate, "RQ SimpleWorker no-op jobs/s",
+                         simple, ""))
+        soak = None
+        if args.soak > 0 and not q:
+            from bench.soak import run_soak
+
+            server.client().execute_command("FLUSHALL", "SYNC")  # type: ignore[no-untyped-call]
+            soak = step(f"soak, {args.soak:.0f} s", lambda: run_soak(server.url, seconds=args.soak))
+    print("| figure | sessionfork | baseline | baseline value | ratio | bar |")
+    print("|---|---:|---|---:|---:|---|")
+    for label, value, base_label, base, bar in rows:
+        ratio = f"{value / base:.2f}" if base else ""
+        print(f"| {label} | {value:,.1f} | {base_label} | {base:,.1f} | {ratio} | {bar} |")
+    if soak is not None:
+        print(f"\nsoak ({args.soak:.0f} s, 4 workers, 2 schedulers, 2 appenders):\n{soak.render()}")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    figures = [{"figure": r[0], "value": r[1], "baseline": r[2], "baselineValue": r[3],
+                "ratio": (r[1] / r[3]) if r[3] else None, "bar": r[4]} for r in rows]
+    (out / "bench.json").write_text(json.dumps({"quick": q, "figures": figures, "ping_per_s": pings}, indent=2))
+    print(f"\nfigures written to {out / 'bench.json'}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""The benchmark's measurements, each on a throwaway server it is given (see ``bench``).
+
+Peers (RQ's own workers on no-op jobs, PING) and sessionfork's figures are measured the same
+way: real worker processes, the scheduler's side timing enqueue → completion.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from redis import Redis
+from redis.connection import AbstractConnection
+from rq import Queue
+from rq.registry import FinishedJobRegistry
+
+from sessionfork.core import forks
+from sessionfork.core.config import Settings
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import NewEvent
+from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.queue.client import Client
+
+
+def noop() -> None:
+    """The peers' job: nothing at all."""
+
+
+def _turn(n: int) -> list[NewEvent]:
+    return [NewEvent("turn/start", {"turn": n}), NewEvent("user/message", {"text": "x" * 40}),
+            NewEvent("assistant/message", {"text": "y" * 80}), NewEvent("turn/end", {"turn": n})]
+
+
+def _session_with(registry: Registry, sid: str, events: int) -> None:
+    handle = registry.create(sid)
+    batch: list[NewEvent] = []
+    for n in range(events // 4):
+        batch.extend(_turn(n))
+        if len(batch) >= 4000:
+            registry.append(handle, batch)
+            batch = []
+    if batch:
+        registry.append(handle, batch)
+
+
+_RQ_WORKER = """
+import sys
+from redis import Redis
+from redis.connection import AbstractConnection
+from rq import Queue, SimpleWorker, Worker
+cls = {"worker": Worker, "simple": SimpleWorker}[sys.argv[2]]
+r = Redis.from_url(sys.argv[1])
+cls([Queue("peer", connection=r)], connection=r, name=sys.argv[3]).work(logging_level="ERROR")
+"""
+
+
+def _start(args: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def _workers_up(redis: Redis, names: list[str]) -> bool:
+    found = {(k.decode() if isinstance(k, bytes) else k).rsplit(":", 1)[-1] for k in redis.smembers("rq:workers")}
+    return set(names) <= found
+
+
+def _fresh(server: EmbeddedServer) -> Redis:
+    """A client on an emptied server (FLUSHALL SYNC: a lazy flush would skew memory figures)."""
+    redis = server.client()
+    redis.execute_command("FLUSHALL", "SYNC")  # type: ignore[no-untyped-call]
+    return redis
+
+
+def rq_peer(server: EmbeddedServer, kind: str, jobs: int) -> float:
+    """No-op jobs per second drained by RQ's own ``Worker``/``SimpleWorker`` (enqueue → done)."""
+    redis = _fresh(server)
+    proc = _start([sys.executable, "-c", _RQ_WORKER, server.url, kind, f"peer-{kind}"])
+    try:
+        wait_until(lambda: _workers_up(redis, [f"peer-{kind}"]), 30, f"rq {kind} worker")
+        queue = Queue("peer", connection=redis)
+        finished = FinishedJobRegistry("peer", connection=redis)
+        began = time.perf_counter()
+        for _ in range(jobs):
+            queue.enqueue("bench.measure.noop")
+        wait_until(lambda: finished.count >= jobs, 300, "rq peer jobs", interval=0.002)
+        return jobs / (time.perf_counter() - began)
+    finally:
+        _stop([proc])
+
+
+def _fork_workers(server: EmbeddedServer, n: int) -> tuple[list[subprocess.Popen[bytes]], Redis]:
+    redis = server.client()
+    names = [f"fork-{i}-{time.monotonic_ns()}" for i in range(n)]
+    procs = [_start([sys.executable, "-m", "sessionfork", "--redis-url", server.url, "worker",
+                     "--name", name, "--log-level", "ERROR"]) for name in names]
+    wait_until(lambda: _workers_up(redis, names), 30, "sessionfork workers")
+    return procs, redis
+
+
+def fork_throughput(server: EmbeddedServer, requests: int, workers: int = 1, count: int | None = None) -> float:
+    """Fork requests per second, enqueue → every reply read by the scheduler."""
+    _fresh(server)
+    registry = Registry(server.client())
+    _session_with(registry, "bench-src", 12)
+    procs, redis = _fork_workers(server, workers)
+    try:
+        client = Client(redis, Settings())
+        replies = 0
+        done = threading.Event()
+        pubsub = server.client().pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub.subscribe(Settings().reply_channel)
+
+        def listen() -> None:
+            nonlocal replies
+            while replies < requests:
+                if pubsub.get_message(timeout=1.0):
+                    replies += 1
+            done.set()
+
+        listener = threading.Thread(target=listen, daemon=True)
+        listener.start()
+        began = time.perf_counter()
+        for i in range(requests):
+            client.submit(client.request("bench-src", session_id=None if count else f"c-{i}", count=count))
+        if not done.wait(300):
+            raise TimeoutError("benchmark replies did not all arrive")
+        elapsed = time.perf_counter() - began
+        pubsub.close()
+        return requests / elapsed
+    finally:
+        _stop(procs)
+
+
+def latency(server: EmbeddedServer, samples: int) -> tuple[float, float]:
+    """Enqueue → reply latency (ms) on an idle worker: p50, p99."""
+    _fresh(server)
+    registry = Registry(server.client())
+    _session_with(registry, "bench-src", 12)
+    procs, redis = _fork_workers(server, 1)
+    try:
+        client = Client(redis, Settings())
+        times = []
+        for _ in range(samples):
+            t = time.perf_counter()
+            reply = client.fork("bench-src", timeout=10)
+            times.append((time.perf_counter() - t) * 1000)
+            assert reply.ok, reply
+        q = statistics.quantiles(times, n=100)
+        return statistics.median(times), q[98]
+    finally:
+        _stop(procs)
+
+
+def fork_cost(server: EmbeddedServer, events: int, children: int) -> tuple[float, float]:
+    """Median µs per fork (registry only) and Redis bytes per child, for a parent of ``events``."""
+    redis = _fresh(server)
+    registry = Registry(redis)
+    _session_with(registry, "parent", events)
+    for i in range(50):  # warm up: script cache, connection, the keyspace's first growth
+        forks.fork(registry, "parent", f"warm-{i}")
+    before = _dataset_bytes(redis)
+    times = []
+    for i in range(children):
+        t = time.perf_counter()
+        forks.fork(registry, "parent", f"child-{i}")
+        times.append((time.perf_counter() - t) * 1e6)
+    per_child = (_dataset_bytes(redis) - before) / children
+    return statistics.median(times), per_child
+
+
+def _dataset_bytes(redis: Redis) -> int:
+    """``used_memory`` less client buffers (which come and go with each reply, not with children)."""
+    info = redis.info("memory")
+    return int(info["used_memory"]) - int(info.get("mem_clients_normal", 0))
+
+
+def round_trips(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
+    """Redis round trips per job, worker side: a ``ForkWorker`` fork job, a ``SimpleWorker`` no-op.
+
+    Counted in-process, as commands (or pipelines) written to a socket during a burst.
+    """
+    from rq import SimpleWorker
+
+    from sessionfork.cli.app import Context
+    from sessionfork.queue.worker import ForkWorker
+
+    sent = {"n": 0}
+    original = AbstractConnection.send_packed_command
+
+    def counting(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+        sent["n"] += 1
+        original(self, command, check_health)  # type: ignore[no-untyped-call]
+
+    def per_job(run: Callable[[], Any]) -> float:
+        sent["n"] = 0
+        AbstractConnection.send_packed_command = counting  # type: ignore[method-assign]
+        try:
+            run()
+        finally:
+            AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
+        return sent["n"] / jobs
+
+    redis = _fresh(server)
+    queue = Queue("peer", connection=redis)
+    for _ in range(jobs):
+        queue.enqueue("bench.measure.noop")
+    simple = SimpleWorker([queue], connection=redis)
+    simple_rt = per_job(lambda: simple.work(burst=True, logging_level="ERROR"))
+    settings = Settings(redis_url=server.url)
+    context = Context(settings)
+    _session_with(context.registry(), "bench-src", 12)
+    client = Client(context.queue_redis(), settings)
+    for i in range(jobs):
+        client.submit(client.request("bench-src", session_id=f"c-{i}"))
+    service = context.service()
+    worker = ForkWorker([client.queue], service=service, connection=service.outcomes.redis, abandoned_after=30)
+    return per_job(lambda: worker.work(burst=True, logging_level="ERROR")), simple_rt
+
+
+def ping(server: EmbeddedServer, n: int) -> float:
+    redis = server.client()
+    t = time.perf_counter()
+    for _ in range(n):
+        redis.ping()
+    return n / (time.perf_counter() - t)

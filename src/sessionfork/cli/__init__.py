@@ -1,0 +1,24 @@
+"""The ``sessionfork`` command line: the click group (``app``) and its commands, one module per family.
+
+An entry point: the only package that reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from . import admin, queue_commands
+from .app import cli
+
+__all__ = ["cli", "main"]
+_COMMANDS = (admin, queue_commands)  # importing them registers their commands on ``cli``
+
+
+def main() -> None:
+    """Console entry point: settings from the process environment."""
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cli(obj=dict(os.environ), prog_name="sessionfork")
+
+

@@ -1,0 +1,131 @@
+"""The operators' commands: tree, repair, events, stats, persist, acl (registered on ``cli``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from ..core import wire
+from .app import Context, clean_errors, cli
+
+
+@cli.command()
+@click.argument("session_id")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "mermaid"]), default="text", show_default=True)
+@click.pass_obj
+@clean_errors
+def tree(obj: Context, session_id: str, fmt: str) -> None:
+    """Show SESSION_ID's ancestors and all its descendants."""
+    from ..ops import lineage
+
+    found = lineage.lineage(obj.registry(), session_id)
+    if fmt == "json":
+        click.echo(wire.encode(found).decode())
+    elif fmt == "mermaid":
+        click.echo(lineage.render_mermaid(found))
+    else:
+        click.echo(lineage.render_text(found))
+
+
+@cli.command()
+@click.argument("session_id")
+@click.pass_obj
+@clean_errors
+def repair(obj: Context, session_id: str) -> None:
+    """Close the turn a crashed host left open, so the session forks again."""
+    from ..ops.repair import repair as close_open_turn
+
+    added = close_open_turn(obj.registry(), session_id)
+    if not added:
+        click.echo(f"{session_id}: balanced, nothing to repair")
+        return
+    click.echo(f"{session_id}: appended {len(added)} event(s), seq {added[0].seq}..{added[-1].seq}: "
+               + ", ".join(e.type for e in added))
+
+
+@cli.command()
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new outcomes as they come.")
+@click.option("--new", "only_new", is_flag=True, help="Skip the outcomes already in the stream.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@click.pass_obj
+@clean_errors
+def events(obj: Context, follow: bool, only_new: bool, as_json: bool) -> None:
+    """Print the outcome stream, one line per outcome (code coloured on a terminal)."""
+    from ..ops.stats import format_line, read_outcomes
+
+    style = click.style if sys.stdout.isatty() and not as_json else None
+    with contextlib.suppress(KeyboardInterrupt):
+        for outcome in read_outcomes(obj.queue_redis(), start="$" if only_new else "-", follow=follow or only_new):
+            click.echo(wire.encode(outcome).decode() if as_json else format_line(outcome, style))
+
+
+@cli.command()
+@click.option("--window", type=int, default=3600, show_default=True, help="Seconds to look back.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+@clean_errors
+def stats(obj: Context, window: int, as_json: bool) -> None:
+    """Counts per outcome code and run-time percentiles over a window."""
+    from ..core.factories import now_ms
+    from ..ops.stats import compute_stats, render_stats
+
+    result = compute_stats(obj.queue_redis(), window, now_ms())
+    click.echo(wire.encode(result).decode() if as_json else render_stats(result))
+
+
+@cli.command()
+@click.option("--root", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory of the JSONL files.")
+@click.option("--consumer", help="Consumer name in the group (default: host name and pid).")
+@click.option("--group", default="persist", show_default=True, help="Consumer group on sf:lifecycle.")
+@click.option("--sync", "sync_ids", multiple=True, help="Bring these sessions' files up to date, then exit.")
+@click.option("--log-level", default="INFO", show_default=True)
+@click.pass_obj
+@clean_errors
+def persist(obj: Context, root: Path, consumer: str | None, group: str, sync_ids: tuple[str, ...],
+            log_level: str) -> None:
+    """Write sessions as the original harness's JSONL files, from the lifecycle stream (SIGTERM stops)."""
+    from ..ops.metrics import configure_logging
+    from ..ops.persist import JsonlBackend
+
+    configure_logging("text", log_level)
+    root.mkdir(parents=True, exist_ok=True)  # an unusable root is one clear error now, not later
+    name = consumer or f"{socket.gethostname()}-{os.getpid()}"
+    backend = JsonlBackend(obj.registry(), root, group=group, consumer=name)
+    if sync_ids:
+        for sid in sync_ids:
+            click.echo(f"{sid}: {backend.sync(sid)} event(s) written")
+        return
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    handled = backend.run(stop)
+    click.echo(f"persist stopped after {handled} lifecycle entries", err=True)
+
+
+@cli.command()
+@click.option("--password", "passwords", multiple=True, metavar="USER=PASSWORD",
+              help="A user's password (repeatable); users without one get a generated password.")
+@click.pass_obj
+@clean_errors
+def acl(obj: Context, passwords: tuple[str, ...]) -> None:
+    """Print Redis ACL SETUSER commands for the roles (scheduler, worker, host, persist)."""
+    from ..ops import acl as rules
+
+    given = dict(p.split("=", 1) for p in passwords if "=" in p)
+    unknown = set(given) - set(rules.USERS)
+    if unknown or len(given) != len(passwords):
+        raise click.UsageError(f"--password takes USER=PASSWORD with USER among {', '.join(rules.USERS)}")
+    for user in rules.USERS:
+        if user not in given:
+            given[user] = secrets.token_urlsafe(24)
+            click.echo(f"# generated password for {user}: {given[user]}", err=True)
+    click.echo(rules.render(rules.acl_rules(obj.settings, given)), nl=False)

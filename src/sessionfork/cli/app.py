@@ -1,0 +1,101 @@
+"""The ``sessionfork`` command line (click). An entry point: the only place that reads os.environ.
+
+Every command answers a bad id, a missing session or an unreachable server with one clear line on
+stderr and a non-zero exit status, never a traceback. Exit status: 0 ok, 1 an error outcome,
+2 bad usage or settings, 3 Redis unreachable, 4 timed out, 5 a file system error.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from redis.exceptions import RedisError
+
+from ..core import config, connections
+from ..core.errors import ForkError
+from ..core.registry import Registry
+from ..queue.service import ForkService
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Context:
+    """What the group's options give every command: settings, and clients made on demand."""
+
+    def __init__(self, settings: config.Settings) -> None:
+        self.settings = settings
+        self._queue: Any = None
+        self._registry: Any = None
+
+    @property
+    def registry_url(self) -> str:
+        return self.settings.redis_url or "redis://127.0.0.1:6379/0"
+
+    @property
+    def queue_url(self) -> str:
+        return self.settings.queue_url or self.registry_url
+
+    def registry(self) -> Registry:
+        if self._registry is None:
+            shared = not self.settings.cluster and self.queue_url == self.registry_url
+            client = self.queue_redis() if shared else connections.registry_client(self.settings, self.registry_url)
+            self._registry = Registry.from_settings(client, self.settings)
+        return self._registry  # type: ignore[no-any-return]
+
+    def queue_redis(self) -> Any:
+        if self._queue is None:
+            self._queue = connections.queue_client(self.settings, self.queue_url)
+        return self._queue
+
+    def service(self) -> ForkService:
+        return ForkService.from_settings(self.registry(), self.queue_redis(), self.settings)
+
+
+def clean_errors(fn: F) -> F:
+    """Turn expected failures into one line on stderr and an exit status."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ForkError as exc:
+            click.echo(f"error: {exc.code.value}: {exc.message}", err=True)
+            sys.exit(1)
+        except config.ConfigError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except RedisError as exc:
+            click.echo(f"error: Redis unreachable or failing: {type(exc).__name__}: {exc}", err=True)
+            sys.exit(3)
+        except TimeoutError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(4)
+        except OSError as exc:  # after TimeoutError, one of its subclasses: e.g. persist's --root
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(5)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group()
+@click.option("--redis-url", help="Registry server URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0).")
+@click.option("--queue-url", help="Queue server URL (default: $SESSIONFORK_QUEUE_URL, else the registry's).")
+@click.option("--cluster/--no-cluster", default=None, help="The registry is a Redis Cluster.")
+@click.option("--tls-ca-file", help="CA bundle for rediss:// URLs.")
+@click.option("--queue", "queue_name", help="RQ queue name (default: sessionfork).")
+@click.option("--reply-channel", help="Default reply channel (default: sf:replies).")
+@click.pass_context
+def cli(ctx: click.Context, redis_url: str | None, queue_url: str | None, cluster: bool | None,
+        tls_ca_file: str | None, queue_name: str | None, reply_channel: str | None) -> None:
+    """Fork live AI-agent sessions from a Redis queue."""
+    environ = ctx.obj if isinstance(ctx.obj, dict) else {}
+    try:
+        settings = config.from_environ(environ, redis_url=redis_url, queue_url=queue_url, cluster=cluster,
+                                       tls_ca_file=tls_ca_file, queue=queue_name, reply_channel=reply_channel)
+    except config.ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    ctx.obj = Context(settings)

@@ -1,0 +1,124 @@
+"""``sessionfork demo``: every outcome of the service, end to end, on a real server and worker.
+
+Starts an embedded Redis-compatible server (unless a URL is given) and a ``sessionfork worker``
+process, creates sessions in every state, sends forks that show each outcome, prints each reply
+event and the resulting lineage, and stops everything it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+
+import msgspec
+
+from ..core import wire
+from ..core.config import Settings
+from ..core.connections import queue_client, registry_client
+from ..core.registry import Registry
+from ..core.wire import LiveHandle, NewEvent
+from ..embedded import EmbeddedServer, wait_until
+from ..ops import lineage
+from ..queue.client import Client
+
+Echo = Callable[[str], None]
+
+
+def _turn(n: int, reason: str = "completed") -> list[NewEvent]:
+    return [
+        NewEvent("turn/start", {"turn": n, "trigger": "user"}),
+        NewEvent("user/message", {"text": f"question {n}"}),
+        NewEvent("assistant/message", {"text": f"answer {n}"}),
+        NewEvent("turn/end", {"turn": n, "reason": {"kind": reason}}),
+    ]
+
+
+@contextlib.contextmanager
+def _server(settings: Settings) -> Iterator[Settings]:
+    if settings.redis_url:
+        yield settings
+        return
+    with EmbeddedServer() as server:
+        yield msgspec.structs.replace(settings, redis_url=server.url)
+
+
+@contextlib.contextmanager
+def _worker(settings: Settings, echo: Echo) -> Iterator[subprocess.Popen[bytes]]:
+    args = [sys.executable, "-m", "sessionfork", "--redis-url", str(settings.redis_url),
+            "--queue", settings.queue, "worker", "--name", f"demo-{uuid.uuid4().hex[:8]}",
+            "--log-level", "WARNING"]
+    if settings.queue_url:
+        args[3:3] = ["--queue-url", settings.queue_url]
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+    echo(f"started worker pid {proc.pid}")
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+        echo(f"worker stopped on SIGTERM, exit status {code}")
+
+
+class DemoFailed(RuntimeError):
+    """An outcome other than the one the walkthrough shows: the demo checks itself."""
+
+
+def run_demo(settings: Settings, *, echo: Echo) -> None:
+    """Run the walkthrough; ``DemoFailed`` on an unexpected outcome."""
+    with _server(settings) as s:
+        echo(f"registry and queue: {s.redis_url}" + ("" if settings.redis_url else " (embedded)"))
+        registry = Registry(registry_client(s, str(s.redis_url)))
+        client = Client(queue_client(s, s.queue_url or str(s.redis_url)), s)
+        tag = uuid.uuid4().hex[:6]
+
+        def sid(name: str) -> str:
+            return f"demo-{tag}-{name}"
+
+        parent = registry.create(sid("parent"), cwd="/workspace")
+        registry.append(parent, _turn(1))
+        registry.append(registry.create(sid("open")), _turn(1)[:2])
+        registry.dispose(registry.create(sid("gone")))
+        echo(f"sessions: {sid('parent')} (1 turn done), {sid('open')} (turn open), {sid('gone')} (disposed)")
+
+        with _worker(s, echo):
+            wait_until(lambda: _worker_up(client, s), 30, "the worker to register")
+
+            def show(title: str, expect: str, reply: wire.Reply) -> wire.Reply:
+                code = reply.code if isinstance(reply, wire.ForkFailure) else "ok"
+                echo(f"\n# {title} -> {code}\n{wire.encode(reply).decode()}")
+                if code != expect:
+                    raise DemoFailed(f"demo expected {expect}, got {code}")
+                return reply
+
+            show("fork a finished turn", "ok", client.fork(sid("parent"), session_id=sid("child")))
+            registry.append(sid("child"), _turn(2))
+            show("fork of a fork", "ok", client.fork(sid("child"), session_id=sid("grandchild")))
+            show("fork inside an open turn", "OPEN_TURN", client.fork(sid("open")))
+            show("fork of a disposed session", "SESSION_NOT_FOUND", client.fork(sid("gone")))
+            show("fork with a stale live handle", "SESSION_NOT_LIVE",
+                 client.fork(LiveHandle(sid("parent"), "stale-instance")))
+            show("fork into an existing id", "SESSION_ALREADY_EXISTS",
+                 client.fork(sid("parent"), session_id=sid("child")))
+            show("invalid child id", "INVALID_REQUEST", client.fork(sid("parent"), session_id="not valid!"))
+            first = client.fork(sid("parent"), request_id=f"demo-{tag}-retry")
+            again = show("idempotent retry (same request id)", "ok",
+                         client.fork(sid("parent"), request_id=f"demo-{tag}-retry"))
+            if again != first:
+                raise DemoFailed("idempotent retry returned a different outcome")
+            echo("  (same child as the first attempt: nothing new was created)")
+            show("fan-out: 3 children from one snapshot", "ok", client.fork(sid("child"), count=3))
+
+        echo("\n# lineage of " + sid("parent"))
+        echo(lineage.render_text(lineage.lineage(registry, sid("parent"))))
+        if settings.redis_url:
+            echo(f"\n(the demo sessions stay in {settings.redis_url}: ids start with demo-{tag}-)")
+
+
+def _worker_up(client: Client, settings: Settings) -> bool:
+    from ..queue.jobs import fresh_workers
+
+    return bool(fresh_workers(client.redis, settings))

@@ -1,0 +1,109 @@
+"""The queue-side commands: worker, fork, health, demo (registered on ``cli``)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+import msgspec
+
+from ..core import wire
+from ..queue import jobs
+from ..queue.client import Client
+from .app import Context, clean_errors, cli
+
+
+@cli.command()
+@click.option("--burst", is_flag=True, help="Quit when the queue is empty.")
+@click.option("--name", help="Worker name (default: RQ's).")
+@click.option("--max-jobs", type=int, help="Quit after this many jobs.")
+@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: one object per line, with request id, source, child, code, duration.")
+@click.option("--metrics-port", type=int, help="Serve Prometheus metrics on this port.")
+@click.pass_obj
+@clean_errors
+def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, log_level: str,
+           log_format: str, metrics_port: int | None) -> None:
+    """Run a fork worker until SIGTERM (finishes the fork in hand, then exits 0)."""
+    from ..ops.metrics import Observer, configure_logging
+    from ..queue.worker import ForkWorker
+
+    configure_logging(log_format, log_level)
+    s = obj.settings
+    service = obj.service()
+    queue_redis = service.outcomes.redis
+    queue_redis.ping()
+    queue = jobs.make_queue(queue_redis, s)
+    observer = Observer(queue_depth=lambda: queue.count)
+    if metrics_port is not None:
+        observer.serve(metrics_port)
+    fork_worker = ForkWorker([queue], service=service, connection=queue_redis, on_outcome=observer,
+                             abandoned_after=s.abandoned_after, maintenance_interval=s.maintenance_interval,
+                             worker_ttl=s.worker_ttl, name=name)
+    fork_worker.work(burst=burst, max_jobs=max_jobs, logging_level=log_level)
+    if not (burst or max_jobs or fork_worker.stop_signalled):
+        # RQ's loop ends on an unexpected error after logging it: say so with a failing status,
+        # so that a supervisor (systemd, compose's restart policy) starts the worker again.
+        click.echo("error: the worker loop stopped unexpectedly (see the log above)", err=True)
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("source")
+@click.option("--instance", help="Fork only this live instance of SOURCE (a live handle).")
+@click.option("--session-id", help="The child's id (default: generated).")
+@click.option("--session-ids", help="Fan-out: comma-separated child ids.")
+@click.option("--count", type=int, help="Fan-out: this many children with generated ids.")
+@click.option("--request-id", help="Idempotency key (default: generated).")
+@click.option("--reply-to", help="Reply channel for this request.")
+@click.option("--wait", "wait_s", type=float, default=10.0, show_default=True,
+              help="Seconds to wait for the reply; 0 = enqueue only and print the request id.")
+@click.pass_obj
+@clean_errors
+def fork(obj: Context, source: str, instance: str | None, session_id: str | None, session_ids: str | None,
+         count: int | None, request_id: str | None, reply_to: str | None, wait_s: float) -> None:
+    """Enqueue a fork of SOURCE and print the reply event as JSON (exit 1 on an error code)."""
+    client = Client(obj.queue_redis(), obj.settings)
+    src: str | wire.LiveHandle = wire.LiveHandle(source, instance) if instance else source
+    request = client.request(src, session_id=session_id, count=count, request_id=request_id, reply_to=reply_to,
+                             session_ids=session_ids.split(",") if session_ids else None)
+    request_id = client.submit(request)
+    if wait_s <= 0:
+        click.echo(wire.encode({"requestId": request_id, "queued": True}).decode())
+        return
+    reply = client.wait(request, wait_s)
+    click.echo(wire.encode(reply).decode())
+    sys.exit(0 if reply.ok else 1)
+
+
+@cli.command()
+@click.pass_obj
+@clean_errors
+def health(obj: Context) -> None:
+    """Exit 0 when a worker of the queue has a fresh heartbeat, 1 otherwise."""
+    from ..queue.jobs import fresh_workers
+
+    names = fresh_workers(obj.queue_redis(), obj.settings)
+    if not names:
+        click.echo(f"unhealthy: no worker with a fresh heartbeat on queue {obj.settings.queue!r}", err=True)
+        sys.exit(1)
+    click.echo(f"ok: {len(names)} worker(s): {', '.join(sorted(names))}")
+
+
+@cli.command()
+@click.option("--redis-url", "demo_url", help="Use this server instead of starting an embedded one.")
+@click.pass_obj
+@clean_errors
+def demo(obj: Context, demo_url: str | None) -> None:
+    """Walk through every outcome on an embedded server (or --redis-url), then stop what it started."""
+    from .demo import DemoFailed, run_demo
+
+    settings = obj.settings if demo_url is None else msgspec.structs.replace(obj.settings, redis_url=demo_url)
+    try:
+        run_demo(settings, echo=click.echo)
+    except DemoFailed as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+

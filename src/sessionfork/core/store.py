@@ -1,0 +1,248 @@
+"""Sessions in Redis: create, append, read, dispose (the registry's base; ``registry`` adds forks).
+
+Every read and write of the session layout (see ``keys``) goes through ``registry.Registry``. Each
+atomic step touches the keys of one session only (one hash slot), so the registry runs unchanged
+on a single server or a Redis Cluster.
+
+Seeds are kept by reference: a forked child's record lists the ancestor log slices it inherits
+(immutable, since logs are append-only), so a fork costs the same whatever the parent's length and
+a child uses memory only for its own events. Reading resolves the references in one pipelined
+round trip after the record is read.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from msgspec import UNSET
+from redis import Redis
+from redis.cluster import RedisCluster
+
+from ..core import errors, keys, lua, rules, wire
+from .factories import new_call_id, new_instance_token, new_session_id, now_ms
+from .snapshots import decode_segments
+from .wire import Event, Header, LiveHandle, NewEvent
+
+SessionRef: TypeAlias = "str | LiveHandle"
+"""A session named by id (any live instance) or by live handle (that instance only)."""
+
+
+_LINEAGE_CACHE = 4096  # sessions whose seed references a registry remembers (they never change)
+
+
+def split_ref(ref: SessionRef) -> tuple[str, str]:
+    """``(id, instance)`` of a session reference (instance ``""``: any live one), ids checked."""
+    if isinstance(ref, LiveHandle):
+        if not ref.instance:  # "" means "any live instance" to the scripts: never from a handle
+            raise errors.invalid(f"live handle of {ref.id!r} has an empty instance token")
+        return rules.check_id(ref.id), ref.instance
+    return rules.check_id(ref), ""
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    header: Header
+    length: int
+    seed_length: int
+    segments: tuple[tuple[str, int, int], ...]
+
+
+class SessionStore:
+    """Sessions on one Redis connection (a ``Redis`` or a ``RedisCluster``); see ``Registry``.
+
+    ``clock`` returns Unix epoch milliseconds; ``new_id``, ``new_token`` and ``new_call_id`` make
+    session ids, instance tokens and append-call ids. All are injected so tests can pin them.
+    """
+
+    def __init__(
+        self,
+        redis: Redis | RedisCluster,
+        *,
+        clock: Callable[[], int] = now_ms,
+        new_id: Callable[[], str] = new_session_id,
+        new_token: Callable[[], str] = new_instance_token,
+        new_call_id: Callable[[], str] = new_call_id,
+        max_event_bytes: int = 1024 * 1024,
+        lifecycle_maxlen: int = 1_000_000,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
+    ) -> None:
+        self.redis = redis
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
+        self.max_event_bytes = max_event_bytes
+        self.lifecycle_maxlen = lifecycle_maxlen
+        # On a single server the scripts append lifecycle events atomically with their change; on
+        # a cluster the stream lives in another slot, so the registry appends them right after.
+        self._cluster = isinstance(redis, RedisCluster)
+        self._lineages: OrderedDict[str, tuple[int, tuple[tuple[str, int, int], ...]]] = OrderedDict()
+        self._lifecycle = [] if self._cluster else [keys.LIFECYCLE_STREAM]
+        self._clock = clock
+        self._new_id = new_id
+        self._new_token = new_token
+        self._new_call_id = new_call_id
+        self._create = lua.register(redis, "create.lua")
+        self._append = lua.register(redis, "append.lua")
+        self._snapshot = lua.register(redis, "snapshot.lua")
+        self._dispose = lua.register(redis, "dispose.lua")
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def create(self, session_id: str | None = None, *, cwd: str | None = None) -> LiveHandle:
+        """Create a live session; raises ``SESSION_ALREADY_EXISTS`` if the id was ever used."""
+        sid = rules.check_id(session_id) if session_id is not None else self._new_id()
+        header = Header(version=wire.HEADER_VERSION, id=sid, created_at=self._clock(),
+                        cwd=UNSET if cwd is None else cwd)
+        token = self._new_token()
+        raw = wire.encode_header(header)
+        created = self._create(keys=[keys.session(sid), *self._lifecycle],
+                               args=[raw, token, 0, 0, "[]", "", "", self.lifecycle_maxlen, sid])
+        if created is None:
+            raise errors.already_exists(sid)
+        if self._cluster:
+            self._emit(self.redis, "session/created", sid, 0)
+        return LiveHandle(sid, token)
+
+    def append(self, session: SessionRef, events: Sequence[NewEvent], *,
+               expect_length: int | None = None, time_ms: int | None = None) -> list[Event]:
+        """Append events to a live session; returns them with their ``seq`` and ``time``.
+
+        Concurrent appenders never produce a gap or a duplicate seq (the script assigns the
+        positions). A batch holding a ``turn/end`` emits ``session/flush``. With
+        ``expect_length``, nothing is appended unless the log has exactly that many events
+        (``LengthMoved``). Raises ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, and
+        ``INVALID_REQUEST`` for an event over ``max_event_bytes``.
+        """
+        sid, instance = split_ref(session)
+        if not events:
+            live = self.instance(sid)
+            if live is None:
+                raise errors.not_found(sid)
+            if instance and live != instance:
+                raise errors.not_live(sid)
+            return []
+        ts = self._clock() if time_ms is None else time_ms
+        payload = [wire.encode_stored_event(e, ts) for e in events]
+        for i, raw in enumerate(payload):
+            if len(raw) > self.max_event_bytes:
+                raise errors.invalid(f"event {i} is {len(raw)} bytes, over the limit of {self.max_event_bytes}")
+        flush = any(e.type == rules.TURN_END for e in events)
+        first = int(self._append(
+            keys=[keys.session(sid), keys.session_log(sid), *self._lifecycle],
+            args=[instance, events[-1].type, "" if expect_length is None else expect_length,
+                  "1" if flush else "0", self.lifecycle_maxlen, sid, self._new_call_id(), *payload]))
+        if first == -3:
+            raise LengthMoved(sid)
+        self._raise_for(first, sid)
+        if flush and self._cluster:
+            self._emit(self.redis, "session/flush", sid, first + len(events))
+        return [Event(e.type, first + i, ts, e.data, dict(e.extra)) for i, e in enumerate(events)]
+
+    def dispose(self, session: SessionRef) -> None:
+        """End the live incarnation; header and events stay readable, the id is never reused."""
+        sid, instance = split_ref(session)
+        status = int(self._dispose(keys=[keys.session(sid), *self._lifecycle],
+                                   args=[instance, self.lifecycle_maxlen, sid]))
+        self._raise_for(status, sid)
+        if self._cluster:
+            self._emit(self.redis, "session/disposed", sid, self.length(sid))
+
+    def flush(self, session_id: str) -> None:
+        """Emit ``session/flush`` on demand: persistence backends write what they miss."""
+        sid = rules.check_id(session_id)
+        self.header(sid)  # SESSION_NOT_FOUND for an id never created
+        self._emit(self.redis, "session/flush", sid, self.length(sid))
+
+    def _emit(self, client: Any, kind: str, sid: str, length: int) -> None:
+        client.xadd(keys.LIFECYCLE_STREAM, {"type": kind, "id": sid, "len": length},
+                    maxlen=self.lifecycle_maxlen, approximate=True)
+
+    @staticmethod
+    def _raise_for(status: int, sid: str) -> None:
+        if status == -1:
+            raise errors.not_found(sid)
+        if status == -2:
+            raise errors.not_live(sid)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def header(self, session_id: str) -> Header:
+        """The header of a session, live or disposed; ``SESSION_NOT_FOUND`` if never created."""
+        sid = rules.check_id(session_id)
+        raw = self.redis.hget(keys.session(sid), "header")
+        if raw is None:
+            raise errors.not_found(sid)
+        return wire.decode_header(raw)
+
+    def instance(self, session_id: str) -> str | None:
+        """The live instance token, or ``None`` when the session is not live."""
+        raw = self.redis.hget(keys.session(rules.check_id(session_id)), "instance")
+        return None if raw is None else wire.text(raw)
+
+    def length(self, session_id: str) -> int:
+        raw = self.redis.hget(keys.session(rules.check_id(session_id)), "len")
+        return 0 if raw is None else int(raw)
+
+    def exists(self, session_id: str) -> bool:
+        return bool(self.redis.exists(keys.session(rules.check_id(session_id))))
+
+    def events(self, session_id: str, start: int = 0, stop: int | None = None) -> list[Event]:
+        """Events with ``start <= seq < stop`` (the whole log by default), inherited seed included.
+
+        One pipelined round trip for all the slices, whatever the depth of the lineage; the first
+        read of a session also reads its record (its seed references never change, so they are
+        remembered).
+        """
+        sid = rules.check_id(session_id)
+        known = self._lineages.get(sid)
+        if known is None:
+            record = self._record(sid)
+            known = (record.seed_length, record.segments)
+            self._lineages[sid] = known
+            if len(self._lineages) > _LINEAGE_CACHE:
+                self._lineages.popitem(last=False)
+        return self._read(sid, known[1], known[0], max(start, 0), stop)
+
+    def children(self, session_id: str) -> list[str]:
+        """Ids of the sessions forked from this one, sorted."""
+        members = self.redis.smembers(keys.session_children(rules.check_id(session_id)))
+        return sorted(wire.text(m) for m in members)
+
+    def _record(self, sid: str) -> _Record:
+        header, length, seed_length, seed = self.redis.hmget(
+            keys.session(sid), ["header", "len", "seedlen", "seed"]
+        )
+        if header is None or length is None or seed_length is None or seed is None:
+            raise errors.not_found(sid)
+        return _Record(wire.decode_header(header), int(length), int(seed_length),
+                       decode_segments(seed))
+
+    def _read(self, sid: str, segments: Sequence[tuple[str, int, int]], seed_length: int,
+              start: int, stop: int | None) -> list[Event]:
+        # Walk the log's pieces (ancestor slices, then the own log) and fetch the overlap of each
+        # with [start, stop) in one pipeline; ancestor slices are immutable, so no lock is needed.
+        # ``stop=None`` reads the own log to its end, whatever its length now.
+        plan: list[tuple[str, int, int, int]] = []  # (log owner, first index, last index, first seq)
+        seq = 0
+        for owner, lo, hi in segments:
+            a, b = max(start, seq), seq + hi - lo if stop is None else min(stop, seq + hi - lo)
+            if a < b:
+                plan.append((owner, lo + a - seq, lo + b - seq - 1, a))
+            seq += hi - lo
+        first = max(start, seed_length)
+        if stop is None or first < stop:
+            plan.append((sid, first - seed_length, -1 if stop is None else stop - seed_length - 1, first))
+        pipe = self.redis.pipeline(transaction=False)
+        for owner, first, last, _ in plan:
+            pipe.lrange(keys.session_log(owner), first, last)
+        out: list[Event] = []
+        for (_, _, _, first_seq), raws in zip(plan, pipe.execute(), strict=True):
+            out.extend(wire.decode_stored_event(raw, first_seq + i) for i, raw in enumerate(raws))
+        return out
+
+
+class LengthMoved(Exception):
+    """``append(expect_length=...)`` found the log at another length: re-read and try again."""

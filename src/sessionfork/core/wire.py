@@ -1,0 +1,210 @@
+"""Every type that crosses Redis, the queue or the CLI, as msgspec Structs; decoders built once.
+
+Wire names are camelCase (``createdAt``, ``parentSession``); optional keys are absent, never
+null. Schema growth: new fields go last and carry a default. Requests reject unknown fields;
+events keep them (``Event.extra``) so that every field of the original harness round-trips.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Final
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from ..core import errors
+
+HEADER_VERSION: Final = 0
+_EVENT_KEYS: Final = frozenset({"type", "seq", "time", "data"})
+
+
+class Header(msgspec.Struct, rename="camel", frozen=True):
+    """A session header: ``{version, id, createdAt, cwd?, parentSession?, seedLength?}``."""
+
+    version: int
+    id: str
+    created_at: int
+    cwd: str | UnsetType = UNSET
+    parent_session: str | UnsetType = UNSET
+    seed_length: int | UnsetType = UNSET
+
+
+class LiveHandle(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    """A live incarnation of a session: its id and the instance token it was created with."""
+
+    id: str
+    instance: str
+
+
+class NewEvent(msgspec.Struct, frozen=True):
+    """An event to append; the registry assigns ``seq`` and ``time``.
+
+    ``extra`` holds fields beyond ``type``/``data`` (``sourceEventSeqs``, ``surfaceOp``, ...); they
+    are stored and returned verbatim.
+    """
+
+    type: str
+    data: Any = None
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.type, str) or not self.type:
+            raise errors.invalid("event type must be a non-empty string")
+        clash = _EVENT_KEYS.intersection(self.extra)
+        if clash:
+            raise errors.invalid(f"event extra fields may not redefine {sorted(clash)}")
+
+
+class Event(msgspec.Struct):
+    """A logged event ``{type, seq, time, data, ...extra}``; ``time`` is Unix epoch milliseconds."""
+
+    type: str
+    seq: int
+    time: int
+    data: Any = None
+    extra: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class SeedMeta(msgspec.Struct, rename="camel", frozen=True):
+    """Lineage of a snapshot: what a child forked from it records in its header."""
+
+    parent_session: str
+    seed_length: int
+    cwd: str | UnsetType = UNSET
+
+
+_json = msgspec.json.Encoder()
+_body_decoder = msgspec.json.Decoder(dict[str, Any])
+_header_decoder = msgspec.json.Decoder(Header)
+
+
+def encode_stored_event(event: NewEvent, time_ms: int) -> bytes:
+    """The bytes kept in a session log: the event without ``seq`` (it is the position).
+
+    ``INVALID_REQUEST`` when its data or extra fields are not JSON.
+    """
+    try:
+        return _json.encode({"type": event.type, "time": time_ms, "data": event.data, **event.extra})
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise errors.invalid(f"event {event.type!r} is not JSON: {exc}") from None
+
+
+def decode_stored_event(raw: bytes, seq: int) -> Event:
+    body = _body_decoder.decode(raw)
+    kind = body.pop("type")
+    time_ms = body.pop("time")
+    data = body.pop("data", None)
+    body.pop("seq", None)
+    return Event(kind, seq, time_ms, data, body)
+
+
+def event_to_builtins(event: Event) -> dict[str, Any]:
+    """The harness's JSON shape of an event: ``{type, seq, time, data, ...extra}``."""
+    return {"type": event.type, "seq": event.seq, "time": event.time, "data": event.data, **event.extra}
+
+
+def encode_event(event: Event) -> bytes:
+    return _json.encode(event_to_builtins(event))
+
+
+def text(value: bytes | str) -> str:
+    """A Redis reply as ``str`` (clients are created without ``decode_responses``)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def encode(value: Any) -> bytes:
+    """JSON-encode any wire Struct."""
+    return _json.encode(value)
+
+
+def encode_header(header: Header) -> bytes:
+    return _json.encode(header)
+
+
+def decode_header(raw: bytes | str) -> Header:
+    return _header_decoder.decode(raw)
+
+
+# -- requests and replies (the queue's wire format) ---------------------------------------------
+
+
+class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True,
+                  kw_only=True):
+    """A fork request as schedulers enqueue it. Unknown fields are rejected.
+
+    At most one of ``session_id`` (one child, caller's id), ``session_ids`` (fan-out, caller's ids)
+    and ``count`` (fan-out, generated ids); none of them means one child with a generated id.
+    """
+
+    source: str | LiveHandle
+    request_id: str | UnsetType = UNSET
+    session_id: str | UnsetType = UNSET
+    reply_to: str | UnsetType = UNSET
+    count: int | UnsetType = UNSET
+    session_ids: list[str] | UnsetType = UNSET
+
+    @property
+    def source_id(self) -> str:
+        return self.source.id if isinstance(self.source, LiveHandle) else self.source
+
+    @property
+    def fans_out(self) -> bool:
+        return self.count is not UNSET or self.session_ids is not UNSET
+
+
+class ChildError(msgspec.Struct, rename="camel", kw_only=True):
+    """One requested child of a fan-out that was not created."""
+
+    session_id: str
+    code: str
+    message: str
+
+
+class ForkResult(msgspec.Struct, tag="fork/result", tag_field="type", rename="camel", kw_only=True):
+    """Success. One child: ``session``. Fan-out: ``sessions`` (created), ``failed`` (not created)."""
+
+    request_id: str
+    ok: bool = True
+    session: Header | UnsetType = UNSET
+    sessions: list[Header] | UnsetType = UNSET
+    failed: list[ChildError] | UnsetType = UNSET
+
+
+class ForkFailure(msgspec.Struct, tag="fork/error", tag_field="type", rename="camel", kw_only=True):
+    """Failure: nothing was created. ``code`` is an ``ErrorCode`` value."""
+
+    request_id: str
+    ok: bool = False
+    code: str
+    message: str
+
+
+Reply = ForkResult | ForkFailure
+
+_request_decoder = msgspec.json.Decoder(ForkRequest)
+_reply_decoder: msgspec.json.Decoder[ForkResult | ForkFailure] = msgspec.json.Decoder(Reply)
+
+
+def decode_request(raw: bytes | str) -> ForkRequest:
+    """Decode a request; any schema violation is ``INVALID_REQUEST`` naming the field."""
+    try:
+        return _request_decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        raise errors.invalid(f"invalid request: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise errors.invalid(f"invalid request: not JSON ({exc})") from None
+
+
+def decode_reply(raw: bytes | str) -> Reply:
+    return _reply_decoder.decode(raw)
+
+
+def digest(request: ForkRequest) -> str:
+    """What makes two requests under one request id "the same": source and children asked for.
+
+    ``requestId`` and ``replyTo`` are not part of it (a retry may listen elsewhere).
+    """
+    fields = (request.source, request.session_id, request.count, request.session_ids)
+    key = [None if f is UNSET else f for f in fields]
+    return hashlib.sha256(_json.encode(key)).hexdigest()

@@ -1,0 +1,162 @@
+"""Least-privilege Redis ACL users for the roles of a sessionfork deployment (Redis 7 syntax).
+
+``acl_rules`` returns one ``ACL SETUSER`` command line per role; run each with an admin client
+(``client.execute_command(*shlex.split(line))``) or pipe ``render(...)`` into ``redis-cli``. Each
+line starts from nothing (``resetpass resetkeys resetchannels clearselectors -@all``) and then
+grants exactly what the role's code paths send, so applying the rules again replaces a user's
+permissions and password instead of adding to them. Passwords are stored as SHA-256 (``#<hex>``),
+never in clear. The command sets were derived by running the whole flow (host, worker, scheduler,
+refused jobs, retries, maintenance, shutdown) under these users until no ACL denial was logged.
+
+``sf-scheduler`` (enqueues requests and reads replies; the queue server)
+    * RQ's unique enqueue: ``EVALSHA``/``SCRIPT LOAD`` of RQ's script, which runs ``EXISTS`` and
+      ``HSET`` on ``rq:job:*`` and ``RPUSH`` on ``rq:queue:<queue>``; ``SADD rq:queues`` (a
+      write-only key) in a ``MULTI``/``EXEC``; ``INFO`` for the server version (RQ stores it in the job).
+    * replies: ``SUBSCRIBE`` to the reply channel ``<reply>`` and to per-request reply channels
+      under the prefix ``<reply>:`` (a request's ``replyTo`` must use that prefix when schedulers
+      run under this user); read-only ``HMGET`` of ``sf:req:*``; read-only ``XRANGE``/``XREAD`` of
+      ``sf:outcomes`` (``sessionfork events`` and ``stats``).
+    * nothing else: no ``DEL``/``EXPIRE`` (it cannot delete or expire a job), no session key
+      (``sf:s:*``), no registry script effect, no admin command.
+    * residual (what key patterns cannot separate): it may ``HSET`` or ``HMGET`` any ``rq:job:*``
+      hash, because RQ's script needs ``EXISTS`` and ``HSET`` there. A worker refuses every job but
+      a fork request, so a rewritten job can at worst be another fork request; webhooks and
+      callbacks written into a job hash are dropped when a worker loads it, and a job hash RQ
+      cannot parse is refused (``INVALID_REQUEST``) without stopping the worker.
+
+``sf-worker`` (``sessionfork worker``; the queue server and the registry)
+    * RQ bookkeeping on ``rq:*``: job hashes, queue and intermediate queue (``BLMOVE``/``LMOVE``,
+      ``LREM``), started/finished/failed registries (sorted sets), executions, results (streams),
+      the worker's hash and sets, retries and abandoned jobs (``RPUSH``), transactions
+      (``MULTI``/``EXEC``/``WATCH``), ``SUBSCRIBE rq:pubsub:<worker>`` (RQ's command channel),
+      ``CLIENT SETNAME``, ``INFO``. ``sessionfork health`` (which reads the worker registry) runs
+      as this user too.
+    * sessionfork: ``sf:req:*`` and ``sf:outcomes`` (claim and record scripts), ``PUBLISH`` to the
+      reply channel and its ``<reply>:`` prefix, ``sf:s:*`` and ``sf:lifecycle`` (fork scripts,
+      children index); ``WAIT`` when ``wait_replicas`` is set.
+    * no admin or dangerous command. ``CLIENT LIST`` is not granted on purpose: it shows every
+      connection of the server; RQ only uses it to learn its own address, and without it records
+      ``ip_address = "unknown"`` (logging a warning at start-up).
+
+``sf-host`` (an agent host: creates, appends, reads and disposes sessions; the registry)
+    * ``sf:s:*`` through the registry's scripts (``EVALSHA``/``SCRIPT LOAD``; the scripts run
+      ``EXISTS``/``HGET``/``HMGET``/``HSET``/``HDEL``/``RPUSH``), reads (``HGET``/``HMGET``/
+      ``LRANGE``/``SMEMBERS``/``EXISTS``) and ``XADD`` to ``sf:lifecycle``.
+    * nothing on ``rq:*``, ``sf:req:*`` or ``sf:outcomes``, no channel.
+    * residual: ACL key patterns cannot tell one host's sessions from another's; the instance
+      token of a live handle is what keeps hosts apart.
+
+``sf-persist`` (``sessionfork persist``; the registry)
+    * read-only ``sf:s:*`` (``HGET``/``HMGET``/``LRANGE``/``EXISTS``); its consumer group on
+      ``sf:lifecycle`` (``XGROUP CREATE``, ``XREADGROUP``, ``XACK``, ``XAUTOCLAIM``).
+
+With ``settings.cluster``, the host and the worker also get what redis-py's cluster client needs
+to learn the topology (``CLUSTER SLOTS``, ``COMMAND``; checked against an embedded 3-node cluster).
+Apply the same rules on the queue server and on the registry server when they differ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shlex
+from collections.abc import Mapping, Sequence
+
+from ..core import keys
+from ..core.config import Settings
+
+SCHEDULER = "sf-scheduler"
+WORKER = "sf-worker"
+HOST = "sf-host"
+PERSIST = "sf-persist"
+USERS = (SCHEDULER, WORKER, HOST, PERSIST)
+
+# Every role starts from nothing; order matters (a later rule adds to an earlier one).
+_RESET = ("resetpass", "resetkeys", "resetchannels", "clearselectors", "-@all")
+# What every connection of redis-py sends or may send (HELLO and AUTH need no grant).
+_CONNECTION = ("ping", "client|setinfo")
+_SCRIPTS = ("evalsha", "script|load")
+_TRANSACTIONS = ("multi", "exec", "discard")
+_CLUSTER = ("cluster|slots", "command")  # what redis-py's RedisCluster asks to learn the topology
+
+_SCHEDULER_COMMANDS = (
+    *_CONNECTION, *_SCRIPTS, *_TRANSACTIONS, "info",
+    "exists", "hset", "rpush", "sadd",  # RQ's unique enqueue (its script and its pipeline)
+    "hmget", "subscribe", "unsubscribe",  # replies
+    "xrange", "xread",  # the outcome stream
+)
+_WORKER_COMMANDS = (
+    *_CONNECTION, *_SCRIPTS, *_TRANSACTIONS, "watch", "unwatch", "info", "client|setname",
+    "subscribe", "unsubscribe", "publish",
+    "del", "exists", "expire", "get", "set",  # get/set: RQ's intermediate-queue "first seen" marks
+    "hget", "hmget", "hgetall", "hexists", "hset", "hsetnx", "hdel", "hincrby", "hincrbyfloat",
+    "blmove", "lmove", "rpush", "lpush", "lrange", "lrem", "llen",  # lmove: --burst; llen: queue depth;
+    # lpush: a job stranded by a dead worker goes back to the queue's front
+    "sadd", "srem", "smembers",
+    "zadd", "zrem", "zscore", "zrange", "zrangebyscore", "zremrangebyscore",
+    "xadd",
+)
+_HOST_COMMANDS = (
+    *_CONNECTION, *_SCRIPTS,
+    "exists", "hget", "hmget", "hset", "hdel", "rpush", "lrange", "smembers", "xadd",
+)
+_PERSIST_COMMANDS = (
+    *_CONNECTION,
+    "hget", "hmget", "lrange", "exists",  # reading sessions
+    "xgroup|create", "xreadgroup", "xack", "xautoclaim",  # the consumer group on the lifecycle stream
+)
+
+
+def _glob(literal: str) -> str:
+    """``literal`` escaped for a Redis glob pattern (key and channel patterns are globs)."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in literal)
+
+
+def _line(user: str, password: str, key_rules: Sequence[str], channels: Sequence[str],
+          commands: Sequence[str]) -> str:
+    if not password:
+        raise ValueError(f"empty password for ACL user {user}")
+    digest = hashlib.sha256(password.encode()).hexdigest()
+    tokens = ["ACL", "SETUSER", user, *_RESET, "on", f"#{digest}", *key_rules,
+              *(f"&{c}" for c in channels), *(f"+{c}" for c in dict.fromkeys(commands))]
+    return shlex.join(tokens)
+
+
+def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
+    """``ACL SETUSER`` lines for ``sf-scheduler``, ``sf-worker``, ``sf-host`` and ``sf-persist``.
+
+    ``passwords`` maps each of the four user names to its (non-empty) password; a missing or
+    empty one is a ``ValueError``. The queue name and reply channel come from ``settings``;
+    ``settings.cluster`` and ``settings.wait_replicas`` add what those modes send. Each line is
+    ``shlex``-quoted: ``shlex.split(line)`` gives the command's arguments.
+    """
+    missing = [u for u in USERS if u not in passwords]
+    if missing:
+        raise ValueError(f"no password for ACL user(s) {', '.join(missing)}")
+    queue = _glob(settings.queue)
+    reply = _glob(settings.reply_channel)
+    replies = (reply, f"{reply}:*")
+    cluster = _CLUSTER if settings.cluster else ()
+    wait = ("wait",) if settings.wait_replicas else ()
+    # A script's declared keys need read and write access whatever the script does with them,
+    # so keys passed to a script (rq:queue:<queue>, sf:lifecycle) cannot be write-only.
+    sessions = (f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}")
+    scheduler = _line(
+        SCHEDULER, passwords[SCHEDULER],
+        ["~rq:job:*", f"~rq:queue:{queue}", "%W~rq:queues",
+         f"%R~{keys.PREFIX}:req:*", f"%R~{_glob(keys.OUTCOME_STREAM)}"],
+        replies, _SCHEDULER_COMMANDS)
+    worker = _line(
+        WORKER, passwords[WORKER],
+        ["~rq:*", f"~{keys.PREFIX}:req:*", f"~{_glob(keys.OUTCOME_STREAM)}",
+         f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}"],
+        ["rq:pubsub:*", *replies], (*_WORKER_COMMANDS, *cluster, *wait))
+    host = _line(HOST, passwords[HOST], sessions, (), (*_HOST_COMMANDS, *cluster))
+    # XREADGROUP and XACK write the group's state, so the stream needs write access too.
+    persist = _line(PERSIST, passwords[PERSIST], [f"%R~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}"],
+                    (), (*_PERSIST_COMMANDS, *cluster))
+    return [scheduler, worker, host, persist]
+
+
+def render(lines: Sequence[str]) -> str:
+    """The lines as one text, one command per line, ready to pipe into ``redis-cli``."""
+    return "".join(f"{line}\n" for line in lines)

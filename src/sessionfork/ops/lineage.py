@@ -1,0 +1,129 @@
+"""Lineage: a session's ancestors and descendants, as text, JSON or a Mermaid graph.
+
+Descendants come from the children index (``keys.session_children``), never from a keyspace
+scan: one pipelined round trip per generation.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime
+
+import msgspec
+from msgspec import UNSET
+
+from ..core import keys, rules, wire
+from ..core.registry import Registry
+from ..core.wire import Header
+
+
+class Node(msgspec.Struct, rename="camel", kw_only=True):
+    """One session in a lineage tree (wire shape of ``sessionfork tree --format json``)."""
+
+    id: str
+    seed_length: int
+    live: bool
+    created_at: int
+    children: list[Node] = msgspec.field(default_factory=list)
+
+
+class Lineage(msgspec.Struct, rename="camel", kw_only=True):
+    """``ancestors`` oldest first; ``root`` is the asked session with all its descendants."""
+
+    ancestors: list[Node]
+    root: Node
+
+
+def lineage(registry: Registry, session_id: str, *, max_nodes: int = 10_000) -> Lineage:
+    """The lineage of ``session_id`` (``SESSION_NOT_FOUND`` if it was never created)."""
+    sid = rules.check_id(session_id)
+    header = registry.header(sid)
+    ancestors: list[Node] = []
+    parent = header.parent_session
+    while parent is not UNSET and len(ancestors) < max_nodes:
+        h = registry.header(parent)
+        ancestors.insert(0, _node(h, registry.instance(parent) is not None))
+        parent = h.parent_session
+    root = _node(header, registry.instance(sid) is not None)
+    frontier = [root]
+    count = 1
+    while frontier and count < max_nodes:
+        pipe = registry.redis.pipeline(transaction=False)
+        for node in frontier:
+            pipe.smembers(keys.session_children(node.id))
+        child_lists = pipe.execute()
+        ids = [(node, wire.text(c)) for node, members in zip(frontier, child_lists, strict=True)
+               for c in sorted(members)]
+        pipe = registry.redis.pipeline(transaction=False)
+        for _, cid in ids:
+            pipe.hmget(keys.session(cid), ["header", "instance"])
+        next_frontier = []
+        for (node, _), (raw, instance) in zip(ids, pipe.execute(), strict=True):
+            if raw is None:
+                continue
+            child = _node(wire.decode_header(raw), instance is not None)
+            node.children.append(child)
+            next_frontier.append(child)
+            count += 1
+        frontier = next_frontier
+    return Lineage(ancestors=ancestors, root=root)
+
+
+def _node(header: Header, live: bool) -> Node:
+    seed = 0 if header.seed_length is UNSET else header.seed_length
+    return Node(id=header.id, seed_length=seed, live=live, created_at=header.created_at)
+
+
+def _label(node: Node) -> str:
+    when = datetime.fromtimestamp(node.created_at / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return f"{node.id}  seed={node.seed_length}  {'live' if node.live else 'disposed'}  {when}Z"
+
+
+def render_text(tree: Lineage, mark: str = "*") -> str:
+    """A terminal tree: ancestors down to the asked session (marked), then its descendants."""
+    lines: list[str] = []
+    depth = 0
+    for node in tree.ancestors:
+        lines.append("    " * depth + ("└── " if depth else "") + _label(node))
+        depth += 1
+    lines.append("    " * depth + ("└── " if depth else "") + _label(tree.root) + f"  {mark}")
+
+    def walk(node: Node, prefix: str) -> None:
+        for i, child in enumerate(node.children):
+            last = i == len(node.children) - 1
+            lines.append(prefix + ("└── " if last else "├── ") + _label(child))
+            walk(child, prefix + ("    " if last else "│   "))
+
+    walk(tree.root, "    " * depth + ("    " if depth else ""))
+    return "\n".join(lines)
+
+
+def render_mermaid(tree: Lineage) -> str:
+    """A Mermaid flowchart; edges are labelled with the child's seed length."""
+    out = ["graph TD"]
+    nodes = [*tree.ancestors, tree.root]
+    ids = {n.id: f"n{i}" for i, n in enumerate(nodes)}
+
+    def name(node: Node) -> str:
+        if node.id not in ids:
+            ids[node.id] = f"n{len(ids)}"
+        return ids[node.id]
+
+    def declare(node: Node) -> None:
+        style = "" if node.live else ":::disposed"
+        out.append(f'    {name(node)}["{node.id}"]{style}')
+
+    for node in nodes:
+        declare(node)
+    for a, b in itertools.pairwise(nodes):
+        out.append(f"    {name(a)} -->|seed {b.seed_length}| {name(b)}")
+
+    def walk(node: Node) -> None:
+        for child in node.children:
+            declare(child)
+            out.append(f"    {name(node)} -->|seed {child.seed_length}| {name(child)}")
+            walk(child)
+
+    walk(tree.root)
+    out.append("    classDef disposed stroke-dasharray: 5 5")
+    return "\n".join(out)

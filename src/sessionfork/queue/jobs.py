@@ -1,0 +1,66 @@
+"""Fork requests as RQ jobs, through RQ's documented API only: the serializer, the queue, enqueue.
+
+The job function's dotted path, ``sessionfork.jobs.fork``, is a public contract: a job is
+``fork(<request JSON as a string>)`` with the request id as RQ job id, serialized as JSON (never
+pickled). ``queue.worker.ForkWorker`` refuses any job that is not exactly that.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from rq import Queue, Retry, Worker
+from rq.exceptions import DuplicateJobError
+from rq.job import Job
+
+from ..core.config import Settings
+
+JOB_FUNCTION = "sessionfork.jobs.fork"
+
+
+class JSONSerializer:
+    """RQ serializer: plain JSON via msgspec, readable by ``rq.serializers.JSONSerializer`` too."""
+
+    @staticmethod
+    def dumps(obj: Any) -> bytes:
+        return msgspec.json.encode(obj)
+
+    @staticmethod
+    def loads(data: bytes | str) -> Any:
+        return msgspec.json.decode(data)
+
+
+def make_queue(redis: Any, settings: Settings, job_class: type[Job] = Job) -> Queue:
+    """The fork queue on ``redis`` (JSON jobs); workers pass their own ``job_class``."""
+    return Queue(settings.queue, connection=redis, serializer=JSONSerializer, job_class=job_class)
+
+
+def enqueue(queue: Queue, payload: bytes, request_id: str, settings: Settings) -> bool:
+    """Enqueue one request as a unique job (the job id is the request id).
+
+    Returns False when a job with that id exists already (RQ's unique enqueue): the request is
+    queued or done, and its one outcome answers this submission too.
+    """
+    try:
+        queue.enqueue_call(
+            JOB_FUNCTION, args=(payload.decode(),), job_id=request_id, unique=True,
+            retry=Retry(max=settings.retries) if settings.retries else None,
+            timeout=settings.job_timeout, result_ttl=settings.outcome_ttl, failure_ttl=settings.outcome_ttl,
+        )
+    except DuplicateJobError:
+        return False
+    return True
+
+
+def is_final_attempt(job: Job) -> bool:
+    """No RQ retry is left after this run."""
+    return not job.retries_left
+
+
+def fresh_workers(redis: Any, settings: Settings) -> list[str]:
+    """Names of the workers of ``settings.queue`` whose heartbeat is younger than their TTL."""
+    cutoff = datetime.now(UTC).timestamp() - settings.worker_ttl
+    return [w.name for w in Worker.all(queue=make_queue(redis, settings))
+            if w.last_heartbeat is not None and w.last_heartbeat.timestamp() >= cutoff]

@@ -1,0 +1,191 @@
+"""Outcomes: stored under the request id first, then announced (outcome stream, reply channel).
+
+Lives on the queue server (a single Redis primary, the one RQ uses). ``Outcomes`` is the worker's
+side (claim, record); ``wait_for_reply`` is the scheduler's side. A waiter subscribes first and
+then reads the stored outcome, so a reply published before it listened, or while it reconnected,
+is never lost.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..core import keys, lua, rules, wire
+from ..core.errors import ErrorCode
+from ..core.snapshots import Snapshot
+from ..core.wire import ForkFailure, Reply
+
+_ids = msgspec.json.Decoder(list[str])
+_snapshot_codec = msgspec.json.Decoder(tuple[wire.Header, int, int, list[tuple[str, int, int]]])
+
+
+def code_of(reply: Reply) -> str:
+    """``OK`` for a result, the error code for a failure: the outcome stream's ``code`` field."""
+    return reply.code if isinstance(reply, ForkFailure) else "OK"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The state of a request id when a worker takes it up."""
+
+    state: str  # NEW | RESUME | DONE | CONFLICT
+    children: tuple[str, ...] = ()
+    snapshot: Snapshot | None = None
+    outcome: Reply | None = None
+
+
+class Outcomes:
+    """The outcome store of one queue server."""
+
+    def __init__(self, redis: Redis, *, ttl: int, stream_maxlen: int) -> None:
+        self.redis = redis
+        self.ttl = ttl
+        self.stream_maxlen = stream_maxlen
+        self._claim = lua.register(redis, "claim.lua", __package__)
+        self._record = lua.register(redis, "record.lua", __package__)
+
+    def claim(self, request_id: str, digest: str, children: list[str]) -> Claim:
+        """Claim ``request_id`` for a request with ``digest``, planning ``children`` if new."""
+        return self.parse_claim(self._claim(keys=[keys.request(request_id)],
+                                            args=[digest, wire.encode(children), self.ttl]))
+
+    def queue_claim(self, pipe: Any, request_id: str, digest: str, children: list[str]) -> None:
+        """Queue ``claim`` on ``pipe`` (first in it); ``parse_claim`` reads its result."""
+        pipe.evalsha(self._claim.sha, 1, keys.request(request_id), digest, wire.encode(children), self.ttl)
+
+    def load_scripts(self) -> None:
+        for script in (self._claim, self._record):
+            script.sha = self.redis.script_load(script.script)
+
+    @staticmethod
+    def parse_claim(reply: list[Any]) -> Claim:
+        state = wire.text(reply[0])
+        if state == "CONFLICT":
+            return Claim(state)
+        if state == "DONE":
+            return Claim(state, outcome=wire.decode_reply(reply[1]))
+        snap = _decode_snapshot(reply[2]) if state == "RESUME" and reply[2] else None
+        return Claim(state, tuple(_ids.decode(reply[1])), snap)
+
+    def remember_snapshot(self, request_id: str, snap: Snapshot) -> Snapshot:
+        """Keep a fan-out's snapshot so that every child of the request gets the same seed.
+
+        The first snapshot stored wins (two attempts of one request may race); returns it.
+        """
+        value = wire.encode((snap.source, snap.length, snap.seed_length, list(snap.segments)))
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hsetnx(keys.request(request_id), "snapshot", value)
+        pipe.hget(keys.request(request_id), "snapshot")
+        _, stored = pipe.execute()
+        return snap if stored == value else _decode_snapshot(stored)
+
+    def planned(self, request_id: str) -> list[str]:
+        """The child ids a request's first claim planned ([] when it was never claimed)."""
+        raw = self.redis.hget(keys.request(request_id), "children")
+        return [] if raw is None else list(_ids.decode(raw))
+
+    def record(self, reply: Reply, channel: str, *, digest: str = "", duration_us: int = 0,
+               latency_us: int = 0) -> Reply:
+        """Store ``reply`` as the request's outcome unless one is stored; announce it if stored now.
+
+        Returns the request's outcome: ``reply``, or the outcome stored first.
+        """
+        raw = wire.encode(reply)
+        stored, outcome = self._record(
+            keys=[keys.request(reply.request_id), keys.OUTCOME_STREAM],
+            args=[raw, channel, self.ttl, self.stream_maxlen, digest, reply.request_id,
+                  code_of(reply), duration_us, latency_us],
+        )
+        return reply if stored else wire.decode_reply(outcome)
+
+    def refuse(self, request_id: str, reason: str, channel: str) -> Reply | None:
+        """Record ``INVALID_REQUEST`` for a job or queue entry that is not a fork request.
+
+        Returns the request's outcome (the first one stored), or ``None`` when ``request_id``
+        cannot name a request (it is not a valid request id: there is no record to keep).
+        """
+        if not rules.is_valid_request_id(request_id):
+            return None
+        failure = ForkFailure(request_id=request_id, code=ErrorCode.INVALID_REQUEST.value, message=reason)
+        return self.record(failure, channel, digest="invalid:job")
+
+    def announce(self, reply: Reply, channel: str) -> None:
+        """Announce an outcome that is not the request's own (``IDEMPOTENCY_CONFLICT``)."""
+        raw = wire.encode(reply)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xadd(keys.OUTCOME_STREAM, {"request": reply.request_id, "code": code_of(reply), "us": 0, "lat": 0,
+                                        "reply": raw}, maxlen=self.stream_maxlen, approximate=True)
+        pipe.publish(channel, raw)
+        pipe.execute()
+
+    def get(self, request_id: str) -> Reply | None:
+        raw = self.redis.hget(keys.request(request_id), "outcome")
+        return None if raw is None else wire.decode_reply(raw)
+
+
+def _decode_snapshot(raw: bytes) -> Snapshot:
+    header, length, seed_length, segments = _snapshot_codec.decode(raw)
+    return Snapshot(header, length, seed_length, tuple((s[0], s[1], s[2]) for s in segments))
+
+
+def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
+                   *, digest: str | None = None, recheck_every: float = 1.0) -> Reply | None:
+    """Wait up to ``timeout`` seconds for the outcome of ``request_id``; ``None`` on time-out.
+
+    Subscribes to ``channel``, then reads the stored outcome, then listens. The stored outcome is
+    read again after a dropped connection and every ``recheck_every`` seconds without news, so a
+    reply is never lost: not one published before the waiter listened, nor one announced on
+    another channel (an earlier submission of the same request with another ``replyTo``). With
+    ``digest``, a request id already used by a different request answers ``IDEMPOTENCY_CONFLICT``.
+    """
+    deadline = time.monotonic() + timeout
+    needle = request_id.encode()
+    pubsub = redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    try:
+        subscribed = False
+        while True:
+            try:
+                if not subscribed:
+                    pubsub.subscribe(channel)
+                    subscribed = True
+                found = _stored(redis, request_id, digest)
+                if found is not None:
+                    return found
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return None
+                    message = pubsub.get_message(timeout=min(left, recheck_every))
+                    if message is None:
+                        break  # quiet for a while: read the store again
+                    data = message["data"]
+                    data = data.encode() if isinstance(data, str) else data
+                    if needle in data:
+                        reply = wire.decode_reply(data)
+                        if reply.request_id == request_id:
+                            return _stored(redis, request_id, digest) or reply
+            except (RedisConnectionError, RedisTimeoutError):
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.05)  # back off before reconnecting; not synchronisation
+                subscribed = False
+    finally:
+        pubsub.close()
+
+
+def _stored(redis: Redis, request_id: str, digest: str | None) -> Reply | None:
+    stored_digest, outcome = redis.hmget(keys.request(request_id), ["digest", "outcome"])
+    stored_digest = None if stored_digest is None else wire.text(stored_digest)
+    # An "invalid:" digest marks a request refused before it was understood: its outcome stands.
+    if digest is not None and stored_digest and not stored_digest.startswith("invalid:") \
+            and stored_digest != digest:
+        return ForkFailure(request_id=request_id, code="IDEMPOTENCY_CONFLICT",
+                           message=f'request id "{request_id}" was already used for a different request')
+    return None if outcome is None else wire.decode_reply(outcome)

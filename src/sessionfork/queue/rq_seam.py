@@ -1,0 +1,385 @@
+"""The one module that knows RQ beyond its documented API (checked against RQ 2.12 and 3.0).
+
+Everything else in sessionfork uses RQ's documented API only: ``Queue``, ``Job`` and its public
+attributes, ``Retry``, the registries, ``Worker.all``, a custom serializer, a custom worker class
+and job class, exception handlers. ``tests/unit/test_layering.py`` fails when another module
+imports ``rq`` beyond those names or touches an underscore name of an RQ object.
+
+RQ names used here, and why:
+
+* ``SimpleWorker`` subclassed, overriding ``execute_job`` (documented for custom workers),
+  ``bootstrap``, ``heartbeat``, ``set_state``, ``dequeue_job_and_maintain_ttl``, ``_shutdown``,
+  ``run_maintenance_tasks`` and ``clean_registries``: RQ's loop strands a just-dequeued job on
+  SIGTERM, quits on an entry it cannot load (a non-UTF-8 id, a malformed hash), quits on a Redis
+  outage, and holds the maintenance lock for 15 minutes when Redis drops midway.
+* ``_install_signal_handlers`` (called before registration), ``_stop_requested`` (read and set),
+  ``_state`` (read), ``_stopped_job_id`` (read: a job stopped on request is not retried),
+  ``_exc_handlers`` and ``_ordered_queues`` (passed back to RQ's own helpers),
+  ``death_penalty_class``: the loop above.
+* ``Execution.create``, ``prepare_for_execution``, ``job._handle_success``, ``job.cleanup``,
+  ``cleanup_execution``, ``increment_*`` and, on RQ 2 only, ``set_current_job_id``: RQ's start
+  and success bookkeeping in one pipeline each (RQ's own path takes a dozen round trips and a
+  WATCH loop for dependents, which fork jobs never have). ``handle_job_failure`` (its
+  ``execution=`` argument is new in RQ 3) and ``job._status`` for failures: RQ's own path.
+* ``Job.restore`` overridden, clearing ``webhooks`` and ``_success_callback_name``,
+  ``_failure_callback_name``, ``_stopped_callback_name``: a job hash written by a scheduler must
+  not make a worker POST to a URL or import a name. ``Job.key_for``: a refused queue entry's job
+  hash is deleted, not leaked.
+* ``registry.clean_registries``, ``worker_registration.clean_worker_registry``,
+  ``queue.intermediate_queue`` (its ``key``, ``get_job_ids``, ``set_first_seen``,
+  ``get_first_seen``, ``get_first_seen_key``, ``cleanup``), ``queue.acquire_maintenance_lock`` /
+  ``release_maintenance_lock``: maintenance, plus requeueing a job stranded in the intermediate
+  queue by a killed worker after ``abandoned_after`` seconds (RQ waits minutes, then fails it).
+* RQ's key layout, for the ACL rules (``key_patterns``): ``rq:job:*``, ``rq:queue:<name>``,
+  ``rq:queues``, ``rq:*``, ``rq:pubsub:*``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from rq import SimpleWorker, worker_registration
+from rq.exceptions import DequeueTimeout, NoSuchJobError, StopRequested
+from rq.executions import Execution
+from rq.job import Job, JobStatus
+from rq.queue import Queue
+from rq.registry import clean_registries
+from rq.utils import now
+from rq.version import VERSION
+from rq.worker import WorkerStatus
+
+from ..core.connections import TRANSIENT
+
+T = TypeVar("T")
+log = logging.getLogger("sessionfork.worker")
+RQ_MAJOR = int(VERSION.split(".")[0])
+_HEARTBEAT_EVERY = 1.0
+_IDLE_POLL = 1  # seconds an idle worker blocks waiting for a job before it looks at its stop flag
+
+
+def key_patterns(queue: str) -> dict[str, str]:
+    """RQ's key names a role's ACL rules need (RQ derives them; its docs do not promise them)."""
+    return {"jobs": "rq:job:*", "queue": f"rq:queue:{queue}", "queues": "rq:queues", "all": "rq:*",
+            "worker_channels": "rq:pubsub:*"}
+
+
+class MalformedJob(ValueError):
+    """A job hash that exists but cannot be loaded (no ``data``)."""
+
+
+class ForkJob(Job):
+    """RQ's Job as a fork worker must load it: nothing in the hash may make the worker act.
+
+    * A job hash without ``data`` is ``MalformedJob`` (RQ skips it like an expired job, so its
+      request would never get an outcome); the worker refuses it.
+    * Webhooks and success/failure/stopped callbacks are dropped: anyone who may enqueue may write
+      a job hash, and RQ would POST to those URLs or import and call those names.
+    """
+
+    def restore(self, raw_data: Any) -> Any:
+        try:
+            restored = super().restore(raw_data)
+        except NoSuchJobError as exc:
+            raise MalformedJob(str(exc)) from None
+        self.webhooks = []
+        self._success_callback_name = self._failure_callback_name = self._stopped_callback_name = None
+        return restored
+
+
+class EntryRefused(Exception):
+    """A queue entry that is not a loadable job; ``job_id`` is its text, ``raw`` its bytes."""
+
+    def __init__(self, job_id: str, raw: bytes, reason: str) -> None:
+        super().__init__(reason)
+        self.job_id, self.raw, self.reason = job_id, raw, reason
+
+
+class SeamWorker(SimpleWorker):
+    """RQ's in-process worker loop, hardened for short idempotent jobs; see the module docstring.
+
+    Subclasses implement ``execute_job`` with ``start``, ``finish`` and ``fail`` and
+    ``refuse_entry`` for queue entries RQ cannot load.
+    """
+
+    abandoned_after: int = 30
+    _holding: bool = False  # a job may be out of the queue and not finished yet
+    stop_signalled: bool = False  # SIGTERM/SIGINT asked this worker to stop
+
+    def refuse_entry(self, entry: EntryRefused) -> None:
+        raise NotImplementedError
+
+    # -- job bookkeeping -------------------------------------------------------------------------
+
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        # The started-registry entry expires this long after the last heartbeat; a job whose
+        # worker died is then abandoned and recovered by the next maintenance pass.
+        return self.abandoned_after
+
+    def start(self, job: Job, queue: Queue) -> None:
+        """RQ's prepare_execution and prepare_job_execution in one pipeline."""
+        ttl = self.get_heartbeat_ttl(job)
+        with self.connection.pipeline() as pipe:
+            self.execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+            super().set_state(WorkerStatus.BUSY, pipeline=pipe)
+            if RQ_MAJOR < 3:
+                getattr(self, "set_current_job_id")(job.id, pipeline=pipe)  # noqa: B009 - gone in RQ 3
+            super().heartbeat(ttl, pipeline=pipe)
+            job.prepare_for_execution(self.name, pipeline=pipe)
+            if len(self.queues) == 1:
+                pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+            pipe.execute()
+        self._holding = True
+
+    def finish(self, job: Job, result: Any) -> None:
+        """RQ's success path (result, finished registry, counters, cleanup) in one pipeline."""
+        execution = self.execution
+        assert execution is not None and job.started_at is not None
+        job.ended_at = now()
+        job._result = result
+        result_ttl = job.get_result_ttl(self.default_result_ttl)
+        with self.connection.pipeline() as pipe:
+            self.increment_successful_job_count(pipeline=pipe)
+            self.increment_total_working_time(job.ended_at - job.started_at, pipe)
+            job._handle_success(result_ttl, pipeline=pipe, worker_name=self.name, execution_id=execution.id,
+                                execution_started_at=execution.created_at, execution_ended_at=job.ended_at)
+            job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
+            self._cleanup_execution(job, pipe, execution)
+            super().set_state(WorkerStatus.IDLE, pipeline=pipe)
+            pipe.execute()
+
+    def fail(self, job: Job, queue: Queue, exc_string: str, *, retry: bool = True) -> None:
+        """RQ's failure path: retried when the job has retries left (and ``retry``), else failed."""
+        if not retry:
+            job.retries_left = None
+        job.ended_at = now()
+        job._status = JobStatus.FAILED
+        self.handle_job_failure(job=job, queue=queue, started_job_registry=queue.started_job_registry,
+                                exc_string=exc_string)
+        super().set_state(WorkerStatus.IDLE)
+
+    def job_ended(self, job: Job) -> None:
+        """Called once RQ has failed ``job`` for good (no retry follows)."""
+
+    def handle_job_failure(self, job: Job, queue: Queue, started_job_registry: Any = None,
+                           exc_string: str = "", execution: Any = None) -> None:
+        # RQ calls this from several places (a failed run, the intermediate-queue cleanup).
+        retried = job.should_retry and self._stopped_job_id != job.id
+        if RQ_MAJOR >= 3:
+            super().handle_job_failure(job, queue, started_job_registry, exc_string,
+                                       execution=execution or self.execution)
+            self.execution = None
+        else:
+            super().handle_job_failure(job, queue, started_job_registry, exc_string)
+        if not retried:
+            self.job_ended(job)
+
+    def _cleanup_execution(self, job: Job, pipe: Any, execution: Execution) -> None:
+        if RQ_MAJOR >= 3:
+            self.cleanup_execution(job, pipeline=pipe, execution=execution)
+            self.execution = None
+        else:
+            self.cleanup_execution(job, pipeline=pipe)
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    def request_stop(self, signum: int, frame: Any) -> None:
+        self.stop_signalled = True
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        # RQ registers the worker before it installs its signal handlers: a SIGTERM in between
+        # would kill it uncleanly. Install them first; a stop during start-up is a clean stop.
+        self._install_signal_handlers()  # type: ignore[no-untyped-call]
+        try:
+            super().bootstrap(*args, **kwargs)
+        except StopRequested:
+            self._stop_requested = True
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline)
+            return
+        # RQ heart-beats several times per job; once a second is plenty against a TTL of minutes.
+        last = self.last_heartbeat
+        if last is not None and timeout is None and (now() - last).total_seconds() < _HEARTBEAT_EVERY:
+            return
+        self.until_up(self._beat)
+
+    def _beat(self) -> None:
+        # A server that restarted empty lost the worker's registration: register again, so that
+        # ``health`` and ``rq info`` see a worker that is serving.
+        if not self.connection.exists(self.key):
+            self.register_birth()  # type: ignore[no-untyped-call]
+        super().heartbeat()
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        if pipeline is None and state == self._state:
+            return  # already recorded (the job's last pipeline sets IDLE)
+        super().set_state(state, pipeline)
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        """RQ's dequeue loop, made safe for a fork worker.
+
+        * From the moment a job may leave the queue until it is done, a stop request only sets a
+          flag; blocking waits are short, so an idle worker still stops within a second.
+        * A queue entry RQ cannot load is handed to ``refuse_entry``, never raised.
+        """
+        self.set_state(WorkerStatus.IDLE)
+        idle_since = time.monotonic()
+        while True:
+            if self._stop_requested:
+                raise StopRequested()
+            self.heartbeat()
+            if self.should_run_maintenance_tasks:
+                self.run_maintenance_tasks()
+            wait = None if timeout is None else max(1, min(timeout, _IDLE_POLL))
+            self._holding = True
+            try:
+                result = self.until_up(functools.partial(
+                    self.queue_class.dequeue_any, self._ordered_queues, wait, connection=self.connection,
+                    job_class=self.job_class, serializer=self.serializer,
+                    death_penalty_class=self.death_penalty_class))
+            except DequeueTimeout:
+                self._holding = False
+                if max_idle_time is not None and time.monotonic() - idle_since > max_idle_time:
+                    return None
+                continue
+            except StopRequested:
+                self._holding = False
+                raise
+            except Exception as exc:
+                self._holding = False
+                self.until_up(functools.partial(self.refuse_entry, _entry_of(exc)))
+                continue
+            if result is None:
+                self._holding = False
+                return None
+            return result
+
+    def _shutdown(self) -> None:
+        if self._holding:
+            self._stop_requested = True  # finish the job in hand, take no new one
+            return
+        super()._shutdown()  # type: ignore[no-untyped-call]
+
+    def remove_entry(self, entry: EntryRefused) -> None:
+        """Take a refused entry out of the intermediate queues, and delete its job hash if any:
+        nothing of a refused entry stays in Redis (its outcome lives in the outcome record)."""
+        pipe = self.connection.pipeline(transaction=False)
+        for queue in self.queues:
+            pipe.lrem(queue.intermediate_queue_key, 1, entry.raw)  # type: ignore[arg-type]  # bytes are fine
+        pipe.delete(self.job_class.key_for(entry.job_id))
+        pipe.execute()
+
+    def run_maintenance_tasks(self) -> None:
+        # RQ's loop calls this too, outside any guard: an outage here must pause, not quit.
+        self.until_up(self._maintain)
+
+    def _maintain(self) -> None:
+        try:
+            self._purge_undecodable()
+            self._requeue_stranded()
+            super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
+        except TRANSIENT:
+            raise
+        except Exception:
+            # A malformed entry in an RQ registry must not stop the worker; the next pass retries.
+            log.exception("maintenance pass failed")
+            self.last_cleaned_at = now()  # type: ignore[assignment]
+
+    def _purge_undecodable(self) -> None:
+        # RQ decodes every entry of the intermediate queue as text; one non-UTF-8 entry would
+        # break every maintenance pass of every worker. It can never be a job: drop it.
+        for queue in self.queues:
+            for raw in self.connection.lrange(queue.intermediate_queue_key, 0, -1):
+                if isinstance(raw, bytes) and not _is_text(raw):
+                    self.refuse_entry(EntryRefused(raw.decode(errors="replace"), raw,
+                                                   "queue entry is not UTF-8 text"))
+
+    def _requeue_stranded(self) -> None:
+        # A worker killed between dequeue and start leaves its job in RQ's intermediate queue,
+        # which RQ itself recovers only after minutes (and fails it if no retry is left). A job
+        # seen there, not started, for ``abandoned_after`` seconds goes back to the queue's front.
+        for queue in self.queues:
+            stranded = queue.intermediate_queue
+            started = queue.started_job_registry
+            for job_id in stranded.get_job_ids():
+                if job_id in started or stranded.set_first_seen(job_id):
+                    continue
+                first = stranded.get_first_seen(job_id)
+                if first is None or (now() - first).total_seconds() < self.abandoned_after:
+                    continue
+                if self._requeue(keys=[stranded.key, queue.key], args=[job_id]):
+                    self.connection.delete(stranded.get_first_seen_key(job_id))
+                    log.warning("job %s was stranded by a dead worker; requeued", job_id)
+
+    @functools.cached_property
+    def _requeue(self) -> Any:
+        return self.connection.register_script(_REQUEUE)
+
+    def clean_registries(self) -> None:
+        # RQ's version, except that the maintenance lock is released even when Redis drops midway
+        # (RQ would leave it for 15 minutes, and no worker would recover abandoned jobs meanwhile).
+        for queue in self.queues:
+            if queue.acquire_maintenance_lock():
+                try:
+                    clean_registries(queue, self._exc_handlers)
+                    worker_registration.clean_worker_registry(queue)
+                    queue.intermediate_queue.cleanup(self, queue)
+                finally:
+                    try:
+                        queue.release_maintenance_lock()  # type: ignore[no-untyped-call]
+                    except TRANSIENT:
+                        log.warning("could not release the maintenance lock of %s; it expires", queue.name)
+        self.last_cleaned_at = now()  # type: ignore[assignment]
+
+    def until_up(self, step: Callable[[], T]) -> T:
+        """Run ``step``; while Redis is unreachable, back off and run it again (steps are idempotent)."""
+        delay = 0.1
+        while True:
+            try:
+                return step()
+            except TRANSIENT as exc:
+                if self._stop_requested:
+                    raise StopRequested() from exc
+                log.warning("Redis unreachable (%s); retrying in %.1fs", exc, delay)
+                time.sleep(delay)  # back-off, not synchronisation
+                delay = min(delay * 2, 5.0)
+
+
+# Move a job stranded by a dead worker from RQ's intermediate queue back to its queue's front,
+# atomically: it is never in neither list (and a job that a live worker took meanwhile is left).
+# KEYS = rq:queue:<name>:intermediate, rq:queue:<name>; ARGV = job id. Returns 1 when moved.
+_REQUEUE = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
+  redis.call('LPUSH', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
+
+
+def _is_text(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _entry_of(exc: Exception) -> EntryRefused:
+    """What RQ's dequeue failed on: a job id it refuses, a malformed hash, bytes that are not text."""
+    if isinstance(exc, UnicodeDecodeError):
+        raw = bytes(exc.object)
+        return EntryRefused(raw.decode(errors="replace"), raw, "queue entry is not UTF-8 text")
+    job_id = getattr(exc, "job_id", None)
+    if job_id is None:
+        raise exc
+    text = str(job_id)
+    return EntryRefused(text, text.encode(),
+                        f"queue entry {text!r} is not a loadable sessionfork job ({type(exc).__name__}: {exc})")
+

@@ -1,0 +1,165 @@
+"""``ForkWorker``: an RQ worker that runs fork requests in-process and refuses any other job.
+
+What it does differently from ``rq worker``:
+
+* no work-horse process per job (forks are O(1) and short): like RQ's ``SimpleWorker``, it keeps
+  RQ's started/finished/failed registries, retries and abandoned-job recovery, and RQ's
+  bookkeeping for a job takes two pipelines (start, finish) instead of a dozen round trips;
+* it never imports the job's callable: a job must name ``sessionfork.jobs.fork`` with one string
+  argument, else it is refused (``INVALID_REQUEST``, job failed, nothing run);
+* every job that ends for good leaves its request one outcome: a job RQ fails (retries spent, an
+  abandoned job, a job stuck in the intermediate queue) is finished by running its idempotent
+  request once more, or refused;
+* its loop is ``rq_seam.SeamWorker``'s: stops never strand a job, bad queue entries and Redis
+  outages never stop the worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from rq import Queue
+from rq.exceptions import AbandonedJobError
+from rq.job import Job
+from rq.timeouts import JobTimeoutException
+
+from ..core.wire import Reply
+from . import jobs
+from .rq_seam import EntryRefused, ForkJob, SeamWorker
+from .service import ForkService
+
+log = logging.getLogger("sessionfork.worker")
+
+
+class _Refused(Exception):
+    """A job that is not a sessionfork request; never run."""
+
+
+class ForkWorker(SeamWorker):
+    """Runs ``sessionfork.jobs.fork`` jobs with ``service``; see the module docstring."""
+
+    def __init__(self, queues: list[Queue], *, service: ForkService, abandoned_after: int,
+                 on_outcome: Callable[[str, str, Reply, float], None] | None = None, **kwargs: Any) -> None:
+        super().__init__(queues, serializer=jobs.JSONSerializer, job_class=ForkJob, **kwargs)
+        self.service = service
+        self.abandoned_after = abandoned_after
+        self.on_outcome = on_outcome
+        self.push_exc_handler(self._finish_abandoned)  # type: ignore[no-untyped-call]  # rq leaves it untyped
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """Start the job, run its request, finish it: RQ's bookkeeping in two pipelines."""
+        try:
+            self.until_up(lambda: self.start(job, queue))
+            try:
+                payload = _payload(job)
+            except _Refused as refused:
+                self._refuse(job, queue, str(refused))
+                return
+            self._run(job, queue, payload)
+        finally:
+            self._holding = False
+
+    def _run(self, job: Job, queue: Queue, payload: str) -> None:
+        began = time.perf_counter()
+        enqueued = None if job.enqueued_at is None else int(job.enqueued_at.timestamp() * 1000)
+        try:
+            with self.death_penalty_class(job.timeout or self.queue_class.DEFAULT_TIMEOUT,
+                                          JobTimeoutException, job_id=job.id):
+                reply = self.until_up(lambda: self.service.handle(
+                    payload, job.id, final_attempt=jobs.is_final_attempt(job), enqueued_ms=enqueued))
+        except Exception:
+            exc_info = sys.exc_info()
+            self.handle_exception(job, *exc_info)
+            final = jobs.is_final_attempt(job)
+            self.until_up(lambda: self.fail(job, queue, "".join(traceback.format_exception(*exc_info))))
+            if final:  # the request ended: its INTERNAL outcome counts too
+                stored = self.until_up(lambda: self.service.outcomes.get(job.id))
+                if stored is not None:
+                    self._observe(job.id, payload, stored, time.perf_counter() - began)
+            return
+        self.until_up(lambda: self.finish(job, reply))
+        self._observe(job.id, payload, reply, time.perf_counter() - began)
+
+    def _refuse(self, job: Job, queue: Queue, reason: str) -> None:
+        log.warning("refused job %s: %s", job.id, reason)
+        reply = self.until_up(lambda: self.service.outcomes.refuse(job.id, reason, self.service.reply_channel))
+        self.until_up(lambda: self.fail(job, queue, f"refused: {reason}", retry=False))
+        if reply is not None:
+            self._observe(job.id, "", reply, 0.0)
+
+    def refuse_entry(self, entry: EntryRefused) -> None:
+        """A queue entry RQ cannot load: an ``INVALID_REQUEST`` outcome when its id can be one,
+        then the entry and its job hash are removed (nothing is left to leak)."""
+        log.warning("refused queue entry %r: %s", entry.job_id, entry.reason)
+        reply = self.service.outcomes.refuse(entry.job_id, entry.reason, self.service.reply_channel)
+        # The outcome first: a worker dying in between leaves the entry, to be refused again.
+        self.remove_entry(entry)
+        if reply is not None:
+            self._observe(entry.job_id, "", reply, 0.0)
+
+    def _observe(self, request_id: str, payload: str, reply: Reply, seconds: float) -> None:
+        if self.on_outcome is None:
+            return
+        try:
+            self.on_outcome(request_id, payload, reply, seconds)
+        except Exception:  # metrics and logs must never stop the worker
+            log.exception("outcome observer failed for %s", request_id)
+
+    def job_ended(self, job: Job) -> None:
+        # RQ ends jobs from several places (a failed run, the intermediate-queue cleanup); a job
+        # that ends without a retry must still leave its request one outcome.
+        self._ensure_outcome(job)
+
+    def _finish_abandoned(self, job: Job, exc_type: type[BaseException], *_: Any) -> bool:
+        # Called by RQ for every job failure; acts on jobs abandoned by a dead worker whose
+        # retries are spent (RQ's started-registry cleanup fails them without handle_job_failure).
+        if issubclass(exc_type, AbandonedJobError) and jobs.is_final_attempt(job):
+            self._ensure_outcome(job)
+        return True
+
+    def _ensure_outcome(self, job: Job) -> None:
+        """Give a request whose job ended for good its one outcome, if it has none yet.
+
+        The request is idempotent, so running it here finishes it (or records ``INTERNAL``).
+        """
+        try:
+            if self.service.outcomes.get(job.id) is not None:
+                return
+            try:
+                payload = _payload(job)
+            except _Refused as refused:
+                reply = self.service.outcomes.refuse(job.id, str(refused), self.service.reply_channel)
+                if reply is not None:
+                    self._observe(job.id, "", reply, 0.0)
+                return
+            try:
+                self.service.handle(payload, job.id, final_attempt=True)
+            finally:
+                stored = self.service.outcomes.get(job.id)
+                if stored is not None:
+                    self._observe(job.id, payload, stored, 0.0)
+        except Exception:
+            log.exception("could not finish the request of job %s", job.id)
+
+
+def _payload(job: Job) -> str:
+    """The request payload of a sessionfork job; ``_Refused`` for anything else.
+
+    Any shape of the job's ``data`` is refused here, never raised: a name that is not text,
+    arguments that are not a list, keyword arguments that are not a mapping.
+    """
+    try:
+        name, args, kwargs = job.func_name, job.args, job.kwargs
+    except Exception as exc:
+        raise _Refused(f"job payload is not a JSON sessionfork job ({type(exc).__name__})") from None
+    if name != jobs.JOB_FUNCTION:
+        raise _Refused(f"job names {name!r}; this worker runs only {jobs.JOB_FUNCTION}")
+    if kwargs or not isinstance(args, list | tuple) or len(args) != 1 or not isinstance(args[0], str):
+        raise _Refused(f"{jobs.JOB_FUNCTION} takes exactly one argument: the request JSON as a string")
+    return args[0]
+
