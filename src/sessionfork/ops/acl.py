@@ -29,13 +29,13 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
       ``LREM``), started/finished/failed registries (sorted sets), executions, results (streams),
       the worker's hash and sets, retries and abandoned jobs (``RPUSH``), transactions
       (``MULTI``/``EXEC``/``WATCH``), ``SUBSCRIBE rq:pubsub:<worker>`` (RQ's command channel),
-      ``CLIENT SETNAME``, ``INFO``. ``sessionfork health`` (which reads the worker registry) runs
+      ``CLIENT SETNAME``, ``CLIENT INFO`` (RQ 3 reads its own address there), ``INFO``. ``sessionfork health`` (which reads the worker registry) runs
       as this user too.
     * sessionfork: ``sf:req:*`` and ``sf:outcomes`` (claim and record scripts), ``PUBLISH`` to the
       reply channel and its ``<reply>:`` prefix, ``sf:s:*`` and ``sf:lifecycle`` (fork scripts,
       children index); ``WAIT`` when ``wait_replicas`` is set.
     * no admin or dangerous command. ``CLIENT LIST`` is not granted on purpose: it shows every
-      connection of the server; RQ only uses it to learn its own address, and without it records
+      connection of the server; RQ 2 only uses it to learn its own address, and without it records
       ``ip_address = "unknown"`` (logging a warning at start-up).
 
 ``sf-host`` (an agent host: creates, appends, reads and disposes sessions; the registry)
@@ -63,6 +63,7 @@ from collections.abc import Mapping, Sequence
 
 from ..core import keys
 from ..core.config import Settings
+from ..queue import rq_seam
 
 SCHEDULER = "sf-scheduler"
 WORKER = "sf-worker"
@@ -85,7 +86,7 @@ _SCHEDULER_COMMANDS = (
     "xrange", "xread",  # the outcome stream
 )
 _WORKER_COMMANDS = (
-    *_CONNECTION, *_SCRIPTS, *_TRANSACTIONS, "watch", "unwatch", "info", "client|setname",
+    *_CONNECTION, *_SCRIPTS, *_TRANSACTIONS, "watch", "unwatch", "info", "client|setname", "client|info",
     "subscribe", "unsubscribe", "publish",
     "del", "exists", "expire", "get", "set",  # get/set: RQ's intermediate-queue "first seen" marks
     "hget", "hmget", "hgetall", "hexists", "hset", "hsetnx", "hdel", "hincrby", "hincrbyfloat",
@@ -140,16 +141,17 @@ def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
     # A script's declared keys need read and write access whatever the script does with them,
     # so keys passed to a script (rq:queue:<queue>, sf:lifecycle) cannot be write-only.
     sessions = (f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}")
+    rq = rq_seam.key_patterns(queue)
     scheduler = _line(
         SCHEDULER, passwords[SCHEDULER],
-        ["~rq:job:*", f"~rq:queue:{queue}", "%W~rq:queues",
+        [f"~{rq['jobs']}", f"~{rq['queue']}", f"%W~{rq['queues']}",
          f"%R~{keys.PREFIX}:req:*", f"%R~{_glob(keys.OUTCOME_STREAM)}"],
         replies, _SCHEDULER_COMMANDS)
     worker = _line(
         WORKER, passwords[WORKER],
-        ["~rq:*", f"~{keys.PREFIX}:req:*", f"~{_glob(keys.OUTCOME_STREAM)}",
+        [f"~{rq['all']}", f"~{keys.PREFIX}:req:*", f"~{_glob(keys.OUTCOME_STREAM)}",
          f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}"],
-        ["rq:pubsub:*", *replies], (*_WORKER_COMMANDS, *cluster, *wait))
+        [rq["worker_channels"], *replies], (*_WORKER_COMMANDS, *cluster, *wait))
     host = _line(HOST, passwords[HOST], sessions, (), (*_HOST_COMMANDS, *cluster))
     # XREADGROUP and XACK write the group's state, so the stream needs write access too.
     persist = _line(PERSIST, passwords[PERSIST], [f"%R~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}"],
