@@ -38,6 +38,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Seconds an outcome (and so the idempotency of its request id) is kept."""
     outcome_stream_maxlen: int = 100_000
     """Approximate cap of the outcome stream (XADD MAXLEN ~)."""
+    job_ttl: int = 600
+    """Seconds RQ keeps a finished job (its hash, result and finished-registry entry): what
+    rq-dashboard shows. The outcome itself stays ``outcome_ttl`` in ``sf:req:<id>``."""
     job_timeout: int = 30
     """Seconds one fork job may run before RQ's timeout fails it."""
     retries: int = 3
@@ -69,6 +72,7 @@ ENV: Mapping[str, str] = {
     "max_id_length": "SESSIONFORK_MAX_ID_LENGTH",
     "outcome_ttl": "SESSIONFORK_OUTCOME_TTL",
     "outcome_stream_maxlen": "SESSIONFORK_OUTCOME_STREAM_MAXLEN",
+    "job_ttl": "SESSIONFORK_JOB_TTL",
     "job_timeout": "SESSIONFORK_JOB_TIMEOUT",
     "retries": "SESSIONFORK_RETRIES",
     "abandoned_after": "SESSIONFORK_ABANDONED_AFTER",
@@ -95,7 +99,7 @@ def from_environ(environ: Mapping[str, str], **overrides: Any) -> Settings:
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid setting: {exc}") from None
     for field in ("max_request_bytes", "max_fanout", "max_event_bytes", "max_id_length", "outcome_ttl",
-                  "job_timeout", "abandoned_after", "maintenance_interval", "worker_ttl"):
+                  "job_ttl", "job_timeout", "abandoned_after", "maintenance_interval", "worker_ttl"):
         if getattr(settings, field) <= 0:
             raise ConfigError(f"{ENV[field]} must be positive, got {getattr(settings, field)}")
     if settings.max_id_length > 128:

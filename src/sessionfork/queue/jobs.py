@@ -47,7 +47,7 @@ def enqueue(queue: Queue, payload: bytes, request_id: str, settings: Settings) -
         queue.enqueue_call(
             JOB_FUNCTION, args=(payload.decode(),), job_id=request_id, unique=True,
             retry=Retry(max=settings.retries) if settings.retries else None,
-            timeout=settings.job_timeout, result_ttl=settings.outcome_ttl, failure_ttl=settings.outcome_ttl,
+            timeout=settings.job_timeout, result_ttl=settings.job_ttl, failure_ttl=settings.outcome_ttl,
         )
     except DuplicateJobError:
         return False

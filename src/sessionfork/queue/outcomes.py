@@ -23,6 +23,14 @@ from ..core.snapshots import Snapshot
 from ..core.wire import ForkFailure, Reply
 
 _ids = msgspec.json.Decoder(list[str])
+DIGEST_CHARS = 32
+"""A request digest is kept as its first 32 hex digits (128 bits): enough to tell two requests
+apart, half the bytes of a retained record's digest."""
+
+
+def short_digest(digest: str) -> str:
+    """The stored form of a request digest (``invalid:`` digests keep their prefix)."""
+    return digest[:DIGEST_CHARS + (8 if digest.startswith("invalid:") else 0)]
 _snapshot_codec = msgspec.json.Decoder(tuple[wire.Header, int, int, list[tuple[str, int, int]]])
 
 
@@ -54,11 +62,12 @@ class Outcomes:
     def claim(self, request_id: str, digest: str, children: list[str]) -> Claim:
         """Claim ``request_id`` for a request with ``digest``, planning ``children`` if new."""
         return self.parse_claim(self._claim(keys=[keys.request(request_id)],
-                                            args=[digest, wire.encode(children), self.ttl]))
+                                            args=[short_digest(digest), wire.encode(children), self.ttl]))
 
     def queue_claim(self, pipe: Any, request_id: str, digest: str, children: list[str]) -> None:
         """Queue ``claim`` on ``pipe`` (first in it); ``parse_claim`` reads its result."""
-        pipe.evalsha(self._claim.sha, 1, keys.request(request_id), digest, wire.encode(children), self.ttl)
+        pipe.evalsha(self._claim.sha, 1, keys.request(request_id), short_digest(digest),
+                     wire.encode(children), self.ttl)
 
     def load_scripts(self) -> None:
         for script in (self._claim, self._record):
@@ -100,7 +109,7 @@ class Outcomes:
         raw = wire.encode(reply)
         stored, outcome = self._record(
             keys=[keys.request(reply.request_id), keys.OUTCOME_STREAM],
-            args=[raw, channel, self.ttl, self.stream_maxlen, digest, reply.request_id,
+            args=[raw, channel, self.ttl, self.stream_maxlen, short_digest(digest), reply.request_id,
                   code_of(reply), duration_us, latency_us],
         )
         return reply if stored else wire.decode_reply(outcome)
@@ -185,7 +194,7 @@ def _stored(redis: Redis, request_id: str, digest: str | None) -> Reply | None:
     stored_digest = None if stored_digest is None else wire.text(stored_digest)
     # An "invalid:" digest marks a request refused before it was understood: its outcome stands.
     if digest is not None and stored_digest and not stored_digest.startswith("invalid:") \
-            and stored_digest != digest:
+            and stored_digest != short_digest(digest):
         return ForkFailure(request_id=request_id, code="IDEMPOTENCY_CONFLICT",
                            message=f'request id "{request_id}" was already used for a different request')
     return None if outcome is None else wire.decode_reply(outcome)

@@ -106,6 +106,7 @@ class SeamWorker(SimpleWorker):
     """
 
     abandoned_after: int = 30
+    job_ttl: int | None = None  # caps how long a finished job is kept, whatever its hash asks
     _holding: bool = False  # a job may be out of the queue and not finished yet
     stop_signalled: bool = False  # SIGTERM/SIGINT asked this worker to stop
 
@@ -141,6 +142,8 @@ class SeamWorker(SimpleWorker):
         job.ended_at = now()
         job._result = result
         result_ttl = job.get_result_ttl(self.default_result_ttl)
+        if self.job_ttl is not None and (result_ttl is None or result_ttl < 0 or result_ttl > self.job_ttl):
+            result_ttl = self.job_ttl  # the outcome lives on in sf:req:<id>; RQ's copy need not
         with self.connection.pipeline() as pipe:
             self.increment_successful_job_count(pipeline=pipe)
             self.increment_total_working_time(job.ended_at - job.started_at, pipe)

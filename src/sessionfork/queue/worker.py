@@ -44,10 +44,12 @@ class ForkWorker(SeamWorker):
     """Runs ``sessionfork.jobs.fork`` jobs with ``service``; see the module docstring."""
 
     def __init__(self, queues: list[Queue], *, service: ForkService, abandoned_after: int,
-                 on_outcome: Callable[[str, str, Reply, float], None] | None = None, **kwargs: Any) -> None:
+                 job_ttl: int | None = None, on_outcome: Callable[[str, str, Reply, float], None] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(queues, serializer=jobs.JSONSerializer, job_class=ForkJob, **kwargs)
         self.service = service
         self.abandoned_after = abandoned_after
+        self.job_ttl = job_ttl
         self.on_outcome = on_outcome
         self.push_exc_handler(self._finish_abandoned)  # type: ignore[no-untyped-call]  # rq leaves it untyped
 

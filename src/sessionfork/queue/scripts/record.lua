@@ -9,7 +9,8 @@ if redis.call('HSETNX', KEYS[1], 'outcome', ARGV[1]) == 0 then
   return {0, redis.call('HGET', KEYS[1], 'outcome')}
 end
 if ARGV[5] ~= '' then redis.call('HSETNX', KEYS[1], 'digest', ARGV[5]) end
-redis.call('HDEL', KEYS[1], 'snapshot')
+-- Once the outcome is stored, the plan and the snapshot are never read again: free them.
+redis.call('HDEL', KEYS[1], 'snapshot', 'children')
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*',
   'request', ARGV[6], 'code', ARGV[7], 'us', ARGV[8], 'lat', ARGV[9], 'reply', ARGV[1])

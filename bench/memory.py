@@ -1,0 +1,163 @@
+"""Memory measurements of the benchmark: what a completed request retains, by key family.
+
+``request_memory`` runs ``requests`` single-fork requests through a real ``sessionfork worker``
+process on an emptied server, waits until the worker is idle and RQ's short-lived job state has
+expired (``SESSIONFORK_JOB_TTL``), then compares ``INFO memory`` with the figure taken before, and
+adds ``MEMORY USAGE`` per key family. What is left is what a request keeps for the whole
+idempotency window (``SESSIONFORK_OUTCOME_TTL``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from redis import Redis
+
+from sessionfork.core import keys
+from sessionfork.core.config import Settings
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import NewEvent
+from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.queue.client import Client
+
+SOURCE = "mem-src"
+WORKER_ENV: Mapping[str, str] = {"SESSIONFORK_JOB_TTL": "1", "SESSIONFORK_MAINTENANCE_INTERVAL": "1"}
+"""The worker keeps RQ's job state 1 s (default 600 s), so the test need not wait that long."""
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """Bytes retained per completed request: ``total`` (INFO used_memory growth / requests) and
+    its share per key family (``MEMORY USAGE`` growth / requests); ``other`` is the rest (Redis's
+    main and expires dictionaries, allocator rounding)."""
+
+    requests: int
+    total: float
+    families: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def other(self) -> float:
+        return self.total - sum(self.families.values())
+
+    @property
+    def capped(self) -> float:
+        """Bytes per request in the capped streams: bounded by their MAXLEN, not by time."""
+        return sum(v for k, v in self.families.items() if k in CAPPED)
+
+    @property
+    def retained(self) -> float:
+        """Bytes per request kept for the whole idempotency window (the bar: <= 1,536)."""
+        return self.total - self.capped
+
+    def render(self) -> str:
+        rows = [*sorted(self.families.items()), ("other (dictionaries, rounding)", self.other),
+                ("total per request", self.total), ("  of which capped streams", self.capped),
+                ("retained per request (bar 1,536)", self.retained)]
+        return "\n".join(f"{label:<34}{value:>10,.1f}" for label, value in rows)
+
+
+OUTCOME_ENTRY = "sf:outcomes entry (capped)"
+LIFECYCLE_ENTRY = "sf:lifecycle entry (capped)"
+CAPPED = (OUTCOME_ENTRY, LIFECYCLE_ENTRY)
+
+
+def dataset_bytes(redis: Redis) -> int:
+    """``used_memory`` less client buffers (which come and go with each reply)."""
+    info = redis.info("memory")
+    return int(info["used_memory"]) - int(info.get("mem_clients_normal", 0))
+
+
+def _usage(redis: Redis, key: str) -> int:
+    return int(redis.memory_usage(key, samples=0) or 0)
+
+
+def _family_usage(redis: Redis, pattern: str) -> int:
+    return sum(_usage(redis, k.decode()) for k in redis.scan_iter(match=pattern, count=1000))
+
+
+def _families(redis: Redis) -> dict[str, int]:
+    return {
+        "sf:req:<id> (request record)": _family_usage(redis, keys.request("*")),
+        "sf:s:{<child>} (child record)": _family_usage(redis, keys.session("session-*")),
+        "children index entry": _usage(redis, keys.session_children(SOURCE)),
+        OUTCOME_ENTRY: _usage(redis, keys.OUTCOME_STREAM),
+        LIFECYCLE_ENTRY: _usage(redis, keys.LIFECYCLE_STREAM),
+        "rq:* (RQ's job state)": _family_usage(redis, "rq:*"),
+    }
+
+
+def _start_worker(url: str, name: str, env: Mapping[str, str]) -> subprocess.Popen[bytes]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SESSIONFORK_") and k != "REDIS_URL"}
+    return subprocess.Popen([sys.executable, "-m", "sessionfork", "--redis-url", url, "worker", "--name", name,
+                             "--log-level", "ERROR"], env={**base, **env}, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL)
+
+
+def _quiet(redis: Redis, worker: str, expect_jobs_gone: bool) -> bool:
+    """The worker is idle and, when RQ's job state is short-lived, none of it is left."""
+    if redis.hget(f"rq:worker:{worker}", "state") != b"idle":
+        return False
+    if not expect_jobs_gone:
+        return True
+    return not any(True for _ in redis.scan_iter(match="rq:job:*", count=1000)) and \
+        not any(True for _ in redis.scan_iter(match="rq:results:*", count=1000)) and \
+        not redis.zcard("rq:finished:sessionfork")
+
+
+def _run(client: Client, redis: Redis, n: int) -> None:
+    # Generated ids (req-<uuid4>, session-<uuid4>), as the public client makes them by default.
+    ids = [client.submit(client.request(SOURCE)) for _ in range(n)]
+
+    def settled() -> bool:
+        pipe = redis.pipeline(transaction=False)
+        for rid in ids:
+            pipe.hexists(keys.request(rid), "o")
+            pipe.hexists(keys.request(rid), "outcome")
+        done = pipe.execute()
+        return all(done[i] or done[i + 1] for i in range(0, len(done), 2))
+
+    wait_until(settled, 120, f"{n} requests to have outcomes", interval=0.05)
+
+
+def request_memory(server: EmbeddedServer, requests: int, *, env: Mapping[str, str] = WORKER_ENV,
+                   expect_jobs_gone: bool = True, warmup: int = 20) -> MemoryReport:
+    """Bytes retained per completed single-fork request (see the module docstring)."""
+    redis = server.client()
+    redis.execute_command("FLUSHALL", "SYNC")  # type: ignore[no-untyped-call]  # lazy would skew the figures
+    registry = Registry(redis)
+    handle = registry.create(SOURCE, cwd="/workspace")
+    registry.append(handle, [NewEvent("turn/start", {"turn": 1}), NewEvent("user/message", {"text": "hi"}),
+                             NewEvent("turn/end", {"turn": 1})])
+    name = f"mem-{time.monotonic_ns()}"
+    proc = _start_worker(server.url, name, env)
+    try:
+        wait_until(lambda: redis.hget(f"rq:worker:{name}", "state") is not None, 30, "the worker")
+        client = Client(redis, Settings())
+        # Warm up: scripts loaded, connections made, the first key of each family (and its encoding) created.
+        _run(client, redis, warmup)
+        wait_until(lambda: _quiet(redis, name, expect_jobs_gone), 60, "the worker to be idle")
+        before, families_before = dataset_bytes(redis), _families(redis)
+        _run(client, redis, requests)
+        wait_until(lambda: _quiet(redis, name, expect_jobs_gone), 60, "the worker to be idle, jobs expired")
+        after, families_after = dataset_bytes(redis), _families(redis)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(20)
+    families = {k: (families_after[k] - families_before[k]) / requests for k in families_after}
+    return MemoryReport(requests, (after - before) / requests, families)
+
+
+if __name__ == "__main__":
+    with EmbeddedServer() as srv:
+        jobs_gone = "--keep-jobs" not in sys.argv
+        print(request_memory(srv, 1000, expect_jobs_gone=jobs_gone,
+                             env=WORKER_ENV if jobs_gone else {}).render())
