@@ -65,3 +65,7 @@ def test_all_keys_of_one_session_share_one_cluster_slot(session_id: str) -> None
 def test_different_sessions_are_not_forced_into_one_slot() -> None:
     slots = {key_slot(keys.session(f"s{i}").encode()) for i in range(20)}
     assert len(slots) > 1
+
+
+def test_retention_index_key() -> None:
+    assert keys.DISPOSED_INDEX == "sf:disposed"

@@ -1,4 +1,4 @@
-"""The operators' commands: tree, repair, events, stats, persist, acl (registered on ``cli``)."""
+"""The operators' commands: tree, repair, delete, gc, events, stats, persist, acl (registered on ``cli``)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ import signal
 import socket
 import sys
 import threading
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import click
 
 from ..core import wire
+from ..core.registry import DELETED
 from .app import Context, clean_errors, cli
 
 
@@ -49,6 +52,59 @@ def repair(obj: Context, session_id: str) -> None:
         return
     click.echo(f"{session_id}: appended {len(added)} event(s), seq {added[0].seq}..{added[-1].seq}: "
                + ", ".join(e.type for e in added))
+
+
+@cli.command()
+@click.argument("session_ids", nargs=-1, required=True)
+@click.option("--timeout", type=float, default=30.0, show_default=True,
+              help="With SESSIONFORK_DELETE_AFTER_PERSIST: seconds to wait for the persistence backend.")
+@click.pass_obj
+@clean_errors
+def delete(obj: Context, session_ids: tuple[str, ...], timeout: float) -> None:
+    """Delete sessions: their ids answer SESSION_NOT_FOUND from now on and are never reused.
+
+    Descendants keep every event (a log they read is kept until the last of them is deleted).
+    """
+    registry = obj.registry()
+    wait = obj.settings.delete_after_persist
+    for sid in session_ids:
+        deadline = time.monotonic() + timeout
+        while registry.delete(sid, persisted_first=wait) != DELETED:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{sid}: the persistence backend did not write its whole log within {timeout}s")
+            time.sleep(0.2)  # polling the backend's progress, which a flush was just asked for
+        click.echo(f"{sid}: deleted")
+
+
+@cli.command()
+@click.option("--dry-run", is_flag=True, help="List what would go and the bytes it would free; change nothing.")
+@click.option("--older-than", type=int, help="Seconds since disposal (default: SESSIONFORK_RETENTION).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per session.")
+@click.pass_obj
+@clean_errors
+def gc(obj: Context, dry_run: bool, older_than: int | None, as_json: bool) -> None:
+    """Delete disposed sessions older than the retention (never a live one)."""
+    from ..core.factories import now_ms
+    from ..core.retention import sweep
+
+    seconds = older_than if older_than is not None else obj.settings.retention
+    if seconds <= 0:
+        raise click.UsageError("retention is off: set SESSIONFORK_RETENTION or pass --older-than SECONDS")
+    registry = obj.registry()
+    total = count = 0
+    while True:
+        batch = sweep(registry, now_ms=now_ms(), older_than_ms=seconds * 1000, dry_run=dry_run,
+                      limit=100_000 if dry_run else 1000, persisted_first=obj.settings.delete_after_persist)
+        for s in batch:
+            when = datetime.fromtimestamp(s.disposed_at / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+            click.echo(wire.encode(s).decode() if as_json else
+                       f"{s.id}  disposed {when}Z  {s.bytes} B" + ("  (log kept: descendants)" if s.log_kept else ""))
+        total += sum(s.bytes for s in batch)
+        count += len(batch)
+        if dry_run or not batch:
+            break
+    verb = "would free" if dry_run else "freed"
+    click.echo(f"{count} session(s) {'would be ' if dry_run else ''}deleted, {verb} {total} bytes", err=as_json)
 
 
 @cli.command()

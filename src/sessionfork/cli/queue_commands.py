@@ -39,7 +39,8 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
     if metrics_port is not None:
         observer.serve(metrics_port)
     fork_worker = ForkWorker([queue], service=service, connection=queue_redis, on_outcome=observer,
-                             abandoned_after=s.abandoned_after, job_ttl=s.job_ttl,
+                             abandoned_after=s.abandoned_after, job_ttl=s.job_ttl, retention=s.retention,
+                             delete_after_persist=s.delete_after_persist,
                              maintenance_interval=s.maintenance_interval,
                              worker_ttl=s.worker_ttl, name=name)
     fork_worker.work(burst=burst, max_jobs=max_jobs, logging_level=log_level)

@@ -54,6 +54,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     seconds (45 s by default)."""
     worker_ttl: int = 60
     """Seconds a worker's heartbeat is trusted (``sessionfork health``)."""
+    retention: int = 0
+    """Seconds a disposed session is kept before the workers' maintenance pass (and ``sessionfork
+    gc``) deletes it; 0 = off (sessions are kept until deleted by hand). Never a live session."""
+    delete_after_persist: bool = False
+    """Deletion waits for the persistence backend: a session is removed from Redis only once its
+    JSONL file holds its whole log (``sessionfork persist`` running)."""
     wait_replicas: int = 0
     """Replicas that must acknowledge a fork before it is reported (WAIT), 0 = don't wait."""
     wait_timeout_ms: int = 1000
@@ -78,6 +84,8 @@ ENV: Mapping[str, str] = {
     "abandoned_after": "SESSIONFORK_ABANDONED_AFTER",
     "maintenance_interval": "SESSIONFORK_MAINTENANCE_INTERVAL",
     "worker_ttl": "SESSIONFORK_WORKER_TTL",
+    "retention": "SESSIONFORK_RETENTION",
+    "delete_after_persist": "SESSIONFORK_DELETE_AFTER_PERSIST",
     "wait_replicas": "SESSIONFORK_WAIT_REPLICAS",
     "wait_timeout_ms": "SESSIONFORK_WAIT_TIMEOUT_MS",
 }
@@ -102,6 +110,8 @@ def from_environ(environ: Mapping[str, str], **overrides: Any) -> Settings:
                   "job_ttl", "job_timeout", "abandoned_after", "maintenance_interval", "worker_ttl"):
         if getattr(settings, field) <= 0:
             raise ConfigError(f"{ENV[field]} must be positive, got {getattr(settings, field)}")
+    if settings.retention < 0:
+        raise ConfigError(f"SESSIONFORK_RETENTION must be 0 (off) or positive, got {settings.retention}")
     if settings.max_id_length > 128:
         raise ConfigError(f"SESSIONFORK_MAX_ID_LENGTH may only lower the id rule's 128, got {settings.max_id_length}")
     return settings

@@ -14,12 +14,20 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                     req       request id that created it by fork (for replays)
                                     batch     id of the last append call, batchseq its first seq
                                               (a retried append is recognised, never doubled)
+                                    persisted events the persistence backend holds durably
+                                  once deleted, a tombstone (the id is never reused):
+                                    deleted   when (epoch ms)
+                                    parent    parent id, kept while descendants pin the log
     sf:s:{<id>}:log        list   the session's own events (seq >= seedlen), JSON without "seq"
-    sf:s:{<id>}:children   set    ids of the sessions forked from this one (lineage index)
+    sf:s:{<id>}:children   set    ids of the sessions forked from this one (lineage index); while
+                                  it is not empty, the session's log is never freed (it pins it)
     <key>:replicated       string a marker written (and expired within 1 ms) next to a key, in its
                                   slot, to WAIT for replicas after a replayed fork
-    sf:lifecycle           stream session/created, session/flush, session/disposed, for persistence
-                                  backends (fields: type, id, len); capped (XADD MAXLEN ~)
+    sf:lifecycle           stream session/created, session/flush, session/disposed, session/deleted
+                                  for persistence backends (fields: type, id, len; session/deleted
+                                  also header); capped (XADD MAXLEN ~)
+    sf:disposed            zset   retention index: disposed session ids, scored by disposal time
+                                  (epoch ms); one key (on a cluster, written right after dispose)
 
 Queue side (one Redis primary, the one RQ uses; never a cluster)::
 
@@ -36,6 +44,7 @@ DEFAULT_QUEUE = "sessionfork"
 DEFAULT_REPLY_CHANNEL = f"{PREFIX}:replies"
 OUTCOME_STREAM = f"{PREFIX}:outcomes"
 LIFECYCLE_STREAM = f"{PREFIX}:lifecycle"
+DISPOSED_INDEX = f"{PREFIX}:disposed"
 
 
 def session(session_id: str) -> str:

@@ -19,7 +19,11 @@ from .snapshots import ForkPlan, Snapshot, parse_snapshot
 from .store import SessionRef, SessionStore, split_ref
 from .wire import Event, Header
 
-__all__ = ["Registry", "SessionRef"]
+__all__ = ["DELETED", "LIVE", "UNPERSISTED", "Registry", "SessionRef"]
+
+DELETED = "deleted"
+LIVE = "live"
+UNPERSISTED = "unpersisted"
 
 
 class Registry(SessionStore):
@@ -30,6 +34,52 @@ class Registry(SessionStore):
         """A registry on ``redis`` with the limits and replication wait of ``settings``."""
         return cls(redis, max_event_bytes=settings.max_event_bytes, wait_replicas=settings.wait_replicas,
                    wait_timeout_ms=settings.wait_timeout_ms)
+
+    # -- deletion (design: ``retention``'s docstring) --------------------------------------------
+
+    def delete(self, session_id: str, *, only_disposed: bool = False, persisted_first: bool = False) -> str:
+        """Delete a session, live or disposed: afterwards its id answers ``SESSION_NOT_FOUND``
+        everywhere and is never reused; no descendant's log changes (a log descendants read is
+        kept until the last of them is gone). Returns ``DELETED``; ``LIVE`` when
+        ``only_disposed`` and it is live; ``UNPERSISTED`` when ``persisted_first`` and the
+        persistence backend does not hold its whole log yet (a ``session/flush`` is emitted:
+        ask again once it does). ``SESSION_NOT_FOUND`` when never created or deleted already.
+        """
+        sid = rules.check_id(session_id)
+        reply = self._delete(keys=[keys.session(sid), keys.session_log(sid), keys.session_children(sid),
+                                   *self._lifecycle],
+                             args=[self._clock(), self.lifecycle_maxlen, sid, "1" if only_disposed else "0",
+                                   "1" if persisted_first else "0"])
+        status = int(reply[0])
+        if status == -1:
+            raise errors.not_found(sid)
+        if status == -2:
+            return LIVE
+        if status == -3:
+            self.flush(sid)
+            return UNPERSISTED
+        self._lineages.pop(sid, None)
+        parent, left = wire.text(reply[1]), int(reply[2])
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrem(keys.DISPOSED_INDEX, sid)
+        if self._cluster:  # the stream is in another slot: right after the change
+            pipe.xadd(keys.LIFECYCLE_STREAM, {"type": "session/deleted", "id": sid, "len": 0,
+                                              "header": wire.text(reply[3])},
+                      maxlen=self.lifecycle_maxlen, approximate=True)
+        pipe.execute()
+        if not left:
+            self._release_up(parent, sid)
+        return DELETED
+
+    def _release_up(self, parent: str, child: str) -> None:
+        # ``child`` is gone for good: unpin it from ``parent``, and go up the lineage while that
+        # frees a deleted ancestor's log (each step one script on one slot).
+        while parent:
+            result = self._release(keys=[keys.session(parent), keys.session_log(parent),
+                                         keys.session_children(parent)], args=[child])
+            if result is None:
+                return
+            parent, child = wire.text(result), parent
 
     # -- the two atomic steps of a fork ----------------------------------------------------------
 
@@ -81,7 +131,8 @@ class Registry(SessionStore):
 
     def load_scripts(self) -> None:
         """Load every script (after a NOSCRIPT: the server restarted or was flushed)."""
-        for script in (self._create, self._append, self._snapshot, self._dispose):
+        for script in (self._create, self._append, self._snapshot, self._dispose, self._delete, self._release,
+                       self._pin):
             script.sha = self.redis.script_load(script.script)
 
     def _plan(self, sid: str, checked: list[str], request_id: str, results: list[Any]) -> ForkPlan:
@@ -126,9 +177,14 @@ class Registry(SessionStore):
         checked = [rules.check_id(c) for c in child_ids]
         segments = wire.encode(snap.child_segments())
         last = "turn/end" if snap.length else ""
-        # On one server the script also indexes the child under its parent (atomically); on a
-        # cluster the parent's index is in another slot and is written right after.
-        index = [] if self._cluster else [keys.session_children(snap.source.id)]
+        # On one server the script also indexes the child under its parent, unless the parent was
+        # deleted since the snapshot (atomically); on a cluster the parent's index is in another
+        # slot: the children are pinned there first (pin.lua, which checks the same), then created.
+        parent = snap.source.id
+        index = [] if self._cluster else [keys.session_children(parent), keys.session(parent)]
+        if self._cluster and checked and not self._pin(keys=[keys.session(parent), keys.session_children(parent)],
+                                                       args=checked):
+            return [errors.not_found(parent) for _ in checked]
         calls: list[lua.Call] = [
             (self._create, [keys.session(cid), *self._lifecycle, *index],
              [wire.encode_header(self.child_header(snap, cid)), self._new_token(), snap.length, snap.length,
@@ -136,18 +192,37 @@ class Registry(SessionStore):
             for cid in checked
         ]
         results: list[Header | errors.ForkError] = [
-            errors.already_exists(cid) if raw is None else wire.decode_header(raw)
+            errors.already_exists(cid) if raw is None else errors.not_found(parent) if raw == -1
+            else wire.decode_header(raw)
             for cid, raw in zip(checked, lua.eval_many(self.redis, calls, replicas=self.wait_replicas,
                                                        wait_ms=self.wait_timeout_ms), strict=True)
         ]
         created = [r.id for r in results if isinstance(r, Header)]
-        if created and self._cluster:
+        if self._cluster:
             pipe = self.redis.pipeline(transaction=False)
-            pipe.sadd(keys.session_children(snap.source.id), *created)
             for cid in created:
                 self._emit(pipe, "session/created", cid, snap.length)
+            refused = [cid for cid, r in zip(checked, results, strict=True) if not isinstance(r, Header)]
+            stale = self._not_children(parent, refused)
+            if stale:  # pinned above, but another session owns the id: take the pin back
+                pipe.srem(keys.session_children(parent), *stale)
             pipe.execute()
         return results
+
+    def _not_children(self, parent: str, ids: list[str]) -> list[str]:
+        """Those of ``ids`` whose record (or tombstone) does not name ``parent`` as its parent."""
+        if not ids:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for cid in ids:
+            pipe.hmget(keys.session(cid), ["header", "parent"])
+        stale = []
+        for cid, (header, tomb_parent) in zip(ids, pipe.execute(), strict=True):
+            owner = wire.decode_header(header).parent_session if header is not None else \
+                (wire.text(tomb_parent) if tomb_parent is not None else None)
+            if owner != parent:
+                stale.append(cid)
+        return stale
 
     def confirm_replays(self, replayed: Sequence[Header]) -> None:
         """Finish what an earlier attempt of a request may have left undone for its children.

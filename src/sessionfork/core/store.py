@@ -80,6 +80,7 @@ class SessionStore:
         self._cluster = isinstance(redis, RedisCluster)
         self._lineages: OrderedDict[str, tuple[int, tuple[tuple[str, int, int], ...]]] = OrderedDict()
         self._lifecycle = [] if self._cluster else [keys.LIFECYCLE_STREAM]
+        self._disposed = [] if self._cluster else [keys.DISPOSED_INDEX]
         self._clock = clock
         self._new_id = new_id
         self._new_token = new_token
@@ -88,6 +89,9 @@ class SessionStore:
         self._append = lua.register(redis, "append.lua")
         self._snapshot = lua.register(redis, "snapshot.lua")
         self._dispose = lua.register(redis, "dispose.lua")
+        self._delete = lua.register(redis, "delete.lua")
+        self._release = lua.register(redis, "release.lua")
+        self._pin = lua.register(redis, "pin.lua")
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -142,12 +146,17 @@ class SessionStore:
         return [Event(e.type, first + i, ts, e.data, dict(e.extra)) for i, e in enumerate(events)]
 
     def dispose(self, session: SessionRef) -> None:
-        """End the live incarnation; header and events stay readable, the id is never reused."""
+        """End the live incarnation; header and events stay readable, the id is never reused.
+
+        The session enters the retention index (``keys.DISPOSED_INDEX``, scored by this time).
+        """
         sid, instance = split_ref(session)
-        status = int(self._dispose(keys=[keys.session(sid), *self._lifecycle],
-                                   args=[instance, self.lifecycle_maxlen, sid]))
+        now = self._clock()
+        status = int(self._dispose(keys=[keys.session(sid), *self._lifecycle, *self._disposed],
+                                   args=[instance, self.lifecycle_maxlen, sid, now]))
         self._raise_for(status, sid)
-        if self._cluster:
+        if self._cluster:  # the index and the stream live in other slots: right after the change
+            self.redis.zadd(keys.DISPOSED_INDEX, {sid: now})
             self._emit(self.redis, "session/disposed", sid, self.length(sid))
 
     def flush(self, session_id: str) -> None:
@@ -187,7 +196,8 @@ class SessionStore:
         return 0 if raw is None else int(raw)
 
     def exists(self, session_id: str) -> bool:
-        return bool(self.redis.exists(keys.session(rules.check_id(session_id))))
+        """True for a live or disposed session; False when never created or deleted."""
+        return bool(self.redis.hexists(keys.session(rules.check_id(session_id)), "header"))
 
     def events(self, session_id: str, start: int = 0, stop: int | None = None) -> list[Event]:
         """Events with ``start <= seq < stop`` (the whole log by default), inherited seed included.
@@ -238,9 +248,23 @@ class SessionStore:
         pipe = self.redis.pipeline(transaction=False)
         for owner, first, last, _ in plan:
             pipe.lrange(keys.session_log(owner), first, last)
+        # Last, in the same round trip: still there? (deleted: SESSION_NOT_FOUND, never a partial log)
+        pipe.hexists(keys.session(sid), "header")
+        *results, there = pipe.execute()
         out: list[Event] = []
-        for (_, _, _, first_seq), raws in zip(plan, pipe.execute(), strict=True):
+        short = False
+        for (owner, first, last, first_seq), raws in zip(plan, results, strict=True):
+            # An ancestor's log is freed only once no descendant is left, so a short ancestor
+            # slice means this session was deleted meanwhile (on a cluster, nodes answer unordered).
+            short = short or (owner != sid and len(raws) != last - first + 1)
             out.extend(wire.decode_stored_event(raw, first_seq + i) for i, raw in enumerate(raws))
+        if short and there:
+            there = bool(self.redis.hexists(keys.session(sid), "header"))
+            if there:
+                raise RuntimeError(f"an ancestor log of {sid!r} is shorter than its seed references")
+        if not there:
+            self._lineages.pop(sid, None)
+            raise errors.not_found(sid)
         return out
 
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import msgspec
 from msgspec import UNSET
 
-from ..core import keys, rules, wire
+from ..core import errors, keys, rules, wire
 from ..core.registry import Registry
 from ..core.wire import Header
 
@@ -35,35 +35,46 @@ class Lineage(msgspec.Struct, rename="camel", kw_only=True):
 
 
 def lineage(registry: Registry, session_id: str, *, max_nodes: int = 10_000) -> Lineage:
-    """The lineage of ``session_id`` (``SESSION_NOT_FOUND`` if it was never created)."""
+    """The lineage of ``session_id`` (``SESSION_NOT_FOUND`` if never created, or deleted).
+
+    Deleted sessions are left out: ancestors stop above the nearest deleted one; the descendants
+    of a deleted session are listed under its nearest listed ancestor."""
     sid = rules.check_id(session_id)
     header = registry.header(sid)
     ancestors: list[Node] = []
     parent = header.parent_session
     while parent is not UNSET and len(ancestors) < max_nodes:
-        h = registry.header(parent)
+        try:
+            h = registry.header(parent)
+        except errors.ForkError:
+            break  # a deleted ancestor: the walk ends there
+
         ancestors.insert(0, _node(h, registry.instance(parent) is not None))
         parent = h.parent_session
     root = _node(header, registry.instance(sid) is not None)
-    frontier = [root]
+    # (node the children attach to, session whose children index is read): the descendants of a
+    # deleted session (a tombstone that still pins its log) attach to its nearest listed ancestor.
+    frontier = [(root, root.id)]
     count = 1
     while frontier and count < max_nodes:
         pipe = registry.redis.pipeline(transaction=False)
-        for node in frontier:
-            pipe.smembers(keys.session_children(node.id))
+        for _, owner in frontier:
+            pipe.smembers(keys.session_children(owner))
         child_lists = pipe.execute()
-        ids = [(node, wire.text(c)) for node, members in zip(frontier, child_lists, strict=True)
+        ids = [(node, wire.text(c)) for (node, _), members in zip(frontier, child_lists, strict=True)
                for c in sorted(members)]
         pipe = registry.redis.pipeline(transaction=False)
         for _, cid in ids:
-            pipe.hmget(keys.session(cid), ["header", "instance"])
+            pipe.hmget(keys.session(cid), ["header", "instance", "deleted"])
         next_frontier = []
-        for (node, _), (raw, instance) in zip(ids, pipe.execute(), strict=True):
+        for (node, cid), (raw, instance, deleted) in zip(ids, pipe.execute(), strict=True):
             if raw is None:
+                if deleted is not None:
+                    next_frontier.append((node, cid))
                 continue
             child = _node(wire.decode_header(raw), instance is not None)
             node.children.append(child)
-            next_frontier.append(child)
+            next_frontier.append((child, cid))
             count += 1
         frontier = next_frontier
     return Lineage(ancestors=ancestors, root=root)

@@ -113,6 +113,9 @@ class SeamWorker(SimpleWorker):
     def refuse_entry(self, entry: EntryRefused) -> None:
         raise NotImplementedError
 
+    def maintain(self) -> None:
+        """The subclass's own part of each maintenance pass (after RQ's); nothing by default."""
+
     # -- job bookkeeping -------------------------------------------------------------------------
 
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
@@ -287,6 +290,7 @@ class SeamWorker(SimpleWorker):
             self._purge_undecodable()
             self._requeue_stranded()
             super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
+            self.maintain()
         except TRANSIENT:
             raise
         except Exception:

@@ -28,6 +28,8 @@ from rq.exceptions import AbandonedJobError
 from rq.job import Job
 from rq.timeouts import JobTimeoutException
 
+from ..core import retention
+from ..core.factories import now_ms
 from ..core.wire import Reply
 from . import jobs
 from .rq_seam import EntryRefused, ForkJob, SeamWorker
@@ -44,12 +46,15 @@ class ForkWorker(SeamWorker):
     """Runs ``sessionfork.jobs.fork`` jobs with ``service``; see the module docstring."""
 
     def __init__(self, queues: list[Queue], *, service: ForkService, abandoned_after: int,
-                 job_ttl: int | None = None, on_outcome: Callable[[str, str, Reply, float], None] | None = None,
+                 job_ttl: int | None = None, retention: int = 0, delete_after_persist: bool = False,
+                 on_outcome: Callable[[str, str, Reply, float], None] | None = None,
                  **kwargs: Any) -> None:
         super().__init__(queues, serializer=jobs.JSONSerializer, job_class=ForkJob, **kwargs)
         self.service = service
         self.abandoned_after = abandoned_after
         self.job_ttl = job_ttl
+        self.retention = retention
+        self.delete_after_persist = delete_after_persist
         self.on_outcome = on_outcome
         self.push_exc_handler(self._finish_abandoned)  # type: ignore[no-untyped-call]  # rq leaves it untyped
 
@@ -103,6 +108,18 @@ class ForkWorker(SeamWorker):
         self.remove_entry(entry)
         if reply is not None:
             self._observe(entry.job_id, "", reply, 0.0)
+
+    def maintain(self) -> None:
+        """The retention sweep: delete disposed sessions older than ``retention`` seconds (0: off).
+
+        One batch per pass; several workers may sweep at once (every step is idempotent)."""
+        if self.retention <= 0:
+            return
+        swept = retention.sweep(self.service.registry, now_ms=now_ms(), older_than_ms=self.retention * 1000,
+                                persisted_first=self.delete_after_persist)
+        if swept:
+            log.info("retention: deleted %d disposed session(s), %d bytes freed", len(swept),
+                     sum(s.bytes for s in swept))
 
     def _observe(self, request_id: str, payload: str, reply: Reply, seconds: float) -> None:
         if self.on_outcome is None:

@@ -1,19 +1,24 @@
 -- Create a session record if its id is free: a new session (len 0) or a forked child.
 -- KEYS[1] = sf:s:{<id>}      (the new session's record)
--- KEYS[2] = sf:lifecycle, KEYS[3] = the parent's sf:s:{<parent>}:children
---           (both optional: given only when they share the server, i.e. not on a cluster, where
---           the registry writes them right after this script)
+-- KEYS[2] = sf:lifecycle, KEYS[3] = the parent's sf:s:{<parent>}:children,
+-- KEYS[4] = the parent's record sf:s:{<parent>}
+--           (all optional: given only when they share the server, i.e. not on a cluster, where
+--           the registry pins the child under its parent first (pin.lua) and emits the event after)
 -- ARGV    = header JSON, instance token, len, seedlen, seed JSON, last type, request id ("" = none),
 --           lifecycle stream MAXLEN, session id
 -- Returns the header JSON of the record now under KEYS[1] when it is ours (created now, created
 -- earlier by the same request id: a replay, or by this very call: a client's retry after a lost
--- reply, recognised by the fresh instance token), or false when another owner has the id.
+-- reply, recognised by the fresh instance token), or false when another owner has the id, or -1
+-- when the parent was deleted since the snapshot (the fork fails SESSION_NOT_FOUND).
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local mine = redis.call('HMGET', KEYS[1], 'req', 'instance', 'header')
   if (ARGV[7] ~= '' and mine[1] == ARGV[7]) or mine[2] == ARGV[2] then
     return mine[3]
   end
   return false
+end
+if KEYS[4] and redis.call('HEXISTS', KEYS[4], 'deleted') == 1 then
+  return -1
 end
 redis.call('HSET', KEYS[1], 'header', ARGV[1], 'instance', ARGV[2], 'len', ARGV[3],
   'seedlen', ARGV[4], 'seed', ARGV[5], 'last', ARGV[6])
