@@ -7,6 +7,7 @@ sessions, so forks run unchanged on a Redis Cluster.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -70,6 +71,15 @@ class Registry(SessionStore):
         if not left:
             self._release_up(parent, sid)
         return DELETED
+
+    def mark_persisted(self, session_id: str, length: int) -> None:
+        """The persistence backend holds the first ``length`` events durably (deletion with
+        ``persisted_first`` waits for this to reach the session's length)."""
+        self._persisted(keys=[keys.session(rules.check_id(session_id))], args=[length])
+
+    @functools.cached_property
+    def _persisted(self) -> Any:
+        return lua.register(self.redis, "persisted.lua")
 
     def _release_up(self, parent: str, child: str) -> None:
         # ``child`` is gone for good: unpin it from ``parent``, and go up the lineage while that

@@ -7,7 +7,11 @@ with no gap; a forked child's file holds its whole log, inherited seed first.
 ``JsonlBackend`` consumes the lifecycle stream (``keys.LIFECYCLE_STREAM``) in a consumer group,
 at least once: every entry, whatever its type, means "bring this session's file up to the
 registry's current length", so a redelivered or reordered entry is harmless. An entry is acked
-only once the file is durable (fsync of the file, and of its directories when the file was new).
+only once the file is durable (fsync of the file, and of its directories when the file was new);
+then the session's record learns how many events the file holds (``Registry.mark_persisted``), so
+a deletion that waits for the backend can proceed. ``session/deleted`` appends the last line
+``{"type":"session/deleted","time":<ms>}`` to an existing file (never creating one); a file ending
+with it is never written again.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from ..core.wire import Header
 log = logging.getLogger("sessionfork.ops.persist")
 
 NO_CWD_DIR = "_no-cwd"
-KINDS = frozenset({"session/created", "session/flush", "session/disposed"})
+KINDS = frozenset({"session/created", "session/flush", "session/disposed", "session/deleted"})
+DELETED_TYPE = "session/deleted"
 _SAFE = frozenset(string.ascii_letters + string.digits + "._-")
 _CHUNK = 64 * 1024
 _CACHE_MAX = 4096
@@ -190,6 +195,12 @@ class JsonlBackend:
                 log.warning("skipping entry %s: %r", wire.text(entry_id), fields or "(trimmed from the stream)")
                 done.append(entry_id)
                 continue
+            if kind == DELETED_TYPE:
+                if not self._mark_deleted(fields.get("header", ""), entry_id):
+                    continue  # left pending: retried once idle for claim_idle_ms
+                self._cache.pop(sid, None)
+                done.append(entry_id)
+                continue
             by_session.setdefault(sid, []).append(entry_id)
             if kind == "session/disposed":
                 disposed.add(sid)
@@ -219,6 +230,34 @@ class JsonlBackend:
                      len(entries), len(done), events, files)
         return len(done)
 
+    def _mark_deleted(self, raw_header: str, entry_id: Any) -> bool:
+        """End the file of a deleted session with the deleted line; False when it cannot be written."""
+        try:
+            header = wire.decode_header(raw_header)
+        except Exception:
+            log.warning("skipping entry %s: session/deleted without a readable header", wire.text(entry_id))
+            return True
+        path = path_for(self.root, header)
+        try:
+            with open(path, "r+b") as f:  # never O_CREAT: a deleted session's file is not made anew
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+                size = os.fstat(f.fileno()).st_size
+                if _ends_deleted(f, size):
+                    return True
+                end, _ = _recover(f, size, header_line(header))
+                f.truncate(end)
+                f.seek(end)
+                ms = int(wire.text(entry_id).split("-")[0])
+                f.write(wire.encode({"type": DELETED_TYPE, "time": ms}) + b"\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except FileNotFoundError:
+            return True
+        except (OSError, ForeignFile):
+            log.exception("cannot mark %s deleted", path)
+            return False
+        return True
+
     def sync(self, session_id: str) -> int:
         """Make the session's file match the registry up to its current length, durably.
 
@@ -235,6 +274,8 @@ class JsonlBackend:
             # Another consumer of the group may hold an entry of the same session right now.
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             size = os.fstat(f.fileno()).st_size
+            if _ends_deleted(f, size):
+                return 0  # deleted meanwhile (a later id cannot be this one: ids are never reused)
             cached = self._cache.get(session_id)
             if cached is not None and cached[0] == size:
                 end, next_seq = size, cached[1]
@@ -246,7 +287,12 @@ class JsonlBackend:
             start = max(next_seq, 0)
             if start > length:  # Redis lost data, or this root belongs to another registry
                 log.warning("%s holds %d events, more than the registry's %d", path, start, length)
-            new = self.registry.events(session_id, start, length) if start < length else []
+            try:
+                new = self.registry.events(session_id, start, length) if start < length else []
+            except ForkError:
+                if size == 0:  # deleted between the header read and the open: make no file for it
+                    path.unlink(missing_ok=True)
+                raise
             assert not new or new[0].seq == start, "the registry skipped or repeated a seq"
             data = (first if next_seq < 0 else b"") + b"".join(wire.encode_event(e) + b"\n" for e in new)
             if data or end < size:
@@ -259,6 +305,7 @@ class JsonlBackend:
             # A new file: its name, and its directories' (maybe made just now), must survive a crash too.
             for made in (path.parent, self.root, self.root.parent):
                 _fsync_dir(made)
+        self.registry.mark_persisted(session_id, start + len(new))
         self._cache[session_id] = (new_size, start + len(new))
         self._cache.move_to_end(session_id)
         if len(self._cache) > _CACHE_MAX:
@@ -291,6 +338,16 @@ def _recover(f: IO[bytes], size: int, first: bytes) -> tuple[int, int]:
             return nl + 1, 0 if prev < 0 else value["seq"] + 1
         end = prev + 1
     return 0, -1
+
+
+def _ends_deleted(f: IO[bytes], size: int) -> bool:
+    """The file's last line is the ``session/deleted`` line."""
+    nl = _rfind_newline(f, size)
+    if nl < 0 or nl != size - 1:
+        return False
+    f.seek(_rfind_newline(f, nl) + 1)
+    value = _decode(f.read(nl - f.tell()))
+    return isinstance(value, dict) and value.get("type") == DELETED_TYPE
 
 
 def _rfind_newline(f: IO[bytes], before: int) -> int:
