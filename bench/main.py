@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.measure import fork_cost, fork_throughput, latency, noop, ping, round_trips, rq_peer
+from bench.memory import child_bytes_at_depth, request_memory, steady_workload
 from sessionfork.embedded import EmbeddedServer
 
 __all__ = ["main", "noop"]
@@ -54,6 +55,25 @@ def main(argv: list[str] | None = None) -> int:
         fan_requests = 5 if q else 100
         fan = step("fan-out 64", lambda: fork_throughput(server, fan_requests, count=64)) * 64
         rows.append(("fan-out children/s (64 per request)", fan, "target children/s", 10_000.0, "≥ 1"))
+        mem = step("bytes retained per request", lambda: request_memory(server, 300 if q else 1000))
+        print(mem.render(), file=sys.stderr)
+        rows.append(("Redis bytes retained per completed request", mem.retained, "limit bytes", 1536.0, "≤ 1"))
+        rows.append(("  of which sf:req (request record)", mem.families["sf:req:<id> (request record)"],
+                     "limit bytes", 1536.0, ""))
+        rows.append(("  of which the child's record", mem.families["sf:s:{<child>} (child record)"], "limit bytes",
+                     1536.0, ""))
+        rows.append(("  plus capped streams (outcome, lifecycle entry)", mem.capped, "limit bytes", 1536.0, ""))
+        depths = {d: step(f"bytes per child at depth {d}", lambda d=d: child_bytes_at_depth(server, d))  # type: ignore[misc]
+                  for d in ((1, 10, 100) if q else (1, 100, 1000))}
+        for d, per_child in depths.items():
+            rows.append((f"Redis bytes/child, lineage depth {d}", per_child, "bytes/child, depth 1", depths[1],
+                         "≤ 2" if d == max(depths) else ""))
+        ops = 400 if q else 4000
+        for label, keep in (("on", ops // 4), ("off", None)):
+            st = step(f"steady workload, retention {label}",
+                      lambda k=keep: steady_workload(server, ops, retention_ops=k))  # type: ignore[misc]
+            rows.append((f"steady create→fork→dispose, retention {label}: used memory at end", float(st.end),
+                         "used memory half-way", float(st.middle), "≤ 1.10" if keep else "grows"))
         ours_rt, simple_rt = step("round trips", lambda: round_trips(server, 50 if q else 500))
         rows.append(("Redis round trips per job, worker side", ours_rt, "RQ SimpleWorker per no-op job", simple_rt,
                      ""))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from redis import Redis
 
-from sessionfork.core import keys
+from sessionfork.core import forks, keys, retention
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
@@ -64,6 +64,7 @@ class MemoryReport:
 OUTCOME_ENTRY = "sf:outcomes entry (capped)"
 LIFECYCLE_ENTRY = "sf:lifecycle entry (capped)"
 CAPPED = (OUTCOME_ENTRY, LIFECYCLE_ENTRY)
+RQ_JOBS = "rq:job, rq:results, rq:finished (RQ's job state)"
 
 
 def dataset_bytes(redis: Redis) -> int:
@@ -87,7 +88,7 @@ def _families(redis: Redis) -> dict[str, int]:
         "children index entry": _usage(redis, keys.session_children(SOURCE)),
         OUTCOME_ENTRY: _usage(redis, keys.OUTCOME_STREAM),
         LIFECYCLE_ENTRY: _usage(redis, keys.LIFECYCLE_STREAM),
-        "rq:* (RQ's job state)": _family_usage(redis, "rq:*"),
+        RQ_JOBS: sum(_family_usage(redis, p) for p in ("rq:job:*", "rq:results:*", "rq:finished:*")),
     }
 
 
@@ -156,8 +157,93 @@ def request_memory(server: EmbeddedServer, requests: int, *, env: Mapping[str, s
     return MemoryReport(requests, (after - before) / requests, families)
 
 
+def child_bytes_at_depth(server: EmbeddedServer, depth: int, children: int = 200) -> float:
+    """Redis bytes per child forked from a session ``depth`` forks deep (each ancestor with a turn
+    of its own, so each is a slice of the child's seed)."""
+    redis = server.client()
+    redis.execute_command("FLUSHALL", "SYNC")  # type: ignore[no-untyped-call]
+    registry = Registry(redis)
+    registry.append(registry.create("d0"), _turn(0))
+    for d in range(1, depth):
+        forks.fork(registry, f"d{d - 1}", f"d{d}")
+        registry.append(f"d{d}", _turn(d))
+    deepest = f"d{depth - 1}"
+    for i in range(20):  # warm-up: scripts, the first growth of the keyspace
+        forks.fork(registry, deepest, f"warm-{i}")
+    before = dataset_bytes(redis)
+    for i in range(children):
+        forks.fork(registry, deepest, f"child-{i}")
+    return (dataset_bytes(redis) - before) / children
+
+
+def _turn(n: int, size: int = 100) -> list[NewEvent]:
+    return [NewEvent("turn/start", {"turn": n}), NewEvent("user/message", {"text": "q" * size}),
+            NewEvent("assistant/message", {"text": "a" * 2 * size}), NewEvent("turn/end", {"turn": n})]
+
+
+@dataclass(frozen=True)
+class Steady:
+    """used_memory (client buffers excluded) at the half-way mark and at the end of the workload."""
+
+    operations: int
+    middle: int
+    end: int
+    tombstone: int  # MEMORY USAGE of one tombstone (kept forever: a deleted id is never reused)
+
+    @property
+    def growth(self) -> float:
+        """Second half over first: end / middle (bar with retention on: <= 1.10)."""
+        return self.end / self.middle
+
+
+def steady_workload(server: EmbeddedServer, operations: int, *, retention_ops: int | None,
+                    sweep_every: int = 50, lifecycle_cap: int | None = None) -> Steady:
+    """A steady create -> append -> fork -> append -> dispose both workload, ``operations`` times.
+
+    Time is the operation count (an injected clock: 1 ms per operation), so the figure does not
+    depend on the machine's speed. With ``retention_ops``, a sweep every ``sweep_every`` operations
+    deletes what was disposed more than ``retention_ops`` operations ago (as a worker's maintenance
+    pass does with ``SESSIONFORK_RETENTION``).
+    """
+    redis = server.client()
+    redis.execute_command("FLUSHALL", "SYNC")  # type: ignore[no-untyped-call]
+    now = [T0]
+    # The lifecycle stream is capped (MAXLEN ~, 1,000,000 by default): here at 1 entry per
+    # operation (8 are written per operation), so that it is at its cap from the first quarter of
+    # the run on, as it is in a long-running deployment.
+    cap = lifecycle_cap if lifecycle_cap is not None else max(1000, operations)
+    registry = Registry(redis, clock=lambda: now[0], lifecycle_maxlen=cap)
+    middle = end = 0
+    for op in range(operations):
+        now[0] += 1
+        parent, child = f"s{op}", f"s{op}.1"
+        registry.append(registry.create(parent), [*_turn(1, 1000), *_turn(2, 1000)])
+        forks.fork(registry, parent, child)
+        registry.append(child, _turn(3, 1000))
+        registry.dispose(parent)
+        registry.dispose(child)
+        if retention_ops is not None and (op % sweep_every == 0 or op in (operations // 2, operations - 1)):
+            retention.sweep(registry, now_ms=now[0], older_than_ms=retention_ops)
+        # Both figures right after a sweep: the same phase of the sweep cycle.
+        if op == operations // 2 or op == operations - 1:
+            middle, end = (dataset_bytes(redis), 0) if not middle else (middle, dataset_bytes(redis))
+    return Steady(operations, middle, end, _usage(redis, keys.session("s0")))
+
+
+T0 = 1_800_000_000_000
+
+
 if __name__ == "__main__":
     with EmbeddedServer() as srv:
-        jobs_gone = "--keep-jobs" not in sys.argv
-        print(request_memory(srv, 1000, expect_jobs_gone=jobs_gone,
-                             env=WORKER_ENV if jobs_gone else {}).render())
+        if "--depth" in sys.argv:
+            for d in (1, 100, 1000):
+                print(f"depth {d}: {child_bytes_at_depth(srv, d):,.1f} bytes/child")
+        elif "--steady" in sys.argv:
+            for r in (None, 1000):
+                st = steady_workload(srv, 4000, retention_ops=r)
+                print(f"retention {r}: middle {st.middle:,} end {st.end:,} growth {st.growth:.3f} "
+                      f"tombstone {st.tombstone}")
+        else:
+            jobs_gone = "--keep-jobs" not in sys.argv
+            print(request_memory(srv, 1000, expect_jobs_gone=jobs_gone,
+                                 env=WORKER_ENV if jobs_gone else {}).render())

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from bench.memory import request_memory
+from bench.memory import RQ_JOBS, request_memory, steady_workload
 from helpers import make_client, outcome_entries, start_worker, stop, turn, wait_registered, worker_name
 from redis import Redis
 from rq.job import Job
@@ -28,7 +28,7 @@ BAR = 1536
 def test_a_completed_request_retains_at_most_1536_bytes(server: EmbeddedServer) -> None:
     report = request_memory(server, 300)
     print(report.render())
-    assert report.families["rq:* (RQ's job state)"] == 0
+    assert report.families[RQ_JOBS] == 0
     assert 0 < report.retained <= BAR, report.render()
 
 
@@ -91,3 +91,11 @@ def test_rq_shows_a_finished_job_for_job_ttl(server: EmbeddedServer, redis: Redi
         assert redis.ttl(keys.request("r-1")) > 300  # the outcome outlives RQ's copy
     finally:
         stop(proc)
+
+
+def test_with_retention_memory_stays_flat_and_without_it_grows(server: EmbeddedServer) -> None:
+    # A steady create -> fork -> dispose workload (time = operations, retention = 300 of them).
+    kept = steady_workload(server, 1200, retention_ops=300)
+    assert kept.growth <= 1.10, (kept.middle, kept.end)
+    grown = steady_workload(server, 1200, retention_ops=None)
+    assert grown.growth > 1.5, (grown.middle, grown.end)
