@@ -12,6 +12,11 @@ entries per code: they add up to ``requests``), ``bad_seeds`` (children whose lo
 parent's log cut at a turn/end, or empty) and ``bytes_per_child_*``: ``used_memory`` growth per
 created child (client buffers and the sources' own logs excluded; children have no own events
 here) over the first and the second half of the children. ``SoakReport.clean``: every check passed.
+
+Deletion and retention run meanwhile (``bench.reaper``): the workers sweep with
+``SESSIONFORK_RETENTION=1``, and a reaper process forks a grandchild of every other child, then
+deletes the child or disposes it; ``deleted`` / ``swept`` count them, and ``bad_seeds`` includes
+any grandchild whose log is no longer exactly its seed.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import collections
 import multiprocessing
+import os
 import random
 import subprocess
 import sys
@@ -30,6 +36,7 @@ from typing import Any
 
 from redis import Redis
 
+from bench import reaper
 from sessionfork.core import keys, rules, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.factories import now_ms
@@ -62,6 +69,8 @@ class SoakReport:
     bytes_per_child_second_half: float
     seconds: float
     worker_exit_codes: list[int] = field(default_factory=list)
+    deleted: int = 0  # children deleted by hand while the soak ran
+    swept: int = 0  # children disposed while it ran, then deleted by the workers' retention sweep
 
     @property
     def clean(self) -> bool:
@@ -74,6 +83,7 @@ class SoakReport:
                 ("children", self.children), ("duplicates", self.duplicates), ("lost", self.lost),
                 ("bad seeds", self.bad_seeds), ("bytes/child, 1st half", f"{self.bytes_per_child_first_half:.1f}"),
                 ("bytes/child, 2nd half", f"{self.bytes_per_child_second_half:.1f}"),
+                ("deleted by hand", self.deleted), ("swept by retention", self.swept),
                 ("worker exit codes", " ".join(map(str, self.worker_exit_codes))),
                 ("verdict", "clean" if self.clean else "FAILED")]
         return "\n".join(f"{label:<24}{value!s:>12}" for label, value in rows)
@@ -110,6 +120,9 @@ def _helper(role: str, url: str, sources: list[str], gate: Any, stop: Any, resul
     """A spawned appender or scheduler: starts at ``gate``, runs until ``stop``, reports to ``results``."""
     try:
         gate.wait(TIMEOUT)
+        if role == "reaper":
+            results.put((role, reaper.reap(url, stop)))
+            return
         body = _append_turns if role == "appender" else _submit_forks
         results.put((role, body(url, sources, stop)))
     except BaseException:
@@ -217,16 +230,18 @@ def run_soak(url: str, *, seconds: float, workers: int = 4, schedulers: int = 2,
         registry, run, started_ms = Registry(redis), uuid.uuid4().hex[:8], now_ms()
         source_ids = [registry.create(f"soak-src-{run}-{i}").id for i in range(sources)]
         names = [f"soak-{run}-{i}" for i in range(workers)]
+        env = {**os.environ, **reaper.RETENTION_ENV}
         fleet = [subprocess.Popen([sys.executable, "-m", "sessionfork", "--redis-url", url, "worker", "--name", n,
-                                   "--log-level", "ERROR"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-                 for n in names]
+                                   "--log-level", "ERROR"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  env=env) for n in names]
         ctx = multiprocessing.get_context("spawn")
         jobs = [("appender", share) for share in (source_ids[i::appenders] for i in range(appenders)) if share]
-        jobs += [("scheduler", source_ids)] * schedulers
+        jobs += [("scheduler", source_ids)] * schedulers + [("reaper", source_ids)]
         gate, stop, results = ctx.Barrier(len(jobs) + 1), ctx.Event(), ctx.Queue()
         helpers = [ctx.Process(target=_helper, args=(role, url, share, gate, stop, results), daemon=True)
                    for role, share in jobs]
         submitted: list[str] = []
+        reaped: dict[str, list[Any]] = {"deleted": [], "disposed": [], "grandchildren": []}
         try:
             for p in helpers:
                 p.start()
@@ -244,10 +259,14 @@ def run_soak(url: str, *, seconds: float, workers: int = 4, schedulers: int = 2,
                 if role == "crash":
                     raise SoakError(f"a soak helper crashed:\n{value}")
                 submitted += value if role == "scheduler" else []
+                reaped = value if role == "reaper" else reaped
             for p in helpers:
                 p.join(TIMEOUT)
             _settle(redis, submitted)
             samples.append(_sample(redis, source_ids))
+            # The workers' retention sweep deletes what the reaper disposed (1 s retention, 1 s passes).
+            wait_until(lambda: all(not registry.exists(c) for c in reaped["disposed"]), TIMEOUT,
+                       "the retention sweep to delete the disposed children", interval=0.1)
         finally:
             stop.set()
             for p in helpers:
@@ -257,12 +276,16 @@ def run_soak(url: str, *, seconds: float, workers: int = 4, schedulers: int = 2,
             exit_codes = _stop(fleet)
         per_request, by_code, created = _outcomes(redis, set(submitted), started_ms)
         middle = min(samples, key=lambda s: abs(s[1] - samples[-1][1] / 2))
+        gone = reaper.reaped_ids(reaped)
+        parents = {p: registry.events(p) for p in source_ids}
+        reaped_bad, swept = reaper.check(registry, parents, reaped)
         return SoakReport(
             requests=len(submitted), outcomes_by_code=dict(by_code), children=len(created),
             duplicates=sum(1 for n in per_request.values() if n > 1), lost=len(set(submitted) - set(per_request)),
-            bad_seeds=_bad_seeds(registry, created), bytes_per_child_first_half=_per_child(samples[0], middle),
+            bad_seeds=_bad_seeds(registry, [h for h in created if h.id not in gone]) + reaped_bad,
+            bytes_per_child_first_half=_per_child(samples[0], middle),
             bytes_per_child_second_half=_per_child(middle, samples[-1]), seconds=elapsed,
-            worker_exit_codes=exit_codes)
+            worker_exit_codes=exit_codes, deleted=len(reaped["deleted"]), swept=swept)
 
 
 def main(argv: list[str] | None = None) -> int:

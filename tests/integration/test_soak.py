@@ -59,7 +59,15 @@ def test_soak_workers_exit_0_on_sigterm(report: SoakReport) -> None:
 def test_soak_report_renders_every_figure(report: SoakReport) -> None:
     text = report.render()
     for label in ("requests", "children", "duplicates", "lost", "bad seeds", "bytes/child, 1st half",
+                  "deleted by hand", "swept by retention",
                   "bytes/child, 2nd half", "worker exit codes", *report.outcomes_by_code):
         assert label in text, label
     assert report.clean
     assert text.endswith("clean")
+
+
+def test_soak_deletes_and_sweeps_while_forking(report: SoakReport) -> None:
+    # Half the children are reaped (a grandchild forked first), half of those deleted by hand, the
+    # rest disposed and deleted by the workers' retention sweep; bad_seeds covers the grandchildren.
+    assert report.deleted > 0 and report.swept > 0
+    assert report.bad_seeds == 0 and report.lost == 0 and report.duplicates == 0
