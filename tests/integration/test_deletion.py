@@ -53,7 +53,10 @@ def raw_state(redis: Any, sid: str) -> tuple[Any, ...]:
 
 def test_a_deleted_id_is_not_found_everywhere_and_never_reused(server: EmbeddedServer, registry: Registry) -> None:
     family(registry)
+    other = Registry(registry.redis)
+    other.events("leaf")  # another process that read it before: its cached lineage must not serve it
     assert registry.delete("leaf") == DELETED
+    not_found(lambda: other.events("leaf"))
     not_found(lambda: registry.header("leaf"))
     not_found(lambda: registry.events("leaf"))
     not_found(lambda: registry.append("leaf", [NewEvent("x", {})]))

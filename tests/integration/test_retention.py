@@ -197,6 +197,19 @@ def test_without_the_backend_deletion_that_waits_does_not_delete(registry: Regis
     assert registry.exists("p2")
 
 
+def test_the_cli_delete_waits_for_the_backend_then_gives_up(server: EmbeddedServer, registry: Registry) -> None:
+    registry.append(registry.create("p4"), turn(1))
+    env = clean_environ(SESSIONFORK_DELETE_AFTER_PERSIST=1)
+    out = subprocess.run(cli_args(server.url, "delete", "p4", "--timeout", "0.5"), env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 4 and "persistence backend" in out.stderr
+    assert registry.exists("p4")
+    registry.mark_persisted("p4", 4)  # as the backend does once the file holds all 4 events
+    out = subprocess.run(cli_args(server.url, "delete", "p4"), env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert not registry.exists("p4")
+
+
 def test_the_backend_never_creates_the_file_of_a_deleted_session(registry: Registry, tmp_path: Path) -> None:
     registry.append(registry.create("p3"), turn(1))
     header = registry.header("p3")
