@@ -157,7 +157,7 @@ def request_memory(server: EmbeddedServer, requests: int, *, env: Mapping[str, s
     return MemoryReport(requests, (after - before) / requests, families)
 
 
-def child_bytes_at_depth(server: EmbeddedServer, depth: int, children: int = 200) -> float:
+def child_bytes_at_depth(server: EmbeddedServer, depth: int, children: int = 1000) -> float:
     """Redis bytes per child forked from a session ``depth`` forks deep (each ancestor with a turn
     of its own, so each is a slice of the child's seed)."""
     redis = server.client()

@@ -164,8 +164,8 @@ def _bad_seeds(registry: Registry, created: list[Header], *, materialise: int = 
             continue
         length, segments = raw[2 * i]
         parent_seedlen, parent_segments = records[parent]
-        expected = rules.child_segments(parent, [list(s) for s in decode_segments(parent_segments)],
-                                        int(parent_seedlen), seed)
+        expected = rules.by_reference(parent, rules.child_segments(
+            parent, [list(s) for s in decode_segments(parent_segments)], int(parent_seedlen), seed))
         boundary = seed == 0 or parents[parent][seed - 1].type == "turn/end"
         if int(length) != seed or [list(s) for s in decode_segments(segments)] != expected or not boundary:
             bad.add(header.id)

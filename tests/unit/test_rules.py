@@ -153,3 +153,25 @@ def test_segment_sizes_sum_to_the_childs_length(own_sizes: list[int]) -> None:
             assert 0 == lo < hi
             total += hi - lo
         assert total == seed_length
+
+
+def test_a_childs_seed_references_its_parents_seed_by_one_entry() -> None:
+    parent: list[list[object]] = [["g", 0, 4], ["f", 0, 2]]
+    full = rules.child_segments("p", parent, 6, 9)
+    assert rules.by_reference("p", full) == [["p", -6, 0], ["p", 0, 3]]
+    assert rules.by_reference("p", rules.child_segments("p", parent, 6, 6)) == [["p", -6, 0]]
+    assert rules.by_reference("p", rules.child_segments("p", [], 0, 5)) == [["p", 0, 5]]  # a root's child: as before
+    assert rules.by_reference("p", []) == []
+
+
+@given(st.lists(st.integers(min_value=0, max_value=50), min_size=1, max_size=30))
+def test_a_stored_seed_has_at_most_two_entries_and_the_same_size(own_sizes: list[int]) -> None:
+    segments: list[list[object]] = []
+    seed_length = 0
+    for level, own in enumerate(own_sizes):
+        length = seed_length + own
+        stored = rules.by_reference(f"s{level}", rules.child_segments(f"s{level}", segments, seed_length, length))
+        assert len(stored) <= 2
+        assert sum(int(s[2]) - int(s[1]) for s in stored) == length  # type: ignore[call-overload]
+        segments = rules.child_segments(f"s{level}", segments, seed_length, length)
+        seed_length = length

@@ -142,7 +142,7 @@ class Registry(SessionStore):
     def load_scripts(self) -> None:
         """Load every script (after a NOSCRIPT: the server restarted or was flushed)."""
         for script in (self._create, self._append, self._snapshot, self._dispose, self._delete, self._release,
-                       self._pin):
+                       self._pin, self._settle):
             script.sha = self.redis.script_load(script.script)
 
     def _plan(self, sid: str, checked: list[str], request_id: str, results: list[Any]) -> ForkPlan:
@@ -167,7 +167,8 @@ class Registry(SessionStore):
 
     def read_snapshot(self, snap: Snapshot) -> list[Event]:
         """The events a snapshot covers: fresh objects, safe for the caller to mutate."""
-        return self._read(snap.source.id, snap.segments, snap.seed_length, 0, snap.length)
+        return self._read(snap.source.id, self.resolve(snap.source.id, snap.segments), snap.seed_length, 0,
+                          snap.length)
 
     def child_header(self, snap: Snapshot, child_id: str) -> Header:
         return Header(version=wire.HEADER_VERSION, id=child_id, created_at=self._clock(),
@@ -185,12 +186,17 @@ class Registry(SessionStore):
         (``lua.NotReplicated`` otherwise).
         """
         checked = [rules.check_id(c) for c in child_ids]
-        segments = wire.encode(snap.child_segments())
+        parent = snap.source.id
+        if any(lo < 0 for _, lo, _ in snap.segments):
+            # The source's seed holds a reference: store it by value first (once per source), so
+            # that its children's reference to it is one level deep whatever the lineage depth.
+            resolved = self.resolve(parent, snap.segments)
+            self._settle(keys=[keys.session(parent)], args=[wire.encode([list(s) for s in resolved])])
+        segments = wire.encode(rules.by_reference(parent, snap.child_segments()))
         last = "turn/end" if snap.length else ""
         # On one server the script also indexes the child under its parent, unless the parent was
         # deleted since the snapshot (atomically); on a cluster the parent's index is in another
         # slot: the children are pinned there first (pin.lua, which checks the same), then created.
-        parent = snap.source.id
         index = [] if self._cluster else [keys.session_children(parent), keys.session(parent)]
         if self._cluster and checked and not self._pin(keys=[keys.session(parent), keys.session_children(parent)],
                                                        args=checked):

@@ -65,3 +65,18 @@ def child_segments(
     if own < 0:
         raise ValueError("a session is never shorter than its seed")
     return [*parent_segments, [parent_id, 0, own]] if own else list(parent_segments)
+
+
+def by_reference(parent_id: str, segments: list[list[object]]) -> list[list[object]]:
+    """A child's seed ``segments`` (``child_segments``) as stored: O(1) whatever the lineage depth.
+
+    Everything the child inherits from its parent's own seed becomes one reference
+    ``[parent_id, -n, 0]``: "the first ``n`` events of ``parent_id``'s seed" (an entry with a
+    negative start is a reference; its size is still ``stop - start``). The parent's own slice stays
+    as it is. Readers resolve the reference from the parent's record, whose seed a fork first stores
+    by value, so a reference is never more than one level deep.
+    """
+    own = [s for s in segments[-1:] if s[0] == parent_id and int(s[1]) >= 0]  # type: ignore[call-overload]
+    inherited = segments[:len(segments) - len(own)]
+    n = sum(int(s[2]) - int(s[1]) for s in inherited)  # type: ignore[call-overload]
+    return ([[parent_id, -n, 0]] if n else []) + [list(s) for s in own]

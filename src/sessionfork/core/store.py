@@ -92,6 +92,7 @@ class SessionStore:
         self._delete = lua.register(redis, "delete.lua")
         self._release = lua.register(redis, "release.lua")
         self._pin = lua.register(redis, "pin.lua")
+        self._settle = lua.register(redis, "settle.lua")
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -210,11 +211,39 @@ class SessionStore:
         known = self._lineages.get(sid)
         if known is None:
             record = self._record(sid)
-            known = (record.seed_length, record.segments)
-            self._lineages[sid] = known
-            if len(self._lineages) > _LINEAGE_CACHE:
-                self._lineages.popitem(last=False)
+            known = self._remember(sid, record.seed_length, self.resolve(sid, record.segments))
         return self._read(sid, known[1], known[0], max(start, 0), stop)
+
+    def _remember(self, sid: str, seed_length: int, segments: Segments) -> tuple[int, Segments]:
+        known = self._lineages[sid] = (seed_length, segments)
+        if len(self._lineages) > _LINEAGE_CACHE:
+            self._lineages.popitem(last=False)
+        return known
+
+    def resolve(self, sid: str, segments: Segments) -> Segments:
+        """``segments`` of ``sid``'s seed with every reference (``[parent, -n, 0]``: the first ``n``
+        events of the parent's seed) replaced by the slices it stands for.
+
+        A reference is one level deep (a fork stores its source's seed by value first), so this
+        reads at most one record, and none when the parent's lineage is cached (it never changes).
+        """
+        if all(lo >= 0 for _, lo, _ in segments):
+            return segments
+        out: list[tuple[str, int, int]] = []
+        for owner, lo, hi in segments:
+            if lo >= 0:
+                out.append((owner, lo, hi))
+                continue
+            known = self._lineages.get(owner)
+            if known is None:
+                seed_length, seed = self.redis.hmget(keys.session(owner), ["seedlen", "seed"])
+                if seed is None or seed_length is None:  # gone for good: only if ``sid`` was deleted
+                    if self.redis.hexists(keys.session(sid), "header"):
+                        raise RuntimeError(f"{sid!r} references the seed of {owner!r}, which is gone")
+                    raise errors.not_found(sid)
+                known = self._remember(owner, int(seed_length), self.resolve(owner, decode_segments(seed)))
+            out.extend(_prefix(known[1], hi - lo))
+        return tuple(out)
 
     def children(self, session_id: str) -> list[str]:
         """Ids of the sessions forked from this one, sorted."""
@@ -266,6 +295,20 @@ class SessionStore:
             self._lineages.pop(sid, None)
             raise errors.not_found(sid)
         return out
+
+
+Segments: TypeAlias = "tuple[tuple[str, int, int], ...]"
+
+
+def _prefix(segments: Segments, n: int) -> list[tuple[str, int, int]]:
+    """The slices that hold the first ``n`` events of ``segments``."""
+    out = []
+    for owner, lo, hi in segments:
+        if n <= 0:
+            break
+        out.append((owner, lo, min(hi, lo + n)))
+        n -= hi - lo
+    return out
 
 
 class LengthMoved(Exception):
