@@ -9,7 +9,10 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                     len       total events, inherited seed included
                                     seedlen   events inherited from the parent (seedLength)
                                     seed      JSON list of [ancestor id, start, stop): list indexes
-                                              into that ancestor's own log, oldest ancestor first
+                                              into that ancestor's own log, oldest ancestor first;
+                                              [parent id, -n, 0] is a reference: the first n events
+                                              of the parent's seed (a child stores at most that and
+                                              one slice; a forked session stores its seed by value)
                                     last      type of the last event ("" for an empty log)
                                     req       request id that created it by fork (for replays)
                                     batch     id of the last append call, batchseq its first seq
@@ -17,7 +20,7 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                     persisted events the persistence backend holds durably
                                   once deleted, a tombstone (the id is never reused):
                                     deleted   when (epoch ms)
-                                    parent    parent id, kept while descendants pin the log
+                                    parent, seed, seedlen  kept while descendants pin the log
     sf:s:{<id>}:log        list   the session's own events (seq >= seedlen), JSON without "seq"
     sf:s:{<id>}:children   set    ids of the sessions forked from this one (lineage index); while
                                   it is not empty, the session's log is never freed (it pins it)

@@ -4,10 +4,11 @@ Every read and write of the session layout (see ``keys``) goes through ``registr
 atomic step touches the keys of one session only (one hash slot), so the registry runs unchanged
 on a single server or a Redis Cluster.
 
-Seeds are kept by reference: a forked child's record lists the ancestor log slices it inherits
-(immutable, since logs are append-only), so a fork costs the same whatever the parent's length and
-a child uses memory only for its own events. Reading resolves the references in one pipelined
-round trip after the record is read.
+Seeds are kept by reference: a forked child's record references its parent's seed and a slice
+of its parent's own log (immutable, since logs are append-only), so a fork costs the same whatever
+the parent's length and lineage depth, and a child uses memory only for its own events. Reading
+resolves the reference from the parent's record (at most one record: a forked session stores its
+seed by value), then reads every slice in one pipelined round trip.
 """
 
 from __future__ import annotations
@@ -204,8 +205,9 @@ class SessionStore:
         """Events with ``start <= seq < stop`` (the whole log by default), inherited seed included.
 
         One pipelined round trip for all the slices, whatever the depth of the lineage; the first
-        read of a session also reads its record (its seed references never change, so they are
-        remembered).
+        read of a session also reads its record and, unless cached, its parent's seed (at most three
+        round trips; seed references never change, so they are remembered). A session deleted
+        meanwhile is ``SESSION_NOT_FOUND``, never a partial log.
         """
         sid = rules.check_id(session_id)
         known = self._lineages.get(sid)
