@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import msgspec
 
@@ -48,9 +48,23 @@ class ForkPlan:
 
 
 
-def decode_segments(raw: bytes | str) -> tuple[tuple[str, int, int], ...]:
+Segments: TypeAlias = "tuple[tuple[str, int, int], ...]"
+
+
+def decode_segments(raw: bytes | str) -> Segments:
     """The ``seed`` field of a session record."""
     return tuple(_segments.decode(raw))
+
+
+def prefix(segments: Segments, n: int) -> list[tuple[str, int, int]]:
+    """The slices that hold the first ``n`` events of (resolved) ``segments``."""
+    out = []
+    for owner, lo, hi in segments:
+        if n <= 0:
+            break
+        out.append((owner, lo, min(hi, lo + n)))
+        n -= hi - lo
+    return out
 
 
 def parse_snapshot(sid: str, reply: list[Any]) -> Snapshot:

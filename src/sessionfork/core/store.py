@@ -24,7 +24,7 @@ from redis.cluster import RedisCluster
 
 from ..core import errors, keys, lua, rules, wire
 from .factories import new_call_id, new_instance_token, new_session_id, now_ms
-from .snapshots import decode_segments
+from .snapshots import Segments, decode_segments, prefix
 from .wire import Event, Header, LiveHandle, NewEvent
 
 SessionRef: TypeAlias = "str | LiveHandle"
@@ -244,7 +244,7 @@ class SessionStore:
                         raise RuntimeError(f"{sid!r} references the seed of {owner!r}, which is gone")
                     raise errors.not_found(sid)
                 known = self._remember(owner, int(seed_length), self.resolve(owner, decode_segments(seed)))
-            out.extend(_prefix(known[1], hi - lo))
+            out.extend(prefix(known[1], hi - lo))
         return tuple(out)
 
     def children(self, session_id: str) -> list[str]:
@@ -297,20 +297,6 @@ class SessionStore:
             self._lineages.pop(sid, None)
             raise errors.not_found(sid)
         return out
-
-
-Segments: TypeAlias = "tuple[tuple[str, int, int], ...]"
-
-
-def _prefix(segments: Segments, n: int) -> list[tuple[str, int, int]]:
-    """The slices that hold the first ``n`` events of ``segments``."""
-    out = []
-    for owner, lo, hi in segments:
-        if n <= 0:
-            break
-        out.append((owner, lo, min(hi, lo + n)))
-        n -= hi - lo
-    return out
 
 
 class LengthMoved(Exception):
