@@ -202,3 +202,17 @@ def test_deletion_racing_forks_and_appends_on_a_cluster(ctx: SpawnContext, spawn
                                                         cluster: EmbeddedCluster,
                                                         cluster_registry: Registry) -> None:
     race(ctx, spawned, cluster.url + "#cluster", cluster_registry)
+
+
+def test_retention_sweeps_a_cluster(cluster_registry: Registry) -> None:
+    from sessionfork.core.retention import sweep
+
+    registry = cluster_registry
+    family(registry)
+    logs = registry.events("leaf")
+    for sid in ("root", "mid", "sib"):
+        registry.dispose(sid)
+    swept = sweep(registry, now_ms=registry._clock() + 1000, older_than_ms=1)
+    assert sorted(s.id for s in swept) == ["mid", "root", "sib"]
+    assert Registry(registry.redis).events("leaf") == logs
+    assert not registry.redis.zcard(keys.DISPOSED_INDEX)

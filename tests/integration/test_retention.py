@@ -20,6 +20,7 @@ from redis import Redis
 
 from sessionfork.core import forks, keys
 from sessionfork.core.errors import ErrorCode, ForkError
+from sessionfork.core.factories import now_ms
 from sessionfork.core.registry import DELETED, UNPERSISTED, Registry
 from sessionfork.core.retention import sweep
 from sessionfork.embedded import EmbeddedServer, wait_until
@@ -218,3 +219,50 @@ def test_the_backend_never_creates_the_file_of_a_deleted_session(registry: Regis
     while backend.step():
         pass
     assert not path_for(backend.root, header).exists()
+
+
+def _careful_sweeper(url: str, n: int, gate: Any, results: Any) -> None:
+    def body() -> list[str]:
+        registry = Registry(Redis.from_url(url))
+        gate.wait(60)
+        out: list[str] = []
+
+        def swept_all() -> bool:
+            out.extend(s.id for s in sweep(registry, now_ms=now_ms(), older_than_ms=1, limit=5,
+                                           persisted_first=True))
+            return not registry.redis.zcard(keys.DISPOSED_INDEX)
+
+        wait_until(swept_all, 60, "every disposed session to be persisted, then deleted", interval=0.05)
+        return out
+
+    report(results, f"sweeper-{n}", body)
+
+
+def test_sweepers_racing_the_persistence_backend_lose_nothing(
+        ctx: SpawnContext, spawned: list[SpawnProcess], server: EmbeddedServer, registry: Registry,
+        tmp_path: Path) -> None:
+    root = tmp_path / "jsonl"
+    backend = subprocess.Popen(cli_args(server.url, "persist", "--root", str(root), "--log-level", "WARNING"),
+                               env=clean_environ(), stdin=subprocess.DEVNULL)
+    try:
+        headers = {}
+        for i in range(30):
+            handle = registry.create(f"p{i}", cwd=f"/w{i % 3}")
+            registry.append(handle, [*turn(1), *turn(2)])
+            if i % 2:
+                forks.fork(registry, f"p{i}", f"p{i}.kid")  # pinned: its log stays for the kid
+            registry.dispose(handle)
+            headers[f"p{i}"] = registry.header(f"p{i}")
+        results = run(ctx, spawned, [(_careful_sweeper, (server.url, n)) for n in range(3)])
+        deleted = sorted(sid for _, ids in results.values() for sid in ids)
+        assert deleted == sorted(headers)  # every one, exactly once
+        for sid, header in headers.items():
+            path = path_for(root, header)
+            wait_until(lambda p=path: p.exists() and lines(p)[-1]["type"] == "session/deleted", 30,
+                       f"{sid}'s file to be marked deleted")
+            content = lines(path)
+            assert [line.get("seq") for line in content[1:-1]] == list(range(8)), sid  # whole
+        for i in range(1, 30, 2):
+            assert len(Registry(registry.redis).events(f"p{i}.kid")) == 8
+    finally:
+        assert stop(backend) == 0
