@@ -266,3 +266,25 @@ def test_persistence_backend_runs_as_its_own_user(acl_server: EmbeddedServer, ho
             client.hset(keys.session("x"), "header", "{}")
         with pytest.raises(NoPermissionError):
             client.delete(keys.LIFECYCLE_STREAM)
+
+
+def test_host_forks_disposes_and_deletes_sessions(host: Redis) -> None:
+    from sessionfork.core import forks
+
+    registry = Registry(host)
+    sid = f"mortal-{uuid.uuid4().hex[:8]}"
+    registry.append(registry.create(sid), [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
+    forks.fork(registry, sid, f"{sid}.kid")
+    registry.dispose(sid)
+    assert registry.delete(sid) == "deleted"
+    assert registry.delete(f"{sid}.kid") == "deleted"
+
+
+def test_persistence_backend_writes_only_its_marks(acl_server: EmbeddedServer) -> None:
+    with Redis.from_url(_url(acl_server, acl.PERSIST)) as client:
+        client.set(keys.session_persisted("x"), 3)
+        client.delete(keys.session_persisted("x"))
+        with pytest.raises(NoPermissionError):
+            client.set(keys.session_log("x"), 3)
+        with pytest.raises(NoPermissionError):
+            client.delete(keys.session("x"))

@@ -67,5 +67,9 @@ def test_different_sessions_are_not_forced_into_one_slot() -> None:
     assert len(slots) > 1
 
 
+def test_session_persisted_key() -> None:
+    assert keys.session_persisted("a") == "sf:s:{a}:persisted"
+
+
 def test_retention_index_key() -> None:
     assert keys.DISPOSED_INDEX == "sf:disposed"

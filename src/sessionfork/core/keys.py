@@ -17,11 +17,12 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                     req       request id that created it by fork (for replays)
                                     batch     id of the last append call, batchseq its first seq
                                               (a retried append is recognised, never doubled)
-                                    persisted events the persistence backend holds durably
                                   once deleted, a tombstone (the id is never reused):
                                     deleted   when (epoch ms)
                                     parent, seed, seedlen  kept while descendants pin the log
     sf:s:{<id>}:log        list   the session's own events (seq >= seedlen), JSON without "seq"
+    sf:s:{<id>}:persisted  string how many events the persistence backend holds durably (written by
+                                  it; deletion with persisted_first waits for it to reach len)
     sf:s:{<id>}:children   set    ids of the sessions forked from this one (lineage index); while
                                   it is not empty, the session's log is never freed (it pins it)
     <key>:replicated       string a marker written (and expired within 1 ms) next to a key, in its
@@ -63,6 +64,11 @@ def session_log(session_id: str) -> str:
 def session_children(session_id: str) -> str:
     """Ids of the sessions forked from this one (set)."""
     return f"{PREFIX}:s:{{{session_id}}}:children"
+
+
+def session_persisted(session_id: str) -> str:
+    """How many of the session's events the persistence backend holds durably (string)."""
+    return f"{PREFIX}:s:{{{session_id}}}:persisted"
 
 
 def request(request_id: str) -> str:

@@ -7,7 +7,6 @@ sessions, so forks run unchanged on a Redis Cluster.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -48,7 +47,7 @@ class Registry(SessionStore):
         """
         sid = rules.check_id(session_id)
         reply = self._delete(keys=[keys.session(sid), keys.session_log(sid), keys.session_children(sid),
-                                   *self._lifecycle],
+                                   keys.session_persisted(sid), *self._lifecycle],
                              args=[self._clock(), self.lifecycle_maxlen, sid, "1" if only_disposed else "0",
                                    "1" if persisted_first else "0"])
         status = int(reply[0])
@@ -75,12 +74,14 @@ class Registry(SessionStore):
     def mark_persisted(self, session_id: str, length: int) -> None:
         """The persistence backend holds the first ``length`` events durably (deletion with
         ``persisted_first`` waits for this to reach the session's length)."""
-        self._persisted(keys=[keys.session(rules.check_id(session_id))], args=[length])
-
-    @functools.cached_property
-    def _persisted(self) -> Any:
-        return lua.register(self.redis, "persisted.lua")
-
+        sid = rules.check_id(session_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(keys.session_persisted(sid), length)
+        pipe.hexists(keys.session(sid), "header")
+        if not pipe.execute()[1]:
+            # Deleted meanwhile: delete.lua removed the mark before or removes nothing after, so
+            # take back the one just written (a plain SET: the backend's role may only write it).
+            self.redis.delete(keys.session_persisted(sid))
     def _release_up(self, parent: str, child: str) -> None:
         # ``child`` is gone for good: unpin it from ``parent``, and go up the lineage while that
         # frees a deleted ancestor's log (each step one script on one slot).

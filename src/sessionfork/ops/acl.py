@@ -38,17 +38,20 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
       connection of the server; RQ 2 only uses it to learn its own address, and without it records
       ``ip_address = "unknown"`` (logging a warning at start-up).
 
-``sf-host`` (an agent host: creates, appends, reads and disposes sessions; the registry)
+``sf-host`` (an agent host: creates, appends, reads, forks, disposes and deletes sessions; the registry)
     * ``sf:s:*`` through the registry's scripts (``EVALSHA``/``SCRIPT LOAD``; the scripts run
-      ``EXISTS``/``HGET``/``HMGET``/``HSET``/``HDEL``/``RPUSH``), reads (``HGET``/``HMGET``/
-      ``LRANGE``/``SMEMBERS``/``EXISTS``) and ``XADD`` to ``sf:lifecycle``.
+      ``EXISTS``/``HGET``/``HMGET``/``HEXISTS``/``GET``/``HSET``/``HDEL``/``RPUSH``/``SADD``/
+      ``SREM``/``SCARD``/``DEL``), reads (``HGET``/``HMGET``/``LRANGE``/``SMEMBERS``/``EXISTS``),
+      ``XADD`` to ``sf:lifecycle`` and ``ZADD``/``ZREM`` on the retention index ``sf:disposed``.
     * nothing on ``rq:*``, ``sf:req:*`` or ``sf:outcomes``, no channel.
     * residual: ACL key patterns cannot tell one host's sessions from another's; the instance
       token of a live handle is what keeps hosts apart.
 
 ``sf-persist`` (``sessionfork persist``; the registry)
-    * read-only ``sf:s:*`` (``HGET``/``HMGET``/``LRANGE``/``EXISTS``); its consumer group on
-      ``sf:lifecycle`` (``XGROUP CREATE``, ``XREADGROUP``, ``XACK``, ``XAUTOCLAIM``).
+    * read-only ``sf:s:*`` (``HGET``/``HMGET``/``HEXISTS``/``LRANGE``/``EXISTS``), except
+      ``sf:s:{<id>}:persisted`` (``SET``/``DEL``: how many events it holds, for persist before
+      evict); its consumer group on ``sf:lifecycle`` (``XGROUP CREATE``, ``XREADGROUP``, ``XACK``,
+      ``XAUTOCLAIM``).
 
 With ``settings.cluster``, the host and the worker also get what redis-py's cluster client needs
 to learn the topology (``CLUSTER SLOTS``, ``COMMAND``; checked against an embedded 3-node cluster).
@@ -95,14 +98,16 @@ _WORKER_COMMANDS = (
     "sadd", "srem", "smembers",
     "zadd", "zrem", "zscore", "zrange", "zrangebyscore", "zremrangebyscore",
     "xadd",
+    "scard", "memory|usage",  # retention: deletion scripts, the sweep's bytes freed
 )
 _HOST_COMMANDS = (
     *_CONNECTION, *_SCRIPTS,
     "exists", "hget", "hmget", "hset", "hdel", "rpush", "lrange", "smembers", "xadd",
+    "hexists", "get", "sadd", "srem", "scard", "del", "zadd", "zrem",  # forks, dispose, delete (retention index)
 )
 _PERSIST_COMMANDS = (
     *_CONNECTION,
-    "hget", "hmget", "lrange", "exists",  # reading sessions
+    "hget", "hmget", "lrange", "exists", "hexists",  # reading sessions
     "xgroup|create", "xreadgroup", "xack", "xautoclaim",  # the consumer group on the lifecycle stream
 )
 
@@ -113,12 +118,12 @@ def _glob(literal: str) -> str:
 
 
 def _line(user: str, password: str, key_rules: Sequence[str], channels: Sequence[str],
-          commands: Sequence[str]) -> str:
+          commands: Sequence[str], selectors: Sequence[str] = ()) -> str:
     if not password:
         raise ValueError(f"empty password for ACL user {user}")
     digest = hashlib.sha256(password.encode()).hexdigest()
     tokens = ["ACL", "SETUSER", user, *_RESET, "on", f"#{digest}", *key_rules,
-              *(f"&{c}" for c in channels), *(f"+{c}" for c in dict.fromkeys(commands))]
+              *(f"&{c}" for c in channels), *(f"+{c}" for c in dict.fromkeys(commands)), *selectors]
     return shlex.join(tokens)
 
 
@@ -140,7 +145,7 @@ def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
     wait = ("wait",) if settings.wait_replicas else ()
     # A script's declared keys need read and write access whatever the script does with them,
     # so keys passed to a script (rq:queue:<queue>, sf:lifecycle) cannot be write-only.
-    sessions = (f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}")
+    sessions = (f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}", f"~{_glob(keys.DISPOSED_INDEX)}")
     rq = rq_seam.key_patterns(queue)
     scheduler = _line(
         SCHEDULER, passwords[SCHEDULER],
@@ -150,12 +155,13 @@ def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
     worker = _line(
         WORKER, passwords[WORKER],
         [f"~{rq['all']}", f"~{keys.PREFIX}:req:*", f"~{_glob(keys.OUTCOME_STREAM)}",
-         f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}"],
+         f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}", f"~{_glob(keys.DISPOSED_INDEX)}"],
         [rq["worker_channels"], *replies], (*_WORKER_COMMANDS, *cluster, *wait))
     host = _line(HOST, passwords[HOST], sessions, (), (*_HOST_COMMANDS, *cluster))
     # XREADGROUP and XACK write the group's state, so the stream needs write access too.
+    # A selector: SET and DEL on the "persisted" marks only (persist before evict), nothing else.
     persist = _line(PERSIST, passwords[PERSIST], [f"%R~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}"],
-                    (), (*_PERSIST_COMMANDS, *cluster))
+                    (), (*_PERSIST_COMMANDS, *cluster), [f"(~{keys.PREFIX}:s:*:persisted +set +del)"])
     return [scheduler, worker, host, persist]
 
 

@@ -1,20 +1,22 @@
 -- Delete a session: its record becomes a tombstone (the id is never reused), its own log is freed
 -- unless a descendant may still read it (its children index is not empty: then the log and the
 -- seed references stay, and are freed by release.lua when the last descendant is gone).
--- KEYS[1] = sf:s:{<id>}, KEYS[2] = sf:s:{<id>}:log, KEYS[3] = sf:s:{<id>}:children   (one slot)
--- KEYS[4] = sf:lifecycle   (optional: given only when it shares the server, i.e. not on a cluster)
+-- KEYS[1] = sf:s:{<id>}, KEYS[2] = sf:s:{<id>}:log, KEYS[3] = sf:s:{<id>}:children,
+-- KEYS[4] = sf:s:{<id>}:persisted   (one slot)
+-- KEYS[5] = sf:lifecycle   (optional: given only when it shares the server, i.e. not on a cluster)
 -- ARGV    = now (epoch ms), lifecycle stream MAXLEN, session id, "1" = only if disposed (retention),
---           "1" = only if the persistence backend holds the whole log (field persisted == len)
+--           "1" = only if the persistence backend holds the whole log (KEYS[4] >= len)
 -- Returns {1, parent id or "", descendants left, header} when deleted now; {-1} not found (never created,
 -- or deleted already); {-2} live and ARGV[4] is "1"; {-3, len, persisted} not persisted yet.
-local r = redis.call('HMGET', KEYS[1], 'header', 'instance', 'len', 'persisted', 'seed', 'seedlen')
+local r = redis.call('HMGET', KEYS[1], 'header', 'instance', 'len', 'seed', 'seedlen')
+local persisted = redis.call('GET', KEYS[4])
 if not r[1] then return {-1} end
 if ARGV[4] == '1' and r[2] then return {-2} end
-if ARGV[5] == '1' and tonumber(r[4] or '-1') < tonumber(r[3]) then return {-3, r[3], r[4] or '-1'} end
+if ARGV[5] == '1' and tonumber(persisted or '-1') < tonumber(r[3]) then return {-3, r[3], persisted or '-1'} end
 local parent = cjson.decode(r[1])['parentSession']
 if type(parent) ~= 'string' then parent = '' end
 local left = redis.call('SCARD', KEYS[3])
-redis.call('DEL', KEYS[1])
+redis.call('DEL', KEYS[1], KEYS[4])
 if left == 0 then
   redis.call('DEL', KEYS[2], KEYS[3])
 end
@@ -22,11 +24,11 @@ redis.call('HSET', KEYS[1], 'deleted', ARGV[1])
 if left > 0 then
   -- Kept while the log is pinned: descendants resolve their reference to this seed, and the last
   -- descendant's release reaches the parent.
-  redis.call('HSET', KEYS[1], 'seed', r[5], 'seedlen', r[6])
+  redis.call('HSET', KEYS[1], 'seed', r[4], 'seedlen', r[5])
   if parent ~= '' then redis.call('HSET', KEYS[1], 'parent', parent) end
 end
-if KEYS[4] then
-  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[2], '*', 'type', 'session/deleted', 'id', ARGV[3],
+if KEYS[5] then
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[2], '*', 'type', 'session/deleted', 'id', ARGV[3],
     'len', r[3], 'header', r[1])
 end
 return {1, parent, left, r[1]}
