@@ -26,7 +26,7 @@ BAR = 1536
 
 
 def test_a_completed_request_retains_at_most_1536_bytes(server: EmbeddedServer) -> None:
-    report = request_memory(server, 300)
+    report = request_memory(server, 1000)
     print(report.render())
     assert report.families[RQ_JOBS] == 0
     assert 0 < report.retained <= BAR, report.render()
