@@ -216,3 +216,23 @@ def test_retention_sweeps_a_cluster(cluster_registry: Registry) -> None:
     assert sorted(s.id for s in swept) == ["mid", "root", "sib"]
     assert Registry(registry.redis).events("leaf") == logs
     assert not registry.redis.zcard(keys.DISPOSED_INDEX)
+
+
+def test_a_refused_fork_takes_its_pin_back_on_a_cluster(cluster_registry: Registry) -> None:
+    registry = cluster_registry
+    registry.append(registry.create("src"), turn(1))
+    registry.create("taken")
+    with pytest.raises(ForkError) as info:
+        forks.fork(registry, "src", "taken")
+    assert info.value.code is ErrorCode.SESSION_ALREADY_EXISTS
+    result = forks.fork_many(registry, "src", ["taken", "fresh"])
+    assert [h.id for h in result.created] == ["fresh"]
+    assert registry.children("src") == ["fresh"]
+    snap = registry.take_snapshot("src")
+    registry.create("late")  # taken between the source step and the child step: pinned, then refused
+    (refused,) = registry.create_children(snap, ["late"])
+    assert isinstance(refused, ForkError) and refused.code is ErrorCode.SESSION_ALREADY_EXISTS
+    assert registry.children("src") == ["fresh"]  # the pin was taken back: src's log is freed when it goes
+    registry.delete("fresh")
+    registry.delete("src")
+    assert not registry.redis.exists(keys.session_log("src"))
