@@ -79,9 +79,11 @@ class Registry(SessionStore):
         pipe.set(keys.session_persisted(sid), length)
         pipe.hexists(keys.session(sid), "header")
         if not pipe.execute()[1]:
-            # Deleted meanwhile: delete.lua removed the mark before or removes nothing after, so
-            # take back the one just written (a plain SET: the backend's role may only write it).
+            # Deleted meanwhile, before the SET landed (delete.lua removes the mark it finds): take
+            # back the one just written. A plain SET, not a script: the backend's role may write
+            # these marks only.
             self.redis.delete(keys.session_persisted(sid))
+
     def _release_up(self, parent: str, child: str) -> None:
         # ``child`` is gone for good: unpin it from ``parent``, and go up the lineage while that
         # frees a deleted ancestor's log (each step one script on one slot).
