@@ -26,7 +26,7 @@ Queue side (one Redis primary, the one RQ uses; never a cluster)::
     sf:req:<request id>    hash   idempotency record: digest, planned child ids, outcome JSON
     sf:outcomes            stream every outcome, capped (XADD MAXLEN ~)
     sf:replies             channel default reply channel (requests may name their own)
-    sessionfork            RQ queue name (RQ itself derives rq:queue:sessionfork etc.)
+    sessionfork            RQ queue name (RQ derives its own key names from it: queue/rq_seam.py)
 """
 
 from __future__ import annotations

@@ -29,8 +29,8 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
       ``LREM``), started/finished/failed registries (sorted sets), executions, results (streams),
       the worker's hash and sets, retries and abandoned jobs (``RPUSH``), transactions
       (``MULTI``/``EXEC``/``WATCH``), ``SUBSCRIBE rq:pubsub:<worker>`` (RQ's command channel),
-      ``CLIENT SETNAME``, ``CLIENT INFO`` (RQ 3 reads its own address there), ``INFO``. ``sessionfork health`` (which reads the worker registry) runs
-      as this user too.
+      ``CLIENT SETNAME``, ``CLIENT INFO`` (RQ 3 reads its own address there), ``INFO``.
+      ``sessionfork health`` (which reads the worker registry) runs as this user too.
     * sessionfork: ``sf:req:*`` and ``sf:outcomes`` (claim and record scripts), ``PUBLISH`` to the
       reply channel and its ``<reply>:`` prefix, ``sf:s:*`` and ``sf:lifecycle`` (fork scripts,
       children index); ``WAIT`` when ``wait_replicas`` is set.

@@ -12,10 +12,11 @@ RQ names used here, and why:
   ``run_maintenance_tasks`` and ``clean_registries``: RQ's loop strands a just-dequeued job on
   SIGTERM, quits on an entry it cannot load (a non-UTF-8 id, a malformed hash), quits on a Redis
   outage, and holds the maintenance lock for 15 minutes when Redis drops midway.
+* ``death_penalty_class`` and ``queue_class.DEFAULT_TIMEOUT`` (``run_in_time``: RQ's job timeout
+  around an in-process run), ``handle_exception`` (RQ's exception handlers for a failed run).
 * ``_install_signal_handlers`` (called before registration), ``_stop_requested`` (read and set),
   ``_state`` (read), ``_stopped_job_id`` (read: a job stopped on request is not retried),
-  ``_exc_handlers`` and ``_ordered_queues`` (passed back to RQ's own helpers),
-  ``death_penalty_class``: the loop above.
+  ``_exc_handlers`` and ``_ordered_queues`` (passed back to RQ's own helpers): the loop above.
 * ``Execution.create``, ``prepare_for_execution``, ``job._handle_success``, ``job.cleanup``,
   ``cleanup_execution``, ``increment_*`` and, on RQ 2 only, ``set_current_job_id``: RQ's start
   and success bookkeeping in one pipeline each (RQ's own path takes a dozen round trips and a
@@ -48,6 +49,7 @@ from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import clean_registries
+from rq.timeouts import JobTimeoutException
 from rq.utils import now
 from rq.version import VERSION
 from rq.worker import WorkerStatus
@@ -101,8 +103,8 @@ class EntryRefused(Exception):
 class SeamWorker(SimpleWorker):
     """RQ's in-process worker loop, hardened for short idempotent jobs; see the module docstring.
 
-    Subclasses implement ``execute_job`` with ``start``, ``finish`` and ``fail`` and
-    ``refuse_entry`` for queue entries RQ cannot load.
+    Subclasses implement ``run_job`` with ``start``, ``run_in_time``, ``finish`` and ``fail``,
+    ``refuse_entry`` for queue entries RQ cannot load, and ``job_ended`` for jobs RQ failed for good.
     """
 
     abandoned_after: int = 30
@@ -111,6 +113,22 @@ class SeamWorker(SimpleWorker):
 
     def refuse_entry(self, entry: EntryRefused) -> None:
         raise NotImplementedError
+
+    def run_job(self, job: Job, queue: Queue) -> None:
+        raise NotImplementedError
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """RQ's documented hook: run one dequeued job (``run_job``), in this process."""
+        try:
+            self.run_job(job, queue)
+        finally:
+            self._holding = False  # the job is done: a stop request may now stop the worker
+
+    def run_in_time(self, job: Job, step: Callable[[], T]) -> T:
+        """Run ``step`` under the job's timeout (RQ's ``JobTimeoutException`` when it runs over)."""
+        with self.death_penalty_class(job.timeout or self.queue_class.DEFAULT_TIMEOUT,
+                                      JobTimeoutException, job_id=job.id):
+            return step()
 
     # -- job bookkeeping -------------------------------------------------------------------------
 
@@ -151,8 +169,11 @@ class SeamWorker(SimpleWorker):
             super().set_state(WorkerStatus.IDLE, pipeline=pipe)
             pipe.execute()
 
-    def fail(self, job: Job, queue: Queue, exc_string: str, *, retry: bool = True) -> None:
-        """RQ's failure path: retried when the job has retries left (and ``retry``), else failed."""
+    def fail(self, job: Job, queue: Queue, exc_string: str, *, exc_info: Any = None, retry: bool = True) -> None:
+        """RQ's failure path: exception handlers (with ``exc_info``), then retried when the job has
+        retries left (and ``retry``), else failed."""
+        if exc_info is not None:
+            self.handle_exception(job, *exc_info)
         if not retry:
             job.retries_left = None
         job.ended_at = now()
@@ -168,21 +189,19 @@ class SeamWorker(SimpleWorker):
                            exc_string: str = "", execution: Any = None) -> None:
         # RQ calls this from several places (a failed run, the intermediate-queue cleanup).
         retried = job.should_retry and self._stopped_job_id != job.id
+        # RQ 3 takes the execution to clean up (without it, nothing is cleaned); RQ 2 has no such argument.
+        extra: dict[str, Any] = {"execution": execution or self.execution} if RQ_MAJOR >= 3 else {}
+        super().handle_job_failure(job, queue, started_job_registry, exc_string, **extra)
         if RQ_MAJOR >= 3:
-            super().handle_job_failure(job, queue, started_job_registry, exc_string,
-                                       execution=execution or self.execution)
             self.execution = None
-        else:
-            super().handle_job_failure(job, queue, started_job_registry, exc_string)
         if not retried:
             self.job_ended(job)
 
     def _cleanup_execution(self, job: Job, pipe: Any, execution: Execution) -> None:
+        extra: dict[str, Any] = {"execution": execution} if RQ_MAJOR >= 3 else {}
+        self.cleanup_execution(job, pipeline=pipe, **extra)
         if RQ_MAJOR >= 3:
-            self.cleanup_execution(job, pipeline=pipe, execution=execution)
             self.execution = None
-        else:
-            self.cleanup_execution(job, pipeline=pipe)
 
     # -- the loop ----------------------------------------------------------------------------------
 

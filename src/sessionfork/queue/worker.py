@@ -26,7 +26,6 @@ from typing import Any
 from rq import Queue
 from rq.exceptions import AbandonedJobError
 from rq.job import Job
-from rq.timeouts import JobTimeoutException
 
 from ..core.wire import Reply
 from . import jobs
@@ -51,32 +50,27 @@ class ForkWorker(SeamWorker):
         self.on_outcome = on_outcome
         self.push_exc_handler(self._finish_abandoned)  # type: ignore[no-untyped-call]  # rq leaves it untyped
 
-    def execute_job(self, job: Job, queue: Queue) -> None:
+    def run_job(self, job: Job, queue: Queue) -> None:
         """Start the job, run its request, finish it: RQ's bookkeeping in two pipelines."""
+        self.until_up(lambda: self.start(job, queue))
         try:
-            self.until_up(lambda: self.start(job, queue))
-            try:
-                payload = _payload(job)
-            except _Refused as refused:
-                self._refuse(job, queue, str(refused))
-                return
-            self._run(job, queue, payload)
-        finally:
-            self._holding = False
+            payload = _payload(job)
+        except _Refused as refused:
+            self._refuse(job, queue, str(refused))
+            return
+        self._run(job, queue, payload)
 
     def _run(self, job: Job, queue: Queue, payload: str) -> None:
         began = time.perf_counter()
         enqueued = None if job.enqueued_at is None else int(job.enqueued_at.timestamp() * 1000)
         try:
-            with self.death_penalty_class(job.timeout or self.queue_class.DEFAULT_TIMEOUT,
-                                          JobTimeoutException, job_id=job.id):
-                reply = self.until_up(lambda: self.service.handle(
-                    payload, job.id, final_attempt=jobs.is_final_attempt(job), enqueued_ms=enqueued))
+            reply = self.run_in_time(job, lambda: self.until_up(lambda: self.service.handle(
+                payload, job.id, final_attempt=jobs.is_final_attempt(job), enqueued_ms=enqueued)))
         except Exception:
             exc_info = sys.exc_info()
-            self.handle_exception(job, *exc_info)
             final = jobs.is_final_attempt(job)
-            self.until_up(lambda: self.fail(job, queue, "".join(traceback.format_exception(*exc_info))))
+            self.until_up(lambda: self.fail(job, queue, "".join(traceback.format_exception(*exc_info)),
+                                            exc_info=exc_info))
             if final:  # the request ended: its INTERNAL outcome counts too
                 stored = self.until_up(lambda: self.service.outcomes.get(job.id))
                 if stored is not None:
