@@ -28,11 +28,6 @@ def check_id(value: str, what: str = "session id") -> str:
 _REQUEST_ID_RE = re.compile(r"[A-Za-z0-9_\-]{1,128}")
 
 
-def is_valid_request_id(value: str) -> bool:
-    """True when ``value`` may be a request id (and so an RQ job id): 1-128 of ``[A-Za-z0-9_-]``."""
-    return isinstance(value, str) and _REQUEST_ID_RE.fullmatch(value) is not None
-
-
 def check_request_id(value: str, what: str = "requestId") -> str:
     """Return ``value`` or raise ``INVALID_REQUEST``: 1-128 of ``[A-Za-z0-9_-]``.
 

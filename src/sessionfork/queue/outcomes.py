@@ -17,7 +17,7 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..core import keys, lua, rules, wire
+from ..core import keys, lua, wire
 from ..core.errors import ErrorCode
 from ..core.snapshots import Snapshot
 from ..core.wire import ForkFailure, Reply
@@ -108,10 +108,10 @@ class Outcomes:
     def refuse(self, request_id: str, reason: str, channel: str) -> Reply | None:
         """Record ``INVALID_REQUEST`` for a job or queue entry that is not a fork request.
 
-        Returns the request's outcome (the first one stored), or ``None`` when ``request_id``
-        cannot name a request (it is not a valid request id: there is no record to keep).
+        Returns the request's outcome (the first one stored), or ``None`` when ``request_id`` is
+        empty, over 256 characters or not printable text: no producer can be waiting on it.
         """
-        if not rules.is_valid_request_id(request_id):
+        if not request_id or len(request_id) > 256 or not request_id.isprintable():
             return None
         failure = ForkFailure(request_id=request_id, code=ErrorCode.INVALID_REQUEST.value, message=reason)
         return self.record(failure, channel, digest="invalid:job")

@@ -291,7 +291,8 @@ class SeamWorker(SimpleWorker):
         pipe = self.connection.pipeline(transaction=False)
         for queue in self.queues:
             pipe.lrem(queue.intermediate_queue_key, 1, entry.raw)  # type: ignore[arg-type]  # bytes are fine
-        pipe.delete(self.job_class.key_for(entry.job_id))
+        if entry.job_id:
+            pipe.delete(self.job_class.key_for(entry.job_id))
         pipe.execute()
 
     def run_maintenance_tasks(self) -> None:
@@ -316,8 +317,7 @@ class SeamWorker(SimpleWorker):
         for queue in self.queues:
             for raw in self.connection.lrange(queue.intermediate_queue_key, 0, -1):
                 if isinstance(raw, bytes) and not _is_text(raw):
-                    self.refuse_entry(EntryRefused(raw.decode(errors="replace"), raw,
-                                                   "queue entry is not UTF-8 text"))
+                    self.refuse_entry(EntryRefused("", raw, "queue entry is not UTF-8 text"))
 
     def _requeue_stranded(self) -> None:
         # A worker killed between dequeue and start leaves its job in RQ's intermediate queue,
@@ -393,8 +393,7 @@ def _is_text(raw: bytes) -> bool:
 def _entry_of(exc: Exception) -> EntryRefused:
     """What RQ's dequeue failed on: a job id it refuses, a malformed hash, bytes that are not text."""
     if isinstance(exc, UnicodeDecodeError):
-        raw = bytes(exc.object)
-        return EntryRefused(raw.decode(errors="replace"), raw, "queue entry is not UTF-8 text")
+        return EntryRefused("", bytes(exc.object), "queue entry is not UTF-8 text")
     job_id = getattr(exc, "job_id", None)
     if job_id is None:
         raise exc
