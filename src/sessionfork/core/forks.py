@@ -8,7 +8,7 @@ step never show in the child.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..core import errors, rules
@@ -54,44 +54,46 @@ class FanOut:
 
 
 def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], *,
-              request_id: str = "", stored: Snapshot | None = None,
-              remember: Callable[[Snapshot], Snapshot] | None = None, plan: ForkPlan | None = None) -> FanOut:
+              request_id: str = "") -> FanOut:
     """Fork ``child_ids`` from **one** snapshot: every child gets exactly the same seed.
 
     Ids that exist already are reported per id (``SESSION_ALREADY_EXISTS``); the others are
-    created. When every id exists, that is the error, before the boundary rule. ``stored`` is the
-    snapshot a crashed attempt of the same request took (its children must share it);
-    ``remember`` is called with a new snapshot before any child exists, to keep it for a retry; it
-    returns the snapshot to use (the one another attempt of the same request stored first).
-    ``plan`` is the result of ``registry.prepare_fork`` for exactly these ids, when the caller ran
-    it already (pipelined with other work).
+    created. When every id exists, that is the error, before the boundary rule. With
+    ``request_id``, children that an earlier call with it created are returned as they are.
     """
     ids = [rules.check_id(c) for c in child_ids]
     if request_id:
         rules.check_request_id(request_id, "request id")
     if len(set(ids)) != len(ids):
         raise errors.invalid("child session ids must be distinct")
-    if plan is None:
-        plan = registry.prepare_fork(source, ids, request_id=request_id)
-    if plan.existing and len(plan.existing) == len(ids):
+    return create(registry, registry.prepare_fork(source, ids, request_id=request_id), ids, request_id=request_id)
+
+
+def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, request_id: str = "",
+           snapshot: Snapshot | None = None) -> FanOut:
+    """The child step of a prepared fork: create ``child_ids`` (checked, distinct) from ``plan``.
+
+    ``plan`` is ``registry.prepare_fork``'s for exactly these ids; ``snapshot``, when given,
+    replaces its snapshot (the one a fan-out request stored first: all its children share it).
+    Raises the plan's error (``SESSION_ALREADY_EXISTS`` first, when every id exists) unless
+    every child is settled already (a replay needs no live source).
+    """
+    if plan.existing and len(plan.existing) == len(child_ids):
         raise errors.already_exists(plan.existing[0])  # before the boundary rule, as for one child
-    snap = stored or plan.snapshot
+    snap = snapshot or plan.snapshot
     if snap is None:
-        if plan.replayed and len(plan.replayed) + len(plan.existing) == len(ids):
-            # Every child is settled already: a replay needs no live source.
+        if plan.replayed and len(plan.replayed) + len(plan.existing) == len(child_ids):
             registry.confirm_replays(list(plan.replayed.values()))
-            return _settle(ids, {}, plan.replayed)
+            return _settle(child_ids, {}, plan.replayed)
         assert plan.error is not None
         raise plan.error
-    todo = [c for c in ids if c not in plan.replayed and c not in plan.existing]
-    if stored is None and remember is not None and todo:
-        snap = remember(snap)
+    todo = [c for c in child_ids if c not in plan.replayed and c not in plan.existing]
     made = dict(zip(todo, registry.create_children(snap, todo, request_id=request_id), strict=True))
     registry.confirm_replays(list(plan.replayed.values()))
-    return _settle(ids, made, plan.replayed)
+    return _settle(child_ids, made, plan.replayed)
 
 
-def _settle(ids: list[str], made: dict[str, Header | errors.ForkError],
+def _settle(ids: Sequence[str], made: dict[str, Header | errors.ForkError],
             replayed: dict[str, Header]) -> FanOut:
     # An id neither replayed nor made existed before this request: SESSION_ALREADY_EXISTS.
     created: list[Header] = []

@@ -7,11 +7,10 @@ sessions, so forks run unchanged on a Redis Cluster.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from msgspec import UNSET
-from redis.exceptions import NoScriptError
 
 from ..core import errors, keys, lua, rules, wire
 from .config import Settings
@@ -47,48 +46,33 @@ class Registry(SessionStore):
 
         The source step is one script on the source's slot: live? instance? boundary? length?
         Each child id that exists lands in ``existing``, or in ``replayed`` when ``request_id``
-        created it (a replay after a crash).
+        created it (a replay after a crash). Ids are checked here, before any Redis call.
         """
-        sid, instance = split_ref(source)  # ids are checked before any Redis call
-        checked = [rules.check_id(c) for c in child_ids]
-        if self._cluster:
-            # A cluster pipeline cannot carry scripts: look at the children, then run the step.
-            pipe = self.redis.pipeline(transaction=False)
-            for child in checked:
-                pipe.hmget(keys.session(child), ["header", "req"])
-            taken = pipe.execute() if checked else []
-            reply = self._snapshot(keys=[keys.session(sid)], args=[instance])
-            return self._plan(sid, checked, request_id, [*taken, reply])
-        pipe = self.redis.pipeline(transaction=False)
-        parse = self.queue_prepare(pipe, source, checked, request_id=request_id)
-        results = pipe.execute(raise_on_error=False)
-        if any(isinstance(r, NoScriptError) for r in results):
-            self.load_scripts()
-            return self.prepare_fork(source, child_ids, request_id=request_id)
-        return parse(results)
-
-    def queue_prepare(self, pipe: Any, source: SessionRef, child_ids: Sequence[str] = (), *,
-                      request_id: str = "") -> Callable[[list[Any]], ForkPlan]:
-        """Queue ``prepare_fork``'s commands on a single server's ``pipe`` (read-only, so safe
-        to re-run); returns the parser of their results, which must come last in the pipeline."""
         sid, instance = split_ref(source)
-        checked = [rules.check_id(c) for c in child_ids]
-        for child in checked:
-            pipe.hmget(keys.session(child), ["header", "req"])
-        pipe.evalsha(self._snapshot.sha, 1, keys.session(sid), instance)
-        count = len(checked) + 1
-        return lambda results: self._plan(sid, checked, request_id, results[-count:])
+        child_ids = [rules.check_id(c) for c in child_ids]
+        ops = self.look_ops(sid, instance, child_ids)
+        if not self._cluster:
+            return self.plan_of(sid, child_ids, request_id, lua.run(self.redis, ops))
+        # A cluster pipeline cannot carry scripts, and the children live on several nodes.
+        pipe = self.redis.pipeline(transaction=False)
+        for op in ops[:-1]:
+            pipe.execute_command(*op)
+        taken = pipe.execute() if child_ids else []
+        source_step = (self._snapshot, [keys.session(sid)], [instance])
+        return self.plan_of(sid, child_ids, request_id, [*taken, *lua.eval_many(self.redis, [source_step])])
 
-    def load_scripts(self) -> None:
-        """Load every script (after a NOSCRIPT: the server restarted or was flushed)."""
-        for script in (self._create, self._append, self._snapshot, self._dispose):
-            script.sha = self.redis.script_load(script.script)
+    def look_ops(self, sid: str, instance: str, child_ids: Sequence[str]) -> list[lua.Op]:
+        """The read-only commands of ``prepare_fork`` (the source step last), for ``lua.run``."""
+        ops: list[lua.Op] = [("HMGET", keys.session(child), "header", "req") for child in child_ids]
+        ops.append((self._snapshot, [keys.session(sid)], [instance]))
+        return ops
 
-    def _plan(self, sid: str, checked: list[str], request_id: str, results: list[Any]) -> ForkPlan:
+    def plan_of(self, sid: str, child_ids: Sequence[str], request_id: str, results: Sequence[Any]) -> ForkPlan:
+        """The ``ForkPlan`` that the results of ``look_ops`` describe."""
         *taken, reply = results
         existing: list[str] = []
         replayed: dict[str, Header] = {}
-        for child, (header, req) in zip(checked, taken, strict=True):
+        for child, (header, req) in zip(child_ids, taken, strict=True):
             if header is None:
                 continue
             if request_id and req is not None and wire.text(req) == request_id:
@@ -121,9 +105,8 @@ class Registry(SessionStore):
         replay), so a request forks at most once; any other existing id is
         ``SESSION_ALREADY_EXISTS`` in its place of the result. With ``wait_replicas``, the
         children are acknowledged by that many replicas before this returns
-        (``lua.NotReplicated`` otherwise).
+        (``lua.NotReplicated`` otherwise). ``child_ids`` are checked by the caller.
         """
-        checked = [rules.check_id(c) for c in child_ids]
         segments = wire.encode(snap.child_segments())
         last = "turn/end" if snap.length else ""
         # On one server the script also indexes the child under its parent (atomically); on a
@@ -133,11 +116,11 @@ class Registry(SessionStore):
             (self._create, [keys.session(cid), *self._lifecycle, *index],
              [wire.encode_header(self.child_header(snap, cid)), self._new_token(), snap.length, snap.length,
               segments, last, request_id, self.lifecycle_maxlen, cid])
-            for cid in checked
+            for cid in child_ids
         ]
         results: list[Header | errors.ForkError] = [
             errors.already_exists(cid) if raw is None else wire.decode_header(raw)
-            for cid, raw in zip(checked, lua.eval_many(self.redis, calls, replicas=self.wait_replicas,
+            for cid, raw in zip(child_ids, lua.eval_many(self.redis, calls, replicas=self.wait_replicas,
                                                        wait_ms=self.wait_timeout_ms), strict=True)
         ]
         created = [r.id for r in results if isinstance(r, Header)]
@@ -172,7 +155,7 @@ class Registry(SessionStore):
     def create_child(self, snap: Snapshot, child_id: str | None = None, *,
                      request_id: str = "") -> Header:
         """``create_children`` for one child (generated id by default); raises on failure."""
-        cid = self._new_id() if child_id is None else child_id
+        cid = self._new_id() if child_id is None else rules.check_id(child_id)
         (result,) = self.create_children(snap, [cid], request_id=request_id)
         if isinstance(result, errors.ForkError):
             raise result

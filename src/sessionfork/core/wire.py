@@ -149,6 +149,11 @@ class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, om
         return self.source.id if isinstance(self.source, LiveHandle) else self.source
 
     @property
+    def instance(self) -> str:
+        """The source's instance token; ``""`` (any live instance) for a plain id."""
+        return self.source.instance if isinstance(self.source, LiveHandle) else ""
+
+    @property
     def fans_out(self) -> bool:
         return self.count is not UNSET or self.session_ids is not UNSET
 

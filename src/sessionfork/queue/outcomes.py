@@ -9,6 +9,7 @@ is never lost.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,21 +52,17 @@ class Outcomes:
         self._claim = lua.register(redis, "claim.lua", __package__)
         self._record = lua.register(redis, "record.lua", __package__)
 
-    def claim(self, request_id: str, digest: str, children: list[str]) -> Claim:
-        """Claim ``request_id`` for a request with ``digest``, planning ``children`` if new."""
-        return self.parse_claim(self._claim(keys=[keys.request(request_id)],
-                                            args=[digest, wire.encode(children), self.ttl]))
+    def claim_op(self, request_id: str, digest: str, children: Sequence[str]) -> lua.Op:
+        """The claim of ``request_id`` for a request with ``digest`` (planning ``children`` if new),
+        as an op for ``lua.run``; ``claim_of`` reads its result."""
+        return (self._claim, [keys.request(request_id)], [digest, wire.encode(list(children)), self.ttl])
 
-    def queue_claim(self, pipe: Any, request_id: str, digest: str, children: list[str]) -> None:
-        """Queue ``claim`` on ``pipe`` (first in it); ``parse_claim`` reads its result."""
-        pipe.evalsha(self._claim.sha, 1, keys.request(request_id), digest, wire.encode(children), self.ttl)
-
-    def load_scripts(self) -> None:
-        for script in (self._claim, self._record):
-            script.sha = self.redis.script_load(script.script)
+    def claim(self, request_id: str, digest: str, children: Sequence[str]) -> Claim:
+        """Claim ``request_id`` alone (``claim_op`` in a round trip of its own)."""
+        return self.claim_of(lua.run(self.redis, [self.claim_op(request_id, digest, children)])[0])
 
     @staticmethod
-    def parse_claim(reply: list[Any]) -> Claim:
+    def claim_of(reply: list[Any]) -> Claim:
         state = wire.text(reply[0])
         if state == "CONFLICT":
             return Claim(state)
@@ -74,7 +71,7 @@ class Outcomes:
         snap = _decode_snapshot(reply[2]) if state == "RESUME" and reply[2] else None
         return Claim(state, tuple(_ids.decode(reply[1])), snap)
 
-    def remember_snapshot(self, request_id: str, snap: Snapshot) -> Snapshot:
+    def keep_snapshot(self, request_id: str, snap: Snapshot) -> Snapshot:
         """Keep a fan-out's snapshot so that every child of the request gets the same seed.
 
         The first snapshot stored wins (two attempts of one request may race); returns it.
