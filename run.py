@@ -4,7 +4,8 @@
     python3 run.py demo [--redis-url URL]   the main job: a walkthrough on an embedded server
     python3 run.py test [PYTEST ARGS]        ruff, mypy --strict, the whole test suite (current RQ), then
                                              mypy and the worker, fault and hostile tests on RQ 2.12
-    python3 run.py bench [--quick]           the benchmark (table on stdout, JSON in bench-results/)
+    python3 run.py bench [--quick]           the benchmark (table on stdout, JSON in bench-results/), then
+                                             its RQ-dependent figures again on RQ 2.12
     python3 run.py worker [ARGS]             a worker (settings from REDIS_URL, SESSIONFORK_*)
 """
 
@@ -83,7 +84,13 @@ def main(argv: list[str]) -> int:
     if task in {"demo", "worker"}:
         return run(py, "-m", "sessionfork", task, *rest)
     if task == "bench":
-        return run(py, "-m", "bench.main", *rest)
+        code = run(py, "-m", "bench.main", *rest)
+        if code or "--help" in rest or "-h" in rest:
+            return code
+        print(f"\n== the RQ-dependent figures again on {RQ2} ==", flush=True)
+        rq2 = ensure_env(".venv-rq2", RQ2)
+        quick = ["--quick"] if "--quick" in rest else []
+        return run(str(rq2 / "python"), "-m", "bench.main", "--queue-only", *quick, "--out", "bench-results/rq2")
     return test(bin_dir, rest)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from sessionfork.cli.app import cli
+from sessionfork.cli import cli
 from sessionfork.core import config
 from sessionfork.embedded import EmbeddedServer
 
