@@ -14,6 +14,7 @@ RQ names used here, and why:
   outage, and holds the maintenance lock for 15 minutes when Redis drops midway.
 * ``death_penalty_class`` and ``queue_class.DEFAULT_TIMEOUT`` (``run_in_time``: RQ's job timeout
   around an in-process run), ``handle_exception`` (RQ's exception handlers for a failed run).
+* ``register_birth``: a worker whose server restarted empty registers again (``health``, ``rq info``).
 * ``_install_signal_handlers`` (called before registration), ``_stop_requested`` (read and set),
   ``_state`` (read), ``_stopped_job_id`` (read: a job stopped on request is not retried),
   ``_exc_handlers`` and ``_ordered_queues`` (passed back to RQ's own helpers): the loop above.
@@ -233,6 +234,7 @@ class SeamWorker(SimpleWorker):
         # ``health`` and ``rq info`` see a worker that is serving.
         if not self.connection.exists(self.key):
             self.register_birth()  # type: ignore[no-untyped-call]
+            super().set_state(self._state)  # RQ's registration does not record the state
         super().heartbeat()
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
