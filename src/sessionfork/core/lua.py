@@ -6,7 +6,9 @@ sessionfork's one NOSCRIPT strategy: a NOSCRIPT (the server restarted or was flu
 script and re-runs the calls that got it (they did not run). ``eval_many`` runs script calls on a
 server or a cluster: on a cluster, the calls are grouped by the node that owns their first key
 and each group is pipelined (``run``) on that node's own connection; a call that meets a
-redirection (MOVED, ASK: a failover or a resharding) is re-run through the cluster client.
+redirection (MOVED, ASK: a failover or a resharding) is re-run through the cluster client, as is
+a fork's single source step (redis-py's cluster client follows a new topology, and loads a
+script it misses, itself).
 """
 
 from __future__ import annotations

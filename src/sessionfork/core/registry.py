@@ -58,8 +58,9 @@ class Registry(SessionStore):
         for op in ops[:-1]:
             pipe.execute_command(*op)
         taken = pipe.execute() if child_ids else []
-        source_step = (self._snapshot, [keys.session(sid)], [instance])
-        return self.plan_of(sid, child_ids, request_id, [*taken, *lua.eval_many(self.redis, [source_step])])
+        # The source step through the cluster client: it follows a failover (new topology) itself.
+        reply = self._snapshot(keys=[keys.session(sid)], args=[instance])
+        return self.plan_of(sid, child_ids, request_id, [*taken, reply])
 
     def look_ops(self, sid: str, instance: str, child_ids: Sequence[str]) -> list[lua.Op]:
         """The read-only commands of ``prepare_fork`` (the source step last), for ``lua.run``."""
