@@ -19,7 +19,8 @@ from .app import Context, clean_errors, cli
 
 @cli.command()
 @click.argument("session_id")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "mermaid"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "mermaid", "html"]), default="text",
+              show_default=True, help="html: one self-contained page (no script, nothing fetched).")
 @click.pass_obj
 @clean_errors
 def tree(obj: Context, session_id: str, fmt: str) -> None:
@@ -27,7 +28,11 @@ def tree(obj: Context, session_id: str, fmt: str) -> None:
     from ..ops import lineage
 
     found = lineage.lineage(obj.registry(), session_id)
-    if fmt == "json":
+    if fmt == "html":
+        from ..ops.lineage_html import render_html
+
+        click.echo(render_html(found), nl=False)
+    elif fmt == "json":
         click.echo(wire.encode(found).decode())
     elif fmt == "mermaid":
         click.echo(lineage.render_mermaid(found))
