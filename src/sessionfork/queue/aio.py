@@ -46,7 +46,7 @@ from ..core.config import Settings
 from ..core.errors import ErrorCode
 from ..core.factories import new_request_id
 from ..core.wire import ForkFailure, ForkRequest, LiveHandle, Reply
-from . import job_hashes
+from . import job_hashes, tracing
 from .outcomes import judge
 
 log = logging.getLogger("sessionfork.aio")
@@ -224,7 +224,8 @@ class AsyncClient:
     async def request(self, source: str | LiveHandle, *, session_id: str | None = None,
                       session_ids: list[str] | None = None, count: int | None = None,
                       request_id: str | None = None, reply_to: str | None = None) -> ForkRequest:
-        """Build a request (no I/O): as ``Client.request``; ``INVALID_REQUEST`` for a bad request id."""
+        """Build a request (no I/O): as ``Client.request``; ``INVALID_REQUEST`` for a bad request id.
+        With OpenTelemetry installed, it carries the current trace context (``traceparent``)."""
         if request_id is not None:
             rules.check_request_id(request_id)
         return ForkRequest(
@@ -233,6 +234,7 @@ class AsyncClient:
             session_ids=UNSET if session_ids is None else session_ids,
             count=UNSET if count is None else count,
             reply_to=UNSET if reply_to is None else reply_to,
+            traceparent=tracing.current_traceparent(),
         )
 
     async def submit(self, request: ForkRequest) -> str:

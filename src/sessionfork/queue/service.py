@@ -29,6 +29,7 @@ from ..core.forks import FanOut, fork_many
 from ..core.registry import Registry
 from ..core.snapshots import ForkPlan
 from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, LiveHandle, Reply
+from . import tracing
 from .outcomes import Claim, Outcomes
 
 MAX_CHANNEL_LENGTH = 256
@@ -95,6 +96,9 @@ class ForkService:
                 raise errors.invalid(f"invalid {field}: {len(value)} characters, over the limit of {limit}")
         if request.reply_to is not UNSET and not _valid_channel(request.reply_to):
             raise errors.invalid(f"invalid replyTo: expected 1-{MAX_CHANNEL_LENGTH} printable ASCII characters")
+        if request.traceparent is not UNSET and not rules.is_valid_traceparent(request.traceparent):
+            raise errors.invalid("invalid traceparent: expected a W3C traceparent "
+                                 "(version-traceid-parentid-flags, lowercase hex)")
         return request
 
     def handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool = True,
@@ -102,7 +106,15 @@ class ForkService:
         """Run one request to its outcome and return the outcome (the first one, on a replay).
 
         ``enqueued_ms`` (epoch ms) lets the outcome stream record the enqueue-to-outcome latency.
+        With OpenTelemetry installed, the run is one span continuing the request's ``traceparent``.
         """
+        with tracing.request_span(payload, job_id) as span:
+            reply = self._handle(payload, job_id, final_attempt=final_attempt, enqueued_ms=enqueued_ms)
+            span.finish(reply)
+            return reply
+
+    def _handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool,
+                enqueued_ms: int | None) -> Reply:
         started = self._monotonic()
         try:
             request = self.parse(payload, job_id)
