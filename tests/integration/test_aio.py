@@ -21,6 +21,7 @@ from sessionfork.core import keys, wire
 from sessionfork.core.wire import ForkFailure, ForkResult
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.queue import jobs, rq_seam
+from sessionfork.queue.outcomes import Outcomes
 
 
 @contextmanager
@@ -197,3 +198,29 @@ def test_a_thousand_concurrent_forks_over_at_most_four_connections(
     assert set(registry.children(sid)) == children
     assert max(seen) >= 2 and max(seen) <= 4, max(seen)
     wait_until(lambda: ours() == 0, 5, "the client's connections to close")
+
+
+def test_a_waiter_survives_a_dropped_subscription(server: EmbeddedServer, redis: Redis) -> None:
+    """The reply subscription's connection is killed: the waiter still gets its reply (the
+    subscription is renewed, and the stored outcome read again), and the client keeps working."""
+    outcomes = Outcomes(redis, ttl=60, stream_maxlen=100)
+
+    async def main() -> None:
+        async with client_for(server, recheck_every=0.5) as client:
+            first = await client.request("s", request_id="drop-1")
+            task = asyncio.create_task(client.wait(first, timeout=20))
+            await until(lambda: client.replies.channels == [SETTINGS.reply_channel], 5, "the subscription")
+            await until(lambda: redis.pubsub_numsub(SETTINGS.reply_channel)[0][1] == 1, 5, "the server to see it")
+            assert redis.client_kill_filter(_type="pubsub") == 1
+            reply = ForkFailure(request_id="drop-1", code="SESSION_NOT_FOUND", message='session "s" not found')
+            outcomes.record(reply, SETTINGS.reply_channel, digest=wire.digest(first))
+            assert await task == reply
+            await until(lambda: redis.pubsub_numsub(SETTINGS.reply_channel)[0][1] == 0, 5, "the unsubscribe")
+            second = await client.request("s", request_id="drop-2")
+            task = asyncio.create_task(client.wait(second, timeout=20))
+            await until(lambda: redis.pubsub_numsub(SETTINGS.reply_channel)[0][1] == 1, 10, "a new subscription")
+            later = ForkFailure(request_id="drop-2", code="SESSION_NOT_FOUND", message='session "s" not found')
+            outcomes.record(later, SETTINGS.reply_channel, digest=wire.digest(second))
+            assert await task == later
+
+    run(main)

@@ -120,8 +120,13 @@ class ReplyRouter:
             self._pubsub = self._redis.pubsub()
         state.ready.clear()
         state.subscribed = True
-        state.sent += 1
-        await self._pubsub.subscribe(channel)
+        state.sent += 1  # before the await: the reader may see the confirmation before it returns
+        try:
+            await self._pubsub.subscribe(channel)
+        except BaseException:
+            state.subscribed = False
+            state.sent -= 1
+            raise
         if self._reader is None:
             self._reader = asyncio.create_task(self._read(), name="sessionfork-replies")
 
@@ -131,7 +136,12 @@ class ReplyRouter:
                 return
             state.subscribed = False
             state.ready.clear()
-            await self._pubsub.unsubscribe(channel)
+            try:
+                await self._pubsub.unsubscribe(channel)
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                # The waiter has its answer (or its error) already; a stray subscription only
+                # brings messages that no waiter takes.
+                log.warning("could not unsubscribe from %s: %s", channel, exc)
 
     async def _read(self) -> None:
         delay = 0.05
@@ -143,14 +153,19 @@ class ReplyRouter:
                 # stored outcomes within ``recheck_every``, so nothing published meanwhile is lost.
                 log.warning("reply subscription lost (%s); reconnecting in %.2fs", exc, delay)
                 for state in self._channels.values():
-                    # Expect one confirmation of the subscription redis-py renews.
+                    # Expect one confirmation of the subscription redis-py renews; until it comes,
+                    # a new waiter waits for it before it reads the stored outcome.
                     state.confirmed = state.sent - 1 if state.subscribed else state.sent
+                    state.ready.clear()
                 await asyncio.sleep(delay)  # back-off, not synchronisation
                 delay = min(delay * 2, 2.0)
                 continue
             delay = 0.05
             if message is not None:
-                self._route(message)
+                try:
+                    self._route(message)
+                except Exception:  # a bad message must not stop the routing of the others
+                    log.exception("could not route a message on the reply subscription")
 
     def _route(self, message: dict[str, Any]) -> None:
         kind = message["type"]
