@@ -2,8 +2,9 @@
 
 Plain HTML and CSS, no script, no font or image fetched: the file opens anywhere, offline. The
 tree is nested lists (ancestors down to the asked session, then all its descendants), each
-session a card with its id, live or disposed, seed length and creation time; the asked session
-is marked. Every card carries ``data-id`` so tools can find a node in the DOM.
+session a card with its id, live or disposed, seed length and creation time (and, from the
+asked session down, how many children it has); the asked session is marked. Every card carries
+``data-id`` so tools can find a node in the DOM.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ ul.tree ul > li.node::before { content: ""; position: absolute; left: -16px; top
 .state { font-size: 11px; font-weight: 600; text-transform: uppercase; letter-spacing: .04em; }
 .state.live { color: var(--live); }
 .state.disposed { color: var(--gone); }
-.seed, time { color: #57606a; }
+.seed, time, .kids { color: #57606a; }
 .mark { color: var(--mark); font-weight: 700; }
 """
 
@@ -51,9 +52,12 @@ def _card(node: Node, role: str) -> str:
     iso, shown = _when(node.created_at)
     state = "live" if node.live else "disposed"
     mark = '<span class="mark">&#9664; requested</span>' if role == "requested" else ""
+    n = len(node.children)
+    kids = f'<span class="kids">{n} {"child" if n == 1 else "children"}</span>' if n and role != "ancestor" else ""
     return (f'<li class="node {role} {state}" data-id="{escape(node.id)}"><div class="card">'
             f'<span class="id">{escape(node.id)}</span><span class="state {state}">{state}</span>'
-            f'<span class="seed">seed {node.seed_length}</span><time datetime="{iso}">{shown}Z</time>{mark}</div>')
+            f'<span class="seed">seed {node.seed_length}</span><time datetime="{iso}">{shown}Z</time>{kids}{mark}'
+            "</div>")
 
 
 def _descendants(node: Node) -> Iterator[str]:
