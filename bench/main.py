@@ -18,7 +18,7 @@ from typing import Any
 
 import rq
 
-from bench.measure import fork_cost, fork_throughput, latency, noop, ping, round_trips, rq_peer
+from bench.measure import async_vs_sync, fork_cost, fork_throughput, latency, noop, ping, round_trips, rq_peer
 from sessionfork.embedded import EmbeddedServer
 
 __all__ = ["main", "noop"]
@@ -72,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             rate = step(f"{w} worker(s)", lambda w=w: fork_throughput(server, n, workers=w))  # type: ignore[misc]
             rows.append((f"single-fork requests/s, {w} worker process(es)", rate, "RQ SimpleWorker no-op jobs/s",
                          simple, ""))
+        aio, seq = step("async client, 1,000 concurrent forks", lambda: async_vs_sync(server, 100 if q else 1000,
+                                                                                    30 if q else 500))
+        rows.append((f"async forks/s, {100 if q else 1000:,} concurrent, 4 workers", aio,
+                     "sync client sequential forks/s, 4 workers", seq, ""))
         soak = None
         if args.soak > 0 and not q:
             from bench.soak import run_soak

@@ -6,6 +6,7 @@ way: real worker processes, the scheduler's side timing enqueue → completion.
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from redis.connection import AbstractConnection
 from rq import Queue
 from rq.registry import FinishedJobRegistry
 
+from sessionfork.aio import AsyncClient
 from sessionfork.core import forks
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
@@ -162,6 +164,32 @@ def latency(server: EmbeddedServer, samples: int) -> tuple[float, float]:
             assert reply.ok, reply
         q = statistics.quantiles(times, n=100)
         return statistics.median(times), q[98]
+    finally:
+        _stop(procs)
+
+
+def async_vs_sync(server: EmbeddedServer, concurrent: int, sequential: int, workers: int = 4) -> tuple[float, float]:
+    """Forks/s against ``workers`` worker processes: ``concurrent`` ``AsyncClient.fork`` calls at
+    once from one event loop (4 connections), and ``sequential`` sync ``Client.fork`` calls."""
+    _fresh(server)
+    registry = Registry(server.client())
+    _session_with(registry, "bench-src", 12)
+    procs, redis = _fork_workers(server, workers)
+    try:
+        async def many() -> float:
+            async with AsyncClient.from_url(server.url, Settings(), max_connections=4) as client:
+                began = time.perf_counter()
+                replies = await asyncio.gather(*(client.fork("bench-src", timeout=300) for _ in range(concurrent)))
+                elapsed = time.perf_counter() - began
+            assert all(r.ok for r in replies)
+            return concurrent / elapsed
+
+        async_rate = asyncio.run(many())
+        client = Client(redis, Settings())
+        began = time.perf_counter()
+        for _ in range(sequential):
+            assert client.fork("bench-src", timeout=10).ok
+        return async_rate, sequential / (time.perf_counter() - began)
     finally:
         _stop(procs)
 

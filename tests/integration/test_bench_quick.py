@@ -20,6 +20,7 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
     assert all(f["value"] > 0 for f in figures)
     names = {f["figure"] for f in figures}
     assert {"single-fork requests/s (1 worker)", "fan-out children/s (64 per request)"} <= names
+    assert "async forks/s, 100 concurrent, 4 workers" in names
 
 
 @pytest.mark.slow

@@ -47,3 +47,10 @@ def test_ci_runs_the_readme_test_command() -> None:
 def test_compose_restarts_a_worker_that_failed() -> None:
     worker = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["worker"]
     assert worker["restart"] == "on-failure"
+
+
+def test_ci_installs_chromium_before_the_test_command() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "apt-get install -y -qq chromium" in ci and "command -v chromium" in ci
+    assert ci.index("install -y -qq chromium") < ci.index("python3 run.py test")
+    assert "Debian's `chromium`" in (ROOT / "README.md").read_text()

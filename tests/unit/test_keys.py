@@ -65,3 +65,9 @@ def test_all_keys_of_one_session_share_one_cluster_slot(session_id: str) -> None
 def test_different_sessions_are_not_forced_into_one_slot() -> None:
     slots = {key_slot(keys.session(f"s{i}").encode()) for i in range(20)}
     assert len(slots) > 1
+
+
+def test_rq_names_written_without_rq() -> None:
+    assert keys.rq_job("r-1") == "rq:job:r-1"
+    assert keys.rq_queue("sessionfork") == "rq:queue:sessionfork"
+    assert keys.RQ_QUEUES == "rq:queues"

@@ -9,6 +9,7 @@ from ..core import errors
 TURN_END = "turn/end"
 ID_MAX_LENGTH = 128
 _ID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
+_TRACEPARENT_RE = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 
 def is_valid_id(value: str) -> bool:
@@ -36,6 +37,15 @@ def check_request_id(value: str, what: str = "requestId") -> str:
     if not isinstance(value, str) or _REQUEST_ID_RE.fullmatch(value) is None:
         raise errors.invalid(f"invalid {what} {value!r}: expected 1-{ID_MAX_LENGTH} characters from [A-Za-z0-9_-]")
     return value
+
+
+def is_valid_traceparent(value: str) -> bool:
+    """A W3C Trace Context ``traceparent``: ``version-traceid-parentid-flags`` in lowercase hex,
+    version not ``ff``, trace id and parent id not all zeros."""
+    if not isinstance(value, str) or _TRACEPARENT_RE.fullmatch(value) is None:
+        return False
+    version, trace_id, parent_id, _ = value.split("-")
+    return version != "ff" and trace_id != "0" * 32 and parent_id != "0" * 16
 
 
 def is_forkable(last_type: str | None) -> bool:

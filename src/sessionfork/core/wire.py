@@ -143,6 +143,8 @@ class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, om
     reply_to: str | UnsetType = UNSET
     count: int | UnsetType = UNSET
     session_ids: list[str] | UnsetType = UNSET
+    traceparent: str | UnsetType = UNSET
+    """W3C trace context of the scheduler (set by the clients when OpenTelemetry is installed)."""
 
     @property
     def source_id(self) -> str:
@@ -208,7 +210,8 @@ def decode_reply(raw: bytes | str) -> Reply:
 def digest(request: ForkRequest) -> str:
     """What makes two requests under one request id "the same": source and children asked for.
 
-    ``requestId`` and ``replyTo`` are not part of it (a retry may listen elsewhere).
+    ``requestId``, ``replyTo`` and ``traceparent`` are not part of it (a retry may listen
+    elsewhere, or run in another trace).
     """
     fields = (request.source, request.session_id, request.count, request.session_ids)
     key = [None if f is UNSET else f for f in fields]

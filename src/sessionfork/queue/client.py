@@ -20,7 +20,7 @@ from ..core import rules, wire
 from ..core.config import Settings
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, Reply
-from ..queue import jobs
+from ..queue import jobs, tracing
 from .outcomes import wait_for_reply
 
 
@@ -38,7 +38,8 @@ class Client:
                 session_ids: list[str] | None = None, count: int | None = None,
                 request_id: str | None = None, reply_to: str | None = None) -> ForkRequest:
         """Build a request (a generated request id when none is given); ``INVALID_REQUEST`` for a
-        request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id)."""
+        request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id). With OpenTelemetry
+        installed, it carries the current trace context (``traceparent``)."""
         if request_id is not None:
             rules.check_request_id(request_id)
         return ForkRequest(
@@ -47,6 +48,7 @@ class Client:
             session_ids=UNSET if session_ids is None else session_ids,
             count=UNSET if count is None else count,
             reply_to=UNSET if reply_to is None else reply_to,
+            traceparent=tracing.current_traceparent(),
         )
 
     def submit(self, request: ForkRequest) -> str:

@@ -179,10 +179,23 @@ def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
 
 def _stored(redis: Redis, request_id: str, digest: str | None) -> Reply | None:
     stored_digest, outcome = redis.hmget(keys.request(request_id), ["digest", "outcome"])
-    stored_digest = None if stored_digest is None else wire.text(stored_digest)
+    return judge(request_id, stored_digest, outcome, digest)
+
+
+def judge(request_id: str, stored_digest: bytes | str | None, outcome: bytes | str | None,
+          digest: str | None) -> Reply | None:
+    """The answer a request with ``digest`` gets from its request id's record (digest, outcome).
+
+    ``IDEMPOTENCY_CONFLICT`` when the id was claimed by a request with another digest; the stored
+    outcome; else ``None`` (not answered yet). Shared by the sync and the asyncio waiters.
+    """
+    stored = None if stored_digest is None else wire.text(stored_digest)
     # An "invalid:" digest marks a request refused before it was understood: its outcome stands.
-    if digest is not None and stored_digest and not stored_digest.startswith("invalid:") \
-            and stored_digest != digest:
-        return ForkFailure(request_id=request_id, code="IDEMPOTENCY_CONFLICT",
-                           message=f'request id "{request_id}" was already used for a different request')
+    if digest is not None and stored and not stored.startswith("invalid:") and stored != digest:
+        return conflict(request_id)
     return None if outcome is None else wire.decode_reply(outcome)
+
+
+def conflict(request_id: str) -> ForkFailure:
+    return ForkFailure(request_id=request_id, code=ErrorCode.IDEMPOTENCY_CONFLICT.value,
+                       message=f'request id "{request_id}" was already used for a different request')

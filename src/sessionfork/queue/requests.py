@@ -67,6 +67,9 @@ def parse(payload: str | bytes, job_id: str, limits: Limits) -> ForkRequest:
             raise errors.invalid(f"invalid {field}: {len(value)} characters, over the limit of {limits.max_id_length}")
     if request.reply_to is not UNSET and not is_valid_channel(request.reply_to):
         raise errors.invalid(f"invalid replyTo: expected 1-{MAX_CHANNEL_LENGTH} printable ASCII characters")
+    if request.traceparent is not UNSET and not rules.is_valid_traceparent(request.traceparent):
+        raise errors.invalid("invalid traceparent: expected a W3C traceparent "
+                             "(version-traceid-parentid-flags, lowercase hex)")
     return request
 
 

@@ -30,7 +30,7 @@ from ..core.factories import new_session_id, now_ms
 from ..core.registry import Registry
 from ..core.snapshots import ForkPlan
 from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, Reply
-from . import requests
+from . import requests, tracing
 from .outcomes import Claim, Outcomes
 from .requests import DEFAULT_LIMITS, Limits
 
@@ -61,7 +61,15 @@ class ForkService:
         """Run one request to its outcome and return the outcome (the first one, on a replay).
 
         ``enqueued_ms`` (epoch ms) lets the outcome stream record the enqueue-to-outcome latency.
+        With OpenTelemetry installed, the run is one span continuing the request's ``traceparent``.
         """
+        with tracing.request_span(payload, job_id) as span:
+            reply = self._handle(payload, job_id, final_attempt=final_attempt, enqueued_ms=enqueued_ms)
+            span.finish(reply)
+            return reply
+
+    def _handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool,
+                enqueued_ms: int | None) -> Reply:
         started = self._monotonic()
         try:
             request = requests.parse(payload, job_id, self.limits)
