@@ -25,7 +25,7 @@ from sessionfork.core.wire import ForkResult, Header, NewEvent, Reply
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.ops import acl
 from sessionfork.ops.persist import JsonlBackend
-from sessionfork.queue.rq_seam import RQ_MAJOR
+from sessionfork.queue.rq_seam.worker_base import RQ_MAJOR
 
 PASSWORDS = {acl.SCHEDULER: "scheduler-secret", acl.WORKER: "worker-secret", acl.HOST: "host-secret",
              acl.PERSIST: "persist-secret"}

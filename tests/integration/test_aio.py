@@ -6,10 +6,12 @@ import asyncio
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import msgspec
 import pytest
 from helpers import SETTINGS, make_client, start_worker, stop, wait_registered, worker_name
 from redis import Redis
@@ -17,11 +19,12 @@ from rq.job import Job
 
 from sessionfork import NewEvent, Registry
 from sessionfork.aio import AsyncClient
-from sessionfork.core import keys, wire
+from sessionfork.core import wire
 from sessionfork.core.wire import ForkFailure, ForkResult
 from sessionfork.embedded import EmbeddedServer, wait_until
-from sessionfork.queue import jobs, rq_seam
+from sessionfork.queue import jobs
 from sessionfork.queue.outcomes import Outcomes
+from sessionfork.queue.rq_seam import layout as rq_layout
 
 
 @contextmanager
@@ -70,9 +73,9 @@ def test_job_hash_is_field_by_field_what_rq_writes(server: EmbeddedServer, redis
     sync = make_client(redis)
     request = sync.request(payload_source["source"], request_id="hash-1", session_id="child-x")
     sync.submit(request)
-    by_rq = redis.hgetall(keys.rq_job("hash-1"))
-    queue_by_rq = redis.lrange(keys.rq_queue(SETTINGS.queue), 0, -1)
-    queues_by_rq = redis.smembers(keys.RQ_QUEUES)
+    by_rq = redis.hgetall(rq_layout.job_key("hash-1"))
+    queue_by_rq = redis.lrange(rq_layout.queue_key(SETTINGS.queue), 0, -1)
+    queues_by_rq = redis.smembers(rq_layout.QUEUES)
     redis.flushall()
 
     async def main() -> None:
@@ -81,15 +84,15 @@ def test_job_hash_is_field_by_field_what_rq_writes(server: EmbeddedServer, redis
             assert await client.submit(request) == "hash-1"  # a second submit is a no-op
 
     run(main)
-    ours = redis.hgetall(keys.rq_job("hash-1"))
+    ours = redis.hgetall(rq_layout.job_key("hash-1"))
     assert set(ours) == set(by_rq)
     for name in by_rq:
         if name in (b"created_at", b"enqueued_at"):
             assert len(ours[name]) == len(by_rq[name]) and ours[name].endswith(b"Z")
         else:
             assert ours[name] == by_rq[name], name
-    assert redis.lrange(keys.rq_queue(SETTINGS.queue), 0, -1) == queue_by_rq == [b"hash-1"]
-    assert redis.smembers(keys.RQ_QUEUES) == queues_by_rq
+    assert redis.lrange(rq_layout.queue_key(SETTINGS.queue), 0, -1) == queue_by_rq == [b"hash-1"]
+    assert redis.smembers(rq_layout.QUEUES) == queues_by_rq
     job = Job.fetch("hash-1", connection=redis, serializer=jobs.JSONSerializer)
     assert job.func_name == jobs.JOB_FUNCTION and job.get_status() == "queued"
     assert wire.decode_request(job.args[0]) == request
@@ -97,9 +100,10 @@ def test_job_hash_is_field_by_field_what_rq_writes(server: EmbeddedServer, redis
 
 def test_rq_key_names_are_rqs_own(redis: Redis) -> None:
     queue = jobs.make_queue(redis, SETTINGS)
-    assert keys.rq_job("r-1") == wire.text(Job.key_for("r-1")) == rq_seam.key_patterns(queue.name)["jobs"][:-1] + "r-1"
-    assert keys.rq_queue(queue.name) == queue.key == rq_seam.key_patterns(queue.name)["queue"]
-    assert keys.RQ_QUEUES == queue.redis_queues_keys == rq_seam.key_patterns(queue.name)["queues"]
+    patterns = rq_layout.key_patterns(queue.name)
+    assert rq_layout.job_key("r-1") == wire.text(Job.key_for("r-1")) == patterns["jobs"][:-1] + "r-1"
+    assert rq_layout.queue_key(queue.name) == queue.key == rq_layout.key_patterns(queue.name)["queue"]
+    assert rq_layout.QUEUES == queue.redis_queues_keys == rq_layout.key_patterns(queue.name)["queues"]
 
 
 def test_importing_the_async_client_imports_no_rq() -> None:
@@ -163,7 +167,7 @@ def test_timeout_and_cancelled_waiters_leave_nothing_behind(server: EmbeddedServ
                         "the channel to have no subscriber")
 
     run(main)
-    assert redis.exists(keys.rq_job("never-submitted")) == 0
+    assert redis.exists(rq_layout.job_key("never-submitted")) == 0
 
 
 def test_a_thousand_concurrent_forks_over_at_most_four_connections(
@@ -204,23 +208,26 @@ def test_a_waiter_survives_a_dropped_subscription(server: EmbeddedServer, redis:
     """The reply subscription's connection is killed: the waiter still gets its reply (the
     subscription is renewed, and the stored outcome read again), and the client keeps working."""
     outcomes = Outcomes(redis, ttl=60, stream_maxlen=100)
+    # A channel of its own: no other test's subscriber can make the counts below ambiguous.
+    settings = msgspec.structs.replace(SETTINGS, reply_channel=f"sf:replies:drop-{uuid.uuid4().hex[:8]}")
+    channel = settings.reply_channel
 
     async def main() -> None:
-        async with client_for(server, recheck_every=0.5) as client:
+        async with AsyncClient.from_url(server.url, settings, recheck_every=0.5) as client:
             first = await client.request("s", request_id="drop-1")
             task = asyncio.create_task(client.wait(first, timeout=20))
-            await until(lambda: client.replies.channels == [SETTINGS.reply_channel], 5, "the subscription")
-            await until(lambda: redis.pubsub_numsub(SETTINGS.reply_channel)[0][1] == 1, 5, "the server to see it")
-            assert redis.client_kill_filter(_type="pubsub") == 1
+            await until(lambda: client.replies.channels == [channel], 5, "the subscription")
+            await until(lambda: redis.pubsub_numsub(channel)[0][1] == 1, 5, "the server to see it")
+            assert redis.client_kill_filter(_type="pubsub") >= 1
             reply = ForkFailure(request_id="drop-1", code="SESSION_NOT_FOUND", message='session "s" not found')
-            outcomes.record(reply, SETTINGS.reply_channel, digest=wire.digest(first))
+            outcomes.record(reply, channel, digest=wire.digest(first))
             assert await task == reply
-            await until(lambda: redis.pubsub_numsub(SETTINGS.reply_channel)[0][1] == 0, 5, "the unsubscribe")
+            await until(lambda: redis.pubsub_numsub(channel)[0][1] == 0, 5, "the unsubscribe")
             second = await client.request("s", request_id="drop-2")
             task = asyncio.create_task(client.wait(second, timeout=20))
-            await until(lambda: redis.pubsub_numsub(SETTINGS.reply_channel)[0][1] == 1, 10, "a new subscription")
+            await until(lambda: redis.pubsub_numsub(channel)[0][1] == 1, 10, "a new subscription")
             later = ForkFailure(request_id="drop-2", code="SESSION_NOT_FOUND", message='session "s" not found')
-            outcomes.record(later, SETTINGS.reply_channel, digest=wire.digest(second))
+            outcomes.record(later, channel, digest=wire.digest(second))
             assert await task == later
 
     run(main)

@@ -6,6 +6,7 @@ import pytest
 from redis.cluster import key_slot
 
 from sessionfork.core import keys
+from sessionfork.queue.rq_seam import layout as rq_layout
 
 IDS = ["a", "s1", "session-3f2b8c1e-0000-4000-8000-000000000000", "A.b_c:d-e", "x" * 128]
 
@@ -68,6 +69,7 @@ def test_different_sessions_are_not_forced_into_one_slot() -> None:
 
 
 def test_rq_names_written_without_rq() -> None:
-    assert keys.rq_job("r-1") == "rq:job:r-1"
-    assert keys.rq_queue("sessionfork") == "rq:queue:sessionfork"
-    assert keys.RQ_QUEUES == "rq:queues"
+    # RQ's own names, built in the RQ seam's layout (pinned against RQ itself in test_aio.py).
+    assert rq_layout.job_key("r-1") == "rq:job:r-1"
+    assert rq_layout.queue_key("sessionfork") == "rq:queue:sessionfork"
+    assert rq_layout.QUEUES == "rq:queues"

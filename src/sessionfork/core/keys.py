@@ -26,9 +26,9 @@ Queue side (one Redis primary, the one RQ uses; never a cluster)::
     sf:req:<request id>    hash   idempotency record: digest, planned child ids, outcome JSON
     sf:outcomes            stream every outcome, capped (XADD MAXLEN ~)
     sf:replies             channel default reply channel (requests may name their own)
-    sessionfork            RQ queue name (RQ derives its own key names from it: queue/rq_seam.py)
-    rq:job:<request id>    hash   RQ's job hash; written without RQ by the asyncio client
-    rq:queue:<name>        list   RQ's queue (job ids); rq:queues, the set of queue keys
+    sessionfork            RQ queue name; RQ derives its own keys from it (rq:queue:sessionfork,
+                                  rq:job:<request id>, rq:queues ...), named for sessionfork's own
+                                  use only in queue/rq_seam/layout.py
 """
 
 from __future__ import annotations
@@ -63,20 +63,3 @@ def request(request_id: str) -> str:
 def replication_marker(key: str) -> str:
     """A throwaway key in ``key``'s slot (same hash tag), written before a WAIT."""
     return f"{key}:replicated"
-
-
-# -- RQ's own names, for producers that write RQ jobs without RQ (the asyncio client, any language).
-# RQ derives them from the job id and the queue name; tests/unit/test_keys.py checks them against
-# RQ itself, and ``queue.rq_seam.key_patterns`` against these.
-
-RQ_QUEUES = "rq:queues"
-
-
-def rq_job(job_id: str) -> str:
-    """RQ's job hash (``rq:job:<job id>``)."""
-    return f"rq:job:{job_id}"
-
-
-def rq_queue(queue: str) -> str:
-    """RQ's queue list (``rq:queue:<name>``): job ids, oldest first."""
-    return f"rq:queue:{queue}"

@@ -63,7 +63,7 @@ from collections.abc import Mapping, Sequence
 
 from ..core import keys
 from ..core.config import Settings
-from ..queue import rq_seam
+from ..queue.rq_seam import layout as rq_layout
 
 SCHEDULER = "sf-scheduler"
 WORKER = "sf-worker"
@@ -141,7 +141,7 @@ def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
     # A script's declared keys need read and write access whatever the script does with them,
     # so keys passed to a script (rq:queue:<queue>, sf:lifecycle) cannot be write-only.
     sessions = (f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}")
-    rq = rq_seam.key_patterns(queue)
+    rq = rq_layout.key_patterns(queue)
     scheduler = _line(
         SCHEDULER, passwords[SCHEDULER],
         [f"~{rq['jobs']}", f"~{rq['queue']}", f"%W~{rq['queues']}",

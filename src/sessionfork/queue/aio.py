@@ -9,7 +9,7 @@ outcome), a request id reused for a different request answers ``IDEMPOTENCY_CONF
 ``wait`` raises ``TimeoutError`` when no reply comes in time.
 
 RQ has no asyncio API: a request is enqueued by ``scripts/enqueue.lua`` (the README's any-language
-recipe) with the job hash RQ's own enqueue writes (``job_hashes``). Importing this module imports
+recipe) with the job hash RQ's own enqueue writes (``rq_seam.layout``). Importing this module imports
 no RQ.
 
 One subscription per client (``ReplyRouter``) serves every waiter: each reply is routed by its
@@ -42,8 +42,9 @@ from ..core.config import Settings
 from ..core.errors import ErrorCode
 from ..core.factories import new_request_id
 from ..core.wire import ForkFailure, ForkRequest, LiveHandle, Reply
-from . import job_hashes, tracing
+from . import tracing
 from .outcomes import judge
+from .rq_seam import layout as rq_layout
 from .subscriptions import ReplyRouter
 
 
@@ -61,7 +62,7 @@ class AsyncClient:
         self.recheck_every = recheck_every
         self._new_id = new_id
         self._enqueue = redis.register_script(lua.source("enqueue.lua", __package__))
-        self._queue_keys = [keys.rq_queue(self.settings.queue), keys.RQ_QUEUES]
+        self._queue_keys = [rq_layout.queue_key(self.settings.queue), rq_layout.QUEUES]
 
     @classmethod
     def from_url(cls, url: str, settings: Settings | None = None, *, max_connections: int = 4,
@@ -103,7 +104,7 @@ class AsyncClient:
     async def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op."""
         request, args = self._job(request)
-        await self._enqueue(keys=[keys.rq_job(request.request_id), *self._queue_keys], args=args)  # type: ignore[arg-type]
+        await self._enqueue(keys=[rq_layout.job_key(request.request_id), *self._queue_keys], args=args)  # type: ignore[arg-type]
         assert isinstance(request.request_id, str)
         return request.request_id
 
@@ -129,7 +130,7 @@ class AsyncClient:
         assert isinstance(request.request_id, str)
         deadline = asyncio.get_running_loop().time() + timeout
         async with self.replies.expect(request.request_id, self._channel(request), deadline) as inbox:
-            job_keys = [keys.rq_job(request.request_id), *self._queue_keys]
+            job_keys = [rq_layout.job_key(request.request_id), *self._queue_keys]
             for attempt in (1, 2):
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.evalsha(self._enqueue.sha, len(job_keys), *job_keys, *args)
@@ -153,7 +154,7 @@ class AsyncClient:
             request = msgspec.structs.replace(request, request_id=self._new_id())
         assert isinstance(request.request_id, str)
         rules.check_request_id(request.request_id)
-        fields = job_hashes.job_fields(wire.encode(request), self.settings, datetime.now(UTC))
+        fields = rq_layout.job_fields(wire.encode(request), self.settings, datetime.now(UTC))
         return request, [request.request_id, *fields]
 
     async def _answer(self, request: ForkRequest, inbox: asyncio.Queue[bytes], first: list[Any],

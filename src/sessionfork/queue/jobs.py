@@ -16,7 +16,7 @@ from rq.exceptions import DuplicateJobError
 from rq.job import Job
 
 from ..core.config import Settings
-from .job_hashes import JOB_FUNCTION as JOB_FUNCTION
+from .rq_seam.layout import JOB_FUNCTION as JOB_FUNCTION
 
 
 class JSONSerializer:

@@ -10,8 +10,8 @@ What it does differently from ``rq worker``:
 * every job that ends for good leaves its request one outcome: a job RQ fails (retries spent, an
   abandoned job, a job stuck in the intermediate queue) is finished by running its idempotent
   request once more, or refused;
-* its loop is ``rq_seam.SeamWorker``'s: stops never strand a job, bad queue entries and Redis
-  outages never stop the worker.
+* its loop is ``rq_seam.worker_base.SeamWorker``'s: stops never strand a job, bad queue entries
+  and Redis outages never stop the worker.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from rq.job import Job
 
 from ..core.wire import Reply
 from . import jobs
-from .rq_seam import EntryRefused, ForkJob, SeamWorker
+from .rq_seam.worker_base import EntryRefused, ForkJob, SeamWorker
 from .service import ForkService
 
 log = logging.getLogger("sessionfork.worker")

@@ -1,10 +1,12 @@
-"""RQ job hashes written without RQ: how the asyncio client (and any-language producers) enqueue.
+"""RQ's key names and job hash, written without RQ (part of the RQ seam: see its package docstring).
 
 RQ has no asyncio API, so ``queue.aio.AsyncClient`` enqueues with ``scripts/enqueue.lua`` (the
 README's any-language recipe: create the job hash and push its id, only when no job has that id)
 and ``job_fields``, exactly the hash RQ's own unique enqueue writes for ``queue.jobs.enqueue``
 (RQ 2.12 and 3; ``tests/integration/test_aio.py`` compares the two field by field), so that
 workers, ``rq info`` and rq-dashboard read it like any RQ job. Imports no RQ.
+
+RQ derives its key names from a job id and a queue name; its documentation does not promise them.
 """
 
 from __future__ import annotations
@@ -15,10 +17,30 @@ from typing import Final
 
 import msgspec
 
-from ..core.config import Settings
+from ...core.config import Settings
 
 JOB_FUNCTION: Final = "sessionfork.jobs.fork"
 """The job function's dotted path: a public contract (``queue.jobs`` uses the same)."""
+
+QUEUES: Final = "rq:queues"
+"""RQ's set of queue keys."""
+
+
+def job_key(job_id: str) -> str:
+    """RQ's job hash (``rq:job:<job id>``)."""
+    return f"rq:job:{job_id}"
+
+
+def queue_key(queue: str) -> str:
+    """RQ's queue list (``rq:queue:<name>``): job ids, oldest first."""
+    return f"rq:queue:{queue}"
+
+
+def key_patterns(queue: str) -> dict[str, str]:
+    """RQ's key names a role's ACL rules need (``queue`` already glob-escaped)."""
+    return {"jobs": "rq:job:*", "queue": f"rq:queue:{queue}", "queues": QUEUES, "all": "rq:*",
+            "worker_channels": "rq:pubsub:*"}
+
 
 _TIMESTAMP: Final = "%Y-%m-%dT%H:%M:%S.%fZ"  # RQ's utcformat
 _DESCRIPTION_ARG_MAX: Final = 75  # RQ truncates each argument's repr in a job's description
