@@ -17,29 +17,35 @@ from .snapshots import ForkPlan, Snapshot
 from .wire import Event, Header, SeedMeta
 
 
-def snapshot(registry: Registry, source: SessionRef) -> tuple[list[Event], SeedMeta]:
+def snapshot(registry: Registry, source: SessionRef, *,
+             boundary: int | None = None) -> tuple[list[Event], SeedMeta]:
     """The source's events at a turn boundary, and the lineage a child of them records.
 
-    Raises ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE`` or ``OPEN_TURN``. The events are fresh
-    objects: mutating them never changes the source.
+    Without ``boundary``: the whole log, which must be empty or end with ``turn/end``. With it:
+    events ``[0, boundary]``. Raises ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, then
+    ``INVALID_BOUNDARY`` or ``OPEN_TURN``. The events are fresh objects: mutating them never
+    changes the source.
     """
-    snap = registry.take_snapshot(source)
+    snap = registry.take_snapshot(source, boundary)
     return registry.read_snapshot(snap), snap.meta
 
 
 def fork(registry: Registry, source: SessionRef, session_id: str | None = None, *,
-         request_id: str = "") -> Header:
+         boundary: int | None = None, request_id: str = "") -> Header:
     """Create a live child of ``source`` whose log starts as the source's log; return its header.
 
-    ``SESSION_ALREADY_EXISTS`` for a used ``session_id`` is reported before the boundary rule
-    (``OPEN_TURN``). With ``request_id``, a retried call returns the child it already created, even
-    if the source has moved on or been disposed since.
+    With ``boundary`` (an inclusive seq) the child's seed is events ``[0, boundary]`` and its
+    ``seedLength`` is ``boundary + 1``: valid when ``0 <= boundary < length`` and no turn is open
+    at it (``rules.boundary_error``), whatever the state of the source's last turn.
+    ``SESSION_ALREADY_EXISTS`` for a used ``session_id`` is reported before the boundary rules
+    (``INVALID_BOUNDARY``, ``OPEN_TURN``). With ``request_id``, a retried call returns the child it
+    already created, even if the source has moved on or been disposed since.
     """
     if session_id is None:
         if request_id:
             raise errors.invalid("request_id needs an explicit session_id: a generated id cannot be replayed")
-        return registry.create_child(registry.take_snapshot(source))
-    result = fork_many(registry, source, [session_id], request_id=request_id)
+        return registry.create_child(registry.take_snapshot(source, _checked(boundary)))
+    result = fork_many(registry, source, [session_id], request_id=request_id, boundary=boundary)
     if result.failed:
         raise result.failed[0][1]
     return result.created[0]
@@ -55,7 +61,8 @@ class FanOut:
 
 def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], *,
               request_id: str = "", stored: Snapshot | None = None,
-              remember: Callable[[Snapshot], Snapshot] | None = None, plan: ForkPlan | None = None) -> FanOut:
+              remember: Callable[[Snapshot], Snapshot] | None = None, plan: ForkPlan | None = None,
+              boundary: int | None = None) -> FanOut:
     """Fork ``child_ids`` from **one** snapshot: every child gets exactly the same seed.
 
     Ids that exist already are reported per id (``SESSION_ALREADY_EXISTS``); the others are
@@ -64,7 +71,8 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     ``remember`` is called with a new snapshot before any child exists, to keep it for a retry; it
     returns the snapshot to use (the one another attempt of the same request stored first).
     ``plan`` is the result of ``registry.prepare_fork`` for exactly these ids, when the caller ran
-    it already (pipelined with other work).
+    it already (pipelined with other work, with the same ``boundary``). ``boundary`` as for
+    ``fork``: every child's seed is events ``[0, boundary]``.
     """
     ids = [rules.check_id(c) for c in child_ids]
     if request_id:
@@ -72,7 +80,7 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     if len(set(ids)) != len(ids):
         raise errors.invalid("child session ids must be distinct")
     if plan is None:
-        plan = registry.prepare_fork(source, ids, request_id=request_id)
+        plan = registry.prepare_fork(source, ids, request_id=request_id, boundary=_checked(boundary))
     if plan.existing and len(plan.existing) == len(ids):
         raise errors.already_exists(plan.existing[0])  # before the boundary rule, as for one child
     snap = stored or plan.snapshot
@@ -103,3 +111,10 @@ def _settle(ids: list[str], made: dict[str, Header | errors.ForkError],
         else:
             failed.append((cid, outcome))
     return FanOut(created, failed)
+
+
+def _checked(boundary: int | None) -> int | None:
+    # bool is an int to Python, never a seq; the range is the boundary rule's (INVALID_BOUNDARY).
+    if boundary is not None and (isinstance(boundary, bool) or not isinstance(boundary, int)):
+        raise errors.invalid(f"invalid boundary {boundary!r}: expected an integer event seq")
+    return boundary

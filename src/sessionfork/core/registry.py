@@ -7,6 +7,7 @@ sessions, so forks run unchanged on a Redis Cluster.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,21 +34,28 @@ class Registry(SessionStore):
 
     # -- the two atomic steps of a fork ----------------------------------------------------------
 
-    def take_snapshot(self, source: SessionRef) -> Snapshot:
-        """The source step alone: ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE`` or ``OPEN_TURN``."""
-        plan = self.prepare_fork(source)
+    def __init__(self, redis: Any, **options: Any) -> None:
+        super().__init__(redis, **options)
+        self._turn = lua.register(redis, "turn.lua")
+
+    def take_snapshot(self, source: SessionRef, boundary: int | None = None) -> Snapshot:
+        """The source step alone: ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, then
+        ``INVALID_BOUNDARY`` (with ``boundary``) or ``OPEN_TURN`` (without)."""
+        plan = self.prepare_fork(source, boundary=boundary)
         if plan.error is not None:
             raise plan.error
         assert plan.snapshot is not None
         return plan.snapshot
 
     def prepare_fork(self, source: SessionRef, child_ids: Sequence[str] = (), *,
-                     request_id: str = "") -> ForkPlan:
+                     request_id: str = "", boundary: int | None = None) -> ForkPlan:
         """The source step, plus a look at the children-to-be, in one round trip.
 
         The source step is one script on the source's slot: live? instance? boundary? length?
         Each child id that exists lands in ``existing``, or in ``replayed`` when ``request_id``
-        created it (a replay after a crash).
+        created it (a replay after a crash). A ``boundary`` inside the source's inherited seed is
+        checked by one more read on the ancestor that holds that event (its events up to there
+        never change, so the check needs no atomicity with the source step).
         """
         sid, instance = split_ref(source)  # ids are checked before any Redis call
         checked = [rules.check_id(c) for c in child_ids]
@@ -57,34 +65,56 @@ class Registry(SessionStore):
             for child in checked:
                 pipe.hmget(keys.session(child), ["header", "req"])
             taken = pipe.execute() if checked else []
-            reply = self._snapshot(keys=[keys.session(sid)], args=[instance])
-            return self._plan(sid, checked, request_id, [*taken, reply])
+            reply = self._snapshot(keys=[keys.session(sid), keys.session_turns(sid), keys.session_log(sid)],
+                                   args=[instance, _arg(boundary)])
+            return self._plan(sid, checked, request_id, boundary, [*taken, reply])
         pipe = self.redis.pipeline(transaction=False)
-        parse = self.queue_prepare(pipe, source, checked, request_id=request_id)
+        parse = self.queue_prepare(pipe, source, checked, request_id=request_id, boundary=boundary)
         results = pipe.execute(raise_on_error=False)
         if any(isinstance(r, NoScriptError) for r in results):
             self.load_scripts()
-            return self.prepare_fork(source, child_ids, request_id=request_id)
+            return self.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary)
         return parse(results)
 
     def queue_prepare(self, pipe: Any, source: SessionRef, child_ids: Sequence[str] = (), *,
-                      request_id: str = "") -> Callable[[list[Any]], ForkPlan]:
+                      request_id: str = "", boundary: int | None = None) -> Callable[[list[Any]], ForkPlan]:
         """Queue ``prepare_fork``'s commands on a single server's ``pipe`` (read-only, so safe
         to re-run); returns the parser of their results, which must come last in the pipeline."""
         sid, instance = split_ref(source)
         checked = [rules.check_id(c) for c in child_ids]
         for child in checked:
             pipe.hmget(keys.session(child), ["header", "req"])
-        pipe.evalsha(self._snapshot.sha, 1, keys.session(sid), instance)
+        pipe.evalsha(self._snapshot.sha, 3, keys.session(sid), keys.session_turns(sid), keys.session_log(sid),
+                     instance, _arg(boundary))
         count = len(checked) + 1
-        return lambda results: self._plan(sid, checked, request_id, results[-count:])
+        return lambda results: self._plan(sid, checked, request_id, boundary, results[-count:])
 
     def load_scripts(self) -> None:
         """Load every script (after a NOSCRIPT: the server restarted or was flushed)."""
-        for script in (self._create, self._append, self._snapshot, self._dispose):
+        for script in (self._create, self._append, self._snapshot, self._dispose, self._turn):
             script.sha = self.redis.script_load(script.script)
 
-    def _plan(self, sid: str, checked: list[str], request_id: str, results: list[Any]) -> ForkPlan:
+    def _check_seed(self, sid: str, snap: Snapshot, boundary: int) -> Snapshot:
+        """Finish the boundary rule for a boundary the source step could not check itself: one
+        inside the source's inherited seed (checked on the ancestor that holds it), or on a record
+        written before turn indexes (checked by reading the prefix)."""
+        owner = sid if boundary >= snap.seed_length else rules.owner_of(snap.segments, boundary)
+        reply = self._turn(keys=[keys.session(owner), keys.session_turns(owner), keys.session_log(owner)],
+                           args=[boundary])
+        status = wire.text(reply[0])
+        if status == "INSIDE":
+            raise errors.boundary_inside_turn(sid, boundary, int(reply[1]))
+        if status == "OK":
+            return dataclasses.replace(snap, seed_end=int(reply[1]), last_type=wire.text(reply[2]))
+        types = [e.type for e in self._read(sid, snap.segments, snap.seed_length, 0, boundary + 1)]
+        error = rules.check_boundary_in(sid, types, boundary)
+        if error is not None:
+            raise error
+        ends = [seq for seq, kind in enumerate(types) if kind == rules.TURN_END]
+        return dataclasses.replace(snap, seed_end=ends[-1] if ends else -1, last_type=types[-1])
+
+    def _plan(self, sid: str, checked: list[str], request_id: str, boundary: int | None,
+              results: list[Any]) -> ForkPlan:
         *taken, reply = results
         existing: list[str] = []
         replayed: dict[str, Header] = {}
@@ -96,7 +126,10 @@ class Registry(SessionStore):
             else:
                 existing.append(child)
         try:
-            return ForkPlan(parse_snapshot(sid, reply), None, existing, replayed)
+            snap, unchecked = parse_snapshot(sid, reply, boundary)
+            if unchecked and boundary is not None:
+                snap = self._check_seed(sid, snap, boundary)
+            return ForkPlan(snap, None, existing, replayed)
         except errors.ForkError as exc:
             return ForkPlan(None, exc, existing, replayed)
 
@@ -125,14 +158,18 @@ class Registry(SessionStore):
         """
         checked = [rules.check_id(c) for c in child_ids]
         segments = wire.encode(snap.child_segments())
-        last = "turn/end" if snap.length else ""
+        # The child's "last" feeds the no-boundary rule only; a seed ends between turns, and a
+        # boundary fork's seed may end with an event after its turn/end (todo/write): recorded as
+        # such, so forking the child without a boundary keeps today's rule (its last event).
+        last = snap.last
         # On one server the script also indexes the child under its parent (atomically); on a
         # cluster the parent's index is in another slot and is written right after.
         index = [] if self._cluster else [keys.session_children(snap.source.id)]
         calls: list[lua.Call] = [
             (self._create, [keys.session(cid), *self._lifecycle, *index],
              [wire.encode_header(self.child_header(snap, cid)), self._new_token(), snap.length, snap.length,
-              segments, last, request_id, self.lifecycle_maxlen, cid])
+              segments, last, request_id, self.lifecycle_maxlen, cid,
+              "" if snap.seed_end is None else snap.seed_end])
             for cid in checked
         ]
         results: list[Header | errors.ForkError] = [
@@ -177,3 +214,7 @@ class Registry(SessionStore):
         if isinstance(result, errors.ForkError):
             raise result
         return result
+
+
+def _arg(boundary: int | None) -> str | int:
+    return "" if boundary is None else boundary

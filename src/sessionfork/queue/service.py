@@ -144,7 +144,8 @@ class ForkService:
         """Children that ``request_id`` created (best effort: a failing Redis answers none)."""
         try:
             planned = self.outcomes.planned(request_id)
-            plan = self.registry.prepare_fork(request.source, planned, request_id=request_id)
+            plan = self.registry.prepare_fork(request.source, planned, request_id=request_id,
+                                              boundary=_boundary(request))
         except Exception:
             return []
         return sorted(plan.replayed)
@@ -179,7 +180,8 @@ class ForkService:
             return self.outcomes.claim(request_id, digest, planned), None
         pipe = redis.pipeline(transaction=False)
         self.outcomes.queue_claim(pipe, request_id, digest, planned)
-        parse = self.registry.queue_prepare(pipe, request.source, planned, request_id=request_id)
+        parse = self.registry.queue_prepare(pipe, request.source, planned, request_id=request_id,
+                                            boundary=_boundary(request))
         results = pipe.execute(raise_on_error=False)
         if any(isinstance(r, NoScriptError) for r in results):
             self.outcomes.load_scripts()
@@ -194,7 +196,7 @@ class ForkService:
     def _execute(self, request: ForkRequest, request_id: str, claim: Claim, plan: ForkPlan | None) -> Reply:
         result: FanOut = fork_many(
             self.registry, request.source, claim.children, request_id=request_id,
-            stored=claim.snapshot, plan=plan,
+            stored=claim.snapshot, plan=plan, boundary=_boundary(request),
             remember=(lambda snap: self.outcomes.remember_snapshot(request_id, snap))
             if len(claim.children) > 1 else None,
         )
@@ -207,6 +209,10 @@ class ForkService:
             failed=[ChildError(session_id=cid, code=e.code.value, message=e.message)
                     for cid, e in result.failed] or UNSET,
         )
+
+
+def _boundary(request: ForkRequest) -> int | None:
+    return None if request.boundary is UNSET else request.boundary
 
 
 _FIELDS = {"sessionId": "session_id", "sessionIds": "session_ids", "count": "count"}
