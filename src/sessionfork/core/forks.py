@@ -37,8 +37,8 @@ def fork(registry: Registry, source: SessionRef, session_id: str | None = None, 
     With ``boundary`` (an inclusive seq) the child's seed is events ``[0, boundary]`` and its
     ``seedLength`` is ``boundary + 1``: valid when ``0 <= boundary < length`` and no turn is open
     at it (``rules.boundary_error``), whatever the state of the source's last turn.
-    ``SESSION_ALREADY_EXISTS`` for a used ``session_id`` is reported before the boundary rules
-    (``INVALID_BOUNDARY``, ``OPEN_TURN``). With ``request_id``, a retried call returns the child it
+    Errors in this order: ``SESSION_NOT_FOUND`` / ``SESSION_NOT_LIVE``, ``SESSION_ALREADY_EXISTS``
+    for a used ``session_id``, then ``INVALID_BOUNDARY`` or ``OPEN_TURN``. With ``request_id``, a retried call returns the child it
     already created, even if the source has moved on or been disposed since.
     """
     if session_id is None:
@@ -49,6 +49,9 @@ def fork(registry: Registry, source: SessionRef, session_id: str | None = None, 
     if result.failed:
         raise result.failed[0][1]
     return result.created[0]
+
+
+_SOURCE_ERRORS = (errors.ErrorCode.SESSION_NOT_FOUND, errors.ErrorCode.SESSION_NOT_LIVE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +69,8 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     """Fork ``child_ids`` from **one** snapshot: every child gets exactly the same seed.
 
     Ids that exist already are reported per id (``SESSION_ALREADY_EXISTS``); the others are
-    created. When every id exists, that is the error, before the boundary rule. ``stored`` is the
+    created. When every id exists, that is the error (after ``SESSION_NOT_FOUND`` and
+    ``SESSION_NOT_LIVE``, before the boundary rules). ``stored`` is the
     snapshot a crashed attempt of the same request took (its children must share it);
     ``remember`` is called with a new snapshot before any child exists, to keep it for a retry; it
     returns the snapshot to use (the one another attempt of the same request stored first).
@@ -82,7 +86,10 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     if plan is None:
         plan = registry.prepare_fork(source, ids, request_id=request_id, boundary=_checked(boundary))
     if plan.existing and len(plan.existing) == len(ids):
-        raise errors.already_exists(plan.existing[0])  # before the boundary rule, as for one child
+        # Error order: the source's own state, then the child id, then the boundary rules.
+        if plan.error is not None and plan.error.code in _SOURCE_ERRORS:
+            raise plan.error
+        raise errors.already_exists(plan.existing[0])
     snap = stored or plan.snapshot
     if snap is None:
         if plan.replayed and len(plan.replayed) + len(plan.existing) == len(ids):
