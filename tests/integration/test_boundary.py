@@ -30,7 +30,8 @@ def fork_error(code: ErrorCode, message: str) -> Iterator[None]:
 
 
 def inside(sid: str, boundary: int, start: int) -> tuple[ErrorCode, str]:
-    return ErrorCode.INVALID_BOUNDARY, f'cannot fork session "{sid}" at boundary {boundary}: inside the turn opened at seq {start}'
+    return (ErrorCode.INVALID_BOUNDARY,
+            f'cannot fork session "{sid}" at boundary {boundary}: inside the turn opened at seq {start}')
 
 
 def past(sid: str, boundary: int, length: int) -> tuple[ErrorCode, str]:
