@@ -38,8 +38,9 @@ def fork(registry: Registry, source: SessionRef, session_id: str | None = None, 
     ``seedLength`` is ``boundary + 1``: valid when ``0 <= boundary < length`` and no turn is open
     at it (``rules.boundary_error``), whatever the state of the source's last turn.
     Errors in this order: ``SESSION_NOT_FOUND`` / ``SESSION_NOT_LIVE``, ``SESSION_ALREADY_EXISTS``
-    for a used ``session_id``, then ``INVALID_BOUNDARY`` or ``OPEN_TURN``. With ``request_id``, a retried call returns the child it
-    already created, even if the source has moved on or been disposed since.
+    for a used ``session_id``, then ``INVALID_BOUNDARY`` or ``OPEN_TURN``. With ``request_id``, a
+    retried call returns the child it already created, even if the source has moved on or been
+    disposed since.
     """
     if session_id is None:
         if request_id:

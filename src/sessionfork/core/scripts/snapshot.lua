@@ -20,9 +20,6 @@ end
 local b = tonumber(ARGV[2])
 if b < 0 or b >= tonumber(r[2]) then return {'RANGE', r[2]} end
 if not r[7] or b < tonumber(r[6]) then return {'SEED', b + 1, r[4], r[5], r[6], '', ''} end
--- The type of event b: stored JSON starts with its "type" (wire.encode_stored_event).
-local raw = redis.call('LINDEX', KEYS[3], b - tonumber(r[6]))
-local kind = string.match(raw, '^{"type":"([^"\\]*)"') or cjson.decode(raw)['type']
 -- The newest marker at or before b: binary search of the turn index (sorted: append-only).
 local lo, hi, found = 0, redis.call('LLEN', KEYS[2]) - 1, nil
 while lo <= hi do
@@ -30,6 +27,11 @@ while lo <= hi do
   local v = tonumber(redis.call('LINDEX', KEYS[2], mid))
   if math.floor(v / 2) <= b then found = v; lo = mid + 1 else hi = mid - 1 end
 end
+if found and found % 2 == 0 then return {'INSIDE', math.floor(found / 2)} end
+if found == 2 * b + 1 then return {'OK', b + 1, r[4], r[5], r[6], b, 'turn/end'} end
+-- Otherwise the type of event b, for the child's "last": stored JSON starts with its "type"
+-- (wire.encode_stored_event); anything unusual is decoded whole.
+local raw = redis.call('LINDEX', KEYS[3], b - tonumber(r[6]))
+local kind = string.match(raw, '^{"type":"([^"\\]*)"') or cjson.decode(raw)['type']
 if not found then return {'OK', b + 1, r[4], r[5], r[6], r[8], kind} end
-if found % 2 == 0 then return {'INSIDE', math.floor(found / 2)} end
 return {'OK', b + 1, r[4], r[5], r[6], math.floor(found / 2), kind}

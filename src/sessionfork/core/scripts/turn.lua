@@ -15,6 +15,7 @@ while lo <= hi do
   if math.floor(v / 2) <= b then found = v; lo = mid + 1 else hi = mid - 1 end
 end
 if found and found % 2 == 0 then return {'INSIDE', math.floor(found / 2)} end
+if found == 2 * b + 1 then return {'OK', b, 'turn/end'} end
 local raw = redis.call('LINDEX', KEYS[3], b - tonumber(r[3]))
 local kind = string.match(raw, '^{"type":"([^"\\]*)"') or cjson.decode(raw)['type']
 if not found then return {'OK', r[2], kind} end
