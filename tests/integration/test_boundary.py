@@ -186,6 +186,35 @@ def test_forks_of_boundary_children_inside_the_seed_the_own_events_and_on_the_bo
         forks.fork(registry, "g-own", "x", boundary=9)
 
 
+def test_a_deep_boundary_childs_log_is_read_in_one_round_trip(registry: Registry,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from redis.connection import AbstractConnection
+
+    parent = make(registry, "depth-0", turn(0), turn(1))
+    expected = registry.events(parent)
+    for depth in range(1, 16):
+        # Alternately inside the inherited seed and at the last completed turn of the parent.
+        boundary = 3 if depth % 2 else registry.last_turn_end(parent)
+        assert boundary is not None
+        child = f"depth-{depth}"
+        forks.fork(registry, parent, child, boundary=boundary)
+        expected = expected[: boundary + 1]
+        expected += registry.append(child, [*turn(depth), *OPEN])
+        parent = child
+    registry.events(parent)  # the first read also reads the record
+    sent: list[bytes] = []
+    original = AbstractConnection.send_packed_command
+
+    def counting(self: AbstractConnection, command: object, check_health: bool = True) -> None:
+        sent.append(command)  # type: ignore[arg-type]
+        original(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting)
+    events = registry.events(parent)
+    assert len(sent) == 1
+    assert same(events, expected)
+
+
 def test_an_ancestor_disposed_later_still_answers_for_the_seed(registry: Registry) -> None:
     make(registry, "a", turn(1), turn(2))
     forks.fork(registry, "a", "b")
