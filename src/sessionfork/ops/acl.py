@@ -100,7 +100,6 @@ _WORKER_COMMANDS = (
 _HOST_COMMANDS = (
     *_CONNECTION, *_SCRIPTS,
     "exists", "hget", "hmget", "hset", "hdel", "rpush", "lrange", "smembers", "xadd",
-    "llen", "lindex",  # the turn index, read by boundary forks
 )
 _PERSIST_COMMANDS = (
     *_CONNECTION,
