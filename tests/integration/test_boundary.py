@@ -1,12 +1,11 @@
 """Forks at an earlier turn (``boundary``) against a real server: the rule, error order, seeds by
-reference at any depth, the turn index kept on append, and what operations see of a boundary child."""
+reference at any depth, and the turn index kept on append (operations: ``test_boundary_ops``)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 from helpers import turn
@@ -16,8 +15,6 @@ from sessionfork.core import forks, keys, wire
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import Event, LiveHandle, NewEvent
-from sessionfork.ops import lineage, repair
-from sessionfork.ops.persist import JsonlBackend, path_for
 
 OPEN = [NewEvent("turn/start", {"turn": 9}), NewEvent("tool/call", {"id": "t1"})]
 
@@ -280,50 +277,3 @@ def test_a_record_without_a_turn_index_is_checked_by_reading_its_prefix(registry
         forks.fork(registry, "c", "x", boundary=5)
     forks.fork(registry, "c", "g", boundary=4)
     assert_child(registry, "g", "c", 4)
-
-
-# -- operations ----------------------------------------------------------------------------------
-
-
-def test_lineage_shows_the_seed_length_of_boundary_children(registry: Registry) -> None:
-    make(registry, "a", turn(1), turn(2))
-    forks.fork(registry, "a", "c", boundary=3)
-    tree = lineage.lineage(registry, "a")
-    assert [(n.id, n.seed_length) for n in tree.root.children] == [("c", 4)]
-    assert "c  seed=4" in lineage.render_text(tree)
-
-
-def test_lifecycle_announces_a_boundary_child_with_its_seed_length(registry: Registry, redis: Redis) -> None:
-    make(registry, "a", turn(1), turn(2))
-    forks.fork(registry, "a", "c", boundary=3)
-    created = [{k.decode(): v.decode() for k, v in f.items()} for _, f in redis.xrange(keys.LIFECYCLE_STREAM)]
-    assert {"type": "session/created", "id": "c", "len": "4"} in created
-
-
-def test_persisted_file_of_a_boundary_child_holds_its_seed_then_its_own_events(
-        registry: Registry, tmp_path: Path) -> None:
-    make(registry, "a", turn(1), turn(2), OPEN)
-    forks.fork(registry, "a", "c", boundary=3)
-    registry.append("c", turn(5))
-    backend = JsonlBackend(registry, tmp_path, consumer="c1", block_ms=10)
-    while backend.step():
-        pass
-    header, *events = [json.loads(line) for line in path_for(tmp_path, registry.header("c")).read_text().splitlines()]
-    assert (header["type"], header["parentSession"], header["seedLength"]) == ("session", "a", 4)
-    parent = [wire.event_to_builtins(e) for e in registry.events("a")]
-    assert events[:4] == parent[:4]
-    assert [e["seq"] for e in events] == list(range(8))
-    assert [e["type"] for e in events[4:]] == ["turn/start", "user/message", "assistant/message", "turn/end"]
-
-
-def test_repair_closes_exactly_what_the_boundary_rule_calls_open(registry: Registry) -> None:
-    make(registry, "a", turn(1), [NewEvent("todo/write")])
-    assert repair.repair(registry, "a") == []  # after a turn/end: between turns, nothing to close
-    forks.fork(registry, "a", "x", boundary=4)
-    registry.append("a", OPEN)
-    with fork_error(*inside("a", 6, 5)):
-        forks.fork(registry, "a", "y", boundary=6)
-    closed = repair.repair(registry, "a")
-    assert [e.type for e in closed] == ["tool/result", "turn/end"]
-    forks.fork(registry, "a", "y", boundary=closed[-1].seq)
-    assert registry.last_turn_end("a") == closed[-1].seq
