@@ -34,10 +34,6 @@ class Registry(SessionStore):
 
     # -- the two atomic steps of a fork ----------------------------------------------------------
 
-    def __init__(self, redis: Any, **options: Any) -> None:
-        super().__init__(redis, **options)
-        self._turn = lua.register(redis, "turn.lua")
-
     def take_snapshot(self, source: SessionRef, boundary: int | None = None) -> Snapshot:
         """The source step alone: ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, then
         ``INVALID_BOUNDARY`` (with ``boundary``) or ``OPEN_TURN`` (without)."""

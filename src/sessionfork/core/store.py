@@ -88,6 +88,7 @@ class SessionStore:
         self._append = lua.register(redis, "append.lua")
         self._snapshot = lua.register(redis, "snapshot.lua")
         self._dispose = lua.register(redis, "dispose.lua")
+        self._turn = lua.register(redis, "turn.lua")  # boundary checks on an ancestor (registry)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
