@@ -277,3 +277,16 @@ def test_a_record_without_a_turn_index_is_checked_by_reading_its_prefix(registry
         forks.fork(registry, "c", "x", boundary=5)
     forks.fork(registry, "c", "g", boundary=4)
     assert_child(registry, "g", "c", 4)
+
+
+@pytest.mark.parametrize("kind", ['note/"quoted"', "back\\slash", "ünïcode/✓"])
+def test_the_childs_last_event_type_is_exact_whatever_its_characters(registry: Registry, kind: str) -> None:
+    # The source step reads the type of the boundary event (fast path: the head of the stored
+    # JSON; anything escaped: the whole event decoded): the plain rule of the child names it.
+    make(registry, "a", turn(1), [NewEvent(kind, {"x": 1})], OPEN)
+    forks.fork(registry, "a", "c", boundary=4)
+    with fork_error(ErrorCode.OPEN_TURN, f'cannot fork session "c" inside an open turn (last event: {kind})'):
+        forks.fork(registry, "c", "x")
+    forks.fork(registry, "c", "g", boundary=4)  # the same event, now inside c's inherited seed
+    with fork_error(ErrorCode.OPEN_TURN, f'cannot fork session "g" inside an open turn (last event: {kind})'):
+        forks.fork(registry, "g", "x")
