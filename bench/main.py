@@ -18,7 +18,17 @@ from typing import Any
 
 import rq
 
-from bench.measure import async_vs_sync, fork_cost, fork_throughput, latency, noop, ping, round_trips, rq_peer
+from bench.measure import (
+    async_vs_sync,
+    boundary_fork_costs,
+    fork_cost,
+    fork_throughput,
+    latency,
+    noop,
+    ping,
+    round_trips,
+    rq_peer,
+)
 from sessionfork.embedded import EmbeddedServer
 
 __all__ = ["main", "noop"]
@@ -62,6 +72,13 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((f"fork µs, {size}-event parent", us, f"fork µs, {sizes[0]}-event parent", base_us,
                          "≤ 1.5" if size == sizes[-1] else ""))
             rows.append((f"Redis bytes/child, {size}-event parent", mem, "limit bytes", 2048.0, "≤ 1"))
+        fractions = (0.1, 0.5, 1.0)
+        bounded = step(f"boundary fork cost, {sizes[-1]}-event parent",
+                       lambda: boundary_fork_costs(server, sizes[-1], kids, fractions))
+        for fraction, (us, mem) in bounded.items():
+            at = f"boundary fork at {fraction:.0%} of a {sizes[-1]}-event parent"
+            rows.append((f"{at}, µs", us, f"fork µs, {sizes[0]}-event parent", base_us, "≤ 1.5"))
+            rows.append((f"{at}, Redis bytes/child", mem, "limit bytes", 2048.0, "≤ 1"))
         fan_requests = 5 if q else 100
         fan = step("fan-out 64", lambda: fork_throughput(server, fan_requests, count=64)) * 64
         rows.append(("fan-out children/s (64 per request)", fan, "target children/s", 10_000.0, "≥ 1"))

@@ -211,6 +211,32 @@ def fork_cost(server: EmbeddedServer, events: int, children: int) -> tuple[float
     return statistics.median(times), per_child
 
 
+def boundary_fork_costs(server: EmbeddedServer, events: int, children: int,
+                        fractions: tuple[float, ...]) -> dict[float, tuple[float, float]]:
+    """For each fraction, median µs per boundary fork (registry only) and Redis bytes per child.
+
+    The parent has ``events`` events in whole turns, then a running turn (so it forks only at a
+    boundary); each fork takes the newest ``turn/end`` within the first ``fraction`` of its log.
+    """
+    redis = _fresh(server)
+    registry = Registry(redis)
+    _session_with(registry, "parent", events)
+    registry.append("parent", [NewEvent("turn/start", {"turn": -1}), NewEvent("tool/call", {"id": "t"})])
+    for i in range(50):  # warm up, as in fork_cost
+        forks.fork(registry, "parent", f"warm-{i}", boundary=3)
+    out: dict[float, tuple[float, float]] = {}
+    for fraction in fractions:
+        boundary = max(3, int(events * fraction) // 4 * 4 - 1)  # turns are 4 events: seq 4k + 3 ends one
+        before = _dataset_bytes(redis)
+        times = []
+        for i in range(children):
+            t = time.perf_counter()
+            forks.fork(registry, "parent", f"child-{fraction}-{i}", boundary=boundary)
+            times.append((time.perf_counter() - t) * 1e6)
+        out[fraction] = (statistics.median(times), (_dataset_bytes(redis) - before) / children)
+    return out
+
+
 def _dataset_bytes(redis: Redis) -> int:
     """``used_memory`` less client buffers (which come and go with each reply, not with children)."""
     info = redis.info("memory")

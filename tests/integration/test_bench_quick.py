@@ -21,6 +21,9 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
     names = {f["figure"] for f in figures}
     assert {"single-fork requests/s (1 worker)", "fan-out children/s (64 per request)"} <= names
     assert "async forks/s, 100 concurrent, 4 workers" in names
+    boundary = {f"boundary fork at {p} of a 2000-event parent, {what}"
+                for p in ("10%", "50%", "100%") for what in ("µs", "Redis bytes/child")}
+    assert boundary <= names
 
 
 @pytest.mark.slow

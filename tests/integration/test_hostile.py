@@ -102,6 +102,7 @@ _WRONG: dict[str, Callable[[Any], bool]] = {
     "requestId": lambda v: not isinstance(v, str), "sessionId": lambda v: not isinstance(v, str),
     "replyTo": lambda v: not isinstance(v, str), "count": lambda v: type(v) is not int,
     "sessionIds": lambda v: not isinstance(v, list) or any(not isinstance(x, str) for x in v),
+    "boundary": lambda v: type(v) is not int,
 }
 _ARRAYS = "[" * DEPTH + "]" * DEPTH
 # Nested values that reach a generic JSON decoder (see the deep-nesting test below); the depth bounds keep

@@ -27,6 +27,10 @@ def test_session_children_key() -> None:
     assert keys.session_children("a") == "sf:s:{a}:children"
 
 
+def test_session_turns_key() -> None:
+    assert keys.session_turns("a") == "sf:s:{a}:turns"
+
+
 def test_request_key_has_no_hash_tag() -> None:
     assert keys.request("r1") == "sf:req:r1"
 
@@ -51,6 +55,7 @@ def test_session_keys_keep_dots_colons_and_dashes_verbatim() -> None:
     assert keys.session("A.b_c:d-e") == "sf:s:{A.b_c:d-e}"
     assert keys.session_log("A.b_c:d-e") == "sf:s:{A.b_c:d-e}:log"
     assert keys.session_children("A.b_c:d-e") == "sf:s:{A.b_c:d-e}:children"
+    assert keys.session_turns("A.b_c:d-e") == "sf:s:{A.b_c:d-e}:turns"
 
 
 @pytest.mark.parametrize("session_id", IDS)
@@ -59,6 +64,7 @@ def test_all_keys_of_one_session_share_one_cluster_slot(session_id: str) -> None
         key_slot(keys.session(session_id).encode()),
         key_slot(keys.session_log(session_id).encode()),
         key_slot(keys.session_children(session_id).encode()),
+        key_slot(keys.session_turns(session_id).encode()),
     }
     assert slots == {key_slot(session_id.encode())}
 

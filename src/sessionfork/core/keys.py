@@ -11,11 +11,17 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                     seed      JSON list of [ancestor id, start, stop): list indexes
                                               into that ancestor's own log, oldest ancestor first
                                     last      type of the last event ("" for an empty log)
+                                    lastend   seq of the newest turn/end, seed included (-1: none);
+                                              absent on records written before turn indexes
+                                    seedend   seq of the newest turn/end of the seed (-1: none)
                                     req       request id that created it by fork (for replays)
                                     batch     id of the last append call, batchseq its first seq
                                               (a retried append is recognised, never doubled)
     sf:s:{<id>}:log        list   the session's own events (seq >= seedlen), JSON without "seq"
     sf:s:{<id>}:children   set    ids of the sessions forked from this one (lineage index)
+    sf:s:{<id>}:turns      list   turn index of the session's own events: 2*seq + 1 for each
+                                  turn/end, 2*seq for each turn/start, ascending (append-only), so
+                                  the newest marker at or before a seq is a binary search
     <key>:replicated       string a marker written (and expired within 1 ms) next to a key, in its
                                   slot, to WAIT for replicas after a replayed fork
     sf:lifecycle           stream session/created, session/flush, session/disposed, for persistence
@@ -53,6 +59,11 @@ def session_log(session_id: str) -> str:
 def session_children(session_id: str) -> str:
     """Ids of the sessions forked from this one (set)."""
     return f"{PREFIX}:s:{{{session_id}}}:children"
+
+
+def session_turns(session_id: str) -> str:
+    """Turn index of the session's own events (list of ``2 * seq + (1 for turn/end)``)."""
+    return f"{PREFIX}:s:{{{session_id}}}:turns"
 
 
 def request(request_id: str) -> str:

@@ -7,10 +7,12 @@ sessions, so forks run unchanged on a Redis Cluster.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from msgspec import UNSET
+from redis.commands.core import Script
 
 from ..core import errors, keys, lua, rules, wire
 from .config import Settings
@@ -32,43 +34,76 @@ class Registry(SessionStore):
 
     # -- the two atomic steps of a fork ----------------------------------------------------------
 
-    def take_snapshot(self, source: SessionRef) -> Snapshot:
-        """The source step alone: ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE`` or ``OPEN_TURN``."""
-        plan = self.prepare_fork(source)
+    def take_snapshot(self, source: SessionRef, boundary: int | None = None) -> Snapshot:
+        """The source step alone: ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, then
+        ``INVALID_BOUNDARY`` (with ``boundary``) or ``OPEN_TURN`` (without)."""
+        plan = self.prepare_fork(source, boundary=boundary)
         if plan.error is not None:
             raise plan.error
         assert plan.snapshot is not None
         return plan.snapshot
 
     def prepare_fork(self, source: SessionRef, child_ids: Sequence[str] = (), *,
-                     request_id: str = "") -> ForkPlan:
+                     request_id: str = "", boundary: int | None = None) -> ForkPlan:
         """The source step, plus a look at the children-to-be, in one round trip.
 
         The source step is one script on the source's slot: live? instance? boundary? length?
         Each child id that exists lands in ``existing``, or in ``replayed`` when ``request_id``
-        created it (a replay after a crash). Ids are checked here, before any Redis call.
+        created it (a replay after a crash). Ids are checked here, before any Redis call. A
+        ``boundary`` inside the source's inherited seed is checked by one more read on the ancestor
+        that holds that event (its events up to there never change, so the check needs no
+        atomicity with the source step).
         """
         sid, instance = split_ref(source)
         child_ids = [rules.check_id(c) for c in child_ids]
-        ops = self.look_ops(sid, instance, child_ids)
+        ops = self.look_ops(sid, instance, child_ids, boundary)
         if not self._cluster:
-            return self.plan_of(sid, child_ids, request_id, lua.run(self.redis, ops))
+            return self.plan_of(sid, child_ids, request_id, boundary, lua.run(self.redis, ops))
         # A cluster pipeline cannot carry scripts, and the children live on several nodes.
         pipe = self.redis.pipeline(transaction=False)
         for op in ops[:-1]:
             pipe.execute_command(*op)
         taken = pipe.execute() if child_ids else []
-        # The source step through the cluster client: it follows a failover (new topology) itself.
-        reply = self._snapshot(keys=[keys.session(sid)], args=[instance])
-        return self.plan_of(sid, child_ids, request_id, [*taken, reply])
+        return self.plan_of(sid, child_ids, request_id, boundary, [*taken, self._call(ops[-1])])
 
-    def look_ops(self, sid: str, instance: str, child_ids: Sequence[str]) -> list[lua.Op]:
+    def _call(self, op: lua.Op) -> Any:
+        """One script call: pipelined on a server; on a cluster through the cluster client, which
+        follows a failover's new topology itself."""
+        if not self._cluster:
+            return lua.run(self.redis, [op])[0]
+        script, script_keys, args = op
+        assert isinstance(script, Script)
+        return script(keys=list(script_keys), args=list(args))
+
+    def look_ops(self, sid: str, instance: str, child_ids: Sequence[str],
+                 boundary: int | None = None) -> list[lua.Op]:
         """The read-only commands of ``prepare_fork`` (the source step last), for ``lua.run``."""
         ops: list[lua.Op] = [("HMGET", keys.session(child), "header", "req") for child in child_ids]
-        ops.append((self._snapshot, [keys.session(sid)], [instance]))
+        ops.append((self._snapshot, [keys.session(sid), keys.session_turns(sid), keys.session_log(sid)],
+                    [instance, "" if boundary is None else boundary]))
         return ops
 
-    def plan_of(self, sid: str, child_ids: Sequence[str], request_id: str, results: Sequence[Any]) -> ForkPlan:
+    def _check_seed(self, sid: str, snap: Snapshot, boundary: int) -> Snapshot:
+        """Finish the boundary rule for a boundary the source step could not check itself: one
+        inside the source's inherited seed (checked on the ancestor that holds it), or on a record
+        written before turn indexes (checked by reading the prefix)."""
+        owner = sid if boundary >= snap.seed_length else rules.owner_of(snap.segments, boundary)
+        reply = self._call((self._turn, [keys.session(owner), keys.session_turns(owner), keys.session_log(owner)],
+                            [boundary]))
+        status = wire.text(reply[0])
+        if status == "INSIDE":
+            raise errors.boundary_inside_turn(sid, boundary, int(reply[1]))
+        if status == "OK":
+            return dataclasses.replace(snap, seed_end=int(reply[1]), last_type=wire.text(reply[2]))
+        types = [e.type for e in self._read(sid, snap.segments, snap.seed_length, 0, boundary + 1)]
+        error = rules.check_boundary_in(sid, types, boundary)
+        if error is not None:
+            raise error
+        ends = [seq for seq, kind in enumerate(types) if kind == rules.TURN_END]
+        return dataclasses.replace(snap, seed_end=ends[-1] if ends else -1, last_type=types[-1])
+
+    def plan_of(self, sid: str, child_ids: Sequence[str], request_id: str, boundary: int | None,
+                results: Sequence[Any]) -> ForkPlan:
         """The ``ForkPlan`` that the results of ``look_ops`` describe."""
         *taken, reply = results
         existing: list[str] = []
@@ -81,7 +116,10 @@ class Registry(SessionStore):
             else:
                 existing.append(child)
         try:
-            return ForkPlan(parse_snapshot(sid, reply), None, existing, replayed)
+            snap, unchecked = parse_snapshot(sid, reply, boundary)
+            if unchecked and boundary is not None:
+                snap = self._check_seed(sid, snap, boundary)
+            return ForkPlan(snap, None, existing, replayed)
         except errors.ForkError as exc:
             return ForkPlan(None, exc, existing, replayed)
 
@@ -109,14 +147,18 @@ class Registry(SessionStore):
         (``lua.NotReplicated`` otherwise). ``child_ids`` are checked by the caller.
         """
         segments = wire.encode(snap.child_segments())
-        last = "turn/end" if snap.length else ""
+        # The child's "last" feeds the no-boundary rule only; a seed ends between turns, and a
+        # boundary fork's seed may end with an event after its turn/end (todo/write): recorded as
+        # such, so forking the child without a boundary keeps today's rule (its last event).
+        last = snap.last
         # On one server the script also indexes the child under its parent (atomically); on a
         # cluster the parent's index is in another slot and is written right after.
         index = [] if self._cluster else [keys.session_children(snap.source.id)]
         calls: list[lua.Call] = [
             (self._create, [keys.session(cid), *self._lifecycle, *index],
              [wire.encode_header(self.child_header(snap, cid)), self._new_token(), snap.length, snap.length,
-              segments, last, request_id, self.lifecycle_maxlen, cid])
+              segments, last, request_id, self.lifecycle_maxlen, cid,
+              "" if snap.seed_end is None else snap.seed_end])
             for cid in child_ids
         ]
         results: list[Header | errors.ForkError] = [

@@ -87,9 +87,11 @@ class AsyncClient:
 
     async def request(self, source: str | LiveHandle, *, session_id: str | None = None,
                       session_ids: list[str] | None = None, count: int | None = None,
-                      request_id: str | None = None, reply_to: str | None = None) -> ForkRequest:
+                      request_id: str | None = None, reply_to: str | None = None,
+                      boundary: int | None = None) -> ForkRequest:
         """Build a request (no I/O): as ``Client.request``; ``INVALID_REQUEST`` for a bad request id.
-        With OpenTelemetry installed, it carries the current trace context (``traceparent``)."""
+        ``boundary``: fork at that inclusive event seq. With OpenTelemetry installed, it carries the
+        current trace context (``traceparent``)."""
         if request_id is not None:
             rules.check_request_id(request_id)
         return ForkRequest(
@@ -99,6 +101,7 @@ class AsyncClient:
             count=UNSET if count is None else count,
             reply_to=UNSET if reply_to is None else reply_to,
             traceparent=tracing.current_traceparent(),
+            boundary=UNSET if boundary is None else boundary,
         )
 
     async def submit(self, request: ForkRequest) -> str:
@@ -121,11 +124,12 @@ class AsyncClient:
 
     async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
                    session_ids: list[str] | None = None, count: int | None = None,
-                   request_id: str | None = None, reply_to: str | None = None) -> Reply:
+                   request_id: str | None = None, reply_to: str | None = None,
+                   boundary: int | None = None) -> Reply:
         """Submit a fork request and wait for its reply (subscribed first; enqueue and the first
         read of the stored outcome in one round trip)."""
         request = await self.request(source, session_id=session_id, session_ids=session_ids, count=count,
-                                     request_id=request_id, reply_to=reply_to)
+                                     request_id=request_id, reply_to=reply_to, boundary=boundary)
         request, args = self._job(request)
         assert isinstance(request.request_id, str)
         deadline = asyncio.get_running_loop().time() + timeout

@@ -24,7 +24,21 @@ from ..core.snapshots import Snapshot
 from ..core.wire import ForkFailure, Reply
 
 _ids = msgspec.json.Decoder(list[str])
-_snapshot_codec = msgspec.json.Decoder(tuple[wire.Header, int, int, list[tuple[str, int, int]]])
+
+
+class _StoredSnapshot(msgspec.Struct, array_like=True):
+    """A fan-out's snapshot as kept in its request record: a JSON array. The last two fields came
+    with boundary forks; arrays stored before them have four items and decode with the defaults."""
+
+    source: wire.Header
+    length: int
+    seed_length: int
+    segments: list[tuple[str, int, int]]
+    seed_end: int | None = None
+    last_type: str | None = None
+
+
+_snapshot_codec = msgspec.json.Decoder(_StoredSnapshot)
 
 
 def code_of(reply: Reply) -> str:
@@ -76,7 +90,8 @@ class Outcomes:
 
         The first snapshot stored wins (two attempts of one request may race); returns it.
         """
-        value = wire.encode((snap.source, snap.length, snap.seed_length, list(snap.segments)))
+        value = wire.encode(_StoredSnapshot(snap.source, snap.length, snap.seed_length, list(snap.segments),
+                                            snap.seed_end, snap.last_type))
         pipe = self.redis.pipeline(transaction=True)
         pipe.hsetnx(keys.request(request_id), "snapshot", value)
         pipe.hget(keys.request(request_id), "snapshot")
@@ -128,8 +143,9 @@ class Outcomes:
 
 
 def _decode_snapshot(raw: bytes) -> Snapshot:
-    header, length, seed_length, segments = _snapshot_codec.decode(raw)
-    return Snapshot(header, length, seed_length, tuple((s[0], s[1], s[2]) for s in segments))
+    s = _snapshot_codec.decode(raw)
+    return Snapshot(s.source, s.length, s.seed_length, tuple((a, b, c) for a, b, c in s.segments), s.seed_end,
+                    s.last_type)
 
 
 def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,

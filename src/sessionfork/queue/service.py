@@ -117,16 +117,20 @@ class ForkService:
         claim_op = self.outcomes.claim_op(request_id, digest, planned)
         if self.outcomes.redis is not self.registry.redis or self.registry.is_cluster:
             return self.outcomes.claim_of(lua.run(self.outcomes.redis, [claim_op])[0]), None
-        source, instance = request.source_id, request.instance
-        results = lua.run(self.outcomes.redis, [claim_op, *self.registry.look_ops(source, instance, planned)])
+        source, boundary = request.source_id, _boundary(request)
+        look = self.registry.look_ops(source, request.instance, planned, boundary)
+        results = lua.run(self.outcomes.redis, [claim_op, *look])
         claim = self.outcomes.claim_of(results[0])
-        return claim, self.registry.plan_of(source, planned, request_id, results[1:]) if claim.state == "NEW" else None
+        if claim.state != "NEW":
+            return claim, None
+        return claim, self.registry.plan_of(source, planned, request_id, boundary, results[1:])
 
     def _fork(self, request: ForkRequest, request_id: str, claim: Claim, plan: ForkPlan | None) -> Reply:
         """The children of a claimed request, from one snapshot: the reply that reports them."""
         children = list(claim.children)
         if plan is None:  # a resumed request: its children were planned by an earlier attempt
-            plan = self.registry.prepare_fork(request.source, children, request_id=request_id)
+            plan = self.registry.prepare_fork(request.source, children, request_id=request_id,
+                                              boundary=_boundary(request))
         snap = claim.snapshot
         if snap is None and len(children) > 1 and plan.snapshot is not None:
             # A fan-out keeps its snapshot before any child exists: a retry after a crash
@@ -155,7 +159,12 @@ class ForkService:
         """Children that ``request_id`` created (best effort: a failing Redis answers none)."""
         try:
             planned = self.outcomes.planned(request_id)
-            plan = self.registry.prepare_fork(request.source, planned, request_id=request_id)
+            plan = self.registry.prepare_fork(request.source, planned, request_id=request_id,
+                                              boundary=_boundary(request))
         except Exception:
             return []
         return sorted(plan.replayed)
+
+
+def _boundary(request: ForkRequest) -> int | None:
+    return None if request.boundary is UNSET else request.boundary
