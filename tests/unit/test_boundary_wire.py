@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import hashlib
-from typing import cast
 
 import msgspec
 import pytest
 
 from sessionfork.core import wire
 from sessionfork.core.errors import ErrorCode, ForkError
-from sessionfork.core.registry import Registry
 from sessionfork.core.wire import LiveHandle
-from sessionfork.queue.outcomes import Outcomes
-from sessionfork.queue.service import ForkService
+from sessionfork.queue import requests
+from sessionfork.queue.requests import Limits
 
-PARSER = ForkService(cast(Registry, object()), cast(Outcomes, object()), reply_channel="sf:replies",
-                     max_request_bytes=65536, max_fanout=16)
+LIMITS = Limits(max_request_bytes=65536, max_fanout=16)
 
 
 def parse(body: bytes) -> wire.ForkRequest:
-    return PARSER.parse(body, "r1")
+    return requests.parse(body, "r1", LIMITS)
 
 
 def test_an_integer_boundary_is_accepted_and_encoded_last() -> None:
