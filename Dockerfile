@@ -3,5 +3,5 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY src ./src
 COPY worker ./worker
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir ".[dashboard]"
 CMD ["sessionfork", "worker"]

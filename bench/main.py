@@ -1,8 +1,10 @@
-"""The benchmark: ``python -m bench.main [--quick] [--soak SECONDS] [--out DIR]`` (``make bench``).
+"""The benchmark: ``python -m bench.main [--quick] [--queue-only] [--soak SECONDS] [--out DIR]`` (``make bench``).
 
 Runs on a throwaway server it starts, and measures in the same run the peers every figure is
 compared with: RQ's default ``Worker`` and RQ's ``SimpleWorker`` draining no-op jobs, and a bare
 Redis round trip (PING). Prints a markdown table, then a soak report; writes the figures as JSON.
+``--queue-only`` measures only the figures that depend on RQ (``run.py bench`` runs it again on
+RQ 2.12, so both RQ majors are reported side by side).
 """
 
 from __future__ import annotations
@@ -14,7 +16,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.measure import fork_cost, fork_throughput, latency, noop, ping, round_trips, rq_peer
+import rq
+
+from bench.measure import (
+    async_vs_sync,
+    boundary_fork_costs,
+    fork_cost,
+    fork_throughput,
+    latency,
+    noop,
+    ping,
+    round_trips,
+    rq_peer,
+)
 from bench.memory import child_bytes_at_depth, request_memory, steady_workload
 from sessionfork.embedded import EmbeddedServer
 
@@ -26,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that it runs, not speed")
     parser.add_argument("--out", default="bench-results", help="directory for bench.json")
     parser.add_argument("--soak", type=float, default=60.0, help="seconds of soak at the end (0: none; --quick: 0)")
+    parser.add_argument("--queue-only", action="store_true",
+                        help="only the figures that depend on RQ (throughput against RQ's workers, round trips)")
     args = parser.parse_args(argv)
     q = args.quick
     n, n_fork_peer, lat, kids = (30, 10, 20, 200) if q else (2000, 300, 400, 1000)
@@ -42,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         single = step("sessionfork single forks", lambda: fork_throughput(server, n))
         rows.append(("single-fork requests/s (1 worker)", single, "RQ SimpleWorker no-op jobs/s", simple, "≥ 0.9"))
         rows.append(("single-fork requests/s (1 worker)", single, "RQ Worker no-op jobs/s", forking, "≥ 4"))
+        if args.queue_only:
+            ours_rt, simple_rt = step("round trips", lambda: round_trips(server, 50 if q else 500))
+            rows.append(("Redis round trips per job, worker side", ours_rt, "RQ SimpleWorker per no-op job",
+                         simple_rt, ""))
+            return _report(args, rows, pings, None)
         p50, p99 = step("latency", lambda: latency(server, lat))
         rows.append(("enqueue→reply p50 ms (idle)", p50, "PING ms", 1000 / pings, ""))
         rows.append(("enqueue→reply p99 ms (idle)", p99, "PING ms", 1000 / pings, "< 5 ms"))
@@ -52,6 +73,13 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((f"fork µs, {size}-event parent", us, f"fork µs, {sizes[0]}-event parent", base_us,
                          "≤ 1.5" if size == sizes[-1] else ""))
             rows.append((f"Redis bytes/child, {size}-event parent", mem, "limit bytes", 2048.0, "≤ 1"))
+        fractions = (0.1, 0.5, 1.0)
+        bounded = step(f"boundary fork cost, {sizes[-1]}-event parent",
+                       lambda: boundary_fork_costs(server, sizes[-1], kids, fractions))
+        for fraction, (us, mem) in bounded.items():
+            at = f"boundary fork at {fraction:.0%} of a {sizes[-1]}-event parent"
+            rows.append((f"{at}, µs", us, f"fork µs, {sizes[0]}-event parent", base_us, "≤ 1.5"))
+            rows.append((f"{at}, Redis bytes/child", mem, "limit bytes", 2048.0, "≤ 1"))
         fan_requests = 5 if q else 100
         fan = step("fan-out 64", lambda: fork_throughput(server, fan_requests, count=64)) * 64
         rows.append(("fan-out children/s (64 per request)", fan, "target children/s", 10_000.0, "≥ 1"))
@@ -81,12 +109,22 @@ def main(argv: list[str] | None = None) -> int:
             rate = step(f"{w} worker(s)", lambda w=w: fork_throughput(server, n, workers=w))  # type: ignore[misc]
             rows.append((f"single-fork requests/s, {w} worker process(es)", rate, "RQ SimpleWorker no-op jobs/s",
                          simple, ""))
+        aio, seq = step("async client, 1,000 concurrent forks", lambda: async_vs_sync(server, 100 if q else 1000,
+                                                                                    30 if q else 500))
+        rows.append((f"async forks/s, {100 if q else 1000:,} concurrent, 4 workers", aio,
+                     "sync client sequential forks/s, 4 workers", seq, ""))
         soak = None
         if args.soak > 0 and not q:
             from bench.soak import run_soak
 
             server.client().execute_command("FLUSHALL", "SYNC")  # type: ignore[no-untyped-call]
             soak = step(f"soak, {args.soak:.0f} s", lambda: run_soak(server.url, seconds=args.soak))
+    return _report(args, rows, pings, soak)
+
+
+def _report(args: argparse.Namespace, rows: list[tuple[str, float, str, float | None, str]], pings: float,
+            soak: Any) -> int:
+    print(f"\nRQ {rq.__version__}\n")
     print("| figure | sessionfork | baseline | baseline value | ratio | bar |")
     print("|---|---:|---|---:|---:|---|")
     for label, value, base_label, base, bar in rows:
@@ -98,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     figures = [{"figure": r[0], "value": r[1], "baseline": r[2], "baselineValue": r[3],
                 "ratio": (r[1] / r[3]) if r[3] else None, "bar": r[4]} for r in rows]
-    (out / "bench.json").write_text(json.dumps({"quick": q, "figures": figures, "ping_per_s": pings}, indent=2))
+    (out / "bench.json").write_text(json.dumps({"quick": args.quick, "rq": rq.__version__, "figures": figures,
+                                                "ping_per_s": pings}, indent=2))
     print(f"\nfigures written to {out / 'bench.json'}", file=sys.stderr)
     return 0
 

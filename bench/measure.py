@@ -6,6 +6,7 @@ way: real worker processes, the scheduler's side timing enqueue → completion.
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from redis.connection import AbstractConnection
 from rq import Queue
 from rq.registry import FinishedJobRegistry
 
+from sessionfork.aio import AsyncClient
 from sessionfork.core import forks
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
@@ -166,6 +168,32 @@ def latency(server: EmbeddedServer, samples: int) -> tuple[float, float]:
         _stop(procs)
 
 
+def async_vs_sync(server: EmbeddedServer, concurrent: int, sequential: int, workers: int = 4) -> tuple[float, float]:
+    """Forks/s against ``workers`` worker processes: ``concurrent`` ``AsyncClient.fork`` calls at
+    once from one event loop (4 connections), and ``sequential`` sync ``Client.fork`` calls."""
+    _fresh(server)
+    registry = Registry(server.client())
+    _session_with(registry, "bench-src", 12)
+    procs, redis = _fork_workers(server, workers)
+    try:
+        async def many() -> float:
+            async with AsyncClient.from_url(server.url, Settings(), max_connections=4) as client:
+                began = time.perf_counter()
+                replies = await asyncio.gather(*(client.fork("bench-src", timeout=300) for _ in range(concurrent)))
+                elapsed = time.perf_counter() - began
+            assert all(r.ok for r in replies)
+            return concurrent / elapsed
+
+        async_rate = asyncio.run(many())
+        client = Client(redis, Settings())
+        began = time.perf_counter()
+        for _ in range(sequential):
+            assert client.fork("bench-src", timeout=10).ok
+        return async_rate, sequential / (time.perf_counter() - began)
+    finally:
+        _stop(procs)
+
+
 def fork_cost(server: EmbeddedServer, events: int, children: int) -> tuple[float, float]:
     """Median µs per fork (registry only) and Redis bytes per child, for a parent of ``events``."""
     redis = _fresh(server)
@@ -181,6 +209,32 @@ def fork_cost(server: EmbeddedServer, events: int, children: int) -> tuple[float
         times.append((time.perf_counter() - t) * 1e6)
     per_child = (_dataset_bytes(redis) - before) / children
     return statistics.median(times), per_child
+
+
+def boundary_fork_costs(server: EmbeddedServer, events: int, children: int,
+                        fractions: tuple[float, ...]) -> dict[float, tuple[float, float]]:
+    """For each fraction, median µs per boundary fork (registry only) and Redis bytes per child.
+
+    The parent has ``events`` events in whole turns, then a running turn (so it forks only at a
+    boundary); each fork takes the newest ``turn/end`` within the first ``fraction`` of its log.
+    """
+    redis = _fresh(server)
+    registry = Registry(redis)
+    _session_with(registry, "parent", events)
+    registry.append("parent", [NewEvent("turn/start", {"turn": -1}), NewEvent("tool/call", {"id": "t"})])
+    for i in range(50):  # warm up, as in fork_cost
+        forks.fork(registry, "parent", f"warm-{i}", boundary=3)
+    out: dict[float, tuple[float, float]] = {}
+    for fraction in fractions:
+        boundary = max(3, int(events * fraction) // 4 * 4 - 1)  # turns are 4 events: seq 4k + 3 ends one
+        before = _dataset_bytes(redis)
+        times = []
+        for i in range(children):
+            t = time.perf_counter()
+            forks.fork(registry, "parent", f"child-{fraction}-{i}", boundary=boundary)
+            times.append((time.perf_counter() - t) * 1e6)
+        out[fraction] = (statistics.median(times), (_dataset_bytes(redis) - before) / children)
+    return out
 
 
 def _dataset_bytes(redis: Redis) -> int:

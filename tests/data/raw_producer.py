@@ -1,6 +1,6 @@
 """A producer in "any language": only raw Redis commands, no rq or sessionfork import.
 
-Usage: python raw_producer.py PORT SOURCE CHILD REQUEST_ID  -> prints the reply JSON.
+Usage: python raw_producer.py PORT SOURCE CHILD REQUEST_ID [BOUNDARY]  -> prints the reply JSON.
 It follows the README's "Any-language enqueue" recipe step by step.
 """
 
@@ -12,7 +12,10 @@ import redis
 
 port, source, child, request_id = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 r = redis.Redis(port=int(port))
-request = json.dumps({"requestId": request_id, "source": source, "sessionId": child})
+fields = {"requestId": request_id, "source": source, "sessionId": child}
+if len(sys.argv) > 5:
+    fields["boundary"] = int(sys.argv[5])  # fork at this event seq (an integer)
+request = json.dumps(fields)
 data = json.dumps(["sessionfork.jobs.fork", None, [request], {}])
 now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
 

@@ -24,8 +24,8 @@ from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkResult, Header, NewEvent, Reply
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.ops import acl
-from sessionfork.queue.rq_seam import RQ_MAJOR
 from sessionfork.ops.persist import JsonlBackend
+from sessionfork.queue.rq_seam.worker_base import RQ_MAJOR
 
 PASSWORDS = {acl.SCHEDULER: "scheduler-secret", acl.WORKER: "worker-secret", acl.HOST: "host-secret",
              acl.PERSIST: "persist-secret"}
@@ -39,6 +39,8 @@ class Flow:
 
     reply: Reply
     request_id: str
+    boundary_reply: Reply
+    seed_boundary_reply: Reply
     denials: set[tuple[str, str, str]]
     worker_log: Path
 
@@ -89,6 +91,8 @@ def flow(acl_server: EmbeddedServer, admin: Redis, scheduler: Redis, host: Redis
     """Host creates and appends "a"; a worker runs as sf-worker; the scheduler forks "a" and waits."""
     registry = Registry(host)
     registry.append(registry.create("a", cwd="/w"), turn(1))
+    running = [*turn(1), *turn(2), NewEvent("turn/start", {"turn": 3})]  # a turn still running
+    registry.append(registry.create("r", cwd="/w"), running)
     name = worker_name("acl")
     log_path = tmp_path_factory.mktemp("acl") / "worker.log"
     log = log_path.open("wb")
@@ -100,10 +104,14 @@ def flow(acl_server: EmbeddedServer, admin: Redis, scheduler: Redis, host: Redis
         request = client.request("a", session_id="child-1")
         client.submit(request)
         reply = client.wait(request, 10)
+        # Boundary forks read turn indexes: the source's (source step), and, for a boundary inside
+        # an inherited seed, the ancestor's. The host reads the last completed turn.
+        boundary_reply = client.fork("r", session_id="r-at-2", boundary=registry.last_turn_end("r"), timeout=10)
+        seed_reply = client.fork("child-1", session_id="in-seed", boundary=3, timeout=10)
         denials = {(_text(e["username"]), _text(e["reason"]), _text(e["object"]))
                    for e in admin.acl_log()}
         assert isinstance(request.request_id, str)
-        yield Flow(reply, request.request_id, denials, log_path)
+        yield Flow(reply, request.request_id, boundary_reply, seed_reply, denials, log_path)
     finally:
         assert stop(proc) == 0
         log.close()
@@ -177,6 +185,16 @@ def test_scheduler_fork_is_served_by_the_worker_user(flow: Flow, admin: Redis) -
     stored = admin.hget(keys.session("child-1"), "header")
     assert stored is not None
     assert msgspec.json.decode(stored)["parentSession"] == "a"
+
+
+def test_boundary_forks_run_under_the_worker_user(flow: Flow) -> None:
+    assert isinstance(flow.boundary_reply, ForkResult), flow.boundary_reply
+    assert isinstance(flow.boundary_reply.session, Header)
+    assert (flow.boundary_reply.session.id, flow.boundary_reply.session.seed_length) == ("r-at-2", 8)
+    assert isinstance(flow.seed_boundary_reply, ForkResult), flow.seed_boundary_reply
+    assert isinstance(flow.seed_boundary_reply.session, Header)
+    assert (flow.seed_boundary_reply.session.parent_session, flow.seed_boundary_reply.session.seed_length) \
+        == ("child-1", 4)
 
 
 def test_flow_meets_no_acl_denial_but_the_deliberate_client_list(flow: Flow) -> None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import rq
 from bench import main as bench
 
 
@@ -13,9 +14,24 @@ from bench import main as bench
 def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
     table = capsys.readouterr().out
-    assert table.startswith("| figure | sessionfork | baseline |")
+    assert table.startswith(f"\nRQ {rq.__version__}\n\n| figure | sessionfork | baseline |")
     assert "RQ SimpleWorker no-op jobs/s" in table and "RQ Worker no-op jobs/s" in table
     figures = json.loads((tmp_path / "bench.json").read_text())["figures"]
     assert all(f["value"] > 0 for f in figures)
     names = {f["figure"] for f in figures}
     assert {"single-fork requests/s (1 worker)", "fan-out children/s (64 per request)"} <= names
+    assert "async forks/s, 100 concurrent, 4 workers" in names
+    boundary = {f"boundary fork at {p} of a 2000-event parent, {what}"
+                for p in ("10%", "50%", "100%") for what in ("µs", "Redis bytes/child")}
+    assert boundary <= names
+
+
+@pytest.mark.slow
+def test_queue_only_run_reports_the_rq_figures_with_the_rq_version(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--quick", "--queue-only", "--out", str(tmp_path)]) == 0
+    assert f"RQ {rq.__version__}" in capsys.readouterr().out
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["rq"] == rq.__version__
+    assert {f["figure"] for f in result["figures"]} == {
+        "single-fork requests/s (1 worker)", "Redis round trips per job, worker side"}

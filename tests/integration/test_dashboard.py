@@ -19,12 +19,13 @@ from sessionfork.embedded import EmbeddedServer, free_port
 from sessionfork.ops.metrics import JsonFormatter, Observer
 from sessionfork.ops.stats import compute_stats, format_line, read_outcomes
 from sessionfork.queue.outcomes import Outcomes
+from sessionfork.queue.requests import Limits
 from sessionfork.queue.service import ForkService
 
 
 def service(redis: Redis, registry: Registry) -> ForkService:
     return ForkService(registry, Outcomes(redis, ttl=60, stream_maxlen=1000), reply_channel="sf:replies",
-                       max_request_bytes=65536, max_fanout=16)
+                       limits=Limits(max_fanout=16))
 
 
 def outcomes(redis: Redis, registry: Registry) -> list[Reply]:

@@ -119,8 +119,10 @@ def submit_all(client: Client, requests: list[ForkRequest]) -> list[str]:
 
 
 def current_job(redis: Redis, worker: str) -> str | None:
-    raw = redis.hget(SimpleWorker.redis_worker_namespace_prefix + worker, "current_job")
-    return None if raw is None else raw.decode()
+    """The job ``worker`` runs now, through RQ's API (RQ 2 keeps it in the worker's hash, RQ 3 in
+    the worker's execution index)."""
+    found = SimpleWorker.find_by_key(SimpleWorker.redis_worker_namespace_prefix + worker, connection=redis)
+    return None if found is None else found.get_current_job_id()
 
 
 def wait_in_hand(redis: Redis, workers: list[str], job_id: str) -> str:

@@ -20,6 +20,7 @@ from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
 from sessionfork.queue.client import Client
 from sessionfork.queue.outcomes import Outcomes, wait_for_reply
+from sessionfork.queue.requests import Limits
 from sessionfork.queue.service import ForkService
 from sessionfork.queue.worker import ForkWorker
 
@@ -28,7 +29,7 @@ TURN = [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})]
 
 def service(redis: Redis, registry: Registry | None = None) -> ForkService:
     return ForkService(registry or Registry(redis), Outcomes(redis, ttl=600, stream_maxlen=1000),
-                       reply_channel="sf:replies", max_request_bytes=65536, max_fanout=16)
+                       reply_channel="sf:replies", limits=Limits(max_fanout=16))
 
 
 def worker(redis: Redis, svc: ForkService, **kwargs: Any) -> ForkWorker:
@@ -110,7 +111,7 @@ def test_two_attempts_of_one_fan_out_give_every_child_the_same_seed(redis: Redis
     registry.append(registry.create("src"), TURN)
     first, second = service(redis, registry), service(redis, registry)
     payload = '{"source":"src","sessionIds":["k1","k2"]}'
-    remember = first.outcomes.remember_snapshot
+    remember = first.outcomes.keep_snapshot
 
     def racing(request_id: str, snap: Any) -> Any:
         # The first attempt took its snapshot; before it stores it, the source moves on and a
@@ -128,7 +129,7 @@ def test_two_attempts_of_one_fan_out_give_every_child_the_same_seed(redis: Redis
         monkeypatch.setattr(registry, "create_children", create)
         return remember(request_id, snap)
 
-    monkeypatch.setattr(first.outcomes, "remember_snapshot", racing)
+    monkeypatch.setattr(first.outcomes, "keep_snapshot", racing)
     reply = first.handle(payload, "fan-1")
     assert isinstance(reply, ForkResult) and reply.sessions
     assert {h.seed_length for h in reply.sessions} == {4}

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import rq
@@ -34,11 +34,11 @@ from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult, Header
 from sessionfork.embedded import EmbeddedServer, wait_until
-from sessionfork.queue import jobs
+from sessionfork.queue import jobs, requests
 from sessionfork.queue.client import Client
 from sessionfork.queue.jobs import fresh_workers
-from sessionfork.queue.outcomes import Outcomes, wait_for_reply
-from sessionfork.queue.service import ForkService
+from sessionfork.queue.outcomes import wait_for_reply
+from sessionfork.queue.requests import Limits
 
 SETTINGS = Settings()
 LIMIT = SETTINGS.max_request_bytes
@@ -102,6 +102,7 @@ _WRONG: dict[str, Callable[[Any], bool]] = {
     "requestId": lambda v: not isinstance(v, str), "sessionId": lambda v: not isinstance(v, str),
     "replyTo": lambda v: not isinstance(v, str), "count": lambda v: type(v) is not int,
     "sessionIds": lambda v: not isinstance(v, list) or any(not isinstance(x, str) for x in v),
+    "boundary": lambda v: type(v) is not int,
 }
 _ARRAYS = "[" * DEPTH + "]" * DEPTH
 # Nested values that reach a generic JSON decoder (see the deep-nesting test below); the depth bounds keep
@@ -231,8 +232,7 @@ def unit_counts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Counter[st
     ("hostile_ids", 1500)])
 def test_parse_rejects_hostile_payloads_naming_the_field(category: str, examples: int,
                                                          unit_counts: Counter[str]) -> None:
-    service = ForkService(cast(Registry, object()), cast(Outcomes, object()), reply_channel=SETTINGS.reply_channel,
-                          max_request_bytes=LIMIT, max_fanout=SETTINGS.max_fanout)
+    limits = Limits(max_request_bytes=LIMIT, max_fanout=SETTINGS.max_fanout)
 
     @settings(FEW, max_examples=examples)
     @given(PARSE[category])
@@ -240,7 +240,7 @@ def test_parse_rejects_hostile_payloads_naming_the_field(category: str, examples
         unit_counts[category] += 1
         unit_counts[f"{category}/{job.kind}"] += 1
         with pytest.raises(ForkError) as refused:
-            service.parse(job.payload, job.job_id or "job-1")
+            requests.parse(job.payload, job.job_id or "job-1", limits)
         assert refused.value.code is ErrorCode.INVALID_REQUEST
         assert job.expect in refused.value.message
 

@@ -1,5 +1,6 @@
-"""Model-based test: random create/append/fork/snapshot/dispose sequences against the real registry
-agree with a small in-memory model, outcome by outcome, and in every session's stored state."""
+"""Model-based test: random create/append/fork/snapshot/dispose sequences, forks at any boundary
+included, against the real registry agree with a small in-memory model, outcome by outcome, and in
+every session's stored state."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ CHUNKS = {
     "close": ["turn/end"],
     "whole turn": ["turn/start", "user/message", "assistant/message", "turn/end"],
     "close and reopen": ["turn/end", "turn/start"],
+    "standalone": ["todo/write"],
 }
 STALE_TOKEN = "stale-token"
 
@@ -103,11 +105,36 @@ class ForkMachine(RuleBasedStateMachine):
             return errors.not_live(sid)
         return None
 
-    def boundary_error(self, sid: str) -> ForkError | None:
+    def boundary_error(self, sid: str, boundary: int | None = None) -> ForkError | None:
         events = self.sessions[sid].events
-        if events and events[-1][0] != "turn/end":
-            return errors.open_turn(sid, events[-1][0])
+        if boundary is None:
+            if events and events[-1][0] != "turn/end":
+                return errors.open_turn(sid, events[-1][0])
+            return None
+        if boundary < 0:
+            return errors.boundary_negative(sid, boundary)
+        if boundary >= len(events):
+            return errors.boundary_past_end(sid, boundary, len(events))
+        for kind, seq, _, _ in reversed(events[: boundary + 1]):
+            if kind == "turn/start":
+                return errors.boundary_inside_turn(sid, boundary, seq)
+            if kind == "turn/end":
+                return None
         return None
+
+    def boundaries(self, data: st.DataObject, sid: str) -> int | None:
+        # Any seq, a few past either end, often a turn/end or a seq inside the inherited seed (the
+        # cases that need the ancestors' turn indexes). None: the plain fork at the end of the log.
+        session = self.sessions.get(sid)
+        events = session.events if session else []
+        seed = session.header.seed_length if session and session.header.seed_length is not UNSET else 0
+        choices = st.none() | st.integers(min_value=-1, max_value=len(events))
+        ends = [seq for kind, seq, _, _ in events if kind == "turn/end"]
+        if ends:
+            choices |= st.sampled_from(ends)
+        if seed:
+            choices |= st.integers(min_value=0, max_value=seed - 1)
+        return data.draw(choices, label="boundary")
 
     def new_token(self, token: str | None) -> str:
         assert token is not None
@@ -170,44 +197,48 @@ class ForkMachine(RuleBasedStateMachine):
         assert actual == ("ok", None)
         self.sessions[sid].live = False
 
-    def do_fork(self, source: str, kind: str, child: str, request: str | None) -> None:
+    def do_fork(self, source: str, kind: str, child: str, request: str | None, boundary: int | None = None) -> None:
         self.tick()
         ref, stale = self.ref(source, kind)
         actual = outcome_of(
-            lambda: forks.fork(self.registry, ref, child, request_id=request or ""), "fork"
+            lambda: forks.fork(self.registry, ref, child, request_id=request or "", boundary=boundary),
+            "fork" if boundary is None else "boundary fork",
         )
         existing = self.sessions.get(child)
-        if existing is not None:
-            if request is not None and existing.request == request:
-                assert actual == ("ok", existing.header)  # a replay, whatever the source's state
-            else:
-                assert actual == error(errors.already_exists(child))
+        if existing is not None and request is not None and existing.request == request:
+            assert actual == ("ok", existing.header)  # a replay, whatever the source's state
             return
-        expected_error = self.source_error(source, stale) or self.boundary_error(source)
+        # Error order: the source, the child id, then the boundary rules.
+        expected_error = self.source_error(source, stale)
+        if expected_error is None and existing is not None:
+            expected_error = errors.already_exists(child)
+        expected_error = expected_error or self.boundary_error(source, boundary)
         if expected_error is not None:
             assert actual == error(expected_error)
             return
         parent = self.sessions[source]
+        seed = parent.events if boundary is None else parent.events[: boundary + 1]
         header = Header(version=0, id=child, created_at=self.now, cwd=parent.header.cwd,
-                        parent_session=source, seed_length=len(parent.events))
+                        parent_session=source, seed_length=len(seed))
         assert actual == ("ok", header)
         token = self.new_token(self.registry.instance(child))
-        self.sessions[child] = ModelSession(header, token, list(parent.events), request=request)
+        self.sessions[child] = ModelSession(header, token, list(seed), request=request)
         parent.children.add(child)
 
-    def do_snapshot(self, source: str, kind: str) -> None:
+    def do_snapshot(self, source: str, kind: str, boundary: int | None = None) -> None:
         self.tick()
         ref, stale = self.ref(source, kind)
-        actual = outcome_of(lambda: forks.snapshot(self.registry, ref), "snapshot")
-        expected_error = self.source_error(source, stale) or self.boundary_error(source)
+        actual = outcome_of(lambda: forks.snapshot(self.registry, ref, boundary=boundary), "snapshot")
+        expected_error = self.source_error(source, stale) or self.boundary_error(source, boundary)
         if expected_error is not None:
             assert actual == error(expected_error)
             return
         parent = self.sessions[source]
+        seed = parent.events if boundary is None else parent.events[: boundary + 1]
         assert actual[0] == "ok", actual
         events, meta = actual[1]
-        assert [(e.type, e.seq, e.time, e.data) for e in events] == parent.events
-        assert meta == SeedMeta(parent_session=source, seed_length=len(parent.events), cwd=parent.header.cwd)
+        assert [(e.type, e.seq, e.time, e.data) for e in events] == seed
+        assert meta == SeedMeta(parent_session=source, seed_length=len(seed), cwd=parent.header.cwd)
 
     # -- rules: any id (mostly error paths), and ids drawn from the model (mostly success paths) ---
 
@@ -236,14 +267,25 @@ class ForkMachine(RuleBasedStateMachine):
     def dispose_any(self, sid: str, kind: str) -> None:
         self.do_dispose(sid, kind)
 
-    @rule(source=ids, kind=ref_kinds, child=ids, request=requests)
-    def fork_any(self, source: str, kind: str, child: str, request: str | None) -> None:
-        self.do_fork(source, kind, child, request)
+    @rule(source=ids, kind=ref_kinds, child=ids, request=requests, data=st.data())
+    def fork_any(self, source: str, kind: str, child: str, request: str | None, data: st.DataObject) -> None:
+        self.do_fork(source, kind, child, request, self.boundaries(data, source))
 
     @precondition(lambda self: self.has_sessions() and self.has_fresh_ids())
     @rule(data=st.data(), request=requests)
     def fork_existing_into_fresh(self, data: st.DataObject, request: str | None) -> None:
         self.do_fork(self.existing(data), data.draw(live_kinds), self.fresh(data), request)
+
+    @precondition(lambda self: self.has_sessions() and self.has_fresh_ids())
+    @rule(data=st.data(), request=requests)
+    def fork_existing_at_a_boundary(self, data: st.DataObject, request: str | None) -> None:
+        # Forks at earlier turns, of running sessions too, then own events on top: the next
+        # boundary falls inside an inherited seed, inside own events, or on a segment border.
+        source = self.existing(data)
+        child = self.fresh(data)
+        self.do_fork(source, data.draw(live_kinds), child, request, self.boundaries(data, source))
+        if child in self.sessions and data.draw(st.booleans(), label="continue"):
+            self.do_append(child, "id", data.draw(chunks, label="chunk"))
 
     @precondition(lambda self: self.has_sessions() and self.has_fresh_ids())
     @rule(data=st.data())
@@ -275,7 +317,8 @@ class ForkMachine(RuleBasedStateMachine):
     @precondition(has_sessions)
     @rule(data=st.data())
     def snapshot_existing(self, data: st.DataObject) -> None:
-        self.do_snapshot(self.existing(data), data.draw(live_kinds))
+        source = self.existing(data)
+        self.do_snapshot(source, data.draw(live_kinds), self.boundaries(data, source))
 
     # -- invariant ---------------------------------------------------------------------------------
 
@@ -293,6 +336,8 @@ class ForkMachine(RuleBasedStateMachine):
             assert self.registry.length(sid) == len(session.events)
             assert self.registry.instance(sid) == (session.token if session.live else None)
             assert self.registry.children(sid) == sorted(session.children)
+            ends = [seq for kind, seq, _, _ in session.events if kind == "turn/end"]
+            assert self.registry.last_turn_end(sid) == (ends[-1] if ends else None)
 
 
 def test_registry_agrees_with_in_memory_model(redis: Redis) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from sessionfork.cli.app import cli
+from sessionfork.cli import cli
 from sessionfork.core import config
 from sessionfork.embedded import EmbeddedServer
 
@@ -33,6 +33,7 @@ def test_python_examples_run_against_a_real_server_and_worker(server: EmbeddedSe
         assert worker.wait(30) == 0
     assert out.returncode == 0, out.stderr
     assert 'cannot fork session "sess-b" inside an open turn (last event: tool/call)' in out.stdout
+    assert 'cannot fork session "sess-c" at boundary 4: inside the turn opened at seq 3' in out.stdout
     assert out.stdout.rstrip().endswith("examples ok")
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from sessionfork.cli.app import cli
+from sessionfork.cli import cli
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue.worker import ForkWorker
 

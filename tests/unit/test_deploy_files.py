@@ -34,7 +34,7 @@ def test_compose_dashboard_reads_json_jobs() -> None:
 
 def test_worker_module_starts_the_worker_command() -> None:
     source = (ROOT / "worker" / "__main__.py").read_text()
-    assert '"worker"' in source and "from sessionfork.cli.app import main" in source
+    assert '"worker"' in source and "from sessionfork.cli import main" in source
 
 
 def test_ci_runs_the_readme_test_command() -> None:
@@ -47,3 +47,10 @@ def test_ci_runs_the_readme_test_command() -> None:
 def test_compose_restarts_a_worker_that_failed() -> None:
     worker = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["worker"]
     assert worker["restart"] == "on-failure"
+
+
+def test_ci_installs_chromium_before_the_test_command() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "apt-get install -y -qq chromium" in ci and "command -v chromium" in ci
+    assert ci.index("install -y -qq chromium") < ci.index("python3 run.py test")
+    assert "Debian's `chromium`" in (ROOT / "README.md").read_text()

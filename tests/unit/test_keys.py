@@ -6,6 +6,7 @@ import pytest
 from redis.cluster import key_slot
 
 from sessionfork.core import keys
+from sessionfork.queue.rq_seam import layout as rq_layout
 
 IDS = ["a", "s1", "session-3f2b8c1e-0000-4000-8000-000000000000", "A.b_c:d-e", "x" * 128]
 
@@ -24,6 +25,10 @@ def test_session_log_key() -> None:
 
 def test_session_children_key() -> None:
     assert keys.session_children("a") == "sf:s:{a}:children"
+
+
+def test_session_turns_key() -> None:
+    assert keys.session_turns("a") == "sf:s:{a}:turns"
 
 
 def test_request_key_has_no_hash_tag() -> None:
@@ -50,6 +55,7 @@ def test_session_keys_keep_dots_colons_and_dashes_verbatim() -> None:
     assert keys.session("A.b_c:d-e") == "sf:s:{A.b_c:d-e}"
     assert keys.session_log("A.b_c:d-e") == "sf:s:{A.b_c:d-e}:log"
     assert keys.session_children("A.b_c:d-e") == "sf:s:{A.b_c:d-e}:children"
+    assert keys.session_turns("A.b_c:d-e") == "sf:s:{A.b_c:d-e}:turns"
 
 
 @pytest.mark.parametrize("session_id", IDS)
@@ -58,6 +64,7 @@ def test_all_keys_of_one_session_share_one_cluster_slot(session_id: str) -> None
         key_slot(keys.session(session_id).encode()),
         key_slot(keys.session_log(session_id).encode()),
         key_slot(keys.session_children(session_id).encode()),
+        key_slot(keys.session_turns(session_id).encode()),
     }
     assert slots == {key_slot(session_id.encode())}
 
@@ -73,3 +80,10 @@ def test_session_persisted_key() -> None:
 
 def test_retention_index_key() -> None:
     assert keys.DISPOSED_INDEX == "sf:disposed"
+
+
+def test_rq_names_written_without_rq() -> None:
+    # RQ's own names, built in the RQ seam's layout (pinned against RQ itself in test_aio.py).
+    assert rq_layout.job_key("r-1") == "rq:job:r-1"
+    assert rq_layout.queue_key("sessionfork") == "rq:queue:sessionfork"
+    assert rq_layout.QUEUES == "rq:queues"

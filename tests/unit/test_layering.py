@@ -1,4 +1,5 @@
-"""House rules that keep the layers apart: who may import RQ, who may read the environment."""
+"""House rules that keep the layers apart: who may speak RQ, who may read the environment, which
+layer may import which, and what a scheduler's import loads."""
 
 from __future__ import annotations
 
@@ -7,23 +8,104 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "sessionfork"
-# The job and worker modules (and the benchmark's peers) are the only ones that speak RQ.
-RQ_MODULES = {"jobs", "workers", "resilience", "measure"}
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+# The queue side's job, seam and worker modules, and the public job function, speak RQ.
+RQ_MODULES = {"sessionfork.jobs", "sessionfork.queue.jobs", "sessionfork.queue.rq_seam.worker_base",
+              "sessionfork.queue.worker"}
+SEAM = "sessionfork.queue.rq_seam"
+"""The RQ seam (a package: ``worker_base`` imports RQ, ``layout`` does not)."""
+# RQ's documented API: what a module other than the seam may import from rq.
+DOCUMENTED_RQ = {"Queue", "Retry", "Worker", "Job", "get_current_job", "DuplicateJobError", "AbandonedJobError"}
 # Entry points read the environment; nothing else does.
-ENVIRON_MODULES = {"cli", "admin", "jobs"}
+ENVIRON_MODULES = {"sessionfork.cli", "sessionfork.jobs"}
+# Layers, lowest first: a module imports only from its own layer or a lower one.
+LAYERS = ["core", "queue", "ops", "cli"]
 
 
-def imports(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
-    names |= {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.level == 0}
-    return {name.split(".")[0] for name in names}
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def test_only_job_and_worker_modules_import_rq() -> None:
-    speaking = {p.stem for p in PACKAGE.glob("*.py") if "rq" in imports(p)}
+OUTSIDE_SEAM = [p for p in SOURCES if module_name(p) in RQ_MODULES and not module_name(p).startswith(SEAM)]
+
+
+def tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
+def imported(path: Path) -> set[str]:
+    """Absolute names of the modules ``path`` imports (relative imports resolved)."""
+    name = module_name(path)
+    package = name if path.stem == "__init__" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree(path)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                prefix = ".".join(base)
+                if node.module:
+                    found.add(f"{prefix}.{node.module}")
+                else:
+                    found |= {f"{prefix}.{alias.name}" for alias in node.names}
+            else:
+                found.add(node.module or "")
+    return found
+
+
+def layer(name: str) -> int | None:
+    parts = name.split(".")
+    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def test_only_the_queue_side_modules_import_rq() -> None:
+    speaking = {module_name(p) for p in SOURCES if any(m.split(".")[0] == "rq" for m in imported(p))}
     assert speaking == RQ_MODULES
+
+
+@pytest.mark.parametrize("path", OUTSIDE_SEAM, ids=module_name)
+def test_outside_the_seam_only_documented_rq_names_are_imported(path: Path) -> None:
+    names = {alias.name for node in ast.walk(tree(path)) if isinstance(node, ast.ImportFrom)
+             and (node.module or "").split(".")[0] == "rq" for alias in node.names}
+    assert names <= DOCUMENTED_RQ
+
+
+@pytest.mark.parametrize("path", OUTSIDE_SEAM, ids=module_name)
+def test_outside_the_seam_no_underscore_name_but_its_own(path: Path) -> None:
+    # A private name used on any object must be one this module defines itself: RQ's private
+    # names (``_status``, ``_result``, ``_stop_requested`` ...) are reached only through the seam.
+    module = tree(path)
+    own = {n.name for n in ast.walk(module) if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+    own |= {t.attr for n in ast.walk(module) if isinstance(n, ast.Assign | ast.AnnAssign)
+            for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Attribute)}
+    used = {n.attr for n in ast.walk(module) if isinstance(n, ast.Attribute) and n.attr.startswith("_")
+            and not n.attr.startswith("__")}
+    assert used <= own
+
+
+def code_strings(path: Path) -> list[str]:
+    """The string constants of a module's code (docstrings excluded: prose may name RQ's keys)."""
+    module = tree(path)
+    docstrings = {id(n.body[0].value) for n in ast.walk(module)
+                  if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [n.value for n in ast.walk(module) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docstrings]
+
+
+def test_rq_key_layout_is_named_only_in_the_seam() -> None:
+    for path in SOURCES:
+        if not module_name(path).startswith(SEAM):
+            assert not [s for s in code_strings(path) if "rq:" in s], path
+    for script in PACKAGE.rglob("*.lua"):
+        # Scripts take their keys from KEYS: RQ's names come from the seam, never spelt in Lua code.
+        code = [line for line in script.read_text().splitlines() if not line.lstrip().startswith("--")]
+        assert not [line for line in code if "rq:" in line], script
 
 
 def test_importing_the_package_does_not_import_rq() -> None:
@@ -32,17 +114,61 @@ def test_importing_the_package_does_not_import_rq() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_a_scheduler_importing_the_client_loads_neither_the_worker_nor_the_fork_service() -> None:
+    code = ("import sys, sessionfork.client; "
+            "print(sorted(m for m in sys.modules if m.startswith('sessionfork.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = set(ast.literal_eval(out.stdout.strip()))
+    assert "sessionfork.client" in loaded
+    assert not loaded & {"sessionfork.queue.worker", "sessionfork.queue.service",
+                         "sessionfork.queue.rq_seam.worker_base", "sessionfork.cli"}
+
+
 def test_only_entry_points_read_the_environment() -> None:
     reading = set()
-    for path in PACKAGE.glob("*.py"):
-        tree = ast.parse(path.read_text())
-        if any(isinstance(n, ast.Attribute) and n.attr == "environ" for n in ast.walk(tree)):
-            reading.add(path.stem)
+    for path in SOURCES:
+        for node in ast.walk(tree(path)):
+            if (isinstance(node, ast.Attribute) and node.attr in {"environ", "getenv", "environb"}) or (
+                    isinstance(node, ast.ImportFrom) and node.module == "os"
+                    and {a.name for a in node.names} & {"environ", "getenv", "environb"}):
+                name = module_name(path)
+                reading.add("sessionfork.cli" if name.startswith("sessionfork.cli") else name)
     assert reading <= ENVIRON_MODULES
 
 
+@pytest.mark.parametrize("path", SOURCES, ids=module_name)
+def test_imports_go_down_the_layers(path: Path) -> None:
+    own = layer(module_name(path))
+    if own is None:
+        return
+    for name in imported(path):
+        if name.startswith("sessionfork."):
+            target = layer(name)
+            assert target is None or target <= own, f"{module_name(path)} imports {name}"
+
+
+def test_no_import_cycle() -> None:
+    graph = {module_name(p): {m for m in imported(p) if m.startswith("sessionfork")} for p in SOURCES}
+    seen: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        if seen.get(node) == 1:
+            raise AssertionError("import cycle: " + " -> ".join([*path, node]))
+        if seen.get(node) == 2 or node not in graph:
+            return
+        seen[node] = 1
+        for nxt in sorted(graph[node]):
+            # A package's __init__ importing its own submodules is how a package is put together.
+            if not nxt.startswith(node + ".") or node == "sessionfork":
+                visit(nxt, [*path, node])
+        seen[node] = 2
+
+    for name in sorted(graph):
+        visit(name, [])
+
+
 def test_key_names_are_built_only_in_keys() -> None:
-    for path in PACKAGE.glob("*.py"):
+    for path in SOURCES:
         if path.stem in {"keys", "acl"}:  # acl writes key *patterns* from keys' constants
             continue
         text = path.read_text()

@@ -132,9 +132,14 @@ def test_child_segments_do_not_mutate_the_parent_segments() -> None:
     assert parent == [["g", 0, 4]]
 
 
-def test_child_segments_reject_a_length_shorter_than_the_seed() -> None:
-    with pytest.raises(ValueError, match="never shorter than its seed"):
-        rules.child_segments("p", [["g", 0, 4]], 4, 3)
+def test_child_segments_clip_the_inherited_seed_for_a_shorter_length() -> None:
+    # A boundary fork inside the parent's own seed: no reference to the parent itself.
+    assert rules.child_segments("p", [["g", 0, 4], ["f", 0, 2]], 6, 5) == [["g", 0, 4], ["f", 0, 1]]
+
+
+def test_child_segments_reject_a_negative_length() -> None:
+    with pytest.raises(ValueError, match="0 or more"):
+        rules.child_segments("p", [["g", 0, 4]], 4, -1)
 
 
 @given(st.lists(st.integers(min_value=0, max_value=50), max_size=6))

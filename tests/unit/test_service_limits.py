@@ -7,18 +7,17 @@ from typing import Any
 import pytest
 
 from sessionfork.core.errors import ErrorCode, ForkError
-from sessionfork.queue.service import ForkService
+from sessionfork.queue import requests
+from sessionfork.queue.requests import Limits
 
 
-def service(**limits: Any) -> ForkService:
-    # parse() never touches the registry or the outcome store.
-    return ForkService(None, None, reply_channel="sf:replies",  # type: ignore[arg-type]
-                       **{"max_request_bytes": 65536, "max_fanout": 8, "max_id_length": 16, **limits})
+def limits(**given: Any) -> Limits:
+    return Limits(**{"max_request_bytes": 65536, "max_fanout": 8, "max_id_length": 16, **given})
 
 
-def refused(payload: str, job_id: str = "r1", **limits: Any) -> str:
+def refused(payload: str, job_id: str = "r1", **given: Any) -> str:
     with pytest.raises(ForkError) as err:
-        service(**limits).parse(payload, job_id)
+        requests.parse(payload, job_id, limits(**given))
     assert err.value.code is ErrorCode.INVALID_REQUEST
     return err.value.message
 
@@ -45,5 +44,5 @@ def test_payload_over_the_size_setting_is_refused_before_decoding() -> None:
 
 
 def test_requests_within_the_limits_parse() -> None:
-    request = service().parse('{"source":"a","sessionIds":["x","y"],"replyTo":"sf:replies:t"}', "r1")
+    request = requests.parse('{"source":"a","sessionIds":["x","y"],"replyTo":"sf:replies:t"}', "r1", limits())
     assert request.session_ids == ["x", "y"]

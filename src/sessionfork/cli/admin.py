@@ -1,4 +1,4 @@
-"""The operators' commands: tree, repair, delete, gc, events, stats, persist, acl (registered on ``cli``)."""
+"""The operators' commands: tree, diff, repair, delete, gc, events, stats, persist, acl (on ``cli``)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ from .app import Context, clean_errors, cli
 
 @cli.command()
 @click.argument("session_id")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "mermaid"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "mermaid", "html"]), default="text",
+              show_default=True, help="html: one self-contained page (no script, nothing fetched).")
 @click.pass_obj
 @clean_errors
 def tree(obj: Context, session_id: str, fmt: str) -> None:
@@ -30,12 +31,33 @@ def tree(obj: Context, session_id: str, fmt: str) -> None:
     from ..ops import lineage
 
     found = lineage.lineage(obj.registry(), session_id)
-    if fmt == "json":
+    if fmt == "html":
+        from ..ops.lineage_html import render_html
+
+        click.echo(render_html(found), nl=False)
+    elif fmt == "json":
         click.echo(wire.encode(found).decode())
     elif fmt == "mermaid":
         click.echo(lineage.render_mermaid(found))
     else:
         click.echo(lineage.render_text(found))
+
+
+@cli.command()
+@click.argument("a")
+@click.argument("b")
+@click.option("--json", "as_json", is_flag=True, help="The diff as one JSON object.")
+@click.pass_obj
+@clean_errors
+def diff(obj: Context, a: str, b: str, as_json: bool) -> None:
+    """Compare two sessions: common ancestor, fork points, each side's events after the shared prefix."""
+    from ..ops import diff as branch_diff
+
+    found = branch_diff.diff(obj.registry(), a, b)
+    if found.ancestor is None:
+        click.echo(f"error: sessions {a!r} and {b!r} are unrelated: they have no common ancestor", err=True)
+        sys.exit(1)
+    click.echo(wire.encode(found).decode() if as_json else branch_diff.render_text(found))
 
 
 @cli.command()

@@ -82,7 +82,10 @@ def run_demo(settings: Settings, *, echo: Echo) -> None:
         registry.append(parent, _turn(1))
         registry.append(registry.create(sid("open")), _turn(1)[:2])
         registry.dispose(registry.create(sid("gone")))
-        echo(f"sessions: {sid('parent')} (1 turn done), {sid('open')} (turn open), {sid('gone')} (disposed)")
+        running = registry.create(sid("running"))
+        registry.append(running, [*_turn(1), *_turn(2), *_turn(3)[:2]])
+        echo(f"sessions: {sid('parent')} (1 turn done), {sid('open')} (turn open), {sid('gone')} (disposed), "
+             f"{sid('running')} (2 turns done, turn 3 running)")
 
         with _worker(s, echo):
             wait_until(lambda: _worker_up(client, s), 30, "the worker to register")
@@ -98,6 +101,12 @@ def run_demo(settings: Settings, *, echo: Echo) -> None:
             registry.append(sid("child"), _turn(2))
             show("fork of a fork", "ok", client.fork(sid("child"), session_id=sid("grandchild")))
             show("fork inside an open turn", "OPEN_TURN", client.fork(sid("open")))
+            last = registry.last_turn_end(sid("running"))
+            echo(f"\n(the newest turn/end of {sid('running')}, read in O(1): seq {last})")
+            show("fork a running session at its last completed turn (boundary)", "ok",
+                 client.fork(sid("running"), session_id=sid("at-turn-2"), boundary=last))
+            show("fork inside the running turn (boundary)", "INVALID_BOUNDARY",
+                 client.fork(sid("running"), boundary=9))
             show("fork of a disposed session", "SESSION_NOT_FOUND", client.fork(sid("gone")))
             show("fork with a stale live handle", "SESSION_NOT_LIVE",
                  client.fork(LiveHandle(sid("parent"), "stale-instance")))

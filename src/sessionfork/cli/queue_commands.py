@@ -57,6 +57,8 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
 @click.option("--session-id", help="The child's id (default: generated).")
 @click.option("--session-ids", help="Fan-out: comma-separated child ids.")
 @click.option("--count", type=int, help="Fan-out: this many children with generated ids.")
+@click.option("--boundary", type=int,
+              help="Fork at this inclusive event seq (default: the end of the log).")
 @click.option("--request-id", help="Idempotency key (default: generated).")
 @click.option("--reply-to", help="Reply channel for this request.")
 @click.option("--wait", "wait_s", type=float, default=10.0, show_default=True,
@@ -64,12 +66,13 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
 @click.pass_obj
 @clean_errors
 def fork(obj: Context, source: str, instance: str | None, session_id: str | None, session_ids: str | None,
-         count: int | None, request_id: str | None, reply_to: str | None, wait_s: float) -> None:
+         count: int | None, boundary: int | None, request_id: str | None, reply_to: str | None,
+         wait_s: float) -> None:
     """Enqueue a fork of SOURCE and print the reply event as JSON (exit 1 on an error code)."""
     client = Client(obj.queue_redis(), obj.settings)
     src: str | wire.LiveHandle = wire.LiveHandle(source, instance) if instance else source
     request = client.request(src, session_id=session_id, count=count, request_id=request_id, reply_to=reply_to,
-                             session_ids=session_ids.split(",") if session_ids else None)
+                             session_ids=session_ids.split(",") if session_ids else None, boundary=boundary)
     request_id = client.submit(request)
     if wait_s <= 0:
         click.echo(wire.encode({"requestId": request_id, "queued": True}).decode())

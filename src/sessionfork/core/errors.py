@@ -21,6 +21,7 @@ class ErrorCode(StrEnum):
     SESSION_NOT_LIVE = "SESSION_NOT_LIVE"
     SESSION_ALREADY_EXISTS = "SESSION_ALREADY_EXISTS"
     OPEN_TURN = "OPEN_TURN"
+    INVALID_BOUNDARY = "INVALID_BOUNDARY"
     INVALID_REQUEST = "INVALID_REQUEST"
     IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
     INTERNAL = "INTERNAL"
@@ -58,6 +59,27 @@ def open_turn(session_id: str, last_type: str) -> ForkError:
     return ForkError(
         ErrorCode.OPEN_TURN,
         f'cannot fork session "{session_id}" inside an open turn (last event: {last_type})',
+    )
+
+
+def boundary_past_end(session_id: str, boundary: int, length: int) -> ForkError:
+    return ForkError(
+        ErrorCode.INVALID_BOUNDARY,
+        f'cannot fork session "{session_id}" at boundary {boundary}: past the end of a log of {length} events',
+    )
+
+
+def boundary_negative(session_id: str, boundary: int) -> ForkError:
+    return ForkError(
+        ErrorCode.INVALID_BOUNDARY,
+        f'cannot fork session "{session_id}" at boundary {boundary}: before the first event (seqs start at 0)',
+    )
+
+
+def boundary_inside_turn(session_id: str, boundary: int, turn_start: int) -> ForkError:
+    return ForkError(
+        ErrorCode.INVALID_BOUNDARY,
+        f'cannot fork session "{session_id}" at boundary {boundary}: inside the turn opened at seq {turn_start}',
     )
 
 

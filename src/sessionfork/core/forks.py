@@ -8,7 +8,7 @@ step never show in the child.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..core import errors, rules
@@ -17,32 +17,42 @@ from .snapshots import ForkPlan, Snapshot
 from .wire import Event, Header, SeedMeta
 
 
-def snapshot(registry: Registry, source: SessionRef) -> tuple[list[Event], SeedMeta]:
+def snapshot(registry: Registry, source: SessionRef, *,
+             boundary: int | None = None) -> tuple[list[Event], SeedMeta]:
     """The source's events at a turn boundary, and the lineage a child of them records.
 
-    Raises ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE`` or ``OPEN_TURN``. The events are fresh
-    objects: mutating them never changes the source.
+    Without ``boundary``: the whole log, which must be empty or end with ``turn/end``. With it:
+    events ``[0, boundary]``. Raises ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, then
+    ``INVALID_BOUNDARY`` or ``OPEN_TURN``. The events are fresh objects: mutating them never
+    changes the source.
     """
-    snap = registry.take_snapshot(source)
+    snap = registry.take_snapshot(source, boundary)
     return registry.read_snapshot(snap), snap.meta
 
 
 def fork(registry: Registry, source: SessionRef, session_id: str | None = None, *,
-         request_id: str = "") -> Header:
+         boundary: int | None = None, request_id: str = "") -> Header:
     """Create a live child of ``source`` whose log starts as the source's log; return its header.
 
-    ``SESSION_ALREADY_EXISTS`` for a used ``session_id`` is reported before the boundary rule
-    (``OPEN_TURN``). With ``request_id``, a retried call returns the child it already created, even
-    if the source has moved on or been disposed since.
+    With ``boundary`` (an inclusive seq) the child's seed is events ``[0, boundary]`` and its
+    ``seedLength`` is ``boundary + 1``: valid when ``0 <= boundary < length`` and no turn is open
+    at it (``rules.boundary_error``), whatever the state of the source's last turn.
+    Errors in this order: ``SESSION_NOT_FOUND`` / ``SESSION_NOT_LIVE``, ``SESSION_ALREADY_EXISTS``
+    for a used ``session_id``, then ``INVALID_BOUNDARY`` or ``OPEN_TURN``. With ``request_id``, a
+    retried call returns the child it already created, even if the source has moved on or been
+    disposed since.
     """
     if session_id is None:
         if request_id:
             raise errors.invalid("request_id needs an explicit session_id: a generated id cannot be replayed")
-        return registry.create_child(registry.take_snapshot(source))
-    result = fork_many(registry, source, [session_id], request_id=request_id)
+        return registry.create_child(registry.take_snapshot(source, _checked(boundary)))
+    result = fork_many(registry, source, [session_id], request_id=request_id, boundary=boundary)
     if result.failed:
         raise result.failed[0][1]
     return result.created[0]
+
+
+_SOURCE_ERRORS = (errors.ErrorCode.SESSION_NOT_FOUND, errors.ErrorCode.SESSION_NOT_LIVE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,44 +64,53 @@ class FanOut:
 
 
 def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], *,
-              request_id: str = "", stored: Snapshot | None = None,
-              remember: Callable[[Snapshot], Snapshot] | None = None, plan: ForkPlan | None = None) -> FanOut:
+              request_id: str = "", boundary: int | None = None) -> FanOut:
     """Fork ``child_ids`` from **one** snapshot: every child gets exactly the same seed.
 
     Ids that exist already are reported per id (``SESSION_ALREADY_EXISTS``); the others are
-    created. When every id exists, that is the error, before the boundary rule. ``stored`` is the
-    snapshot a crashed attempt of the same request took (its children must share it);
-    ``remember`` is called with a new snapshot before any child exists, to keep it for a retry; it
-    returns the snapshot to use (the one another attempt of the same request stored first).
-    ``plan`` is the result of ``registry.prepare_fork`` for exactly these ids, when the caller ran
-    it already (pipelined with other work).
+    created. When every id exists, that is the error (after ``SESSION_NOT_FOUND`` and
+    ``SESSION_NOT_LIVE``, before the boundary rules). With ``request_id``, children that an
+    earlier call with it created are returned as they are. ``boundary`` as for ``fork``: every
+    child's seed is events ``[0, boundary]``.
     """
     ids = [rules.check_id(c) for c in child_ids]
     if request_id:
         rules.check_request_id(request_id, "request id")
     if len(set(ids)) != len(ids):
         raise errors.invalid("child session ids must be distinct")
-    if plan is None:
-        plan = registry.prepare_fork(source, ids, request_id=request_id)
-    if plan.existing and len(plan.existing) == len(ids):
-        raise errors.already_exists(plan.existing[0])  # before the boundary rule, as for one child
-    snap = stored or plan.snapshot
+    plan = registry.prepare_fork(source, ids, request_id=request_id, boundary=_checked(boundary))
+    return create(registry, plan, ids, request_id=request_id)
+
+
+def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, request_id: str = "",
+           snapshot: Snapshot | None = None) -> FanOut:
+    """The child step of a prepared fork: create ``child_ids`` (checked, distinct) from ``plan``.
+
+    ``plan`` is ``registry.prepare_fork``'s for exactly these ids; ``snapshot``, when given,
+    replaces its snapshot (the one a fan-out request stored first: all its children share it).
+    Raises the plan's error unless every child is settled already (a replay needs no live
+    source); when every id exists, ``SESSION_ALREADY_EXISTS`` comes after the source's own
+    errors and before the boundary rules.
+    """
+    if plan.existing and len(plan.existing) == len(child_ids):
+        # Error order: the source's own state, then the child id, then the boundary rules.
+        if plan.error is not None and plan.error.code in _SOURCE_ERRORS:
+            raise plan.error
+        raise errors.already_exists(plan.existing[0])
+    snap = snapshot or plan.snapshot
     if snap is None:
-        if plan.replayed and len(plan.replayed) + len(plan.existing) == len(ids):
-            # Every child is settled already: a replay needs no live source.
+        if plan.replayed and len(plan.replayed) + len(plan.existing) == len(child_ids):
             registry.confirm_replays(list(plan.replayed.values()))
-            return _settle(ids, {}, plan.replayed)
+            return _settle(child_ids, {}, plan.replayed)
         assert plan.error is not None
         raise plan.error
-    todo = [c for c in ids if c not in plan.replayed and c not in plan.existing]
-    if stored is None and remember is not None and todo:
-        snap = remember(snap)
+    todo = [c for c in child_ids if c not in plan.replayed and c not in plan.existing]
     made = dict(zip(todo, registry.create_children(snap, todo, request_id=request_id), strict=True))
     registry.confirm_replays(list(plan.replayed.values()))
-    return _settle(ids, made, plan.replayed)
+    return _settle(child_ids, made, plan.replayed)
 
 
-def _settle(ids: list[str], made: dict[str, Header | errors.ForkError],
+def _settle(ids: Sequence[str], made: dict[str, Header | errors.ForkError],
             replayed: dict[str, Header]) -> FanOut:
     # An id neither replayed nor made existed before this request: SESSION_ALREADY_EXISTS.
     created: list[Header] = []
@@ -103,3 +122,10 @@ def _settle(ids: list[str], made: dict[str, Header | errors.ForkError],
         else:
             failed.append((cid, outcome))
     return FanOut(created, failed)
+
+
+def _checked(boundary: int | None) -> int | None:
+    # bool is an int to Python, never a seq; the range is the boundary rule's (INVALID_BOUNDARY).
+    if boundary is not None and (isinstance(boundary, bool) or not isinstance(boundary, int)):
+        raise errors.invalid(f"invalid boundary {boundary!r}: expected an integer event seq")
+    return boundary

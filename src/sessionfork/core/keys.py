@@ -14,17 +14,24 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                               of the parent's seed (a child stores at most that and
                                               one slice; a forked session stores its seed by value)
                                     last      type of the last event ("" for an empty log)
+                                    lastend   seq of the newest turn/end, seed included (-1: none);
+                                              absent on records written before turn indexes
+                                    seedend   seq of the newest turn/end of the seed (-1: none)
                                     req       request id that created it by fork (for replays)
                                     batch     id of the last append call, batchseq its first seq
                                               (a retried append is recognised, never doubled)
                                   once deleted, a tombstone (the id is never reused):
                                     deleted   when (epoch ms)
-                                    parent, seed, seedlen  kept while descendants pin the log
+                                    parent, seed, seedlen, lastend, seedend  kept while
+                                              descendants pin the log (and the turn index)
     sf:s:{<id>}:log        list   the session's own events (seq >= seedlen), JSON without "seq"
     sf:s:{<id>}:persisted  string how many events the persistence backend holds durably (written by
                                   it; deletion with persisted_first waits for it to reach len)
     sf:s:{<id>}:children   set    ids of the sessions forked from this one (lineage index); while
                                   it is not empty, the session's log is never freed (it pins it)
+    sf:s:{<id>}:turns      list   turn index of the session's own events: 2*seq + 1 for each
+                                  turn/end, 2*seq for each turn/start, ascending (append-only), so
+                                  the newest marker at or before a seq is a binary search
     <key>:replicated       string a marker written (and expired within 1 ms) next to a key, in its
                                   slot, to WAIT for replicas after a replayed fork
     sf:lifecycle           stream session/created, session/flush, session/disposed, session/deleted
@@ -38,7 +45,9 @@ Queue side (one Redis primary, the one RQ uses; never a cluster)::
     sf:req:<request id>    hash   idempotency record: digest, planned child ids, outcome JSON
     sf:outcomes            stream every outcome, capped (XADD MAXLEN ~)
     sf:replies             channel default reply channel (requests may name their own)
-    sessionfork            RQ queue name (RQ itself derives rq:queue:sessionfork etc.)
+    sessionfork            RQ queue name; RQ derives its own keys from it (rq:queue:sessionfork,
+                                  rq:job:<request id>, rq:queues ...), named for sessionfork's own
+                                  use only in queue/rq_seam/layout.py
 """
 
 from __future__ import annotations
@@ -69,6 +78,11 @@ def session_children(session_id: str) -> str:
 def session_persisted(session_id: str) -> str:
     """How many of the session's events the persistence backend holds durably (string)."""
     return f"{PREFIX}:s:{{{session_id}}}:persisted"
+
+
+def session_turns(session_id: str) -> str:
+    """Turn index of the session's own events (list of ``2 * seq + (1 for turn/end)``)."""
+    return f"{PREFIX}:s:{{{session_id}}}:turns"
 
 
 def request(request_id: str) -> str:

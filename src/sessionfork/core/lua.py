@@ -1,11 +1,14 @@
 """The Lua scripts (``scripts/*.lua``), registered once per client, and how to run them in bulk.
 
-Scripts take key names only from ``KEYS``. ``eval_many`` runs several script calls with one round
-trip per server: EVALSHA in a pipeline, without redis-py's per-pipeline SCRIPT EXISTS round trip.
-A NOSCRIPT (the server restarted or was flushed) loads the scripts and re-runs the calls that got
-it (they did not run). On a cluster, the calls are grouped by the node that owns their first key
-and each group is pipelined on that node's own connection; a call that meets a redirection
-(MOVED, ASK: a failover or a resharding) is re-run through the cluster client, which follows it.
+Scripts take key names only from ``KEYS``. ``run`` sends script calls and plain commands in one
+pipelined round trip: EVALSHA, without redis-py's per-pipeline SCRIPT EXISTS round trip. This is
+sessionfork's one NOSCRIPT strategy: a NOSCRIPT (the server restarted or was flushed) loads the
+script and re-runs the calls that got it (they did not run). ``eval_many`` runs script calls on a
+server or a cluster: on a cluster, the calls are grouped by the node that owns their first key
+and each group is pipelined (``run``) on that node's own connection; a call that meets a
+redirection (MOVED, ASK: a failover or a resharding) is re-run through the cluster client, as is
+a fork's single source step (redis-py's cluster client follows a new topology, and loads a
+script it misses, itself).
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from redis.exceptions import AskError, ClusterDownError, MovedError, NoScriptErr
 from ..core import keys as keys_module
 
 Call = tuple[Script, Sequence[str], Sequence[Any]]
+"""A script call: the script, its keys, its arguments."""
+Op = Call | tuple[str, ...]
+"""A script call, or a plain command as its words (``("HMGET", key, "header")``)."""
 _REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
 
 
@@ -52,16 +58,16 @@ def eval_many(redis: Any, calls: Sequence[Call], *, replicas: int = 0, wait_ms: 
     if not calls:
         return []
     if not isinstance(redis, RedisCluster):
-        return _pipelined(redis, list(calls), replicas, wait_ms)
+        return run(redis, calls, replicas=replicas, wait_ms=wait_ms)
     groups: dict[str, tuple[Any, list[int]]] = {}
     for i, (_, keys, _) in enumerate(calls):
         node = redis.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
         groups.setdefault(node.name, (node, []))[1].append(i)
     results: list[Any] = [None] * len(calls)
 
-    def run(node: Any, indexes: list[int]) -> None:
+    def run_group(node: Any, indexes: list[int]) -> None:
         client = redis.get_redis_connection(node)
-        batch = _pipelined(client, [calls[i] for i in indexes], replicas, wait_ms, keep_errors=_REDIRECTED)
+        batch = run(client, [calls[i] for i in indexes], replicas=replicas, wait_ms=wait_ms, keep_errors=_REDIRECTED)
         for i, result in zip(indexes, batch, strict=True):
             if isinstance(result, _REDIRECTED):
                 script, keys, args = calls[i]
@@ -71,23 +77,33 @@ def eval_many(redis: Any, calls: Sequence[Call], *, replicas: int = 0, wait_ms: 
             results[i] = result
 
     if len(groups) == 1:
-        run(*next(iter(groups.values())))
+        run_group(*next(iter(groups.values())))
     else:
         with ThreadPoolExecutor(max_workers=len(groups)) as pool:
-            for future in [pool.submit(run, node, idx) for node, idx in groups.values()]:
+            for future in [pool.submit(run_group, node, idx) for node, idx in groups.values()]:
                 future.result()
     return results
 
 
-def _pipelined(redis: Any, calls: list[Call], replicas: int, wait_ms: int,
-               keep_errors: tuple[type[Exception], ...] = ()) -> list[Any]:
-    pending = list(range(len(calls)))
-    results: list[Any] = [None] * len(calls)
+def run(redis: Any, ops: Sequence[Op], *, replicas: int = 0, wait_ms: int = 1000,
+        keep_errors: tuple[type[Exception], ...] = ()) -> list[Any]:
+    """Results of ``ops`` on one server, in order, in one pipelined round trip (two after a NOSCRIPT).
+
+    An error reply raises, unless it is one of ``keep_errors`` (then it is the op's result). With
+    ``replicas``, the batch ends with WAIT on the same connection (``NotReplicated`` when fewer
+    replicas acknowledged within ``wait_ms``).
+    """
+    pending = list(range(len(ops)))
+    results: list[Any] = [None] * len(ops)
     for attempt in (1, 2):
         pipe = redis.pipeline(transaction=False)
         for i in pending:
-            script, keys, args = calls[i]
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
+            op = ops[i]
+            if isinstance(op[0], Script):
+                script, keys, args = op
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+            else:
+                pipe.execute_command(*op)
         if replicas:
             pipe.execute_command("WAIT", replicas, wait_ms)
         out = list(pipe.execute(raise_on_error=False))
@@ -103,7 +119,7 @@ def _pipelined(redis: Any, calls: list[Call], replicas: int, wait_ms: int,
                 results[i] = result
         if not missing:
             return results
-        for script in {id(calls[i][0]): calls[i][0] for i in missing}.values():
+        for script in {id(s): s for s in (ops[i][0] for i in missing) if isinstance(s, Script)}.values():
             script.sha = redis.script_load(script.script)
         pending = missing
     return results

@@ -7,11 +7,12 @@ sessions, so forks run unchanged on a Redis Cluster.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from msgspec import UNSET
-from redis.exceptions import NoScriptError
+from redis.commands.core import Script
 
 from ..core import errors, keys, lua, rules, wire
 from .config import Settings
@@ -47,7 +48,7 @@ class Registry(SessionStore):
         """
         sid = rules.check_id(session_id)
         reply = self._delete(keys=[keys.session(sid), keys.session_log(sid), keys.session_children(sid),
-                                   keys.session_persisted(sid), *self._lifecycle],
+                                   keys.session_persisted(sid), keys.session_turns(sid), *self._lifecycle],
                              args=[self._clock(), self.lifecycle_maxlen, sid, "1" if only_disposed else "0",
                                    "1" if persisted_first else "0"])
         status = int(reply[0])
@@ -89,70 +90,89 @@ class Registry(SessionStore):
         # frees a deleted ancestor's log (each step one script on one slot).
         while parent:
             result = self._release(keys=[keys.session(parent), keys.session_log(parent),
-                                         keys.session_children(parent)], args=[child])
+                                         keys.session_children(parent), keys.session_turns(parent)], args=[child])
             if result is None:
                 return
             parent, child = wire.text(result), parent
 
     # -- the two atomic steps of a fork ----------------------------------------------------------
 
-    def take_snapshot(self, source: SessionRef) -> Snapshot:
-        """The source step alone: ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE`` or ``OPEN_TURN``."""
-        plan = self.prepare_fork(source)
+    def take_snapshot(self, source: SessionRef, boundary: int | None = None) -> Snapshot:
+        """The source step alone: ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, then
+        ``INVALID_BOUNDARY`` (with ``boundary``) or ``OPEN_TURN`` (without)."""
+        plan = self.prepare_fork(source, boundary=boundary)
         if plan.error is not None:
             raise plan.error
         assert plan.snapshot is not None
         return plan.snapshot
 
     def prepare_fork(self, source: SessionRef, child_ids: Sequence[str] = (), *,
-                     request_id: str = "") -> ForkPlan:
+                     request_id: str = "", boundary: int | None = None) -> ForkPlan:
         """The source step, plus a look at the children-to-be, in one round trip.
 
         The source step is one script on the source's slot: live? instance? boundary? length?
         Each child id that exists lands in ``existing``, or in ``replayed`` when ``request_id``
-        created it (a replay after a crash).
+        created it (a replay after a crash). Ids are checked here, before any Redis call. A
+        ``boundary`` inside the source's inherited seed is checked by one more read on the ancestor
+        that holds that event (its events up to there never change, so the check needs no
+        atomicity with the source step).
         """
-        sid, instance = split_ref(source)  # ids are checked before any Redis call
-        checked = [rules.check_id(c) for c in child_ids]
-        if self._cluster:
-            # A cluster pipeline cannot carry scripts: look at the children, then run the step.
-            pipe = self.redis.pipeline(transaction=False)
-            for child in checked:
-                pipe.hmget(keys.session(child), ["header", "req"])
-            taken = pipe.execute() if checked else []
-            reply = self._snapshot(keys=[keys.session(sid)], args=[instance])
-            return self._plan(sid, checked, request_id, [*taken, reply])
-        pipe = self.redis.pipeline(transaction=False)
-        parse = self.queue_prepare(pipe, source, checked, request_id=request_id)
-        results = pipe.execute(raise_on_error=False)
-        if any(isinstance(r, NoScriptError) for r in results):
-            self.load_scripts()
-            return self.prepare_fork(source, child_ids, request_id=request_id)
-        return parse(results)
-
-    def queue_prepare(self, pipe: Any, source: SessionRef, child_ids: Sequence[str] = (), *,
-                      request_id: str = "") -> Callable[[list[Any]], ForkPlan]:
-        """Queue ``prepare_fork``'s commands on a single server's ``pipe`` (read-only, so safe
-        to re-run); returns the parser of their results, which must come last in the pipeline."""
         sid, instance = split_ref(source)
-        checked = [rules.check_id(c) for c in child_ids]
-        for child in checked:
-            pipe.hmget(keys.session(child), ["header", "req"])
-        pipe.evalsha(self._snapshot.sha, 1, keys.session(sid), instance)
-        count = len(checked) + 1
-        return lambda results: self._plan(sid, checked, request_id, results[-count:])
+        child_ids = [rules.check_id(c) for c in child_ids]
+        ops = self.look_ops(sid, instance, child_ids, boundary)
+        if not self._cluster:
+            return self.plan_of(sid, child_ids, request_id, boundary, lua.run(self.redis, ops))
+        # A cluster pipeline cannot carry scripts, and the children live on several nodes.
+        pipe = self.redis.pipeline(transaction=False)
+        for op in ops[:-1]:
+            pipe.execute_command(*op)
+        taken = pipe.execute() if child_ids else []
+        return self.plan_of(sid, child_ids, request_id, boundary, [*taken, self._call(ops[-1])])
 
-    def load_scripts(self) -> None:
-        """Load every script (after a NOSCRIPT: the server restarted or was flushed)."""
-        for script in (self._create, self._append, self._snapshot, self._dispose, self._delete, self._release,
-                       self._pin, self._settle):
-            script.sha = self.redis.script_load(script.script)
+    def _call(self, op: lua.Op) -> Any:
+        """One script call: pipelined on a server; on a cluster through the cluster client, which
+        follows a failover's new topology itself."""
+        if not self._cluster:
+            return lua.run(self.redis, [op])[0]
+        script, script_keys, args = op
+        assert isinstance(script, Script)
+        return script(keys=list(script_keys), args=list(args))
 
-    def _plan(self, sid: str, checked: list[str], request_id: str, results: list[Any]) -> ForkPlan:
+    def look_ops(self, sid: str, instance: str, child_ids: Sequence[str],
+                 boundary: int | None = None) -> list[lua.Op]:
+        """The read-only commands of ``prepare_fork`` (the source step last), for ``lua.run``."""
+        ops: list[lua.Op] = [("HMGET", keys.session(child), "header", "req") for child in child_ids]
+        ops.append((self._snapshot, [keys.session(sid), keys.session_turns(sid), keys.session_log(sid)],
+                    [instance, "" if boundary is None else boundary]))
+        return ops
+
+    def _check_seed(self, sid: str, snap: Snapshot, boundary: int) -> Snapshot:
+        """Finish the boundary rule for a boundary the source step could not check itself: one
+        inside the source's inherited seed (checked on the ancestor that holds it), or on a record
+        written before turn indexes (checked by reading the prefix)."""
+        segments = self.resolve(sid, snap.segments)  # a reference names the parent, not the owner
+        owner = sid if boundary >= snap.seed_length else rules.owner_of(segments, boundary)
+        reply = self._call((self._turn, [keys.session(owner), keys.session_turns(owner), keys.session_log(owner)],
+                            [boundary]))
+        status = wire.text(reply[0])
+        if status == "INSIDE":
+            raise errors.boundary_inside_turn(sid, boundary, int(reply[1]))
+        if status == "OK":
+            return dataclasses.replace(snap, seed_end=int(reply[1]), last_type=wire.text(reply[2]))
+        types = [e.type for e in self._read(sid, segments, snap.seed_length, 0, boundary + 1)]
+        error = rules.check_boundary_in(sid, types, boundary)
+        if error is not None:
+            raise error
+        ends = [seq for seq, kind in enumerate(types) if kind == rules.TURN_END]
+        return dataclasses.replace(snap, seed_end=ends[-1] if ends else -1, last_type=types[-1])
+
+    def plan_of(self, sid: str, child_ids: Sequence[str], request_id: str, boundary: int | None,
+                results: Sequence[Any]) -> ForkPlan:
+        """The ``ForkPlan`` that the results of ``look_ops`` describe."""
         *taken, reply = results
         existing: list[str] = []
         replayed: dict[str, Header] = {}
-        for child, (header, req) in zip(checked, taken, strict=True):
+        for child, (header, req) in zip(child_ids, taken, strict=True):
             if header is None:
                 continue
             if request_id and req is not None and wire.text(req) == request_id:
@@ -160,7 +180,10 @@ class Registry(SessionStore):
             else:
                 existing.append(child)
         try:
-            return ForkPlan(parse_snapshot(sid, reply), None, existing, replayed)
+            snap, unchecked = parse_snapshot(sid, reply, boundary)
+            if unchecked and boundary is not None:
+                snap = self._check_seed(sid, snap, boundary)
+            return ForkPlan(snap, None, existing, replayed)
         except errors.ForkError as exc:
             return ForkPlan(None, exc, existing, replayed)
 
@@ -186,9 +209,8 @@ class Registry(SessionStore):
         replay), so a request forks at most once; any other existing id is
         ``SESSION_ALREADY_EXISTS`` in its place of the result. With ``wait_replicas``, the
         children are acknowledged by that many replicas before this returns
-        (``lua.NotReplicated`` otherwise).
+        (``lua.NotReplicated`` otherwise). ``child_ids`` are checked by the caller.
         """
-        checked = [rules.check_id(c) for c in child_ids]
         parent = snap.source.id
         if any(lo < 0 for _, lo, _ in snap.segments):
             # The source's seed holds a reference: store it by value first (once per source), so
@@ -196,24 +218,28 @@ class Registry(SessionStore):
             resolved = self.resolve(parent, snap.segments)
             self._settle(keys=[keys.session(parent)], args=[wire.encode([list(s) for s in resolved])])
         segments = wire.encode(rules.by_reference(parent, snap.child_segments()))
-        last = "turn/end" if snap.length else ""
+        # The child's "last" feeds the no-boundary rule only; a seed ends between turns, and a
+        # boundary fork's seed may end with an event after its turn/end (todo/write): recorded as
+        # such, so forking the child without a boundary keeps today's rule (its last event).
+        last = snap.last
         # On one server the script also indexes the child under its parent, unless the parent was
         # deleted since the snapshot (atomically); on a cluster the parent's index is in another
         # slot: the children are pinned there first (pin.lua, which checks the same), then created.
         index = [] if self._cluster else [keys.session_children(parent), keys.session(parent)]
-        if self._cluster and checked and not self._pin(keys=[keys.session(parent), keys.session_children(parent)],
-                                                       args=checked):
-            return [errors.not_found(parent) for _ in checked]
+        if self._cluster and child_ids and not self._pin(keys=[keys.session(parent), keys.session_children(parent)],
+                                                         args=list(child_ids)):
+            return [errors.not_found(parent) for _ in child_ids]
         calls: list[lua.Call] = [
             (self._create, [keys.session(cid), *self._lifecycle, *index],
              [wire.encode_header(self.child_header(snap, cid)), self._new_token(), snap.length, snap.length,
-              segments, last, request_id, self.lifecycle_maxlen, cid])
-            for cid in checked
+              segments, last, request_id, self.lifecycle_maxlen, cid,
+              "" if snap.seed_end is None else snap.seed_end])
+            for cid in child_ids
         ]
         results: list[Header | errors.ForkError] = [
             errors.already_exists(cid) if raw is None else errors.not_found(parent) if raw == -1
             else wire.decode_header(raw)
-            for cid, raw in zip(checked, lua.eval_many(self.redis, calls, replicas=self.wait_replicas,
+            for cid, raw in zip(child_ids, lua.eval_many(self.redis, calls, replicas=self.wait_replicas,
                                                        wait_ms=self.wait_timeout_ms), strict=True)
         ]
         created = [r.id for r in results if isinstance(r, Header)]
@@ -221,7 +247,7 @@ class Registry(SessionStore):
             pipe = self.redis.pipeline(transaction=False)
             for cid in created:
                 self._emit(pipe, "session/created", cid, snap.length)
-            refused = [cid for cid, r in zip(checked, results, strict=True) if not isinstance(r, Header)]
+            refused = [cid for cid, r in zip(child_ids, results, strict=True) if not isinstance(r, Header)]
             stale = self._not_children(parent, refused)
             if stale:  # pinned above, but another session owns the id: take the pin back
                 pipe.srem(keys.session_children(parent), *stale)
@@ -266,7 +292,7 @@ class Registry(SessionStore):
     def create_child(self, snap: Snapshot, child_id: str | None = None, *,
                      request_id: str = "") -> Header:
         """``create_children`` for one child (generated id by default); raises on failure."""
-        cid = self._new_id() if child_id is None else child_id
+        cid = self._new_id() if child_id is None else rules.check_id(child_id)
         (result,) = self.create_children(snap, [cid], request_id=request_id)
         if isinstance(result, errors.ForkError):
             raise result

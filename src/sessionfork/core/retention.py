@@ -56,15 +56,15 @@ def sweep(registry: Registry, *, now_ms: int, older_than_ms: int, limit: int = 1
     ids = [(wire.text(member), int(score)) for member, score in due]
     pipe = registry.redis.pipeline(transaction=False)
     for sid, _ in ids:
-        for key in (keys.session(sid), keys.session_log(sid), keys.session_children(sid)):
+        for key in (keys.session(sid), keys.session_log(sid), keys.session_turns(sid), keys.session_children(sid)):
             pipe.memory_usage(key, samples=0)
         pipe.scard(keys.session_children(sid))
     sizes = pipe.execute()
     out: list[Swept] = []
     gone: list[str] = []
     for i, (sid, disposed_at) in enumerate(ids):
-        record, log, index, pins = (int(v or 0) for v in sizes[4 * i:4 * i + 4])
-        freed = max(0, record - _TOMBSTONE_BYTES) + (0 if pins else log + index)
+        record, log, turns, index, pins = (int(v or 0) for v in sizes[5 * i:5 * i + 5])
+        freed = max(0, record - _TOMBSTONE_BYTES) + (0 if pins else log + turns + index)
         if not rules.is_valid_id(sid):
             gone.append(sid)
             continue

@@ -15,16 +15,29 @@ _segments = msgspec.json.Decoder(list[tuple[str, int, int]])
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """The source step's result: the source's log at one instant, as references.
+    """The source step's result: a prefix of the source's log, as references.
 
-    ``length`` events: ``segments`` (inherited, ``seed_length`` of them) then the source's own
-    events ``[0, length - seed_length)``.
+    ``length`` events (the whole log at one instant, or ``boundary + 1``): the first of the
+    source's inherited ``segments`` (``seed_length`` events), then its own events
+    ``[0, length - seed_length)`` when ``length > seed_length``. ``seed_end`` is the seq of the
+    newest ``turn/end`` among them (-1: none; ``None``: unknown, a source without a turn index),
+    ``last_type`` the type of the last of them (``None``: a snapshot stored before boundaries,
+    whose last event is a ``turn/end`` unless it is empty).
     """
 
     source: Header
     length: int
     seed_length: int
     segments: tuple[tuple[str, int, int], ...]
+    seed_end: int | None = None
+    last_type: str | None = None
+
+    @property
+    def last(self) -> str:
+        """The type of the seed's last event ("" for an empty seed)."""
+        if self.last_type is not None:
+            return self.last_type
+        return rules.TURN_END if self.length else ""
 
     @property
     def meta(self) -> SeedMeta:
@@ -47,7 +60,6 @@ class ForkPlan:
     replayed: dict[str, Header]
 
 
-
 Segments: TypeAlias = "tuple[tuple[str, int, int], ...]"
 
 
@@ -67,7 +79,9 @@ def prefix(segments: Segments, n: int) -> list[tuple[str, int, int]]:
     return out
 
 
-def parse_snapshot(sid: str, reply: list[Any]) -> Snapshot:
+def parse_snapshot(sid: str, reply: list[Any], boundary: int | None = None) -> tuple[Snapshot, bool]:
+    """The snapshot.lua reply as a snapshot, and whether its boundary still needs checking
+    against the ancestor that holds it (``SEED``); raises the source step's errors."""
     status = wire.text(reply[0])
     if status == "NOT_FOUND":
         raise errors.not_found(sid)
@@ -75,6 +89,15 @@ def parse_snapshot(sid: str, reply: list[Any]) -> Snapshot:
         raise errors.not_live(sid)
     if status == "OPEN_TURN":
         raise errors.open_turn(sid, wire.text(reply[1]))
-    _, length, header, seed, seed_length = reply
-    return Snapshot(wire.decode_header(header), int(length), int(seed_length),
-                    decode_segments(seed))
+    if status in ("RANGE", "INSIDE"):
+        assert boundary is not None
+        if status == "INSIDE":
+            raise errors.boundary_inside_turn(sid, boundary, int(reply[1]))
+        error = rules.boundary_error(sid, boundary, int(reply[1]), None)
+        assert error is not None
+        raise error
+    _, length, header, seed, seed_length, seed_end, last = reply
+    end = None if seed_end in (b"", "") else int(seed_end)
+    snap = Snapshot(wire.decode_header(header), int(length), int(seed_length), decode_segments(seed), end,
+                    wire.text(last))
+    return snap, status == "SEED"

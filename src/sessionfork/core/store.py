@@ -90,6 +90,7 @@ class SessionStore:
         self._append = lua.register(redis, "append.lua")
         self._snapshot = lua.register(redis, "snapshot.lua")
         self._dispose = lua.register(redis, "dispose.lua")
+        self._turn = lua.register(redis, "turn.lua")  # boundary checks on an ancestor (registry)
         self._delete = lua.register(redis, "delete.lua")
         self._release = lua.register(redis, "release.lua")
         self._pin = lua.register(redis, "pin.lua")
@@ -105,7 +106,7 @@ class SessionStore:
         token = self._new_token()
         raw = wire.encode_header(header)
         created = self._create(keys=[keys.session(sid), *self._lifecycle],
-                               args=[raw, token, 0, 0, "[]", "", "", self.lifecycle_maxlen, sid])
+                               args=[raw, token, 0, 0, "[]", "", "", self.lifecycle_maxlen, sid, -1])
         if created is None:
             raise errors.already_exists(sid)
         if self._cluster:
@@ -136,10 +137,11 @@ class SessionStore:
             if len(raw) > self.max_event_bytes:
                 raise errors.invalid(f"event {i} is {len(raw)} bytes, over the limit of {self.max_event_bytes}")
         flush = any(e.type == rules.TURN_END for e in events)
+        markers = " ".join(map(str, rules.batch_markers([e.type for e in events])))
         first = int(self._append(
-            keys=[keys.session(sid), keys.session_log(sid), *self._lifecycle],
+            keys=[keys.session(sid), keys.session_log(sid), keys.session_turns(sid), *self._lifecycle],
             args=[instance, events[-1].type, "" if expect_length is None else expect_length,
-                  "1" if flush else "0", self.lifecycle_maxlen, sid, self._new_call_id(), *payload]))
+                  "1" if flush else "0", self.lifecycle_maxlen, sid, self._new_call_id(), markers, *payload]))
         if first == -3:
             raise LengthMoved(sid)
         self._raise_for(first, sid)
@@ -196,6 +198,19 @@ class SessionStore:
     def length(self, session_id: str) -> int:
         raw = self.redis.hget(keys.session(rules.check_id(session_id)), "len")
         return 0 if raw is None else int(raw)
+
+    def last_turn_end(self, session_id: str) -> int | None:
+        """The seq of the session's newest ``turn/end`` (its last completed turn), seed included:
+        one O(1) read, kept by every append. ``None`` when it has none (or is a record written
+        before turn indexes). Always a valid fork boundary, now and after any later append (the
+        events up to it never change), so ``fork(..., boundary=last_turn_end(id))`` forks a
+        running session at its last completed turn. ``SESSION_NOT_FOUND`` if never created.
+        """
+        sid = rules.check_id(session_id)
+        header, raw = self.redis.hmget(keys.session(sid), ["header", "lastend"])
+        if header is None:
+            raise errors.not_found(sid)
+        return None if raw is None or int(raw) < 0 else int(raw)
 
     def exists(self, session_id: str) -> bool:
         """True for a live or disposed session; False when never created or deleted."""

@@ -135,6 +135,7 @@ class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, om
 
     At most one of ``session_id`` (one child, caller's id), ``session_ids`` (fan-out, caller's ids)
     and ``count`` (fan-out, generated ids); none of them means one child with a generated id.
+    ``boundary``: fork at that inclusive event seq instead of at the end of the log.
     """
 
     source: str | LiveHandle
@@ -143,10 +144,19 @@ class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, om
     reply_to: str | UnsetType = UNSET
     count: int | UnsetType = UNSET
     session_ids: list[str] | UnsetType = UNSET
+    traceparent: str | UnsetType = UNSET
+    """W3C trace context of the scheduler (set by the clients when OpenTelemetry is installed)."""
+    boundary: int | UnsetType = UNSET
+    """Fork at this inclusive event seq (the child's seed is events ``[0, boundary]``)."""
 
     @property
     def source_id(self) -> str:
         return self.source.id if isinstance(self.source, LiveHandle) else self.source
+
+    @property
+    def instance(self) -> str:
+        """The source's instance token; ``""`` (any live instance) for a plain id."""
+        return self.source.instance if isinstance(self.source, LiveHandle) else ""
 
     @property
     def fans_out(self) -> bool:
@@ -201,10 +211,14 @@ def decode_reply(raw: bytes | str) -> Reply:
 
 
 def digest(request: ForkRequest) -> str:
-    """What makes two requests under one request id "the same": source and children asked for.
+    """What makes two requests under one request id "the same": source, children and boundary.
 
-    ``requestId`` and ``replyTo`` are not part of it (a retry may listen elsewhere).
+    ``requestId``, ``replyTo`` and ``traceparent`` are not part of it (a retry may listen
+    elsewhere, or run in another trace). A request without ``boundary`` keeps the digest it had
+    before boundaries existed (stored records stay comparable).
     """
-    fields = (request.source, request.session_id, request.count, request.session_ids)
+    fields: tuple[Any, ...] = (request.source, request.session_id, request.count, request.session_ids)
+    if request.boundary is not UNSET:
+        fields = (*fields, request.boundary)
     key = [None if f is UNSET else f for f in fields]
     return hashlib.sha256(_json.encode(key)).hexdigest()

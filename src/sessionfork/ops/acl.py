@@ -29,8 +29,8 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
       ``LREM``), started/finished/failed registries (sorted sets), executions, results (streams),
       the worker's hash and sets, retries and abandoned jobs (``RPUSH``), transactions
       (``MULTI``/``EXEC``/``WATCH``), ``SUBSCRIBE rq:pubsub:<worker>`` (RQ's command channel),
-      ``CLIENT SETNAME``, ``CLIENT INFO`` (RQ 3 reads its own address there), ``INFO``. ``sessionfork health`` (which reads the worker registry) runs
-      as this user too.
+      ``CLIENT SETNAME``, ``CLIENT INFO`` (RQ 3 reads its own address there), ``INFO``.
+      ``sessionfork health`` (which reads the worker registry) runs as this user too.
     * sessionfork: ``sf:req:*`` and ``sf:outcomes`` (claim and record scripts), ``PUBLISH`` to the
       reply channel and its ``<reply>:`` prefix, ``sf:s:*`` and ``sf:lifecycle`` (fork scripts,
       children index); ``WAIT`` when ``wait_replicas`` is set.
@@ -66,7 +66,7 @@ from collections.abc import Mapping, Sequence
 
 from ..core import keys
 from ..core.config import Settings
-from ..queue import rq_seam
+from ..queue.rq_seam import layout as rq_layout
 
 SCHEDULER = "sf-scheduler"
 WORKER = "sf-worker"
@@ -93,7 +93,8 @@ _WORKER_COMMANDS = (
     "subscribe", "unsubscribe", "publish",
     "del", "exists", "expire", "get", "set",  # get/set: RQ's intermediate-queue "first seen" marks
     "hget", "hmget", "hgetall", "hexists", "hset", "hsetnx", "hdel", "hincrby", "hincrbyfloat",
-    "blmove", "lmove", "rpush", "lpush", "lrange", "lrem", "llen",  # lmove: --burst; llen: queue depth;
+    "blmove", "lmove", "rpush", "lpush", "lrange", "lrem", "llen", "lindex",  # lmove: --burst; llen: queue
+    # depth and, with lindex, the turn index of boundary forks;
     # lpush: a job stranded by a dead worker goes back to the queue's front
     "sadd", "srem", "smembers",
     "zadd", "zrem", "zscore", "zrange", "zrangebyscore", "zremrangebyscore",
@@ -146,7 +147,7 @@ def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
     # A script's declared keys need read and write access whatever the script does with them,
     # so keys passed to a script (rq:queue:<queue>, sf:lifecycle) cannot be write-only.
     sessions = (f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}", f"~{_glob(keys.DISPOSED_INDEX)}")
-    rq = rq_seam.key_patterns(queue)
+    rq = rq_layout.key_patterns(queue)
     scheduler = _line(
         SCHEDULER, passwords[SCHEDULER],
         [f"~{rq['jobs']}", f"~{rq['queue']}", f"%W~{rq['queues']}",

@@ -1,6 +1,8 @@
 """Crash repair: close a turn that a crashed host left open, as the original harness does on reload.
 
-``plan_repair`` is the rule (pure): for the open turn at the end of a log it returns, in order,
+``plan_repair`` is the rule (pure): for the open turn at the end of a log (its newest turn marker
+is a ``turn/start``: ``rules.open_turn_start``, the same notion as the fork boundary rule, so a log
+needs a repair exactly when its last event is not a valid fork boundary) it returns, in order,
 an error ``tool/result`` for every ``tool/call`` without a result, a ``step/end`` if a step is
 open, then ``turn/end`` with reason ``{"kind": "interrupted"}``. A balanced log needs nothing.
 ``repair`` appends them atomically (only if the log did not move meanwhile), with ``time``
@@ -39,8 +41,8 @@ def plan_repair(open_turn: Sequence[Event]) -> list[NewEvent]:
 
     ``open_turn`` may also be a whole log or any suffix of it that holds the last ``turn/start``.
     """
-    start = max((i for i, e in enumerate(open_turn) if e.type == "turn/start"), default=None)
-    if start is None or open_turn[-1].type == rules.TURN_END:
+    start = rules.open_turn_start([e.type for e in open_turn])
+    if start is None:
         return []
     turn = open_turn[start:]
     pending: dict[Any, tuple[str, dict[str, Any]]] = {}
@@ -98,7 +100,7 @@ def _open_turn(registry: Registry, sid: str, length: int) -> list[Event]:
         start = max(0, stop - _CHUNK)
         chunk = registry.events(sid, start, stop)
         tail = chunk + tail
-        if any(e.type == "turn/start" for e in chunk) or (chunk and chunk[-1].type == rules.TURN_END):
+        if any(rules.is_marker(e.type) for e in chunk):  # the newest marker says open or not
             break
         stop = start
     return tail

@@ -18,7 +18,7 @@ import msgspec
 from ..core import keys, wire
 from ..core.wire import ForkFailure, ForkResult
 
-_COLOURS = {"OK": "green", "OPEN_TURN": "yellow", "SESSION_ALREADY_EXISTS": "yellow",
+_COLOURS = {"OK": "green", "OPEN_TURN": "yellow", "INVALID_BOUNDARY": "yellow", "SESSION_ALREADY_EXISTS": "yellow",
             "INVALID_REQUEST": "magenta", "IDEMPOTENCY_CONFLICT": "magenta", "INTERNAL": "red"}
 
 

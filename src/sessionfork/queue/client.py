@@ -20,7 +20,7 @@ from ..core import rules, wire
 from ..core.config import Settings
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, Reply
-from ..queue import jobs
+from ..queue import jobs, tracing
 from .outcomes import wait_for_reply
 
 
@@ -36,9 +36,12 @@ class Client:
 
     def request(self, source: str | LiveHandle, *, session_id: str | None = None,
                 session_ids: list[str] | None = None, count: int | None = None,
-                request_id: str | None = None, reply_to: str | None = None) -> ForkRequest:
+                request_id: str | None = None, reply_to: str | None = None,
+                boundary: int | None = None) -> ForkRequest:
         """Build a request (a generated request id when none is given); ``INVALID_REQUEST`` for a
-        request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id)."""
+        request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id). ``boundary``: fork at
+        that inclusive event seq (the child's seed is events ``[0, boundary]``). With OpenTelemetry
+        installed, it carries the current trace context (``traceparent``)."""
         if request_id is not None:
             rules.check_request_id(request_id)
         return ForkRequest(
@@ -47,6 +50,8 @@ class Client:
             session_ids=UNSET if session_ids is None else session_ids,
             count=UNSET if count is None else count,
             reply_to=UNSET if reply_to is None else reply_to,
+            traceparent=tracing.current_traceparent(),
+            boundary=UNSET if boundary is None else boundary,
         )
 
     def submit(self, request: ForkRequest) -> str:
@@ -72,9 +77,10 @@ class Client:
 
     def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
              session_ids: list[str] | None = None, count: int | None = None,
-             request_id: str | None = None, reply_to: str | None = None) -> Reply:
+             request_id: str | None = None, reply_to: str | None = None,
+             boundary: int | None = None) -> Reply:
         """Submit a fork request and wait for its reply."""
         request = self.request(source, session_id=session_id, session_ids=session_ids, count=count,
-                               request_id=request_id, reply_to=reply_to)
+                               request_id=request_id, reply_to=reply_to, boundary=boundary)
         self.submit(request)
         return self.wait(request, timeout)

@@ -16,8 +16,7 @@ from rq.exceptions import DuplicateJobError
 from rq.job import Job
 
 from ..core.config import Settings
-
-JOB_FUNCTION = "sessionfork.jobs.fork"
+from .rq_seam.layout import JOB_FUNCTION as JOB_FUNCTION
 
 
 class JSONSerializer:

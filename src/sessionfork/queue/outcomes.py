@@ -9,6 +9,7 @@ is never lost.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..core import keys, lua, rules, wire
+from ..core import keys, lua, wire
 from ..core.errors import ErrorCode
 from ..core.snapshots import Snapshot
 from ..core.wire import ForkFailure, Reply
@@ -31,7 +32,21 @@ apart, half the bytes of a retained record's digest."""
 def short_digest(digest: str) -> str:
     """The stored form of a request digest (``invalid:`` digests keep their prefix)."""
     return digest[:DIGEST_CHARS + (8 if digest.startswith("invalid:") else 0)]
-_snapshot_codec = msgspec.json.Decoder(tuple[wire.Header, int, int, list[tuple[str, int, int]]])
+
+
+class _StoredSnapshot(msgspec.Struct, array_like=True):
+    """A fan-out's snapshot as kept in its request record: a JSON array. The last two fields came
+    with boundary forks; arrays stored before them have four items and decode with the defaults."""
+
+    source: wire.Header
+    length: int
+    seed_length: int
+    segments: list[tuple[str, int, int]]
+    seed_end: int | None = None
+    last_type: str | None = None
+
+
+_snapshot_codec = msgspec.json.Decoder(_StoredSnapshot)
 
 
 def code_of(reply: Reply) -> str:
@@ -59,22 +74,18 @@ class Outcomes:
         self._claim = lua.register(redis, "claim.lua", __package__)
         self._record = lua.register(redis, "record.lua", __package__)
 
-    def claim(self, request_id: str, digest: str, children: list[str]) -> Claim:
-        """Claim ``request_id`` for a request with ``digest``, planning ``children`` if new."""
-        return self.parse_claim(self._claim(keys=[keys.request(request_id)],
-                                            args=[short_digest(digest), wire.encode(children), self.ttl]))
+    def claim_op(self, request_id: str, digest: str, children: Sequence[str]) -> lua.Op:
+        """The claim of ``request_id`` for a request with ``digest`` (planning ``children`` if new),
+        as an op for ``lua.run``; ``claim_of`` reads its result."""
+        return (self._claim, [keys.request(request_id)],
+                [short_digest(digest), wire.encode(list(children)), self.ttl])
 
-    def queue_claim(self, pipe: Any, request_id: str, digest: str, children: list[str]) -> None:
-        """Queue ``claim`` on ``pipe`` (first in it); ``parse_claim`` reads its result."""
-        pipe.evalsha(self._claim.sha, 1, keys.request(request_id), short_digest(digest),
-                     wire.encode(children), self.ttl)
-
-    def load_scripts(self) -> None:
-        for script in (self._claim, self._record):
-            script.sha = self.redis.script_load(script.script)
+    def claim(self, request_id: str, digest: str, children: Sequence[str]) -> Claim:
+        """Claim ``request_id`` alone (``claim_op`` in a round trip of its own)."""
+        return self.claim_of(lua.run(self.redis, [self.claim_op(request_id, digest, children)])[0])
 
     @staticmethod
-    def parse_claim(reply: list[Any]) -> Claim:
+    def claim_of(reply: list[Any]) -> Claim:
         state = wire.text(reply[0])
         if state == "CONFLICT":
             return Claim(state)
@@ -83,12 +94,13 @@ class Outcomes:
         snap = _decode_snapshot(reply[2]) if state == "RESUME" and reply[2] else None
         return Claim(state, tuple(_ids.decode(reply[1])), snap)
 
-    def remember_snapshot(self, request_id: str, snap: Snapshot) -> Snapshot:
+    def keep_snapshot(self, request_id: str, snap: Snapshot) -> Snapshot:
         """Keep a fan-out's snapshot so that every child of the request gets the same seed.
 
         The first snapshot stored wins (two attempts of one request may race); returns it.
         """
-        value = wire.encode((snap.source, snap.length, snap.seed_length, list(snap.segments)))
+        value = wire.encode(_StoredSnapshot(snap.source, snap.length, snap.seed_length, list(snap.segments),
+                                            snap.seed_end, snap.last_type))
         pipe = self.redis.pipeline(transaction=True)
         pipe.hsetnx(keys.request(request_id), "snapshot", value)
         pipe.hget(keys.request(request_id), "snapshot")
@@ -117,10 +129,10 @@ class Outcomes:
     def refuse(self, request_id: str, reason: str, channel: str) -> Reply | None:
         """Record ``INVALID_REQUEST`` for a job or queue entry that is not a fork request.
 
-        Returns the request's outcome (the first one stored), or ``None`` when ``request_id``
-        cannot name a request (it is not a valid request id: there is no record to keep).
+        Returns the request's outcome (the first one stored), or ``None`` when ``request_id`` is
+        empty, over 256 characters or not printable text: no producer can be waiting on it.
         """
-        if not rules.is_valid_request_id(request_id):
+        if not request_id or len(request_id) > 256 or not request_id.isprintable():
             return None
         failure = ForkFailure(request_id=request_id, code=ErrorCode.INVALID_REQUEST.value, message=reason)
         return self.record(failure, channel, digest="invalid:job")
@@ -140,8 +152,9 @@ class Outcomes:
 
 
 def _decode_snapshot(raw: bytes) -> Snapshot:
-    header, length, seed_length, segments = _snapshot_codec.decode(raw)
-    return Snapshot(header, length, seed_length, tuple((s[0], s[1], s[2]) for s in segments))
+    s = _snapshot_codec.decode(raw)
+    return Snapshot(s.source, s.length, s.seed_length, tuple((a, b, c) for a, b, c in s.segments), s.seed_end,
+                    s.last_type)
 
 
 def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
@@ -191,10 +204,23 @@ def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
 
 def _stored(redis: Redis, request_id: str, digest: str | None) -> Reply | None:
     stored_digest, outcome = redis.hmget(keys.request(request_id), ["digest", "outcome"])
-    stored_digest = None if stored_digest is None else wire.text(stored_digest)
+    return judge(request_id, stored_digest, outcome, digest)
+
+
+def judge(request_id: str, stored_digest: bytes | str | None, outcome: bytes | str | None,
+          digest: str | None) -> Reply | None:
+    """The answer a request with ``digest`` gets from its request id's record (digest, outcome).
+
+    ``IDEMPOTENCY_CONFLICT`` when the id was claimed by a request with another digest; the stored
+    outcome; else ``None`` (not answered yet). Shared by the sync and the asyncio waiters.
+    """
+    stored = None if stored_digest is None else wire.text(stored_digest)
     # An "invalid:" digest marks a request refused before it was understood: its outcome stands.
-    if digest is not None and stored_digest and not stored_digest.startswith("invalid:") \
-            and stored_digest != short_digest(digest):
-        return ForkFailure(request_id=request_id, code="IDEMPOTENCY_CONFLICT",
-                           message=f'request id "{request_id}" was already used for a different request')
+    if digest is not None and stored and not stored.startswith("invalid:") and stored != short_digest(digest):
+        return conflict(request_id)
     return None if outcome is None else wire.decode_reply(outcome)
+
+
+def conflict(request_id: str) -> ForkFailure:
+    return ForkFailure(request_id=request_id, code=ErrorCode.IDEMPOTENCY_CONFLICT.value,
+                       message=f'request id "{request_id}" was already used for a different request')

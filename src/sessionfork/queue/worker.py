@@ -10,8 +10,8 @@ What it does differently from ``rq worker``:
 * every job that ends for good leaves its request one outcome: a job RQ fails (retries spent, an
   abandoned job, a job stuck in the intermediate queue) is finished by running its idempotent
   request once more, or refused;
-* its loop is ``rq_seam.SeamWorker``'s: stops never strand a job, bad queue entries and Redis
-  outages never stop the worker.
+* its loop is ``rq_seam.worker_base.SeamWorker``'s: stops never strand a job, bad queue entries
+  and Redis outages never stop the worker.
 """
 
 from __future__ import annotations
@@ -26,13 +26,12 @@ from typing import Any
 from rq import Queue
 from rq.exceptions import AbandonedJobError
 from rq.job import Job
-from rq.timeouts import JobTimeoutException
 
 from ..core import retention
 from ..core.factories import now_ms
 from ..core.wire import Reply
 from . import jobs
-from .rq_seam import EntryRefused, ForkJob, SeamWorker
+from .rq_seam.worker_base import EntryRefused, ForkJob, SeamWorker
 from .service import ForkService
 
 log = logging.getLogger("sessionfork.worker")
@@ -58,32 +57,27 @@ class ForkWorker(SeamWorker):
         self.on_outcome = on_outcome
         self.push_exc_handler(self._finish_abandoned)  # type: ignore[no-untyped-call]  # rq leaves it untyped
 
-    def execute_job(self, job: Job, queue: Queue) -> None:
+    def run_job(self, job: Job, queue: Queue) -> None:
         """Start the job, run its request, finish it: RQ's bookkeeping in two pipelines."""
+        self.until_up(lambda: self.start(job, queue))
         try:
-            self.until_up(lambda: self.start(job, queue))
-            try:
-                payload = _payload(job)
-            except _Refused as refused:
-                self._refuse(job, queue, str(refused))
-                return
-            self._run(job, queue, payload)
-        finally:
-            self._holding = False
+            payload = _payload(job)
+        except _Refused as refused:
+            self._refuse(job, queue, str(refused))
+            return
+        self._run(job, queue, payload)
 
     def _run(self, job: Job, queue: Queue, payload: str) -> None:
         began = time.perf_counter()
         enqueued = None if job.enqueued_at is None else int(job.enqueued_at.timestamp() * 1000)
         try:
-            with self.death_penalty_class(job.timeout or self.queue_class.DEFAULT_TIMEOUT,
-                                          JobTimeoutException, job_id=job.id):
-                reply = self.until_up(lambda: self.service.handle(
-                    payload, job.id, final_attempt=jobs.is_final_attempt(job), enqueued_ms=enqueued))
+            reply = self.run_in_time(job, lambda: self.until_up(lambda: self.service.handle(
+                payload, job.id, final_attempt=jobs.is_final_attempt(job), enqueued_ms=enqueued)))
         except Exception:
             exc_info = sys.exc_info()
-            self.handle_exception(job, *exc_info)
             final = jobs.is_final_attempt(job)
-            self.until_up(lambda: self.fail(job, queue, "".join(traceback.format_exception(*exc_info))))
+            self.until_up(lambda: self.fail(job, queue, "".join(traceback.format_exception(*exc_info)),
+                                            exc_info=exc_info))
             if final:  # the request ended: its INTERNAL outcome counts too
                 stored = self.until_up(lambda: self.service.outcomes.get(job.id))
                 if stored is not None:

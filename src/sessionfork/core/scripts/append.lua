@@ -1,26 +1,46 @@
 -- Append events to a live session; the position gives each its seq, so appends never gap or clash.
--- KEYS[1] = sf:s:{<id>}, KEYS[2] = sf:s:{<id>}:log   (one slot)
--- KEYS[3] = sf:lifecycle   (optional: given only when it shares the server, i.e. not on a cluster)
+-- KEYS[1] = sf:s:{<id>}, KEYS[2] = sf:s:{<id>}:log, KEYS[3] = sf:s:{<id>}:turns   (one slot)
+-- KEYS[4] = sf:lifecycle   (optional: given only when it shares the server, i.e. not on a cluster)
 -- ARGV    = instance token ("" = any live instance), type of the last new event,
 --           expected length ("" = any), flush ("1" when the batch holds a turn/end),
---           lifecycle stream MAXLEN, session id, batch id (fresh per call), event JSON...
+--           lifecycle stream MAXLEN, session id, batch id (fresh per call),
+--           turn markers of the batch ("2*position + (1 for turn/end)", space-separated; "" = none),
+--           event JSON...
 -- Returns the seq of the first new event; -1 not live, -2 stale token, -3 length moved on.
 -- The same batch id again (a client's retry after a lost reply) appends nothing and returns the
 -- first seq it got: an append is never doubled.
-local rec = redis.call('HMGET', KEYS[1], 'instance', 'len', 'batch', 'batchseq')
+-- The turn index (KEYS[3], entries 2*seq + (1 for turn/end), and the field lastend) is kept only
+-- for records that have one (a "lastend" field): a record written before it existed never gets a
+-- partial index.
+local rec = redis.call('HMGET', KEYS[1], 'instance', 'len', 'batch', 'batchseq', 'lastend')
 if not rec[1] then return -1 end
 if ARGV[1] ~= '' and rec[1] ~= ARGV[1] then return -2 end
 if rec[3] == ARGV[7] then return tonumber(rec[4]) end
 if ARGV[3] ~= '' and rec[2] ~= ARGV[3] then return -3 end
-local first = 8
+local first = 9
 local n = #ARGV - first + 1
 -- RPUSH in chunks: unpack() of a huge argument list overflows the Lua C stack.
 for i = first, #ARGV, 4000 do
   redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 3999, #ARGV)))
 end
-local len = tonumber(rec[2]) + n
+local base = tonumber(rec[2])
+local len = base + n
 redis.call('HSET', KEYS[1], 'len', len, 'last', ARGV[2], 'batch', ARGV[7], 'batchseq', rec[2])
-if KEYS[3] and ARGV[4] == '1' then
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'type', 'session/flush', 'id', ARGV[6], 'len', len)
+if rec[5] and ARGV[8] ~= '' then
+  local marks = {}
+  local lastend = nil
+  for tok in string.gmatch(ARGV[8], '%S+') do
+    local v = tonumber(tok)
+    local seq = base + math.floor(v / 2)
+    marks[#marks + 1] = 2 * seq + v % 2
+    if v % 2 == 1 then lastend = seq end
+  end
+  for i = 1, #marks, 4000 do
+    redis.call('RPUSH', KEYS[3], unpack(marks, i, math.min(i + 3999, #marks)))
+  end
+  if lastend then redis.call('HSET', KEYS[1], 'lastend', lastend) end
 end
-return tonumber(rec[2])
+if KEYS[4] and ARGV[4] == '1' then
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'type', 'session/flush', 'id', ARGV[6], 'len', len)
+end
+return base

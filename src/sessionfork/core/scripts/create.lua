@@ -5,7 +5,8 @@
 --           (all optional: given only when they share the server, i.e. not on a cluster, where
 --           the registry pins the child under its parent first (pin.lua) and emits the event after)
 -- ARGV    = header JSON, instance token, len, seedlen, seed JSON, last type, request id ("" = none),
---           lifecycle stream MAXLEN, session id
+--           lifecycle stream MAXLEN, session id, seed end: seq of the newest turn/end of the seed
+--           (-1: none; "": unknown, the record gets no turn index, as one written before it existed)
 -- Returns the header JSON of the record now under KEYS[1] when it is ours (created now, created
 -- earlier by the same request id: a replay, or by this very call: a client's retry after a lost
 -- reply, recognised by the fresh instance token), or false when another owner has the id, or -1
@@ -24,6 +25,11 @@ redis.call('HSET', KEYS[1], 'header', ARGV[1], 'instance', ARGV[2], 'len', ARGV[
   'seedlen', ARGV[4], 'seed', ARGV[5], 'last', ARGV[6])
 if ARGV[7] ~= '' then
   redis.call('HSET', KEYS[1], 'req', ARGV[7])
+end
+if ARGV[10] ~= '' then
+  -- A seed ends between turns (the boundary rule), so the turn index of the new record starts
+  -- empty: boundaries inside the seed are checked against the ancestors' own indexes.
+  redis.call('HSET', KEYS[1], 'lastend', ARGV[10], 'seedend', ARGV[10])
 end
 if KEYS[2] then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'type', 'session/created', 'id', ARGV[9],

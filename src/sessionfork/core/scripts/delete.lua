@@ -2,13 +2,13 @@
 -- unless a descendant may still read it (its children index is not empty: then the log and the
 -- seed references stay, and are freed by release.lua when the last descendant is gone).
 -- KEYS[1] = sf:s:{<id>}, KEYS[2] = sf:s:{<id>}:log, KEYS[3] = sf:s:{<id>}:children,
--- KEYS[4] = sf:s:{<id>}:persisted   (one slot)
--- KEYS[5] = sf:lifecycle   (optional: given only when it shares the server, i.e. not on a cluster)
+-- KEYS[4] = sf:s:{<id>}:persisted, KEYS[5] = sf:s:{<id>}:turns   (one slot)
+-- KEYS[6] = sf:lifecycle   (optional: given only when it shares the server, i.e. not on a cluster)
 -- ARGV    = now (epoch ms), lifecycle stream MAXLEN, session id, "1" = only if disposed (retention),
 --           "1" = only if the persistence backend holds the whole log (KEYS[4] >= len)
 -- Returns {1, parent id or "", descendants left, header} when deleted now; {-1} not found (never created,
 -- or deleted already); {-2} live and ARGV[4] is "1"; {-3, len, persisted} not persisted yet.
-local r = redis.call('HMGET', KEYS[1], 'header', 'instance', 'len', 'seed', 'seedlen')
+local r = redis.call('HMGET', KEYS[1], 'header', 'instance', 'len', 'seed', 'seedlen', 'lastend', 'seedend')
 local persisted = redis.call('GET', KEYS[4])
 if not r[1] then return {-1} end
 if ARGV[4] == '1' and r[2] then return {-2} end
@@ -18,17 +18,19 @@ if type(parent) ~= 'string' then parent = '' end
 local left = redis.call('SCARD', KEYS[3])
 redis.call('DEL', KEYS[1], KEYS[4])
 if left == 0 then
-  redis.call('DEL', KEYS[2], KEYS[3])
+  redis.call('DEL', KEYS[2], KEYS[3], KEYS[5])
 end
 redis.call('HSET', KEYS[1], 'deleted', ARGV[1])
 if left > 0 then
-  -- Kept while the log is pinned: descendants resolve their reference to this seed, and the last
-  -- descendant's release reaches the parent.
+  -- Kept while the log is pinned: descendants resolve their reference to this seed, check a
+  -- boundary in these events on the turn index (turn.lua), and the last descendant's release
+  -- reaches the parent.
   redis.call('HSET', KEYS[1], 'seed', r[4], 'seedlen', r[5])
+  if r[6] then redis.call('HSET', KEYS[1], 'lastend', r[6], 'seedend', r[7] or '-1') end
   if parent ~= '' then redis.call('HSET', KEYS[1], 'parent', parent) end
 end
-if KEYS[5] then
-  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[2], '*', 'type', 'session/deleted', 'id', ARGV[3],
+if KEYS[6] then
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[2], '*', 'type', 'session/deleted', 'id', ARGV[3],
     'len', r[3], 'header', r[1])
 end
 return {1, parent, left, r[1]}

@@ -1,9 +1,37 @@
 -- The source step of a fork: live? instance? boundary? length - in one atomic read.
--- KEYS[1] = sf:s:{<id>}   (one slot)
--- ARGV[1] = instance token ("" = any live instance)
--- Returns {"OK", len, header, seed, seedlen} or {"NOT_FOUND"} / {"NOT_LIVE"} / {"OPEN_TURN", last}.
-local r = redis.call('HMGET', KEYS[1], 'instance', 'len', 'last', 'header', 'seed', 'seedlen')
+-- KEYS[1] = sf:s:{<id>}, KEYS[2] = sf:s:{<id>}:turns, KEYS[3] = sf:s:{<id>}:log   (one slot)
+-- ARGV[1] = instance token ("" = any live instance), ARGV[2] = boundary ("" = none: the whole log)
+-- Returns {"NOT_FOUND"} / {"NOT_LIVE"} / {"OPEN_TURN", last} (no boundary) /
+--   {"RANGE", len} (boundary outside [0, len)) / {"INSIDE", seq of the turn/start} /
+--   {"OK", seed length, header, seed, seedlen, seed end, last type} where seed end is the seq of the
+--   newest turn/end of the child's seed (-1 none, "" unknown: the source has no turn index) and
+--   last type the type of its last event /
+--   {"SEED", seed length, header, seed, seedlen, "", ""}: the boundary falls in the source's seed
+--   (or the source has no turn index): the caller checks it against the ancestor that holds it,
+--   whose events up to there never change.
+local r = redis.call('HMGET', KEYS[1], 'instance', 'len', 'last', 'header', 'seed', 'seedlen', 'lastend',
+  'seedend')
 if not r[1] then return {'NOT_FOUND'} end
 if ARGV[1] ~= '' and r[1] ~= ARGV[1] then return {'NOT_LIVE'} end
-if r[2] ~= '0' and r[3] ~= 'turn/end' then return {'OPEN_TURN', r[3]} end
-return {'OK', r[2], r[4], r[5], r[6]}
+if ARGV[2] == '' then
+  if r[2] ~= '0' and r[3] ~= 'turn/end' then return {'OPEN_TURN', r[3]} end
+  return {'OK', r[2], r[4], r[5], r[6], r[7] or '', r[3]}
+end
+local b = tonumber(ARGV[2])
+if b < 0 or b >= tonumber(r[2]) then return {'RANGE', r[2]} end
+if not r[7] or b < tonumber(r[6]) then return {'SEED', b + 1, r[4], r[5], r[6], '', ''} end
+-- The newest marker at or before b: binary search of the turn index (sorted: append-only).
+local lo, hi, found = 0, redis.call('LLEN', KEYS[2]) - 1, nil
+while lo <= hi do
+  local mid = math.floor((lo + hi) / 2)
+  local v = tonumber(redis.call('LINDEX', KEYS[2], mid))
+  if math.floor(v / 2) <= b then found = v; lo = mid + 1 else hi = mid - 1 end
+end
+if found and found % 2 == 0 then return {'INSIDE', math.floor(found / 2)} end
+if found == 2 * b + 1 then return {'OK', b + 1, r[4], r[5], r[6], b, 'turn/end'} end
+-- Otherwise the type of event b, for the child's "last": stored JSON starts with its "type"
+-- (wire.encode_stored_event); anything unusual is decoded whole.
+local raw = redis.call('LINDEX', KEYS[3], b - tonumber(r[6]))
+local kind = string.match(raw, '^{"type":"([^"\\]*)"') or cjson.decode(raw)['type']
+if not found then return {'OK', b + 1, r[4], r[5], r[6], r[8], kind} end
+return {'OK', b + 1, r[4], r[5], r[6], math.floor(found / 2), kind}

@@ -1,38 +1,5 @@
-"""The one module that knows RQ beyond its documented API (checked against RQ 2.12 and 3.0).
-
-Everything else in sessionfork uses RQ's documented API only: ``Queue``, ``Job`` and its public
-attributes, ``Retry``, the registries, ``Worker.all``, a custom serializer, a custom worker class
-and job class, exception handlers. ``tests/unit/test_layering.py`` fails when another module
-imports ``rq`` beyond those names or touches an underscore name of an RQ object.
-
-RQ names used here, and why:
-
-* ``SimpleWorker`` subclassed, overriding ``execute_job`` (documented for custom workers),
-  ``bootstrap``, ``heartbeat``, ``set_state``, ``dequeue_job_and_maintain_ttl``, ``_shutdown``,
-  ``run_maintenance_tasks`` and ``clean_registries``: RQ's loop strands a just-dequeued job on
-  SIGTERM, quits on an entry it cannot load (a non-UTF-8 id, a malformed hash), quits on a Redis
-  outage, and holds the maintenance lock for 15 minutes when Redis drops midway.
-* ``_install_signal_handlers`` (called before registration), ``_stop_requested`` (read and set),
-  ``_state`` (read), ``_stopped_job_id`` (read: a job stopped on request is not retried),
-  ``_exc_handlers`` and ``_ordered_queues`` (passed back to RQ's own helpers),
-  ``death_penalty_class``: the loop above.
-* ``Execution.create``, ``prepare_for_execution``, ``job._handle_success``, ``job.cleanup``,
-  ``cleanup_execution``, ``increment_*`` and, on RQ 2 only, ``set_current_job_id``: RQ's start
-  and success bookkeeping in one pipeline each (RQ's own path takes a dozen round trips and a
-  WATCH loop for dependents, which fork jobs never have). ``handle_job_failure`` (its
-  ``execution=`` argument is new in RQ 3) and ``job._status`` for failures: RQ's own path.
-* ``Job.restore`` overridden, clearing ``webhooks`` and ``_success_callback_name``,
-  ``_failure_callback_name``, ``_stopped_callback_name``: a job hash written by a scheduler must
-  not make a worker POST to a URL or import a name. ``Job.key_for``: a refused queue entry's job
-  hash is deleted, not leaked.
-* ``registry.clean_registries``, ``worker_registration.clean_worker_registry``,
-  ``queue.intermediate_queue`` (its ``key``, ``get_job_ids``, ``set_first_seen``,
-  ``get_first_seen``, ``get_first_seen_key``, ``cleanup``), ``queue.acquire_maintenance_lock`` /
-  ``release_maintenance_lock``: maintenance, plus requeueing a job stranded in the intermediate
-  queue by a killed worker after ``abandoned_after`` seconds (RQ waits minutes, then fails it).
-* RQ's key layout, for the ACL rules (``key_patterns``): ``rq:job:*``, ``rq:queue:<name>``,
-  ``rq:queues``, ``rq:*``, ``rq:pubsub:*``.
-"""
+"""The worker and job classes of the RQ seam: every RQ name used here is listed, with its reason, in
+the package docstring (``sessionfork.queue.rq_seam``)."""
 
 from __future__ import annotations
 
@@ -48,23 +15,18 @@ from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import clean_registries
+from rq.timeouts import JobTimeoutException
 from rq.utils import now
 from rq.version import VERSION
 from rq.worker import WorkerStatus
 
-from ..core.connections import TRANSIENT
+from ...core.connections import TRANSIENT
 
 T = TypeVar("T")
 log = logging.getLogger("sessionfork.worker")
 RQ_MAJOR = int(VERSION.split(".")[0])
 _HEARTBEAT_EVERY = 1.0
 _IDLE_POLL = 1  # seconds an idle worker blocks waiting for a job before it looks at its stop flag
-
-
-def key_patterns(queue: str) -> dict[str, str]:
-    """RQ's key names a role's ACL rules need (RQ derives them; its docs do not promise them)."""
-    return {"jobs": "rq:job:*", "queue": f"rq:queue:{queue}", "queues": "rq:queues", "all": "rq:*",
-            "worker_channels": "rq:pubsub:*"}
 
 
 class MalformedJob(ValueError):
@@ -101,8 +63,8 @@ class EntryRefused(Exception):
 class SeamWorker(SimpleWorker):
     """RQ's in-process worker loop, hardened for short idempotent jobs; see the module docstring.
 
-    Subclasses implement ``execute_job`` with ``start``, ``finish`` and ``fail`` and
-    ``refuse_entry`` for queue entries RQ cannot load.
+    Subclasses implement ``run_job`` with ``start``, ``run_in_time``, ``finish`` and ``fail``,
+    ``refuse_entry`` for queue entries RQ cannot load, and ``job_ended`` for jobs RQ failed for good.
     """
 
     abandoned_after: int = 30
@@ -115,6 +77,22 @@ class SeamWorker(SimpleWorker):
 
     def maintain(self) -> None:
         """The subclass's own part of each maintenance pass (after RQ's); nothing by default."""
+
+    def run_job(self, job: Job, queue: Queue) -> None:
+        raise NotImplementedError
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """RQ's documented hook: run one dequeued job (``run_job``), in this process."""
+        try:
+            self.run_job(job, queue)
+        finally:
+            self._holding = False  # the job is done: a stop request may now stop the worker
+
+    def run_in_time(self, job: Job, step: Callable[[], T]) -> T:
+        """Run ``step`` under the job's timeout (RQ's ``JobTimeoutException`` when it runs over)."""
+        with self.death_penalty_class(job.timeout or self.queue_class.DEFAULT_TIMEOUT,
+                                      JobTimeoutException, job_id=job.id):
+            return step()
 
     # -- job bookkeeping -------------------------------------------------------------------------
 
@@ -157,8 +135,11 @@ class SeamWorker(SimpleWorker):
             super().set_state(WorkerStatus.IDLE, pipeline=pipe)
             pipe.execute()
 
-    def fail(self, job: Job, queue: Queue, exc_string: str, *, retry: bool = True) -> None:
-        """RQ's failure path: retried when the job has retries left (and ``retry``), else failed."""
+    def fail(self, job: Job, queue: Queue, exc_string: str, *, exc_info: Any = None, retry: bool = True) -> None:
+        """RQ's failure path: exception handlers (with ``exc_info``), then retried when the job has
+        retries left (and ``retry``), else failed."""
+        if exc_info is not None:
+            self.handle_exception(job, *exc_info)
         if not retry:
             job.retries_left = None
         job.ended_at = now()
@@ -174,21 +155,19 @@ class SeamWorker(SimpleWorker):
                            exc_string: str = "", execution: Any = None) -> None:
         # RQ calls this from several places (a failed run, the intermediate-queue cleanup).
         retried = job.should_retry and self._stopped_job_id != job.id
+        # RQ 3 takes the execution to clean up (without it, nothing is cleaned); RQ 2 has no such argument.
+        extra: dict[str, Any] = {"execution": execution or self.execution} if RQ_MAJOR >= 3 else {}
+        super().handle_job_failure(job, queue, started_job_registry, exc_string, **extra)
         if RQ_MAJOR >= 3:
-            super().handle_job_failure(job, queue, started_job_registry, exc_string,
-                                       execution=execution or self.execution)
             self.execution = None
-        else:
-            super().handle_job_failure(job, queue, started_job_registry, exc_string)
         if not retried:
             self.job_ended(job)
 
     def _cleanup_execution(self, job: Job, pipe: Any, execution: Execution) -> None:
+        extra: dict[str, Any] = {"execution": execution} if RQ_MAJOR >= 3 else {}
+        self.cleanup_execution(job, pipeline=pipe, **extra)
         if RQ_MAJOR >= 3:
-            self.cleanup_execution(job, pipeline=pipe, execution=execution)
             self.execution = None
-        else:
-            self.cleanup_execution(job, pipeline=pipe)
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -220,6 +199,7 @@ class SeamWorker(SimpleWorker):
         # ``health`` and ``rq info`` see a worker that is serving.
         if not self.connection.exists(self.key):
             self.register_birth()  # type: ignore[no-untyped-call]
+            super().set_state(self._state)  # RQ's registration does not record the state
         super().heartbeat()
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
@@ -278,7 +258,8 @@ class SeamWorker(SimpleWorker):
         pipe = self.connection.pipeline(transaction=False)
         for queue in self.queues:
             pipe.lrem(queue.intermediate_queue_key, 1, entry.raw)  # type: ignore[arg-type]  # bytes are fine
-        pipe.delete(self.job_class.key_for(entry.job_id))
+        if entry.job_id:
+            pipe.delete(self.job_class.key_for(entry.job_id))
         pipe.execute()
 
     def run_maintenance_tasks(self) -> None:
@@ -304,8 +285,7 @@ class SeamWorker(SimpleWorker):
         for queue in self.queues:
             for raw in self.connection.lrange(queue.intermediate_queue_key, 0, -1):
                 if isinstance(raw, bytes) and not _is_text(raw):
-                    self.refuse_entry(EntryRefused(raw.decode(errors="replace"), raw,
-                                                   "queue entry is not UTF-8 text"))
+                    self.refuse_entry(EntryRefused("", raw, "queue entry is not UTF-8 text"))
 
     def _requeue_stranded(self) -> None:
         # A worker killed between dequeue and start leaves its job in RQ's intermediate queue,
@@ -381,8 +361,7 @@ def _is_text(raw: bytes) -> bool:
 def _entry_of(exc: Exception) -> EntryRefused:
     """What RQ's dequeue failed on: a job id it refuses, a malformed hash, bytes that are not text."""
     if isinstance(exc, UnicodeDecodeError):
-        raw = bytes(exc.object)
-        return EntryRefused(raw.decode(errors="replace"), raw, "queue entry is not UTF-8 text")
+        return EntryRefused("", bytes(exc.object), "queue entry is not UTF-8 text")
     job_id = getattr(exc, "job_id", None)
     if job_id is None:
         raise exc

@@ -1,0 +1,22 @@
+-- Where a seq of a session's own events stands: between turns or inside one (read-only).
+-- KEYS[1] = sf:s:{<id>}, KEYS[2] = sf:s:{<id>}:turns, KEYS[3] = sf:s:{<id>}:log
+--           (one slot; the session may be disposed)
+-- ARGV[1] = seq (of the session's own events: seedlen <= seq < len)
+-- Returns {"OK", seq of the newest turn/end at or before it (-1: none), type of event seq} /
+-- {"INSIDE", seq of the
+-- turn/start of the turn it is inside} / {"NOINDEX"} (a record written before turn indexes).
+local r = redis.call('HMGET', KEYS[1], 'lastend', 'seedend', 'seedlen')
+if not r[1] then return {'NOINDEX'} end
+local b = tonumber(ARGV[1])
+local lo, hi, found = 0, redis.call('LLEN', KEYS[2]) - 1, nil
+while lo <= hi do
+  local mid = math.floor((lo + hi) / 2)
+  local v = tonumber(redis.call('LINDEX', KEYS[2], mid))
+  if math.floor(v / 2) <= b then found = v; lo = mid + 1 else hi = mid - 1 end
+end
+if found and found % 2 == 0 then return {'INSIDE', math.floor(found / 2)} end
+if found == 2 * b + 1 then return {'OK', b, 'turn/end'} end
+local raw = redis.call('LINDEX', KEYS[3], b - tonumber(r[3]))
+local kind = string.match(raw, '^{"type":"([^"\\]*)"') or cjson.decode(raw)['type']
+if not found then return {'OK', r[2], kind} end
+return {'OK', math.floor(found / 2), kind}

@@ -1,0 +1,130 @@
+"""Branch diff: where two sessions share their history, and what each has after it.
+
+A session's log is a list of *pieces* (its record's seed references ``[ancestor, start, stop)``,
+then its own log), and logs are append-only, so two sessions hold the same event at a seq exactly
+when the same piece of the same log is there. The shared prefix is found by walking the pieces,
+without reading one event; only the divergent tails are read (through the seed references, as
+``Registry.events`` does), so the cost of a diff follows the tails, not the shared history.
+
+The fork point is taken from the sessions' seed references, never from an ancestor's length: a
+child forked at an earlier seq than its parent's length (a boundary fork) is placed right.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from msgspec import UNSET
+
+from ..core import errors, keys, rules, wire
+from ..core.registry import Registry
+from ..core.snapshots import decode_segments
+
+Piece = tuple[str, int, int]  # (log owner, first list index, end list index)
+
+
+class Side(msgspec.Struct, rename="camel", kw_only=True):
+    """One side of a diff: its length, the seq where it left the common ancestor, its tail."""
+
+    id: str
+    length: int
+    left_at: int
+    """Events it shares with the common ancestor: the ancestor's seq where it branched off."""
+    events: list[dict[str, Any]]
+    """Its events with ``seq >= shared``, in the harness's JSON shape."""
+
+
+class Diff(msgspec.Struct, rename="camel", kw_only=True):
+    """``sessionfork diff A B --json``. ``ancestor`` is absent when the sessions are unrelated."""
+
+    shared: int
+    """Length of the common prefix (seq 0 .. shared-1): summarised, never listed."""
+    a: Side
+    b: Side
+    ancestor: str | None = None
+
+
+def shared_length(a: Sequence[Piece], b: Sequence[Piece]) -> int:
+    """How many leading events two piece lists have in common (same log, same index)."""
+    i = j = pos = 0
+    off_a = off_b = 0
+    while i < len(a) and j < len(b):
+        owner_a, lo_a, hi_a = a[i]
+        owner_b, lo_b, hi_b = b[j]
+        if owner_a != owner_b or lo_a + off_a != lo_b + off_b:
+            break
+        step = min(hi_a - lo_a - off_a, hi_b - lo_b - off_b)
+        pos, off_a, off_b = pos + step, off_a + step, off_b + step
+        if lo_a + off_a == hi_a:
+            i, off_a = i + 1, 0
+        if lo_b + off_b == hi_b:
+            j, off_b = j + 1, 0
+    return pos
+
+
+def _pieces(registry: Registry, sid: str) -> tuple[int, list[Piece]]:
+    """``(length, pieces)`` of a session, from its record (one read, no event read)."""
+    length, seed_length, seed = registry.redis.hmget(keys.session(sid), ["len", "seedlen", "seed"])
+    if length is None or seed_length is None or seed is None:
+        raise errors.not_found(sid)
+    total, own = int(length), int(length) - int(seed_length)
+    # A child's seed may reference its parent's seed: resolved into ancestor slices (cached).
+    pieces = [p for p in registry.resolve(sid, decode_segments(seed)) if p[2] > p[1]]
+    return total, [*pieces, (sid, 0, own)] if own else pieces
+
+
+def _chain(registry: Registry, sid: str) -> list[str]:
+    """``sid`` and its ancestors, nearest first (from the headers' ``parentSession``)."""
+    chain = [sid]
+    parent = registry.header(sid).parent_session
+    while parent is not UNSET and parent not in chain:
+        try:
+            header = registry.header(parent)
+        except errors.ForkError:
+            break  # a deleted ancestor: the chain ends below it (its slices still compare)
+        chain.append(parent)
+        parent = header.parent_session
+    return chain
+
+
+def diff(registry: Registry, a: str, b: str) -> Diff:
+    """The diff of sessions ``a`` and ``b`` (``SESSION_NOT_FOUND`` for one never created)."""
+    a, b = rules.check_id(a), rules.check_id(b)
+    (len_a, pieces_a), (len_b, pieces_b) = _pieces(registry, a), _pieces(registry, b)
+    shared = shared_length(pieces_a, pieces_b)
+    chain_b = set(_chain(registry, b))
+    ancestor = next((sid for sid in _chain(registry, a) if sid in chain_b), None)
+    left_a, left_b = shared, shared
+    if ancestor is not None:
+        _, pieces_n = _pieces(registry, ancestor)
+        left_a, left_b = shared_length(pieces_a, pieces_n), shared_length(pieces_b, pieces_n)
+    return Diff(
+        shared=shared if ancestor is not None else 0, ancestor=ancestor,
+        a=_side(registry, a, len_a, left_a, shared if ancestor is not None else 0),
+        b=_side(registry, b, len_b, left_b, shared if ancestor is not None else 0),
+    )
+
+
+def _side(registry: Registry, sid: str, length: int, left_at: int, shared: int) -> Side:
+    tail = registry.events(sid, shared, length) if length > shared else []
+    return Side(id=sid, length=length, left_at=left_at, events=[wire.event_to_builtins(e) for e in tail])
+
+
+def render_text(found: Diff, width: int = 160) -> str:
+    """Readable diff: the shared prefix summarised, then each side's events after it."""
+    lines = [f"common ancestor: {found.ancestor}"]
+    lines.append(f"shared prefix: {found.shared} event(s)" + (f" (seq 0-{found.shared - 1}), not shown"
+                                                           if found.shared else ""))
+    for label, side in (("A", found.a), ("B", found.b)):
+        lines.append("")
+        lines.append(f"{label} {side.id}: left {found.ancestor} at seq {side.left_at}; length {side.length}; "
+                     f"{len(side.events)} event(s) after the shared prefix")
+        for event in side.events:
+            rest = {k: v for k, v in event.items() if k not in ("type", "seq", "time")}
+            body = json.dumps(rest, ensure_ascii=False, separators=(",", ":"))
+            line = f"  {event['seq']:>6}  {event['type']}  {body}"
+            lines.append(line if len(line) <= width else line[: width - 1] + "…")
+    return "\n".join(lines)

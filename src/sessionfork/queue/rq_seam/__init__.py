@@ -1,0 +1,46 @@
+"""The seam: the one place that knows RQ beyond its documented API (checked against RQ 2.12 and 3.0).
+
+Two modules, so that what must not import RQ need not: ``worker_base`` (the worker and job
+classes; imports RQ) and ``layout`` (RQ's key names and job hash fields; imports no RQ, for the
+asyncio client, which enqueues without RQ). This package's ``__init__`` imports nothing.
+
+Everything else in sessionfork uses RQ's documented API only: ``Queue``, ``Job`` and its public
+attributes, ``Retry``, the registries, ``Worker.all``, a custom serializer, a custom worker class
+and job class, exception handlers. ``tests/unit/test_layering.py`` fails when another module
+imports ``rq`` beyond those names or touches an underscore name of an RQ object.
+
+RQ names used here, and why:
+
+* ``SimpleWorker`` subclassed, overriding ``execute_job`` (documented for custom workers),
+  ``bootstrap``, ``heartbeat``, ``set_state``, ``dequeue_job_and_maintain_ttl``, ``_shutdown``,
+  ``run_maintenance_tasks`` and ``clean_registries``: RQ's loop strands a just-dequeued job on
+  SIGTERM, quits on an entry it cannot load (a non-UTF-8 id, a malformed hash), quits on a Redis
+  outage, and holds the maintenance lock for 15 minutes when Redis drops midway.
+* ``death_penalty_class`` and ``queue_class.DEFAULT_TIMEOUT`` (``run_in_time``: RQ's job timeout
+  around an in-process run), ``handle_exception`` (RQ's exception handlers for a failed run).
+* ``register_birth``: a worker whose server restarted empty registers again (``health``, ``rq info``).
+* ``_install_signal_handlers`` (called before registration), ``_stop_requested`` (read and set),
+  ``_state`` (read), ``_stopped_job_id`` (read: a job stopped on request is not retried),
+  ``_exc_handlers`` and ``_ordered_queues`` (passed back to RQ's own helpers): the loop above.
+* ``Execution.create``, ``prepare_for_execution``, ``job._handle_success``, ``job.cleanup``,
+  ``cleanup_execution``, ``increment_*`` and, on RQ 2 only, ``set_current_job_id``: RQ's start
+  and success bookkeeping in one pipeline each (RQ's own path takes a dozen round trips and a
+  WATCH loop for dependents, which fork jobs never have). ``handle_job_failure`` (its
+  ``execution=`` argument is new in RQ 3) and ``job._status`` for failures: RQ's own path.
+* ``Job.restore`` overridden, clearing ``webhooks`` and ``_success_callback_name``,
+  ``_failure_callback_name``, ``_stopped_callback_name``: a job hash written by a scheduler must
+  not make a worker POST to a URL or import a name. ``Job.key_for``: a refused queue entry's job
+  hash is deleted, not leaked.
+* ``registry.clean_registries``, ``worker_registration.clean_worker_registry``,
+  ``queue.intermediate_queue`` (its ``key``, ``get_job_ids``, ``set_first_seen``,
+  ``get_first_seen``, ``get_first_seen_key``, ``cleanup``), ``queue.acquire_maintenance_lock`` /
+  ``release_maintenance_lock``: maintenance, plus requeueing a job stranded in the intermediate
+  queue by a killed worker after ``abandoned_after`` seconds (RQ waits minutes, then fails it).
+* RQ's key layout (``layout``): ``rq:job:<id>``, ``rq:queue:<name>``, ``rq:queues`` for the
+  asyncio client's enqueue script, and the patterns of the ACL rules (``rq:job:*``, ``rq:*``,
+  ``rq:pubsub:*``). ``tests/integration/test_aio.py`` pins them against RQ's ``Job.key_for``,
+  ``Queue.key`` and ``Queue.redis_queues_keys``.
+* RQ's job hash fields (``layout.job_fields``): what RQ's unique enqueue writes (``data`` as
+  zlib-compressed JSON, ``description``, timestamps in RQ's format, empty callback fields ...),
+  compared field by field with RQ's own in ``tests/integration/test_aio.py``.
+"""

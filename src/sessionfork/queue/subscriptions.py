@@ -1,0 +1,173 @@
+"""The asyncio client's reply subscription: one pub/sub connection, replies routed by request id.
+
+``ReplyRouter.expect`` registers a waiter's inbox and returns once the subscription to its reply
+channel is confirmed by the server, so that a stored outcome read afterwards cannot miss a reply
+published in between. A channel is subscribed while some waiter needs it. When the connection
+drops, redis-py subscribes again as it reconnects; until the server confirms it, new waiters wait,
+and waiters already listening re-read the stored outcomes on their own (``AsyncClient``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..core import wire
+
+log = logging.getLogger("sessionfork.aio")
+
+
+@dataclass
+class _Channel:
+    """A reply channel of the subscription: its waiters, SUBSCRIBEs sent and confirmed (counted
+    since the start: confirmations come in command order, so ``confirmed == sent`` means the
+    latest SUBSCRIBE took effect)."""
+
+    refs: int = 0
+    subscribed: bool = False
+    sent: int = 0
+    confirmed: int = 0
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class ReplyRouter:
+    """One pub/sub subscription of a client, routing replies to waiters by request id."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._redis = redis
+        self._pubsub: Any = None
+        self._reader: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()  # one SUBSCRIBE/UNSUBSCRIBE at a time
+        self._channels: dict[str, _Channel] = {}
+        self._inboxes: dict[str, set[asyncio.Queue[bytes]]] = {}
+
+    @property
+    def waiters(self) -> int:
+        """Waiters registered now (0 once every wait has returned, timed out or been cancelled)."""
+        return sum(len(boxes) for boxes in self._inboxes.values())
+
+    @property
+    def channels(self) -> list[str]:
+        """Channels the client is subscribed to now (those some waiter listens on)."""
+        return sorted(name for name, ch in self._channels.items() if ch.subscribed)
+
+    @contextlib.asynccontextmanager
+    async def expect(self, request_id: str, channel: str, deadline: float) -> AsyncIterator[asyncio.Queue[bytes]]:
+        """An inbox for the replies to ``request_id``, once the subscription to ``channel`` is confirmed.
+
+        ``TimeoutError`` when the confirmation does not come before ``deadline`` (loop time).
+        """
+        inbox: asyncio.Queue[bytes] = asyncio.Queue()
+        self._inboxes.setdefault(request_id, set()).add(inbox)
+        state = self._channels.setdefault(channel, _Channel())
+        state.refs += 1
+        try:
+            if not state.subscribed:
+                async with self._lock:
+                    if not state.subscribed:
+                        await self._subscribe(channel, state)
+            left = deadline - asyncio.get_running_loop().time()
+            await asyncio.wait_for(state.ready.wait(), max(left, 0))
+            yield inbox
+        finally:
+            boxes = self._inboxes.get(request_id)
+            if boxes is not None:
+                boxes.discard(inbox)
+                if not boxes:
+                    del self._inboxes[request_id]
+            state.refs -= 1
+            if not state.refs:
+                # Shielded: a waiter cancelled again while it leaves still drops the subscription.
+                await asyncio.shield(self._unsubscribe(channel, state))
+
+    async def _subscribe(self, channel: str, state: _Channel) -> None:
+        if self._pubsub is None:
+            self._pubsub = self._redis.pubsub()
+        state.ready.clear()
+        state.subscribed = True
+        state.sent += 1  # before the await: the reader may see the confirmation before it returns
+        try:
+            await self._pubsub.subscribe(channel)
+        except BaseException:
+            state.subscribed = False
+            state.sent -= 1
+            raise
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._read(), name="sessionfork-replies")
+
+    async def _unsubscribe(self, channel: str, state: _Channel) -> None:
+        async with self._lock:
+            if state.refs or not state.subscribed or self._pubsub is None:
+                return
+            state.subscribed = False
+            state.ready.clear()
+            try:
+                await self._pubsub.unsubscribe(channel)
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                # The waiter has its answer (or its error) already; a stray subscription only
+                # brings messages that no waiter takes.
+                log.warning("could not unsubscribe from %s: %s", channel, exc)
+
+    async def _read(self) -> None:
+        delay = 0.05
+        while True:
+            try:
+                message = await self._pubsub.get_message(timeout=None)
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                # redis-py reconnects and subscribes again on the next read; waiters re-read the
+                # stored outcomes within ``recheck_every``, so nothing published meanwhile is lost.
+                log.warning("reply subscription lost (%s); reconnecting in %.2fs", exc, delay)
+                for state in self._channels.values():
+                    # Expect one confirmation of the subscription redis-py renews; until it comes,
+                    # a new waiter waits for it before it reads the stored outcome.
+                    state.confirmed = state.sent - 1 if state.subscribed else state.sent
+                    state.ready.clear()
+                await asyncio.sleep(delay)  # back-off, not synchronisation
+                delay = min(delay * 2, 2.0)
+                continue
+            delay = 0.05
+            if message is not None:
+                try:
+                    self._route(message)
+                except Exception:  # a bad message must not stop the routing of the others
+                    log.exception("could not route a message on the reply subscription")
+
+    def _route(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        name = wire.text(message["channel"]) if message.get("channel") is not None else ""
+        if kind == "subscribe":
+            state = self._channels.get(name)
+            if state is not None:
+                state.confirmed += 1
+                if state.subscribed and state.confirmed >= state.sent:
+                    state.ready.set()
+            return
+        if kind != "message":
+            return
+        data = message["data"]
+        try:
+            request_id = wire.decode_reply(data).request_id
+        except msgspec.DecodeError:
+            return  # not a reply (someone else's message on the channel)
+        for inbox in self._inboxes.get(request_id, ()):
+            inbox.put_nowait(data)
+
+    async def aclose(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+            self._reader = None
+        if self._pubsub is not None:
+            await self._pubsub.aclose()
+            self._pubsub = None
+        self._channels.clear()

@@ -1,0 +1,117 @@
+"""Trace context across the queue (W3C ``traceparent``), with OpenTelemetry when it is installed.
+
+A scheduler's client (sync or asyncio) puts the current trace context in the request's
+``traceparent`` field; the worker continues it with one span per run of a request,
+``sessionfork fork`` (kind CONSUMER), with the attributes ``sessionfork.request_id``,
+``sessionfork.source``, ``sessionfork.child_ids``, ``sessionfork.outcome`` (``OK`` or the error
+code) and, for a fan-out's refused ids, ``sessionfork.failed_ids``; a ``fork/error`` sets the
+span's status to ERROR, described by its code.
+
+Without the ``opentelemetry`` package nothing is imported (it is looked up once, on first use),
+requests carry no ``traceparent`` and the worker makes no span. The spans go wherever the
+process's OpenTelemetry SDK sends them: sessionfork configures no exporter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from ..core import rules
+from ..core.wire import ForkFailure, ForkResult, Reply
+from .outcomes import code_of
+
+SPAN_NAME = "sessionfork fork"
+
+
+@dataclass(frozen=True)
+class _Otel:
+    trace: Any  # the opentelemetry.trace module
+    propagator: Any  # W3C TraceContextTextMapPropagator
+
+
+@functools.cache
+def _otel() -> _Otel | None:
+    try:
+        from opentelemetry import trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    except ImportError:
+        return None
+    return _Otel(trace, TraceContextTextMapPropagator())
+
+
+def current_traceparent() -> str | UnsetType:
+    """The current trace context as a ``traceparent`` (``UNSET``: no OpenTelemetry, or no span)."""
+    otel = _otel()
+    if otel is None:
+        return UNSET
+    carrier: dict[str, str] = {}
+    otel.propagator.inject(carrier)
+    value = carrier.get("traceparent")
+    return value if value is not None and rules.is_valid_traceparent(value) else UNSET
+
+
+class _Fields(msgspec.Struct):
+    """What a span needs from a request before it is validated (anything else is ignored)."""
+
+    traceparent: Any = None
+    source: Any = None
+
+
+_fields = msgspec.json.Decoder(_Fields)
+
+
+class RequestSpan:
+    """The span of one run of a request; ``finish`` records the outcome on it."""
+
+    def __init__(self, span: Any = None, otel: _Otel | None = None) -> None:
+        self._span, self._otel = span, otel
+
+    def finish(self, reply: Reply) -> None:
+        if self._span is None or self._otel is None:
+            return
+        children: list[str] = []
+        if isinstance(reply, ForkResult):
+            if not isinstance(reply.session, UnsetType):
+                children = [reply.session.id]
+            elif not isinstance(reply.sessions, UnsetType):
+                children = [h.id for h in reply.sessions]
+            if not isinstance(reply.failed, UnsetType):
+                self._span.set_attribute("sessionfork.failed_ids", [f.session_id for f in reply.failed])
+        self._span.set_attribute("sessionfork.child_ids", children)
+        self._span.set_attribute("sessionfork.outcome", code_of(reply))
+        if isinstance(reply, ForkFailure):
+            self._span.set_status(self._otel.trace.Status(self._otel.trace.StatusCode.ERROR, reply.code))
+
+
+@contextlib.contextmanager
+def request_span(payload: str | bytes, request_id: str) -> Iterator[RequestSpan]:
+    """A span for one run of the request ``payload`` (a no-op without OpenTelemetry).
+
+    It continues the request's ``traceparent`` when that is valid; otherwise it starts a trace.
+    """
+    otel = _otel()
+    if otel is None:
+        yield RequestSpan()
+        return
+    try:
+        fields = _fields.decode(payload)
+    except (msgspec.MsgspecError, RecursionError):
+        fields = _Fields()
+    parent = None
+    if isinstance(fields.traceparent, str) and rules.is_valid_traceparent(fields.traceparent):
+        parent = otel.propagator.extract({"traceparent": fields.traceparent})
+    source = fields.source.get("id") if isinstance(fields.source, dict) else fields.source
+    attributes = {"sessionfork.request_id": request_id}
+    if isinstance(source, str):
+        attributes["sessionfork.source"] = source
+    tracer = otel.trace.get_tracer("sessionfork")
+    with tracer.start_as_current_span(SPAN_NAME, context=parent, kind=otel.trace.SpanKind.CONSUMER,
+                                      attributes=attributes) as span:
+        yield RequestSpan(span, otel)

@@ -1,0 +1,125 @@
+"""`sessionfork diff A B`: common ancestor, fork points, divergent tails read through seed references."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+from helpers import turn
+
+from sessionfork import NewEvent, Registry, fork
+from sessionfork.core import wire
+from sessionfork.core.snapshots import Snapshot
+from sessionfork.embedded import EmbeddedServer
+from sessionfork.ops.diff import diff, render_text, shared_length
+
+HISTORY = 10_000  # shared events: a diff must not read them
+
+
+def history(registry: Registry, sid: str = "root", turns: int = HISTORY // 4) -> None:
+    handle = registry.create(sid)
+    events = [e for n in range(turns) for e in turn(n)]
+    for i in range(0, len(events), 1000):
+        registry.append(handle, events[i:i + 1000])
+
+
+def turns(events: list[dict[str, object]]) -> list[object]:
+    """The turn numbers of the turns that start among ``events``."""
+    return [e["data"]["turn"] for e in events if e["type"] == "turn/start"]  # type: ignore[index]
+
+
+def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the events decoded from Redis (every LRANGE'd item is decoded once)."""
+    seen = [0]
+    real: Callable[[bytes, int], wire.Event] = wire.decode_stored_event
+
+    def counting(raw: bytes, seq: int) -> wire.Event:
+        seen[0] += 1
+        return real(raw, seq)
+
+    monkeypatch.setattr(wire, "decode_stored_event", counting)
+    return seen
+
+
+def test_siblings_diff_reads_only_the_divergent_tails(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    history(registry)
+    fork(registry, "root", "left")
+    fork(registry, "root", "right")
+    registry.append("left", turn(9001))
+    registry.append("right", [*turn(9002), *turn(9003)])
+    reads = count_reads(monkeypatch)
+    found = diff(Registry(registry.redis), "left", "right")  # a fresh registry: no cached lineage
+    assert reads[0] == 4 + 8
+    assert (found.ancestor, found.shared) == ("root", HISTORY)
+    assert (found.a.left_at, found.b.left_at) == (HISTORY, HISTORY)
+    assert [e["seq"] for e in found.a.events] == list(range(HISTORY, HISTORY + 4))
+    assert len(found.b.events) == 8 and turns(found.b.events) == [9002, 9003]
+    assert found.a.events == [wire.event_to_builtins(e) for e in registry.events("left", HISTORY)]
+    text = render_text(found)
+    assert f"shared prefix: {HISTORY} event(s) (seq 0-{HISTORY - 1}), not shown" in text
+    assert '"question 0"' not in text and '"question 9001"' in text  # the shared prefix is never printed
+
+
+def test_ancestor_against_descendant_and_cousins(registry: Registry) -> None:
+    history(registry, turns=3)
+    fork(registry, "root", "a")
+    registry.append("a", turn(10))
+    fork(registry, "a", "a1")
+    registry.append("a1", turn(11))
+    fork(registry, "root", "b")
+    up = diff(registry, "root", "a1")
+    assert (up.ancestor, up.shared, up.a.events, up.a.left_at, up.b.left_at) == ("root", 12, [], 12, 12)
+    assert len(up.b.events) == 8 and turns(up.b.events) == [10, 11]
+    cousins = diff(registry, "a1", "b")
+    assert (cousins.ancestor, cousins.shared, len(cousins.a.events), cousins.b.events) == ("root", 12, 8, [])
+    same = diff(registry, "a", "a")
+    assert (same.ancestor, same.shared, same.a.events, same.b.events) == ("a", 16, [], [])
+
+
+def test_boundary_fork_point_comes_from_the_seed_references(registry: Registry) -> None:
+    """A child forked at an earlier seq than its parent's length (a boundary fork) is placed by its
+    own seedLength and seed references, not by the parent's length."""
+    history(registry, turns=5)  # 20 events
+    snap = Snapshot(source=registry.header("root"), length=8, seed_length=0, segments=())
+    registry.create_child(snap, "early")
+    registry.append("early", turn(50))
+    fork(registry, "root", "late")
+    found = diff(registry, "early", "late")
+    assert (found.ancestor, found.shared, found.a.left_at, found.b.left_at) == ("root", 8, 8, 20)
+    assert len(found.a.events) == 4 and turns(found.a.events) == [50]
+    assert [e["seq"] for e in found.b.events] == list(range(8, 20))
+
+
+def test_shared_length_walks_pieces_without_events() -> None:
+    assert shared_length([("r", 0, 5), ("a", 0, 3)], [("r", 0, 5), ("b", 0, 2)]) == 5
+    assert shared_length([("r", 0, 5)], [("r", 0, 2), ("x", 0, 9)]) == 2
+    assert shared_length([("r", 0, 2), ("r", 2, 4)], [("r", 0, 4)]) == 4
+    assert shared_length([("r", 0, 4)], [("s", 0, 4)]) == 0
+
+
+def test_cli_diff_text_json_and_unrelated(server: EmbeddedServer, registry: Registry) -> None:
+    history(registry, turns=2)
+    fork(registry, "root", "x")
+    registry.append("x", [NewEvent("user/message", {"text": "only in x"})])
+    fork(registry, "root", "y")
+    registry.create("stranger")
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "sessionfork", "--redis-url", server.url, "diff", *args],
+                              capture_output=True, text=True, timeout=60)
+
+    text = cli("x", "y")
+    assert text.returncode == 0, text.stderr
+    assert "common ancestor: root" in text.stdout and "only in x" in text.stdout
+    assert "question 0" not in text.stdout
+    as_json = json.loads(cli("x", "y", "--json").stdout)
+    assert as_json["ancestor"] == "root" and as_json["shared"] == 8
+    assert as_json["a"]["leftAt"] == 8 and as_json["a"]["events"][0]["data"] == {"text": "only in x"}
+    unrelated = cli("x", "stranger")
+    assert unrelated.returncode == 1 and unrelated.stdout == ""
+    assert "unrelated" in unrelated.stderr and "no common ancestor" in unrelated.stderr
+    missing = cli("x", "nobody")
+    assert missing.returncode == 1 and "SESSION_NOT_FOUND" in missing.stderr
