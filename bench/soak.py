@@ -150,7 +150,10 @@ def _bad_seeds(registry: Registry, created: list[Header], *, materialise: int = 
     sample of ``materialise`` children is also read event by event and compared with the parent.
     """
     parents = {p: registry.events(p) for p in {h.parent_session for h in created} if isinstance(p, str)}
-    records: dict[str, Any] = {p: registry.redis.hmget(keys.session(p), ["seedlen", "seed"]) for p in parents}
+    records: dict[str, Any] = {}
+    for p in parents:  # "seedlen" is absent until a session's first append: it is "len" until then
+        seedlen, stored, length = registry.redis.hmget(keys.session(p), ["seedlen", "seed", "len"])
+        records[p] = (seedlen if seedlen is not None else length, stored)
     pipe = registry.redis.pipeline(transaction=False)
     for header in created:
         pipe.hmget(keys.session(header.id), ["len", "seed"])

@@ -64,3 +64,13 @@ def test_a_deep_child_reads_its_whole_seed_in_at_most_three_round_trips(redis: R
     assert [e.seq for e in events] == list(range(4 * DEPTH))
     assert round_trips(lambda: fresh.events("deep")) == 1  # its lineage is cached: it never changes
     assert Registry(redis).events("deep") == Registry(redis).events(chain[-1])
+
+
+def test_a_child_never_appended_to_stores_neither_seedlen_nor_seedend(registry: Registry, redis: Redis) -> None:
+    registry.append(registry.create("p"), [*turn(1), *turn(2)])
+    forks.fork(registry, "p", "c")
+    assert not {b"seedlen", b"seedend"} & set(redis.hkeys(keys.session("c")))  # both equal len / lastend
+    registry.append("c", turn(3))  # the first append writes them before it moves len and lastend
+    assert redis.hmget(keys.session("c"), ["seedlen", "seedend", "len", "lastend"]) == [b"8", b"7", b"12", b"11"]
+    forks.fork(registry, "c", "g", boundary=3)  # a boundary inside c's seed, checked on p's index
+    assert Registry(redis).events("g") == Registry(redis).events("p")[:4]

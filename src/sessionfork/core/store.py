@@ -253,7 +253,8 @@ class SessionStore:
                 continue
             known = self._lineages.get(owner)
             if known is None:
-                seed_length, seed = self.redis.hmget(keys.session(owner), ["seedlen", "seed"])
+                seed_length, seed, length = self.redis.hmget(keys.session(owner), ["seedlen", "seed", "len"])
+                seed_length = seed_length if seed_length is not None else length  # absent: never appended
                 if seed is None or seed_length is None:  # gone for good: only if ``sid`` was deleted
                     if self.redis.hexists(keys.session(sid), "header"):
                         raise RuntimeError(f"{sid!r} references the seed of {owner!r}, which is gone")
@@ -271,6 +272,7 @@ class SessionStore:
         header, length, seed_length, seed = self.redis.hmget(
             keys.session(sid), ["header", "len", "seedlen", "seed"]
         )
+        seed_length = seed_length if seed_length is not None else length  # absent until the first append
         if header is None or length is None or seed_length is None or seed is None:
             raise errors.not_found(sid)
         return _Record(wire.decode_header(header), int(length), int(seed_length),

@@ -68,6 +68,7 @@ def shared_length(a: Sequence[Piece], b: Sequence[Piece]) -> int:
 def _pieces(registry: Registry, sid: str) -> tuple[int, list[Piece]]:
     """``(length, pieces)`` of a session, from its record (one read, no event read)."""
     length, seed_length, seed = registry.redis.hmget(keys.session(sid), ["len", "seedlen", "seed"])
+    seed_length = seed_length if seed_length is not None else length  # absent until the first append
     if length is None or seed_length is None or seed is None:
         raise errors.not_found(sid)
     total, own = int(length), int(length) - int(seed_length)

@@ -12,7 +12,7 @@
 -- The turn index (KEYS[3], entries 2*seq + (1 for turn/end), and the field lastend) is kept only
 -- for records that have one (a "lastend" field): a record written before it existed never gets a
 -- partial index.
-local rec = redis.call('HMGET', KEYS[1], 'instance', 'len', 'batch', 'batchseq', 'lastend')
+local rec = redis.call('HMGET', KEYS[1], 'instance', 'len', 'batch', 'batchseq', 'lastend', 'seedlen', 'seedend')
 if not rec[1] then return -1 end
 if ARGV[1] ~= '' and rec[1] ~= ARGV[1] then return -2 end
 if rec[3] == ARGV[7] then return tonumber(rec[4]) end
@@ -25,6 +25,10 @@ for i = first, #ARGV, 4000 do
 end
 local base = tonumber(rec[2])
 local len = base + n
+if not rec[6] then
+  -- First append to a record created without "seedlen" (create.lua): its seed is all it held.
+  redis.call('HSET', KEYS[1], 'seedlen', rec[2])
+end
 redis.call('HSET', KEYS[1], 'len', len, 'last', ARGV[2], 'batch', ARGV[7], 'batchseq', rec[2])
 if rec[5] and ARGV[8] ~= '' then
   local marks = {}
@@ -38,7 +42,11 @@ if rec[5] and ARGV[8] ~= '' then
   for i = 1, #marks, 4000 do
     redis.call('RPUSH', KEYS[3], unpack(marks, i, math.min(i + 3999, #marks)))
   end
-  if lastend then redis.call('HSET', KEYS[1], 'lastend', lastend) end
+  if lastend then
+    -- "seedend" was "lastend" until now (create.lua stores only the latter): keep it first.
+    if not rec[7] then redis.call('HSET', KEYS[1], 'seedend', rec[5]) end
+    redis.call('HSET', KEYS[1], 'lastend', lastend)
+  end
 end
 if KEYS[4] and ARGV[4] == '1' then
   redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'type', 'session/flush', 'id', ARGV[6], 'len', len)

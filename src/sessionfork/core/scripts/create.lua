@@ -21,15 +21,21 @@ end
 if KEYS[4] and redis.call('HEXISTS', KEYS[4], 'deleted') == 1 then
   return -1
 end
-redis.call('HSET', KEYS[1], 'header', ARGV[1], 'instance', ARGV[2], 'len', ARGV[3],
-  'seedlen', ARGV[4], 'seed', ARGV[5], 'last', ARGV[6])
+-- "seedlen" and "seedend" are stored only once they differ from "len" and "lastend" (append.lua
+-- writes them before it moves those): two fields fewer in every record never appended to (most
+-- children of a fan-out); readers take len / lastend when they are absent.
+redis.call('HSET', KEYS[1], 'header', ARGV[1], 'instance', ARGV[2], 'len', ARGV[3], 'seed', ARGV[5],
+  'last', ARGV[6])
+if ARGV[4] ~= ARGV[3] then
+  redis.call('HSET', KEYS[1], 'seedlen', ARGV[4])
+end
 if ARGV[7] ~= '' then
   redis.call('HSET', KEYS[1], 'req', ARGV[7])
 end
 if ARGV[10] ~= '' then
   -- A seed ends between turns (the boundary rule), so the turn index of the new record starts
   -- empty: boundaries inside the seed are checked against the ancestors' own indexes.
-  redis.call('HSET', KEYS[1], 'lastend', ARGV[10], 'seedend', ARGV[10])
+  redis.call('HSET', KEYS[1], 'lastend', ARGV[10])
 end
 if KEYS[2] then
   redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'type', 'session/created', 'id', ARGV[9],

@@ -11,6 +11,8 @@
 local r = redis.call('HMGET', KEYS[1], 'header', 'instance', 'len', 'seed', 'seedlen', 'lastend', 'seedend')
 local persisted = redis.call('GET', KEYS[4])
 if not r[1] then return {-1} end
+r[5] = r[5] or r[3]  -- absent until the first append (create.lua)
+if r[6] then r[7] = r[7] or r[6] end
 if ARGV[4] == '1' and r[2] then return {-2} end
 if ARGV[5] == '1' and tonumber(persisted or '-1') < tonumber(r[3]) then return {-3, r[3], persisted or '-1'} end
 local parent = cjson.decode(r[1])['parentSession']

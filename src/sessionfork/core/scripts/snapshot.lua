@@ -12,6 +12,8 @@
 local r = redis.call('HMGET', KEYS[1], 'instance', 'len', 'last', 'header', 'seed', 'seedlen', 'lastend',
   'seedend')
 if not r[1] then return {'NOT_FOUND'} end
+r[6] = r[6] or r[2]  -- absent until the first append: the seed is the whole log (create.lua)
+r[8] = r[8] or r[7]  -- absent until an append moves lastend
 if ARGV[1] ~= '' and r[1] ~= ARGV[1] then return {'NOT_LIVE'} end
 if ARGV[2] == '' then
   if r[2] ~= '0' and r[3] ~= 'turn/end' then return {'OPEN_TURN', r[3]} end

@@ -5,8 +5,10 @@
 -- Returns {"OK", seq of the newest turn/end at or before it (-1: none), type of event seq} /
 -- {"INSIDE", seq of the
 -- turn/start of the turn it is inside} / {"NOINDEX"} (a record written before turn indexes).
-local r = redis.call('HMGET', KEYS[1], 'lastend', 'seedend', 'seedlen')
+local r = redis.call('HMGET', KEYS[1], 'lastend', 'seedend', 'seedlen', 'len')
 if not r[1] then return {'NOINDEX'} end
+r[2] = r[2] or r[1]  -- absent until an append moves lastend (create.lua)
+r[3] = r[3] or r[4]  -- absent until the first append: the seed is the whole log
 local b = tonumber(ARGV[1])
 local lo, hi, found = 0, redis.call('LLEN', KEYS[2]) - 1, nil
 while lo <= hi do
