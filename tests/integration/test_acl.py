@@ -24,8 +24,8 @@ from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkResult, Header, NewEvent, Reply
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.ops import acl
-from sessionfork.queue.rq_seam import RQ_MAJOR
 from sessionfork.ops.persist import JsonlBackend
+from sessionfork.queue.rq_seam import RQ_MAJOR
 
 PASSWORDS = {acl.SCHEDULER: "scheduler-secret", acl.WORKER: "worker-secret", acl.HOST: "host-secret",
              acl.PERSIST: "persist-secret"}

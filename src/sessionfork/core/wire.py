@@ -13,7 +13,7 @@ from typing import Any, Final
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from ..core import errors
+from ..core import errors, rules
 
 HEADER_VERSION: Final = 0
 _EVENT_KEYS: Final = frozenset({"type", "seq", "time", "data"})
@@ -51,6 +51,8 @@ class NewEvent(msgspec.Struct, frozen=True):
     def __post_init__(self) -> None:
         if not isinstance(self.type, str) or not self.type:
             raise errors.invalid("event type must be a non-empty string")
+        if type(self.extra) is not dict or any(type(k) is not str for k in self.extra):
+            raise errors.invalid("event extra fields must be a dict with str keys")
         clash = _EVENT_KEYS.intersection(self.extra)
         if clash:
             raise errors.invalid(f"event extra fields may not redefine {sorted(clash)}")
@@ -82,16 +84,31 @@ _header_decoder = msgspec.json.Decoder(Header)
 def encode_stored_event(event: NewEvent, time_ms: int) -> bytes:
     """The bytes kept in a session log: the event without ``seq`` (it is the position).
 
-    ``INVALID_REQUEST`` when its data or extra fields are not JSON.
+    ``INVALID_REQUEST`` when its data or an extra field is not JSON that reads back identically
+    (``rules.check_json_value``: no bytes, sets, tuples, non-str keys; at most
+    ``rules.MAX_DATA_DEPTH`` levels deep) or holds a lone surrogate. Checked before any Redis call.
     """
+    if not isinstance(event, NewEvent):
+        raise errors.invalid(f"events must be NewEvent objects, got {type(event).__name__}")
+    rules.check_json_value(event.data, f"event {event.type!r:.80} data")
+    for name, value in event.extra.items():
+        rules.check_json_value(value, f"event {event.type!r:.80} field {name!r:.80}")
     try:
         return _json.encode({"type": event.type, "time": time_ms, "data": event.data, **event.extra})
-    except (TypeError, msgspec.EncodeError) as exc:
-        raise errors.invalid(f"event {event.type!r} is not JSON: {exc}") from None
+    except UnicodeEncodeError:
+        raise errors.invalid(f"event {event.type!r:.80} holds a lone surrogate: text must be valid UTF-8") from None
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
+        raise errors.invalid(f"event {event.type!r:.80} is not JSON: {exc}") from None
 
 
 def decode_stored_event(raw: bytes, seq: int) -> Event:
-    body = _body_decoder.decode(raw)
+    """The event stored at ``seq``. One nested too deep to read (written around ``append``) is a
+    ``ForkError`` (``INTERNAL``), never a ``RecursionError``."""
+    try:
+        body = _body_decoder.decode(raw)
+    except RecursionError:
+        raise errors.ForkError(errors.ErrorCode.INTERNAL,
+                               f"event {seq} is nested too deep to read (over {rules.MAX_DATA_DEPTH} levels)") from None
     kind = body.pop("type")
     time_ms = body.pop("time")
     data = body.pop("data", None)

@@ -309,7 +309,7 @@ def _rfind_newline(f: IO[bytes], before: int) -> int:
 def _decode(line: bytes) -> Any:
     try:
         return msgspec.json.decode(line)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # unreadable: cut off and written again
         return None
 
 
