@@ -53,6 +53,9 @@ def test_every_setting_is_documented_with_its_default() -> None:
         value = getattr(defaults, field)
         if isinstance(value, int) and not isinstance(value, bool):
             assert re.search(rf"^\| `{var}` \| {value} \|", table, flags=re.M), var
+    for field, (low, high) in config.BOUNDS.items():  # the range column states the checked bounds
+        shown = "\u2013".join(str(int(b)) if float(b).is_integer() else str(b) for b in (low, high))
+        assert re.search(rf"^\| `{config.ENV[field]}` \| [^|]+ \| {shown} \|", table, flags=re.M), field
 
 
 def test_every_error_code_is_documented() -> None:

@@ -142,7 +142,8 @@ def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
     Subscribes to ``channel``, then reads the stored outcome, then listens. The stored outcome is
     read again after a dropped connection and every ``recheck_every`` seconds without news, so a
     reply is never lost: not one published before the waiter listened, nor one announced on
-    another channel (an earlier submission of the same request with another ``replyTo``). With
+    another channel (an earlier submission of the same request with another ``replyTo``). A
+    message that is not a reply, or is another request's, is ignored. With
     ``digest``, a request id already used by a different request answers ``IDEMPOTENCY_CONFLICT``.
     """
     deadline = time.monotonic() + timeout
@@ -167,8 +168,11 @@ def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
                         break  # quiet for a while: read the store again
                     data = message["data"]
                     data = data.encode() if isinstance(data, str) else data
-                    if needle in data:
-                        reply = wire.decode_reply(data)
+                    if isinstance(data, bytes) and needle in data:
+                        try:
+                            reply = wire.decode_reply(data)
+                        except (msgspec.DecodeError, RecursionError):
+                            continue  # not a reply: anyone may publish on a channel
                         if reply.request_id == request_id:
                             return _stored(redis, request_id, digest) or reply
             except (RedisConnectionError, RedisTimeoutError):
