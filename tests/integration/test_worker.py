@@ -412,17 +412,22 @@ def test_request_id_reused_for_a_different_request_is_an_idempotency_conflict(
     assert registry.children(source) == ["c1"]
 
 
-def test_worker_answers_a_reused_request_id_with_an_idempotency_conflict(
+def test_worker_ends_a_reused_request_id_as_a_conflict_and_announces_nothing(
         redis: Redis, registry: Registry, client: Client, source: str) -> None:
     first = client.fork(source, session_id="c1", request_id="dup-job", timeout=TIMEOUT)
     wait_job_status(redis, "dup-job", JobStatus.FINISHED)
     Job.fetch("dup-job", connection=redis, serializer=jobs.JSONSerializer).delete()
+    streamed = redis.xlen(keys.OUTCOME_STREAM)
 
     with subscribed(redis, keys.DEFAULT_REPLY_CHANNEL) as pubsub:
-        client.submit(client.request(source, session_id="c2", request_id="dup-job"))
-        _, published = next_message(pubsub)
+        request = client.request(source, session_id="c2", request_id="dup-job")
+        client.submit(request)
+        wait_job_status(redis, "dup-job", JobStatus.FINISHED)  # the worker ran it...
+        published = pubsub.get_message(timeout=0.5)
 
-    assert failure(msgspec.json.decode(published, type=ForkFailure)) == (
+    assert published is None  # ...and announced nothing: "dup-job" has one outcome, the first
+    assert redis.xlen(keys.OUTCOME_STREAM) == streamed
+    assert failure(client.wait(request, TIMEOUT)) == (
         "IDEMPOTENCY_CONFLICT", 'request id "dup-job" was already used for a different request')
     assert not registry.exists("c2")
     assert stored_outcome(redis, "dup-job") == msgspec.json.encode(first)

@@ -217,11 +217,17 @@ def decode_reply(raw: bytes | str) -> Reply:
     return _reply_decoder.decode(raw)
 
 
-def digest(request: ForkRequest) -> str:
-    """What makes two requests under one request id "the same": source and children asked for.
+def identity(request: ForkRequest) -> bytes:
+    """What makes two requests under one request id "the same", as JSON:
+    ``[source, sessionId, count, sessionIds]`` (``null`` when absent).
 
-    ``requestId`` and ``replyTo`` are not part of it (a retry may listen elsewhere).
+    ``requestId`` and ``replyTo`` are not part of it (a retry may listen elsewhere). The worker
+    keeps it in the request's record, where the any-language enqueue script compares it.
     """
     fields = (request.source, request.session_id, request.count, request.session_ids)
-    key = [None if f is UNSET else f for f in fields]
-    return hashlib.sha256(_json.encode(key)).hexdigest()
+    return _json.encode([None if f is UNSET else f for f in fields])
+
+
+def digest(request: ForkRequest) -> str:
+    """The sha256 of ``identity(request)``: equal digests, same request."""
+    return hashlib.sha256(identity(request)).hexdigest()

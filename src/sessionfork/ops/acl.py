@@ -142,10 +142,14 @@ def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
     # so keys passed to a script (rq:queue:<queue>, sf:lifecycle) cannot be write-only.
     sessions = (f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}")
     rq = rq_seam.key_patterns(queue)
+    # The any-language enqueue script declares sf:req:<id> (it reads the request kept there), and
+    # a script's declared keys need write access: a selector grants it for scripts only, whose
+    # commands are checked against the root rules (read-only there): no HSET of an outcome.
+    enqueue = f"(~{rq['jobs']} ~{rq['queue']} ~{keys.PREFIX}:req:* +evalsha +eval)"
     scheduler = _line(
         SCHEDULER, passwords[SCHEDULER],
         [f"~{rq['jobs']}", f"~{rq['queue']}", f"%W~{rq['queues']}",
-         f"%R~{keys.PREFIX}:req:*", f"%R~{_glob(keys.OUTCOME_STREAM)}"],
+         f"%R~{keys.PREFIX}:req:*", f"%R~{_glob(keys.OUTCOME_STREAM)}", enqueue],
         replies, _SCHEDULER_COMMANDS)
     worker = _line(
         WORKER, passwords[WORKER],

@@ -51,14 +51,16 @@ class Outcomes:
         self._claim = lua.register(redis, "claim.lua", __package__)
         self._record = lua.register(redis, "record.lua", __package__)
 
-    def claim(self, request_id: str, digest: str, children: list[str]) -> Claim:
-        """Claim ``request_id`` for a request with ``digest``, planning ``children`` if new."""
+    def claim(self, request_id: str, request: wire.ForkRequest, children: list[str]) -> Claim:
+        """Claim ``request_id`` for ``request`` (its digest), planning ``children`` if new."""
         return self.parse_claim(self._claim(keys=[keys.request(request_id)],
-                                            args=[digest, wire.encode(children), self.ttl]))
+                                            args=[wire.digest(request), wire.encode(children), self.ttl,
+                                                  wire.identity(request)]))
 
-    def queue_claim(self, pipe: Any, request_id: str, digest: str, children: list[str]) -> None:
+    def queue_claim(self, pipe: Any, request_id: str, request: wire.ForkRequest, children: list[str]) -> None:
         """Queue ``claim`` on ``pipe`` (first in it); ``parse_claim`` reads its result."""
-        pipe.evalsha(self._claim.sha, 1, keys.request(request_id), digest, wire.encode(children), self.ttl)
+        pipe.evalsha(self._claim.sha, 1, keys.request(request_id), wire.digest(request), wire.encode(children),
+                     self.ttl, wire.identity(request))
 
     def load_scripts(self) -> None:
         for script in (self._claim, self._record):
@@ -115,15 +117,6 @@ class Outcomes:
             return None
         failure = ForkFailure(request_id=request_id, code=ErrorCode.INVALID_REQUEST.value, message=reason)
         return self.record(failure, channel, digest="invalid:job")
-
-    def announce(self, reply: Reply, channel: str) -> None:
-        """Announce an outcome that is not the request's own (``IDEMPOTENCY_CONFLICT``)."""
-        raw = wire.encode(reply)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.xadd(keys.OUTCOME_STREAM, {"request": reply.request_id, "code": code_of(reply), "us": 0, "lat": 0,
-                                        "reply": raw}, maxlen=self.stream_maxlen, approximate=True)
-        pipe.publish(channel, raw)
-        pipe.execute()
 
     def get(self, request_id: str) -> Reply | None:
         raw = self.redis.hget(keys.request(request_id), "outcome")

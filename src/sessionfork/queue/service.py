@@ -117,11 +117,12 @@ class ForkService:
             if claim.outcome is not None:
                 return claim.outcome
             if claim.state == "CONFLICT":
-                conflict = ForkFailure(
+                # Never announced: the request id's one outcome is the first request's. Its
+                # submitter learns of the conflict from the stored digest (``Client.wait``) or
+                # from the any-language enqueue script (-1); this job just ends with it.
+                return ForkFailure(
                     request_id=job_id, code=ErrorCode.IDEMPOTENCY_CONFLICT.value,
                     message=f'request id "{job_id}" was already used for a different request')
-                self.outcomes.announce(conflict, channel)
-                return conflict
             reply = self._execute(request, job_id, claim, plan)
         except ForkError as exc:
             reply = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
@@ -173,18 +174,18 @@ class ForkService:
         The source step only reads, so its result is simply dropped when the claim says the
         request is not new (its children were planned by an earlier attempt).
         """
-        planned, digest = self._plan(request), wire.digest(request)
+        planned = self._plan(request)
         redis = self.outcomes.redis
         if redis is not self.registry.redis or self.registry.is_cluster:
-            return self.outcomes.claim(request_id, digest, planned), None
+            return self.outcomes.claim(request_id, request, planned), None
         pipe = redis.pipeline(transaction=False)
-        self.outcomes.queue_claim(pipe, request_id, digest, planned)
+        self.outcomes.queue_claim(pipe, request_id, request, planned)
         parse = self.registry.queue_prepare(pipe, request.source, planned, request_id=request_id)
         results = pipe.execute(raise_on_error=False)
         if any(isinstance(r, NoScriptError) for r in results):
             self.outcomes.load_scripts()
             self.registry.load_scripts()
-            return self.outcomes.claim(request_id, digest, planned), None
+            return self.outcomes.claim(request_id, request, planned), None
         for r in results:
             if isinstance(r, Exception):
                 raise r
