@@ -9,9 +9,14 @@ RQ names used here, and why:
 
 * ``SimpleWorker`` subclassed, overriding ``execute_job`` (documented for custom workers),
   ``bootstrap``, ``heartbeat``, ``set_state``, ``dequeue_job_and_maintain_ttl``, ``_shutdown``,
-  ``run_maintenance_tasks`` and ``clean_registries``: RQ's loop strands a just-dequeued job on
-  SIGTERM, quits on an entry it cannot load (a non-UTF-8 id, a malformed hash), quits on a Redis
-  outage, and holds the maintenance lock for 15 minutes when Redis drops midway.
+  ``check_for_suspension``, ``teardown``, ``run_maintenance_tasks`` and ``clean_registries``: RQ's
+  loop strands a just-dequeued job on SIGTERM, quits on an entry it cannot load (a non-UTF-8 id, a
+  malformed hash), quits on a Redis outage or time-out, and holds the maintenance lock for 15
+  minutes when Redis drops midway. RQ's ``_shutdown`` raises ``StopRequested`` from the signal
+  handler wherever the worker is, e.g. between sending a Redis command and reading its reply (the
+  connection goes back to the pool with the reply unread, and the next command reads it: on a
+  loaded machine, a garbled teardown and exit status 3), or inside a maintenance pass (swallowed
+  there: the worker did not stop). Here a stop request only sets the flag, read at safe points.
 * ``_install_signal_handlers`` (called before registration), ``_stop_requested`` (read and set),
   ``_state`` (read), ``_stopped_job_id`` (read: a job stopped on request is not retried),
   ``_exc_handlers`` and ``_ordered_queues`` (passed back to RQ's own helpers),
@@ -42,6 +47,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from redis.exceptions import RedisError
 from rq import SimpleWorker, worker_registration
 from rq.exceptions import DequeueTimeout, NoSuchJobError, StopRequested
 from rq.executions import Execution
@@ -59,6 +65,7 @@ log = logging.getLogger("sessionfork.worker")
 RQ_MAJOR = int(VERSION.split(".")[0])
 _HEARTBEAT_EVERY = 1.0
 _IDLE_POLL = 1  # seconds an idle worker blocks waiting for a job before it looks at its stop flag
+_PASSED_ON: tuple[type[BaseException], ...] = (*TRANSIENT, StopRequested)  # never swallowed by maintenance
 
 
 def key_patterns(queue: str) -> dict[str, str]:
@@ -261,10 +268,23 @@ class SeamWorker(SimpleWorker):
             return result
 
     def _shutdown(self) -> None:
-        if self._holding:
-            self._stop_requested = True  # finish the job in hand, take no new one
-            return
-        super()._shutdown()  # type: ignore[no-untyped-call]
+        # Called from the signal handler. Never raise here (RQ does): the exception would land
+        # at any instruction, even inside redis-py between a command and its reply. The flag is
+        # read before each dequeue and each blocking wait is short (an idle worker stops within
+        # a second); a job in hand is finished first.
+        self._stop_requested = True
+
+    def check_for_suspension(self, burst: bool) -> None:
+        # RQ's loop calls this outside any guard: a Redis time-out there would end the worker.
+        self.until_up(lambda: super(SeamWorker, self).check_for_suspension(burst))
+
+    def teardown(self) -> None:
+        # Unregistering is best effort: a stop must not fail because Redis is away or slow
+        # (the registration expires on its own).
+        try:
+            super().teardown()  # type: ignore[no-untyped-call]
+        except RedisError as exc:
+            log.warning("could not unregister worker %s: %s", self.name, exc)
 
     def remove_entry(self, entry: EntryRefused) -> None:
         """Take a refused entry out of the intermediate queues, and delete its job hash if any:
@@ -284,7 +304,7 @@ class SeamWorker(SimpleWorker):
             self._purge_undecodable()
             self._requeue_stranded()
             super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
-        except TRANSIENT:
+        except _PASSED_ON:
             raise
         except Exception:
             # A malformed entry in an RQ registry must not stop the worker; the next pass retries.
