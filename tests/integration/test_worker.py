@@ -275,16 +275,21 @@ def test_invalid_request_is_refused_before_any_work(redis: Redis, registry: Regi
     assert [(e.request, e.code) for e in outcome_entries(redis)] == [(rid, "INVALID_REQUEST")]
 
 
-def test_invalid_request_reply_reaches_a_waiter_on_its_reply_to_channel(redis: Redis, client: Client,
-                                                                        server: EmbeddedServer, source: str) -> None:
-    request = client.request(source, session_id="not valid!", reply_to="team-a:replies")
-    with ObservedRedis.watching(server) as (observed, checked), ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(make_client(observed).wait, request, 3.0)
-        assert checked.wait(TIMEOUT), "the waiter did not read the store"
+@pytest.mark.parametrize("bad", [{"session_id": "not valid!"}, {"count": 0}, {"session_ids": ["a", "a"]}],
+                         ids=["sessionId", "count", "sessionIds"])
+def test_invalid_request_reply_is_published_on_its_reply_to_channel_not_the_default(
+        redis: Redis, client: Client, source: str, bad: dict[str, Any]) -> None:
+    request = client.request(source, reply_to="team-a:replies", **bad)
+    with subscribed(redis, "team-a:replies", keys.DEFAULT_REPLY_CHANNEL) as pubsub:
         client.submit(request)
-        reply = waiting.result(TIMEOUT)
+        marker = client.fork(source, session_id="marker", timeout=TIMEOUT)  # published after the refusal
+        seen = []
+        while not seen or seen[-1][1] != marker.request_id:
+            channel, data = next_message(pubsub)
+            seen.append((channel, json.loads(data)["requestId"], json.loads(data).get("code")))
 
-    assert failure(reply)[0] == "INVALID_REQUEST"
+    assert seen == [("team-a:replies", request.request_id, "INVALID_REQUEST"),
+                    (keys.DEFAULT_REPLY_CHANNEL, marker.request_id, None)]
 
 
 # -- jobs that are not sessionfork requests -------------------------------------------------------
