@@ -32,7 +32,7 @@ from helpers import (
 from redis import Redis
 from rq import SimpleWorker
 from rq.job import Job
-from rq.registry import StartedJobRegistry
+from rq.registry import FailedJobRegistry, StartedJobRegistry
 
 from sessionfork.core import keys
 from sessionfork.core.config import Settings
@@ -118,9 +118,16 @@ def submit_all(client: Client, requests: list[ForkRequest]) -> list[str]:
     return [client.submit(r) for r in requests]
 
 
+def holder(redis: Redis, job_id: str) -> str | None:
+    """The worker running ``job_id`` (RQ 2 and 3 both write it in the job hash when it starts)."""
+    status, worker = redis.hmget(f"rq:job:{job_id}", ["status", "worker_name"])
+    return worker.decode() if status == b"started" and worker else None
+
+
 def current_job(redis: Redis, worker: str) -> str | None:
-    raw = redis.hget(SimpleWorker.redis_worker_namespace_prefix + worker, "current_job")
-    return None if raw is None else raw.decode()
+    """The job ``worker`` is running, from its started registry entry and the job's hash."""
+    started = StartedJobRegistry(queue=jobs.make_queue(redis, SETTINGS))
+    return next((j for j in started.get_job_ids(cleanup=False) if holder(redis, j) == worker), None)
 
 
 def wait_in_hand(redis: Redis, workers: list[str], job_id: str) -> str:
@@ -129,7 +136,7 @@ def wait_in_hand(redis: Redis, workers: list[str], job_id: str) -> str:
     found: list[str] = []
 
     def check() -> bool:
-        holders = [w for w in workers if current_job(redis, w) == job_id]
+        holders = [w for w in workers if holder(redis, job_id) == w]
         if holders and job_id in started.get_job_ids(cleanup=False):
             found.extend(holders)
         return bool(found)
@@ -297,6 +304,7 @@ def test_worker_rides_out_a_redis_restart(durable_server: EmbeddedServer,
 
         assert proc.poll() is None
         assert_consistent(redis, ids, sources)
+        assert_not_failed(redis, "big-20")
         assert stop(proc) == 0
     finally:
         redis.close()
@@ -318,7 +326,14 @@ def test_worker_rides_out_dropped_connections(own_server: EmbeddedServer, rds: R
     assert killed >= 1
     assert proc.poll() is None
     assert_consistent(rds, ids, sources)
+    assert_not_failed(rds, "big-20")
     assert stop(proc) == 0
+
+
+def assert_not_failed(redis: Redis, in_hand: str) -> None:
+    """The job in hand during the outage was not failed and retried: the worker waited for Redis."""
+    assert Job.fetch(in_hand, connection=redis, serializer=jobs.JSONSerializer).retries_left == SETTINGS.retries
+    assert FailedJobRegistry(queue=jobs.make_queue(redis, SETTINGS)).get_job_ids(cleanup=False) == []
 
 
 # -- the dequeue window (src bug) -----------------------------------------------------------------
