@@ -16,6 +16,10 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
       under the prefix ``<reply>:`` (a request's ``replyTo`` must use that prefix when schedulers
       run under this user); read-only ``HMGET`` of ``sf:req:*``; read-only ``XRANGE``/``XREAD`` of
       ``sf:outcomes`` (``sessionfork events`` and ``stats``).
+    * the any-language enqueue script (``queue/scripts/enqueue.lua``): a selector grants
+      ``EVAL``/``EVALSHA`` declaring ``rq:job:*``, ``rq:queue:<queue>`` and ``sf:req:*`` (a declared
+      key needs write access); the script's own commands are checked against the rules above, so
+      ``sf:req:*`` stays read-only.
     * nothing else: no ``DEL``/``EXPIRE`` (it cannot delete or expire a job), no session key
       (``sf:s:*``), no registry script effect, no admin command.
     * residual (what key patterns cannot separate): it may ``HSET`` or ``HMGET`` any ``rq:job:*``
@@ -29,8 +33,8 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
       ``LREM``), started/finished/failed registries (sorted sets), executions, results (streams),
       the worker's hash and sets, retries and abandoned jobs (``RPUSH``), transactions
       (``MULTI``/``EXEC``/``WATCH``), ``SUBSCRIBE rq:pubsub:<worker>`` (RQ's command channel),
-      ``CLIENT SETNAME``, ``CLIENT INFO`` (RQ 3 reads its own address there), ``INFO``. ``sessionfork health`` (which reads the worker registry) runs
-      as this user too.
+      ``CLIENT SETNAME``, ``CLIENT INFO`` (RQ 3 reads its own address there), ``INFO``.
+      ``sessionfork health`` (which reads the worker registry) runs as this user too.
     * sessionfork: ``sf:req:*`` and ``sf:outcomes`` (claim and record scripts), ``PUBLISH`` to the
       reply channel and its ``<reply>:`` prefix, ``sf:s:*`` and ``sf:lifecycle`` (fork scripts,
       children index); ``WAIT`` when ``wait_replicas`` is set.
