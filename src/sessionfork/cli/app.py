@@ -91,7 +91,10 @@ class OneLineGroup(click.Group):
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)
         except click.ClickException as exc:
-            click.echo(f"error: {exc.format_message()}", err=True)
+            if type(exc).__name__ == "NoArgsIsHelpError":  # no command (click >= 8.2): the help, as click
+                exc.show()
+            else:
+                click.echo(f"error: {exc.format_message()}", err=True)
             sys.exit(exc.exit_code)
         except click.Abort:
             click.echo("error: aborted", err=True)
