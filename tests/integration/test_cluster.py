@@ -600,7 +600,7 @@ def caught_up(master: EmbeddedServer) -> bool:
 @dataclass(frozen=True)
 class Failover:
     """What a failover run saw: acknowledged children, those missing afterwards, those missing
-    from the source's children index (see the xfailed replay test), and retries per error type."""
+    from the source's children index, and retries per error type."""
 
     acked: int
     missing: list[str]
@@ -667,6 +667,7 @@ def test_forks_go_on_after_the_sources_primary_is_killed_and_few_acknowledged_ch
     print(f"\nfailover without WAIT: {seen}")
     assert seen.acked >= FAILOVER_FORKS_BEFORE + FAILOVER_FORKS_AFTER
     assert len(seen.missing) <= MAX_LOST_WITHOUT_WAIT, seen
+    assert seen.unindexed <= MAX_LOST_WITHOUT_WAIT, seen  # an index entry is an acknowledged write too
 
 
 @pytest.mark.slow
@@ -675,6 +676,7 @@ def test_with_wait_replicas_no_acknowledged_child_is_lost_across_a_failover() ->
     print(f"\nfailover with WAIT 1: {seen}")
     assert seen.acked >= FAILOVER_FORKS_BEFORE + FAILOVER_FORKS_AFTER
     assert seen.missing == [], seen
+    assert seen.unindexed == 0, seen  # the parent's index entry is waited for too
 
 
 # -- last: no CROSSSLOT, ever ----------------------------------------------------------------------

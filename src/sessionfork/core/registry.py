@@ -154,6 +154,9 @@ class Registry(SessionStore):
             for cid in created:
                 self._emit(pipe, "session/created", cid, snap.length)
             pipe.execute()
+            if self.wait_replicas:  # the parent's index entry must survive a failover as the child does
+                lua.wait_for_replicas(self.redis, [keys.session_children(snap.source.id)], self.wait_replicas,
+                                      self.wait_timeout_ms)
         return results
 
     def _check_parent(self, snap: Snapshot, parent: bytes, created: list[str]) -> None:
@@ -188,8 +191,10 @@ class Registry(SessionStore):
                 self._emit(pipe, "session/created", child.id, 0 if child.seed_length is UNSET else child.seed_length)
             pipe.execute()
         if self.wait_replicas:
-            lua.wait_for_replicas(self.redis, [keys.session(c.id) for c in replayed], self.wait_replicas,
-                                  self.wait_timeout_ms)
+            indexes = [keys.session_children(c.parent_session) for c in replayed
+                       if self._cluster and c.parent_session is not UNSET]
+            lua.wait_for_replicas(self.redis, [*(keys.session(c.id) for c in replayed), *indexes],
+                                  self.wait_replicas, self.wait_timeout_ms)
 
     def create_child(self, snap: Snapshot, child_id: str | None = None, *,
                      request_id: str = "") -> Header:
