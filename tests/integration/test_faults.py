@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 
@@ -209,12 +210,26 @@ def test_sigkill_storm_leaves_one_outcome_per_request_and_no_orphan(
     workers = {name: start_worker(own_server.url, name, **FAULT_ENV) for name in names}
     procs.extend(workers.values())
 
-    wait_until(lambda: rds.xlen(keys.OUTCOME_STREAM) >= 40, 30, "40 outcomes")
-    victim = wait_in_hand(rds, names, "big-60")
-    kill(workers[victim])
-    replacement = worker_name("replacement")
-    procs.append(start_worker(own_server.url, replacement, **FAULT_ENV))
-    wait_all_outcomes(rds, ids)
+    appending, appender_redis = threading.Event(), own_server.client()
+    appender = threading.Thread(target=append_turns, args=(Registry(appender_redis), "src-0", appending))
+    appender.start()  # whole turns, one batch each: src-0 stays forkable while it grows
+    try:
+        wait_until(lambda: rds.xlen(keys.OUTCOME_STREAM) >= 40, 30, "40 outcomes")
+        victim = wait_in_hand(rds, names, "big-60")
+        # Land the kill between the children and the outcome: once the first planned child exists.
+        wait_until(lambda: rds.hget(keys.request("big-60"), "children") is not None, 30, "big-60's plan")
+        first = msgspec.json.decode(rds.hget(keys.request("big-60"), "children") or b"", type=list[str])[0]
+        wait_until(lambda: rds.exists(keys.session(first)), 30, "big-60's first child", interval=0.001)
+        kill(workers[victim])
+        assert rds.hget(keys.session(first), "req") == b"big-60"
+        assert stored_outcome(rds, "big-60") is None  # killed after some children, before the outcome
+        replacement = worker_name("replacement")
+        procs.append(start_worker(own_server.url, replacement, **FAULT_ENV))
+        wait_all_outcomes(rds, ids)
+    finally:
+        appending.set()
+        appender.join(30)
+        appender_redis.close()
 
     assert workers[victim].returncode == -signal.SIGKILL
     assert_consistent(rds, ids, sources)
@@ -222,9 +237,22 @@ def test_sigkill_storm_leaves_one_outcome_per_request_and_no_orphan(
     assert Job.fetch("big-60", connection=rds, serializer=jobs.JSONSerializer).retries_left == 2  # killed once
     big = msgspec.json.decode(stored_outcome(rds, "big-60") or b"", type=ForkResult)
     assert len(children_of(big)) == BIG
-    assert {(h.parent_session, h.seed_length) for h in children_of(big)} == {("src-0", 4)}
+    seeds = {(h.parent_session, h.seed_length) for h in children_of(big)}
+    assert len(seeds) == 1, seeds  # one snapshot for every child, before and after the crash
+    (parent, seed), = seeds
+    registry = Registry(rds)
+    assert parent == "src-0" and isinstance(seed, int) and seed >= 4
+    assert registry.events(children_of(big)[-1].id) == registry.events("src-0")[:seed]
     survivor = next(p for n, p in workers.items() if n != victim)
     assert survivor.poll() is None
+
+
+def append_turns(registry: Registry, source: str, stop_: threading.Event) -> None:
+    """Append whole turns to ``source`` (one batch each) until ``stop_`` is set."""
+    n = 100
+    while not stop_.is_set():
+        registry.append(source, turn(n))
+        n += 1
 
 
 # -- SIGTERM --------------------------------------------------------------------------------------
