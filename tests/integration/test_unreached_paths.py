@@ -1,7 +1,7 @@
 """Paths the rest of the suite did not reach (issue 10, "tests that must become strong"), each
 through real worker processes: the outcome TTL, retries spent (a replica wait that never succeeds,
-retried by RQ, then INTERNAL naming the child), a waiter whose connection drops, and the plain
-``rq worker`` path.
+retried by RQ, then INTERNAL naming the child), ``SESSIONFORK_JOB_TIMEOUT`` exceeded, a waiter
+whose connection drops, and the plain ``rq worker`` path.
 """
 
 from __future__ import annotations
@@ -68,6 +68,18 @@ def test_retries_spent_on_a_replica_wait_end_internal_naming_the_child(redis: Re
     job = Job.fetch("spent-1", connection=redis, serializer=jobs.JSONSerializer)
     assert job.retries_left == 0  # the first attempt was retried, the second was the last
     assert registry.header("unreplicated").parent_session == source
+
+
+@pytest.mark.parametrize("worker_env", [{"SESSIONFORK_JOB_TIMEOUT": "1", "SESSIONFORK_RETRIES": "0",
+                                         "SESSIONFORK_WAIT_REPLICAS": "1", "SESSIONFORK_WAIT_TIMEOUT_MS": "3000"}])
+def test_a_job_over_its_timeout_ends_internal(redis: Redis, registry: Registry, source: str, worker: None) -> None:
+    # WAIT blocks 3 s for a replica that does not exist: RQ's 1 s job timeout fires inside it.
+    client = make_client(redis, retries=0, job_timeout=1)
+    reply = client.fork(source, session_id="slow", request_id="timeout-1", timeout=TIMEOUT)
+    assert isinstance(reply, ForkFailure) and reply.code == "INTERNAL", reply
+    assert "JobTimeoutException" in reply.message and "created before the failure: slow" in reply.message
+    # the outcome is recorded first, then RQ fails the job
+    wait_until(lambda: redis.hget("rq:job:timeout-1", "status") == b"failed", TIMEOUT, "RQ to fail the job")
 
 
 def test_a_waiter_whose_connection_drops_still_gets_its_reply(redis: Redis, source: str) -> None:
