@@ -5,7 +5,7 @@ Settings come from the environment (REDIS_URL, SESSIONFORK_*); extra arguments g
 
 import sys
 
-from sessionfork.cli.app import main
+from sessionfork.cli import main
 
 sys.argv = ["sessionfork", "worker", *sys.argv[1:]]
 main()

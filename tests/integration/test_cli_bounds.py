@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from helpers import clean_environ, cli_args, make_client
@@ -148,3 +150,12 @@ def test_a_refused_password_is_status_3_at_once_without_a_connection_storm() -> 
         connections = int(admin.info("stats")["total_connections_received"]) - before
         assert connections <= 4, connections  # one or two per command, not one per retry
         admin.close()
+
+
+def test_python_m_worker_is_the_same_cli(server: EmbeddedServer) -> None:
+    """The Procfile's ``python -m worker`` entry: same settings checks, same one-line errors."""
+    out = subprocess.run([sys.executable, "-m", "worker", "--log-level", "bogus"], env=clean_environ(),
+                         capture_output=True, timeout=60, stdin=subprocess.DEVNULL,
+                         cwd=Path(__file__).parents[2])
+    assert out.returncode == USAGE, out.stderr
+    assert_one_error_line(out.stderr.decode())
