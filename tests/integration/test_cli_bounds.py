@@ -139,7 +139,8 @@ def test_a_tls_url_pointed_at_a_plain_server_fails_fast(server: EmbeddedServer) 
 
 def test_a_refused_password_is_status_3_at_once_without_a_connection_storm() -> None:
     with EmbeddedServer() as srv:
-        srv.client().config_set("requirepass", "s3cret")
+        with srv.client() as setup:
+            setup.config_set("requirepass", "s3cret")
         admin = srv.client(password="s3cret")
         before = int(admin.info("stats")["total_connections_received"])
         for url in (srv.url, f"redis://:wrong@127.0.0.1:{srv.port}/0"):

@@ -21,7 +21,8 @@ def python_blocks() -> list[str]:
 
 
 def test_python_examples_run_against_a_real_server_and_worker(server: EmbeddedServer) -> None:
-    server.client().flushall()
+    with server.client() as setup:
+        setup.flushall()
     script = "\n".join(python_blocks()).replace("redis://localhost:6379/0", server.url)
     script += "\nassert reply.ok, reply\nprint('examples ok')\n"
     worker = subprocess.Popen([sys.executable, "-m", "sessionfork", "--redis-url", server.url, "worker",

@@ -53,6 +53,8 @@ def test_an_outcome_and_its_job_are_kept_for_the_outcome_ttl(redis: Redis, sourc
     reply = make_client(redis).fork(source, session_id="kept", request_id="ttl-1", timeout=TIMEOUT)
     assert reply.ok
     assert 7 * DAY - 60 < redis.ttl(keys.request("ttl-1")) <= 7 * DAY  # SESSIONFORK_OUTCOME_TTL's default
+    # the outcome is announced first, then RQ's finish gives the job hash its result TTL
+    wait_until(lambda: redis.hget("rq:job:ttl-1", "status") == b"finished", TIMEOUT, "RQ to finish the job")
     assert 7 * DAY - 60 < redis.ttl("rq:job:ttl-1") <= 7 * DAY
 
 

@@ -54,32 +54,37 @@ def burners() -> Iterator[None]:
 
 def test_idle_workers_exit_0_on_sigterm_under_load_wherever_the_signal_lands(
         debug_server: EmbeddedServer, burners: None) -> None:
-    admin = debug_server.client()
-    statuses = []
-    for _ in range(3):
-        names = [worker_name("warm") for _ in range(4)]
-        procs = [start_worker(debug_server.url, name) for name in names]
-        try:
-            for name in names:
-                wait_registered(admin, name, 60)
-            for proc in procs:
-                # Freeze the server for 0.3 s and signal the worker meanwhile: it is then waiting on
-                # Redis (a dequeue, a heartbeat or a maintenance pass), wherever it was.
-                freeze = threading.Thread(target=lambda: debug_server.client().execute_command("DEBUG", "SLEEP", "0.3"))
-                freeze.start()
-                time.sleep(random.uniform(0.02, 0.2))  # where in the freeze the signal lands, not synchronisation
-                proc.send_signal(signal.SIGTERM)
-                freeze.join(10)
-            began = time.monotonic()
-            for proc in procs:
-                statuses.append(proc.wait(STOP_BOUND))
-            assert time.monotonic() - began < STOP_BOUND
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(10)
+    statuses: list[int] = []
+    with debug_server.client() as admin:
+        for _ in range(3):
+            names = [worker_name("warm") for _ in range(4)]
+            procs = [start_worker(debug_server.url, name) for name in names]
+            try:
+                for name in names:
+                    wait_registered(admin, name, 60)
+                for proc in procs:
+                    # Freeze the server for 0.3 s and signal the worker meanwhile: it is then waiting on
+                    # Redis (a dequeue, a heartbeat or a maintenance pass), wherever it was.
+                    freeze = threading.Thread(target=freeze_server, args=(debug_server, 0.3))
+                    freeze.start()
+                    time.sleep(random.uniform(0.02, 0.2))  # where in the freeze the signal lands, not synchronisation
+                    proc.send_signal(signal.SIGTERM)
+                    freeze.join(10)
+                began = time.monotonic()
+                for proc in procs:
+                    statuses.append(proc.wait(STOP_BOUND))
+                assert time.monotonic() - began < STOP_BOUND
+            finally:
+                for proc in procs:
+                    if proc.poll() is None:
+                        proc.kill()
+                        proc.wait(10)
     assert statuses == [0] * 12
+
+
+def freeze_server(server: EmbeddedServer, seconds: float) -> None:
+    with server.client() as client:
+        client.execute_command("DEBUG", "SLEEP", str(seconds))
 
 
 def test_the_stop_handler_of_an_idle_worker_never_raises(redis: Redis) -> None:

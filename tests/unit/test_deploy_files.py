@@ -34,7 +34,7 @@ def test_compose_dashboard_reads_json_jobs() -> None:
 
 def test_worker_module_starts_the_worker_command() -> None:
     source = (ROOT / "worker" / "__main__.py").read_text()
-    assert '"worker"' in source and "from sessionfork.cli.app import main" in source
+    assert '"worker"' in source and "from sessionfork.cli import main" in source
 
 
 def test_ci_runs_the_readme_test_command() -> None:
