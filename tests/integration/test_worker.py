@@ -415,6 +415,11 @@ def test_request_id_reused_for_a_different_request_is_an_idempotency_conflict(
         "IDEMPOTENCY_CONFLICT", 'request id "dup-id" was already used for a different request')
     assert not registry.exists("c2")
     assert registry.children(source) == ["c1"]
+    # The second submission never reached a worker (RQ's unique enqueue kept the first job): the
+    # conflict is the client's, from the digest stored with the first request's outcome. The
+    # worker's side is test_worker_ends_a_reused_request_id_as_a_conflict_and_announces_nothing.
+    job = Job.fetch("dup-id", connection=registry.redis, serializer=jobs.JSONSerializer)
+    assert json.loads(job.args[0])["sessionId"] == "c1"
 
 
 def test_worker_ends_a_reused_request_id_as_a_conflict_and_announces_nothing(
