@@ -144,36 +144,62 @@ class Registry(SessionStore):
         replay), so a request forks at most once; any other existing id is
         ``SESSION_ALREADY_EXISTS`` in its place of the result. With ``wait_replicas``, the
         children are acknowledged by that many replicas before this returns
-        (``lua.NotReplicated`` otherwise). ``child_ids`` are checked by the caller.
+        (``lua.NotReplicated`` otherwise). A source that is no longer the session ``snap`` was
+        taken from, or is shorter (its server restarted empty), raises ``SESSION_NOT_FOUND`` and
+        leaves no child: none may name a seed that cannot be read. ``child_ids`` are checked by
+        the caller.
         """
         segments = wire.encode(snap.child_segments())
         # The child's "last" feeds the no-boundary rule only; a seed ends between turns, and a
         # boundary fork's seed may end with an event after its turn/end (todo/write): recorded as
         # such, so forking the child without a boundary keeps today's rule (its last event).
         last = snap.last
-        # On one server the script also indexes the child under its parent (atomically); on a
-        # cluster the parent's index is in another slot and is written right after.
-        index = [] if self._cluster else [keys.session_children(snap.source.id)]
+        parent = wire.encode_header(snap.source)
+        # On one server the script also indexes the child under its parent and checks that the
+        # parent is still the session snapshotted, at least as long (atomically); on a cluster the
+        # parent is in another slot: it is indexed, and checked, right after.
+        index = [] if self._cluster else [keys.session_children(snap.source.id), keys.session(snap.source.id)]
         calls: list[lua.Call] = [
             (self._create, [keys.session(cid), *self._lifecycle, *index],
              [wire.encode_header(self.child_header(snap, cid)), self._new_token(), snap.length, snap.length,
               segments, last, request_id, self.lifecycle_maxlen, cid,
-              "" if snap.seed_end is None else snap.seed_end])
+              "" if snap.seed_end is None else snap.seed_end, parent])
             for cid in child_ids
         ]
+        replies = lua.eval_many(self.redis, calls, replicas=self.wait_replicas, wait_ms=self.wait_timeout_ms)
+        if any(raw == -1 for raw in replies):
+            raise self._lost(snap, [c for c, raw in zip(child_ids, replies, strict=True) if isinstance(raw, bytes)])
         results: list[Header | errors.ForkError] = [
             errors.already_exists(cid) if raw is None else wire.decode_header(raw)
-            for cid, raw in zip(child_ids, lua.eval_many(self.redis, calls, replicas=self.wait_replicas,
-                                                       wait_ms=self.wait_timeout_ms), strict=True)
+            for cid, raw in zip(child_ids, replies, strict=True)
         ]
         created = [r.id for r in results if isinstance(r, Header)]
         if created and self._cluster:
+            self._check_parent(snap, parent, created)
             pipe = self.redis.pipeline(transaction=False)
             pipe.sadd(keys.session_children(snap.source.id), *created)
             for cid in created:
                 self._emit(pipe, "session/created", cid, snap.length)
             pipe.execute()
+            if self.wait_replicas:  # the parent's index entry must survive a failover as the child does
+                lua.wait_for_replicas(self.redis, [keys.session_children(snap.source.id)], self.wait_replicas,
+                                      self.wait_timeout_ms)
         return results
+
+    def _check_parent(self, snap: Snapshot, parent: bytes, created: list[str]) -> None:
+        """On a cluster: the parent must still be the session snapshotted, at least as long, after
+        its children were created on other slots; else they are deleted and the fork fails."""
+        header, length = self.redis.hmget(keys.session(snap.source.id), ["header", "len"])
+        if header != parent or length is None or int(length) < snap.length:
+            raise self._lost(snap, created)
+
+    def _lost(self, snap: Snapshot, created: Sequence[str]) -> errors.ForkError:
+        """The parent vanished or shrank between the two steps (its server restarted empty or
+        lost writes): delete what this call created, whose seed cannot be read, and report the
+        source as not found. A retry of the request answers from what the registry holds now."""
+        for cid in created:  # only records created from ``snap`` now: no one holds their tokens yet
+            self.redis.delete(keys.session(cid), keys.session_log(cid))
+        return errors.not_found(snap.source.id)
 
     def confirm_replays(self, replayed: Sequence[Header]) -> None:
         """Finish what an earlier attempt of a request may have left undone for its children.
@@ -192,8 +218,10 @@ class Registry(SessionStore):
                 self._emit(pipe, "session/created", child.id, 0 if child.seed_length is UNSET else child.seed_length)
             pipe.execute()
         if self.wait_replicas:
-            lua.wait_for_replicas(self.redis, [keys.session(c.id) for c in replayed], self.wait_replicas,
-                                  self.wait_timeout_ms)
+            indexes = [keys.session_children(c.parent_session) for c in replayed
+                       if self._cluster and c.parent_session is not UNSET]
+            lua.wait_for_replicas(self.redis, [*(keys.session(c.id) for c in replayed), *indexes],
+                                  self.wait_replicas, self.wait_timeout_ms)
 
     def create_child(self, snap: Snapshot, child_id: str | None = None, *,
                      request_id: str = "") -> Header:
