@@ -21,7 +21,7 @@ from redis.cluster import RedisCluster
 
 from sessionfork.core import keys
 from sessionfork.core.errors import ErrorCode, ForkError
-from sessionfork.core.forks import fork, fork_many
+from sessionfork.core.forks import create, fork, fork_many
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
 
@@ -36,12 +36,10 @@ def test_a_server_restarted_empty_between_the_steps_yields_no_child(redis: Redis
     registry.create("src")
     registry.append("src", turn(1))
     ids = [f"c{i}" for i in range(64)]
+    plan = registry.prepare_fork("src", ids, request_id="r-1")  # the source step
+    redis.flushall()  # the server restarts empty before the child step
 
-    def restart_empty(snap: object) -> object:  # what remember() sees between the two steps
-        redis.flushall()
-        return snap
-
-    lost(lambda: fork_many(registry, "src", ids, request_id="r-1", remember=restart_empty))
+    lost(lambda: create(registry, plan, ids, request_id="r-1"))
     assert count_session_keys(redis) == 0
     assert redis.xlen(keys.LIFECYCLE_STREAM) == 0  # no session/created for a child that is not there
 

@@ -30,6 +30,7 @@ from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import acl
 from sessionfork.queue import jobs
 from sessionfork.queue.outcomes import Outcomes
+from sessionfork.queue.requests import Limits
 from sessionfork.queue.service import ForkService
 from sessionfork.queue.worker import ForkWorker
 
@@ -89,7 +90,7 @@ def freeze_server(server: EmbeddedServer, seconds: float) -> None:
 
 def test_the_stop_handler_of_an_idle_worker_never_raises(redis: Redis) -> None:
     svc = ForkService(Registry(redis), Outcomes(redis, ttl=60, stream_maxlen=100), reply_channel="sf:replies",
-                      max_request_bytes=65536, max_fanout=16)
+                      limits=Limits(max_fanout=16))
     worker = ForkWorker([jobs.make_queue(redis, SETTINGS)], service=svc, connection=redis, abandoned_after=30)
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
