@@ -1,7 +1,8 @@
 """A producer in "any language": only raw Redis commands, no rq or sessionfork import.
 
-Usage: python raw_producer.py PORT SOURCE CHILD REQUEST_ID [BOUNDARY]  -> prints the reply JSON.
-It follows the README's "Any-language enqueue" recipe step by step.
+Usage: python raw_producer.py PORT SOURCE CHILD REQUEST_ID [RESULT_TTL [BOUNDARY]]  -> prints the reply.
+It follows the README's "Any-language enqueue" recipe step by step; ENQUEUE is the README's script
+(``src/sessionfork/queue/scripts/enqueue.lua``, a test checks they are the same text).
 """
 
 import json
@@ -11,31 +12,88 @@ import time
 import redis
 
 port, source, child, request_id = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+result_ttl = sys.argv[5] if len(sys.argv) > 5 else "604800"
 r = redis.Redis(port=int(port))
 fields = {"requestId": request_id, "source": source, "sessionId": child}
-if len(sys.argv) > 5:
-    fields["boundary"] = int(sys.argv[5])  # fork at this event seq (an integer)
+if len(sys.argv) > 6:
+    fields["boundary"] = int(sys.argv[6])  # fork at this event seq (an integer)
 request = json.dumps(fields)
-data = json.dumps(["sessionfork.jobs.fork", None, [request], {}])
 now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
 
-ENQUEUE = """
+ENQUEUE = """-- Enqueue a fork request as an RQ job, once per request id, from any language (the README's
+-- any-language recipe; the asyncio client enqueues with it too).
+-- KEYS[1] = rq:job:<request id>, KEYS[2] = rq:queue:<queue>, KEYS[3] = sf:req:<request id>,
+-- KEYS[4] (optional) = rq:queues, the set of queue keys RQ lists (rq info, rq-dashboard)
+-- ARGV    = request id, request JSON, then the job hash's other fields and values
+--           (origin, status, created_at, enqueued_at, timeout, retries_left, result_ttl, ...);
+--           without a "data" field, data is the JSON job [sessionfork.jobs.fork, null, [request], {}]
+-- Returns  1 enqueued;
+--          0 the same request (same source, children and boundary; replyTo may differ) is queued
+--            or done: its one outcome answers this submission too;
+--         -1 the request id was used for a different request: IDEMPOTENCY_CONFLICT, nothing
+--            enqueued (and nothing will be announced for this submission).
+local function same(a, b)
+  if a == cjson.null then a = nil end
+  if b == cjson.null then b = nil end
+  if type(a) ~= 'table' or type(b) ~= 'table' then return a == b end
+  for k, v in pairs(a) do if not same(v, b[k]) then return false end end
+  for k, v in pairs(b) do if a[k] == nil and v ~= cjson.null then return false end end
+  return true
+end
+local function identity(request)  -- what makes two requests "the same": source, children, boundary
+  local ok, r = pcall(cjson.decode, request)
+  if not ok or type(r) ~= 'table' then return nil end
+  return {r['source'] or cjson.null, r['sessionId'] or cjson.null, r['count'] or cjson.null,
+          r['sessionIds'] or cjson.null, r['boundary'] or cjson.null}
+end
+local function differs(first)
+  local mine = identity(ARGV[2])
+  if first == nil or mine == nil then return false end  -- unknown: the first request's outcome answers
+  for i = 1, 5 do if not same(first[i], mine[i]) then return true end end
+  return false
+end
+local stored = redis.call('HMGET', KEYS[3], 'request')[1]  -- kept by the worker when it claims the id
+if stored then
+  local ok, first = pcall(cjson.decode, stored)
+  if ok and differs(first) then return -1 end
+  return 0
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end  -- refused, or claimed before ids were kept
+local data = redis.call('HMGET', KEYS[1], 'data')[1]
+if data then  -- queued, not claimed yet: compare with the queued job's request (when it is plain JSON)
+  local ok, job = pcall(cjson.decode, data)
+  if ok and type(job) == 'table' and type(job[3]) == 'table' and type(job[3][1]) == 'string'
+      and differs(identity(job[3][1])) then
+    return -1
+  end
+  return 0
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
+local has_data = false
+for i = 3, #ARGV, 2 do if ARGV[i] == 'data' then has_data = true end end
+if not has_data then
+  redis.call('HSET', KEYS[1], 'data', cjson.encode({'sessionfork.jobs.fork', cjson.null, {ARGV[2]}, {}}))
+end
+if #ARGV >= 4 then redis.call('HSET', KEYS[1], unpack(ARGV, 3)) end
 redis.call('RPUSH', KEYS[2], ARGV[1])
+if KEYS[4] then redis.call('SADD', KEYS[4], KEYS[2]) end
 return 1
 """
 
 # 1. Subscribe to the reply channel first, so no reply can slip by.
 pubsub = r.pubsub(ignore_subscribe_messages=True)
 pubsub.subscribe("sf:replies")
-# 2. Enqueue: the job hash, then the job id on the queue, atomically and only once per request id.
-r.execute_command(
-    "EVAL", ENQUEUE, 2, f"rq:job:{request_id}", "rq:queue:sessionfork", request_id,
-    "data", data, "origin", "sessionfork", "status", "queued", "created_at", now, "enqueued_at", now,
-    "timeout", "30", "retries_left", "3", "result_ttl", "604800", "failure_ttl", "604800",
+# 2. Enqueue atomically, once per request id; -1: the id was used for a different request.
+enqueued = r.execute_command(
+    "EVAL", ENQUEUE, 3, f"rq:job:{request_id}", "rq:queue:sessionfork", f"sf:req:{request_id}",
+    request_id, request, "origin", "sessionfork", "status", "queued", "created_at", now, "enqueued_at", now,
+    "timeout", "30", "retries_left", "3", "result_ttl", result_ttl, "failure_ttl", "604800",
     "description", "sessionfork.jobs.fork",
 )
+if enqueued == -1:
+    print(json.dumps({"type": "fork/error", "requestId": request_id, "ok": False, "code": "IDEMPOTENCY_CONFLICT",
+                      "message": f'request id "{request_id}" was already used for a different request'}))
+    sys.exit(0)
 # 3. The reply: stored under the request id (a late waiter reads it there), or published.
 deadline = time.monotonic() + 20
 while time.monotonic() < deadline:
@@ -44,7 +102,12 @@ while time.monotonic() < deadline:
         print(stored.decode())
         sys.exit(0)
     message = pubsub.get_message(timeout=0.5)
-    if message and json.loads(message["data"])["requestId"] == request_id:
-        print(message["data"].decode())
-        sys.exit(0)
+    if message:
+        try:
+            reply = json.loads(message["data"])
+        except ValueError:
+            continue  # anyone may publish on a channel: not a reply
+        if isinstance(reply, dict) and reply.get("requestId") == request_id:
+            print(message["data"].decode())
+            sys.exit(0)
 sys.exit("no reply")

@@ -30,16 +30,23 @@ def report(results: Any, name: str, body: Callable[[], Any]) -> None:
         results.put((name, "crash", traceback.format_exc()))
 
 
+STARTED, DONE, OVER = "race:forks-started", "race:forks-done", "race:appender-done"
+"""Counters and flag that make a fork/append race certain to race (test keys, not sessionfork's)."""
+
+
 def fork_repeatedly(registry: Any, source: str, worker: int, count: int, gate: Any) -> dict[str, list[str]]:
-    """Fork ``source`` ``count`` times once ``gate`` opens; children created and those OPEN_TURN."""
+    """Fork ``source`` once ``gate`` opens, at least ``count`` times and until the appender of
+    ``append_in_lockstep`` is done; children created and those refused ``OPEN_TURN``."""
     from sessionfork.core import forks
     from sessionfork.core.errors import ErrorCode
 
     created: list[str] = []
     open_turns: list[str] = []
     gate.wait(TIMEOUT)
-    for i in range(count):
+    i = 0
+    while i < count or not registry.redis.exists(OVER):
         child = f"child-{worker}-{i}"
+        registry.redis.incr(STARTED)
         try:
             forks.fork(registry, source, child)
         except ForkError as exc:
@@ -48,7 +55,25 @@ def fork_repeatedly(registry: Any, source: str, worker: int, count: int, gate: A
             open_turns.append(child)
         else:
             created.append(child)
+        registry.redis.incr(DONE)
+        i += 1
     return {"created": created, "open_turns": open_turns}
+
+
+def append_in_lockstep(registry: Any, source: str, events: Sequence[Any]) -> None:
+    """Append ``events`` one per call; after each ``turn/start`` and ``turn/end``, wait until a fork
+    started after it has finished, so that the race is certain to show: some fork meets an open
+    turn, some child gets a seed strictly inside the final log. Then tell the forkers to stop."""
+    from sessionfork.embedded import wait_until
+
+    for event in events:
+        registry.append(source, [event])
+        if event.type in ("turn/start", "turn/end"):
+            started = int(registry.redis.get(STARTED) or 0)
+            # done > started-so-far: at least one finished fork began after this append
+            wait_until(lambda s=started: int(registry.redis.get(DONE) or 0) > s, TIMEOUT,
+                       f"a fork after {event.type}")
+    registry.redis.set(OVER, 1)
 
 
 @pytest.fixture(name="ctx")

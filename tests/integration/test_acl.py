@@ -306,3 +306,27 @@ def test_persistence_backend_writes_only_its_marks(acl_server: EmbeddedServer) -
             client.set(keys.session_log("x"), 3)
         with pytest.raises(NoPermissionError):
             client.delete(keys.session("x"))
+
+
+def test_the_scheduler_runs_the_any_language_enqueue_script_but_cannot_write_a_request_record(
+        flow: Flow, scheduler: Redis, admin: Redis) -> None:
+    from sessionfork.core import lua
+
+    sha = scheduler.script_load(lua.source("enqueue.lua", "sessionfork.queue"))
+
+    def enqueue(rid: str, source: str) -> int:
+        request = msgspec.json.encode({"requestId": rid, "source": source, "sessionId": f"{rid}-c"})
+        return int(scheduler.evalsha(sha, 3, f"rq:job:{rid}", f"rq:queue:{SETTINGS.queue}", keys.request(rid),
+                                     rid, request, "origin", SETTINGS.queue, "status", "queued"))
+
+    rid = f"raw-{uuid.uuid4().hex[:8]}"
+    assert (enqueue(rid, "a"), enqueue(rid, "a"), enqueue(rid, "b")) == (1, 0, -1)  # queued: the job compared
+    wait_until(lambda: scheduler.hmget(keys.request(rid), ["outcome"])[0] is not None, 10, "the sf-worker's outcome")
+    admin.delete(f"rq:job:{rid}")  # as with result_ttl 0: the worker's record alone remembers the request
+    assert (enqueue(rid, "a"), enqueue(rid, "b")) == (0, -1)
+    with pytest.raises(NoPermissionError):
+        scheduler.hset(keys.request(rid), "outcome", "forged")
+    forge = "return redis.call('HSET', KEYS[3], 'outcome', 'forged')"
+    with pytest.raises(Exception, match=r"NOPERM|permission"):
+        scheduler.eval(forge, 3, f"rq:job:{rid}", f"rq:queue:{SETTINGS.queue}", keys.request(rid))
+    assert b"forged" not in (admin.hget(keys.request(rid), "outcome") or b"")

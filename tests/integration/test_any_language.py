@@ -1,4 +1,7 @@
-"""The README's any-language recipe works: raw Redis commands submit a fork and get its reply."""
+"""The README's any-language recipe works: raw Redis commands submit a fork and get its reply, and
+detect a reused request id (issue 10, #6): a different request under a used id is refused by the
+enqueue script (-1, nothing enqueued), and no request id ever has two outcomes announced.
+"""
 
 from __future__ import annotations
 
@@ -6,45 +9,132 @@ import ast
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+from helpers import make_client, outcome_entries, start_worker, stop, wait_registered, worker_name
 from redis import Redis
 
 from sessionfork import NewEvent, Registry
+from sessionfork.core import keys, lua
 from sessionfork.embedded import EmbeddedServer
 
 PRODUCER = Path(__file__).parent.parent / "data" / "raw_producer.py"
+README = (Path(__file__).parents[2] / "README.md").read_text()
+ENQUEUE = lua.source("enqueue.lua", "sessionfork.queue")
 
 
-def test_raw_redis_producer_gets_its_fork_reply(server: EmbeddedServer, redis: Redis, registry: Registry) -> None:
-    handle = registry.create("raw-src")
-    registry.append(handle, [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
+@pytest.fixture
+def worker(server: EmbeddedServer, redis: Redis) -> Iterator[None]:
+    name = worker_name("raw")
+    proc = start_worker(server.url, name)
+    wait_registered(redis, name)
+    yield
+    assert stop(proc) == 0
+
+
+def produce(server: EmbeddedServer, source: str, child: str, request_id: str, *extra: str) -> dict[str, object]:
+    out = subprocess.run([sys.executable, str(PRODUCER), str(server.port), source, child, request_id, *extra],
+                         capture_output=True, text=True, timeout=60, check=True)
+    reply: dict[str, object] = json.loads(out.stdout)
+    return reply
+
+
+def add_source(registry: Registry, sid: str) -> None:
+    registry.create(sid)
+    registry.append(sid, [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
+
+
+def enqueue(redis: Redis, request: dict[str, object]) -> int:
+    rid = str(request["requestId"])
+    return int(redis.eval(ENQUEUE, 3, f"rq:job:{rid}", "rq:queue:sessionfork", keys.request(rid), rid,
+                          json.dumps(request), "origin", "sessionfork", "status", "queued"))
+
+
+def test_raw_redis_producer_gets_its_fork_reply(server: EmbeddedServer, registry: Registry, worker: None) -> None:
+    add_source(registry, "raw-src")
+    reply = produce(server, "raw-src", "raw-child", "raw-1")
+    assert reply == {"type": "fork/result", "requestId": "raw-1", "ok": True,
+                     "session": {**reply["session"], "id": "raw-child", "parentSession": "raw-src",  # type: ignore[dict-item]
+                                 "seedLength": 2}}
+    assert registry.header("raw-child").parent_session == "raw-src"
+
+
+def test_raw_producer_forks_a_running_session_at_a_boundary(server: EmbeddedServer, registry: Registry,
+                                                            worker: None) -> None:
     running = registry.create("raw-running")
     registry.append(running, [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1}),
                               NewEvent("turn/start", {"turn": 2})])
-    worker = subprocess.Popen([sys.executable, "-m", "sessionfork", "--redis-url", server.url, "worker",
-                               "--name", "raw-worker", "--log-level", "WARNING"])
-    try:
-        out = subprocess.run([sys.executable, str(PRODUCER), str(server.port), "raw-src", "raw-child", "raw-1"],
-                             capture_output=True, text=True, timeout=60, check=True)
-        at = subprocess.run([sys.executable, str(PRODUCER), str(server.port), "raw-running", "raw-at", "raw-2", "1"],
-                            capture_output=True, text=True, timeout=60, check=True)
-    finally:
-        worker.terminate()
-        worker.wait(30)
-    reply = json.loads(out.stdout)
-    assert reply == {"type": "fork/result", "requestId": "raw-1", "ok": True,
-                     "session": {**reply["session"], "id": "raw-child", "parentSession": "raw-src", "seedLength": 2}}
-    assert registry.header("raw-child").parent_session == "raw-src"
-    # With "boundary": a running session forks at its completed turn.
-    reply = json.loads(at.stdout)
+    reply = produce(server, "raw-running", "raw-at", "raw-2", "604800", "1")
     assert reply == {"type": "fork/result", "requestId": "raw-2", "ok": True,
-                     "session": {**reply["session"], "id": "raw-at", "parentSession": "raw-running", "seedLength": 2}}
+                     "session": {**reply["session"], "id": "raw-at", "parentSession": "raw-running",  # type: ignore[dict-item]
+                                 "seedLength": 2}}
 
 
-def test_raw_producer_imports_neither_rq_nor_sessionfork() -> None:
+@pytest.mark.parametrize("result_ttl", ["604800", "0"])
+def test_a_raw_producer_reusing_a_request_id_gets_a_conflict_and_never_two_outcomes(
+        server: EmbeddedServer, redis: Redis, registry: Registry, worker: None, result_ttl: str) -> None:
+    add_source(registry, "sa")
+    add_source(registry, "sb")
+    first = produce(server, "sa", "b1", "rB", result_ttl)
+    assert first["ok"] is True
+    # result_ttl 0: RQ deletes the job hash at once; the request's record still knows the id
+    assert redis.exists("rq:job:rB") == (result_ttl != "0")
+
+    again = produce(server, "sa", "b1", "rB", result_ttl)  # a retry of the same request
+    conflict = produce(server, "sb", "b2", "rB", result_ttl)
+
+    assert again == first
+    assert (conflict["ok"], conflict["code"]) == (False, "IDEMPOTENCY_CONFLICT")
+    assert not registry.exists("b2") and redis.llen("rq:queue:sessionfork") == 0
+    assert [e.code for e in outcome_entries(redis) if e.request == "rB"] == ["OK"]  # one outcome, announced once
+
+
+def test_a_python_submit_reusing_a_deleted_jobs_id_is_a_conflict_announced_nowhere(
+        server: EmbeddedServer, redis: Redis, registry: Registry, worker: None) -> None:
+    add_source(registry, "sa")
+    add_source(registry, "sb")
+    produce(server, "sa", "b1", "rC", "0")  # the job hash is gone: RQ enqueues the next one
+    client = make_client(redis)
+    with redis.pubsub(ignore_subscribe_messages=True) as pubsub:
+        pubsub.subscribe(client.settings.reply_channel)
+        reply = client.fork("sb", session_id="b2", request_id="rC", timeout=10)
+        assert (reply.ok, getattr(reply, "code", None)) == (False, "IDEMPOTENCY_CONFLICT")
+        wait_job_done(redis, "rC")  # the worker ran the conflicting job
+        published = [m for m in iter(lambda: pubsub.get_message(timeout=0.2), None) if b'"rC"' in m["data"]]
+    assert published == []  # the only announcement of rC was the first one, before we listened
+    assert [e.code for e in outcome_entries(redis) if e.request == "rC"] == ["OK"]
+    assert not registry.exists("b2")
+
+
+def wait_job_done(redis: Redis, job_id: str) -> None:
+    from sessionfork.embedded import wait_until
+
+    wait_until(lambda: redis.hget(f"rq:job:{job_id}", "status") in (b"finished", b"failed"), 20,
+               f"job {job_id} to end")
+
+
+def test_the_enqueue_script_compares_with_a_queued_request_not_yet_claimed(redis: Redis) -> None:
+    first = {"requestId": "rQ", "source": "s", "sessionIds": ["x", "y"]}
+    assert enqueue(redis, first) == 1
+    assert enqueue(redis, {**first, "replyTo": "sf:replies:mine"}) == 0  # replyTo may differ
+    assert enqueue(redis, {**first, "sessionIds": ["y", "x"]}) == -1
+    assert enqueue(redis, {**first, "source": {"id": "s", "instance": "i"}}) == -1
+    assert enqueue(redis, {"requestId": "rQ", "source": "s", "count": 2}) == -1
+    assert enqueue(redis, {**first, "boundary": 3}) == -1  # the boundary is part of what is asked
+    assert redis.lrange("rq:queue:sessionfork", 0, -1) == [b"rQ"]
+    data = json.loads(redis.hget("rq:job:rQ", "data") or b"")
+    assert data[0] == "sessionfork.jobs.fork" and data[1] is None and json.loads(data[2][0]) == first
+
+
+def test_raw_producer_imports_neither_rq_nor_sessionfork_and_runs_the_readme_script() -> None:
     tree = ast.parse(PRODUCER.read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     assert imported == {"json", "sys", "time", "redis"}
+    assigned = next(n.value.value for n in tree.body if isinstance(n, ast.Assign)  # type: ignore[attr-defined]
+                    and getattr(n.targets[0], "id", "") == "ENQUEUE")
+    assert assigned == ENQUEUE
+    assert ENQUEUE in README

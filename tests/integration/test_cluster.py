@@ -27,7 +27,7 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their 
 )
 from helpers import clean_environ, cli_args, make_client, stop, turn, wait_registered, worker_name
 from msgspec import UNSET
-from racing import ctx_fixture, fork_repeatedly, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
+from racing import append_in_lockstep, ctx_fixture, fork_repeatedly, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
 from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, ClusterError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -349,9 +349,8 @@ def _turn_appender(url: str, source: str, gate: Any, results: Any) -> None:
     def body() -> int:
         with _registry_at(url) as registry:
             gate.wait(TIMEOUT)
-            for n in range(TURNS):  # one event per call: the source is often inside an open turn
-                for event in turn(n):
-                    registry.append(source, [event])
+            # one event per call, in lockstep with the forkers: the source is often in an open turn
+            append_in_lockstep(registry, source, [event for n in range(TURNS) for event in turn(n)])
             return TURNS
 
     report(results, "appender", body)
@@ -414,13 +413,17 @@ def test_forks_while_another_process_appends_whole_turns_take_turn_boundary_pref
 
     assert results["appender"] == ("ok", TURNS)
     created: list[str] = []
+    refused: list[str] = []
     for w in range(FORKERS):
         status, value = results[f"forker-{w}"]
         assert status == "ok", value
-        assert len(value["created"]) + len(value["open_turns"]) == FORKS_PER_FORKER
+        assert len(value["created"]) + len(value["open_turns"]) >= FORKS_PER_FORKER
         assert not any(cluster_registry.exists(c) for c in value["open_turns"])
         created += value["created"]
-    assert created
+        refused += value["open_turns"]
+    # It raced: some fork met an open turn, some child's seed is strictly inside the final log.
+    assert refused
+    assert any(0 < cluster_registry.header(c).seed_length < 4 * TURNS for c in created)  # type: ignore[operator]
     source = cluster_registry.events("src")
     assert len(source) == 4 * TURNS
     for child in created:
@@ -597,7 +600,7 @@ def caught_up(master: EmbeddedServer) -> bool:
 @dataclass(frozen=True)
 class Failover:
     """What a failover run saw: acknowledged children, those missing afterwards, those missing
-    from the source's children index (see the xfailed replay test), and retries per error type."""
+    from the source's children index, and retries per error type."""
 
     acked: int
     missing: list[str]
@@ -664,6 +667,7 @@ def test_forks_go_on_after_the_sources_primary_is_killed_and_few_acknowledged_ch
     print(f"\nfailover without WAIT: {seen}")
     assert seen.acked >= FAILOVER_FORKS_BEFORE + FAILOVER_FORKS_AFTER
     assert len(seen.missing) <= MAX_LOST_WITHOUT_WAIT, seen
+    assert seen.unindexed <= MAX_LOST_WITHOUT_WAIT, seen  # an index entry is an acknowledged write too
 
 
 @pytest.mark.slow
@@ -672,6 +676,7 @@ def test_with_wait_replicas_no_acknowledged_child_is_lost_across_a_failover() ->
     print(f"\nfailover with WAIT 1: {seen}")
     assert seen.acked >= FAILOVER_FORKS_BEFORE + FAILOVER_FORKS_AFTER
     assert seen.missing == [], seen
+    assert seen.unindexed == 0, seen  # the parent's index entry is waited for too
 
 
 # -- last: no CROSSSLOT, ever ----------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
 
@@ -32,7 +33,7 @@ from helpers import (
 from redis import Redis
 from rq import SimpleWorker
 from rq.job import Job
-from rq.registry import StartedJobRegistry
+from rq.registry import FailedJobRegistry, StartedJobRegistry
 
 from sessionfork.core import keys
 from sessionfork.core.config import Settings
@@ -118,6 +119,12 @@ def submit_all(client: Client, requests: list[ForkRequest]) -> list[str]:
     return [client.submit(r) for r in requests]
 
 
+def holder(redis: Redis, job_id: str) -> str | None:
+    """The worker running ``job_id`` (RQ 2 and 3 both write it in the job hash when it starts)."""
+    status, worker = redis.hmget(f"rq:job:{job_id}", ["status", "worker_name"])
+    return worker.decode() if status == b"started" and worker else None
+
+
 def current_job(redis: Redis, worker: str) -> str | None:
     """The job ``worker`` runs now, through RQ's API (RQ 2 keeps it in the worker's hash, RQ 3 in
     the worker's execution index)."""
@@ -131,7 +138,7 @@ def wait_in_hand(redis: Redis, workers: list[str], job_id: str) -> str:
     found: list[str] = []
 
     def check() -> bool:
-        holders = [w for w in workers if current_job(redis, w) == job_id]
+        holders = [w for w in workers if holder(redis, job_id) == w]
         if holders and job_id in started.get_job_ids(cleanup=False):
             found.extend(holders)
         return bool(found)
@@ -204,12 +211,26 @@ def test_sigkill_storm_leaves_one_outcome_per_request_and_no_orphan(
     workers = {name: start_worker(own_server.url, name, **FAULT_ENV) for name in names}
     procs.extend(workers.values())
 
-    wait_until(lambda: rds.xlen(keys.OUTCOME_STREAM) >= 40, 30, "40 outcomes")
-    victim = wait_in_hand(rds, names, "big-60")
-    kill(workers[victim])
-    replacement = worker_name("replacement")
-    procs.append(start_worker(own_server.url, replacement, **FAULT_ENV))
-    wait_all_outcomes(rds, ids)
+    appending, appender_redis = threading.Event(), own_server.client()
+    appender = threading.Thread(target=append_turns, args=(Registry(appender_redis), "src-0", appending))
+    appender.start()  # whole turns, one batch each: src-0 stays forkable while it grows
+    try:
+        wait_until(lambda: rds.xlen(keys.OUTCOME_STREAM) >= 40, 30, "40 outcomes")
+        victim = wait_in_hand(rds, names, "big-60")
+        # Land the kill between the children and the outcome: once the first planned child exists.
+        wait_until(lambda: rds.hget(keys.request("big-60"), "children") is not None, 30, "big-60's plan")
+        first = msgspec.json.decode(rds.hget(keys.request("big-60"), "children") or b"", type=list[str])[0]
+        wait_until(lambda: rds.exists(keys.session(first)), 30, "big-60's first child", interval=0.001)
+        kill(workers[victim])
+        assert rds.hget(keys.session(first), "req") == b"big-60"
+        assert stored_outcome(rds, "big-60") is None  # killed after some children, before the outcome
+        replacement = worker_name("replacement")
+        procs.append(start_worker(own_server.url, replacement, **FAULT_ENV))
+        wait_all_outcomes(rds, ids)
+    finally:
+        appending.set()
+        appender.join(30)
+        appender_redis.close()
 
     assert workers[victim].returncode == -signal.SIGKILL
     assert_consistent(rds, ids, sources)
@@ -217,9 +238,22 @@ def test_sigkill_storm_leaves_one_outcome_per_request_and_no_orphan(
     assert Job.fetch("big-60", connection=rds, serializer=jobs.JSONSerializer).retries_left == 2  # killed once
     big = msgspec.json.decode(stored_outcome(rds, "big-60") or b"", type=ForkResult)
     assert len(children_of(big)) == BIG
-    assert {(h.parent_session, h.seed_length) for h in children_of(big)} == {("src-0", 4)}
+    seeds = {(h.parent_session, h.seed_length) for h in children_of(big)}
+    assert len(seeds) == 1, seeds  # one snapshot for every child, before and after the crash
+    (parent, seed), = seeds
+    registry = Registry(rds)
+    assert parent == "src-0" and isinstance(seed, int) and seed >= 4
+    assert registry.events(children_of(big)[-1].id) == registry.events("src-0")[:seed]
     survivor = next(p for n, p in workers.items() if n != victim)
     assert survivor.poll() is None
+
+
+def append_turns(registry: Registry, source: str, stop_: threading.Event) -> None:
+    """Append whole turns to ``source`` (one batch each) until ``stop_`` is set."""
+    n = 100
+    while not stop_.is_set():
+        registry.append(source, turn(n))
+        n += 1
 
 
 # -- SIGTERM --------------------------------------------------------------------------------------
@@ -299,6 +333,7 @@ def test_worker_rides_out_a_redis_restart(durable_server: EmbeddedServer,
 
         assert proc.poll() is None
         assert_consistent(redis, ids, sources)
+        assert_not_failed(redis, "big-20")
         assert stop(proc) == 0
     finally:
         redis.close()
@@ -320,7 +355,14 @@ def test_worker_rides_out_dropped_connections(own_server: EmbeddedServer, rds: R
     assert killed >= 1
     assert proc.poll() is None
     assert_consistent(rds, ids, sources)
+    assert_not_failed(rds, "big-20")
     assert stop(proc) == 0
+
+
+def assert_not_failed(redis: Redis, in_hand: str) -> None:
+    """The job in hand during the outage was not failed and retried: the worker waited for Redis."""
+    assert Job.fetch(in_hand, connection=redis, serializer=jobs.JSONSerializer).retries_left == SETTINGS.retries
+    assert FailedJobRegistry(queue=jobs.make_queue(redis, SETTINGS)).get_job_ids(cleanup=False) == []
 
 
 # -- the dequeue window (src bug) -----------------------------------------------------------------

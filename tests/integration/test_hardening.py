@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from rq.job import Job
 
 from sessionfork import ErrorCode, ForkError, LiveHandle, NewEvent, Registry
 from sessionfork.core.config import Settings
@@ -21,6 +23,7 @@ from sessionfork.queue import jobs
 from sessionfork.queue.client import Client
 from sessionfork.queue.outcomes import Outcomes, wait_for_reply
 from sessionfork.queue.requests import Limits
+from sessionfork.queue.rq_seam.worker_base import ForkJob
 from sessionfork.queue.service import ForkService
 from sessionfork.queue.worker import ForkWorker
 
@@ -66,11 +69,20 @@ def test_webhooks_and_callbacks_in_a_job_hash_are_never_used(redis: Redis, hook_
     redis.hset("rq:job:evil", mapping={
         "data": json.dumps(["os.system", None, ["true"], {}]), "origin": "sessionfork", "status": "queued",
         "created_at": now, "enqueued_at": now, "timeout": "30", "webhooks": hooks,
-        "failure_callback_name": "os.abort", "description": "x"})
+        "failure_callback_name": "os.abort", "success_callback_name": "os.abort",
+        "stopped_callback_name": "os.abort", "description": "x"})
     redis.rpush("rq:queue:sessionfork", "evil")
+    # Callbacks: RQ would call them from its perform path; the worker loads jobs as ForkJob, which
+    # drops their names, so no path can reach them (plain RQ would import os.abort here).
+    loaded = ForkJob.fetch("evil", connection=redis, serializer=jobs.JSONSerializer)
+    assert (loaded.success_callback, loaded.failure_callback, loaded.stopped_callback) == (None, None, None)
+    assert loaded.webhooks == []
+    assert Job.fetch("evil", connection=redis, serializer=jobs.JSONSerializer).failure_callback is os.abort
+    # Webhooks: RQ sends them when a job fails, which is what the worker does with this one.
     worker(redis, service(redis)).work(burst=True, logging_level="ERROR")
     reply = wait_for_reply(redis, "evil", "sf:replies", 5)
     assert isinstance(reply, ForkFailure) and reply.code == "INVALID_REQUEST"
+    assert redis.hget("rq:job:evil", "status") == b"failed"
     assert hits == []
 
 

@@ -57,7 +57,7 @@ def test_every_promise_holds_once_rq_forgot_the_job(short_jobs: Client, redis: R
     assert first.ok
     wait_until(lambda: _expired(redis, "r-1"), 20, "RQ's job state of r-1 to expire")
     assert redis.hget(keys.request("r-1"), "outcome") is not None
-    assert set(redis.hkeys(keys.request("r-1"))) == {b"digest", b"outcome"}  # plan and snapshot freed
+    assert set(redis.hkeys(keys.request("r-1"))) == {b"digest", b"request", b"outcome"}  # plan and snapshot freed
 
     # A late waiter gets the stored outcome.
     assert client.wait(request, timeout=5) == first

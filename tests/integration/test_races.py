@@ -6,7 +6,7 @@ from collections.abc import Callable
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
-from racing import ctx_fixture, fork_repeatedly, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
+from racing import append_in_lockstep, ctx_fixture, fork_repeatedly, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
 from redis import Redis
 
 from sessionfork.core import forks
@@ -32,11 +32,11 @@ def _turn_appender(port: int, source: str, gate: Any, results: Any) -> None:
         try:
             registry = Registry(client)
             gate.wait(TIMEOUT)
-            for n in range(TURNS):  # one event per call, so the source is often inside an open turn
+            append_in_lockstep(registry, source, [  # one event per call: the source is often in an open turn
+                event for n in range(TURNS)
                 for event in (NewEvent("turn/start", {"n": n}), NewEvent("user/message", {"n": n}),
                               NewEvent("assistant/message", {"n": n}),
-                              NewEvent("turn/end", {"n": n, "reason": "completed"})):
-                    registry.append(source, [event])
+                              NewEvent("turn/end", {"n": n, "reason": "completed"}))])
             return TURNS
         finally:
             client.close()
@@ -102,13 +102,17 @@ def test_concurrent_forks_of_a_source_in_mid_turn_take_whole_turn_prefixes(
 
     assert results["appender"] == ("ok", TURNS)
     created: list[str] = []
+    refused: list[str] = []
     for w in range(FORKERS):
         status, value = results[f"forker-{w}"]
         assert status == "ok", value
         created += value["created"]
-        assert len(value["created"]) + len(value["open_turns"]) == FORKS_PER_WORKER
+        refused += value["open_turns"]
+        assert len(value["created"]) + len(value["open_turns"]) >= FORKS_PER_WORKER
         assert not any(registry.exists(c) for c in value["open_turns"])
-    assert created
+    # It raced: some fork met an open turn, some child's seed is strictly inside the final log.
+    assert refused
+    assert any(0 < registry.header(c).seed_length < 4 * TURNS for c in created)  # type: ignore[operator]
 
     source_events = registry.events("src")
     assert len(source_events) == 4 * TURNS

@@ -21,7 +21,8 @@ def python_blocks() -> list[str]:
 
 
 def test_python_examples_run_against_a_real_server_and_worker(server: EmbeddedServer) -> None:
-    server.client().flushall()
+    with server.client() as setup:
+        setup.flushall()
     script = "\n".join(python_blocks()).replace("redis://localhost:6379/0", server.url)
     script += "\nassert reply.ok, reply\nprint('examples ok')\n"
     worker = subprocess.Popen([sys.executable, "-m", "sessionfork", "--redis-url", server.url, "worker",
@@ -54,6 +55,9 @@ def test_every_setting_is_documented_with_its_default() -> None:
         value = getattr(defaults, field)
         if isinstance(value, int) and not isinstance(value, bool):
             assert re.search(rf"^\| `{var}` \| {value} \|", table, flags=re.M), var
+    for field, (low, high) in config.BOUNDS.items():  # the range column states the checked bounds
+        shown = "\u2013".join(str(int(b)) if float(b).is_integer() else str(b) for b in (low, high))
+        assert re.search(rf"^\| `{config.ENV[field]}` \| [^|]+ \| {shown} \|", table, flags=re.M), field
 
 
 def test_every_error_code_is_documented() -> None:

@@ -275,16 +275,21 @@ def test_invalid_request_is_refused_before_any_work(redis: Redis, registry: Regi
     assert [(e.request, e.code) for e in outcome_entries(redis)] == [(rid, "INVALID_REQUEST")]
 
 
-def test_invalid_request_reply_reaches_a_waiter_on_its_reply_to_channel(redis: Redis, client: Client,
-                                                                        server: EmbeddedServer, source: str) -> None:
-    request = client.request(source, session_id="not valid!", reply_to="team-a:replies")
-    with ObservedRedis.watching(server) as (observed, checked), ThreadPoolExecutor(1) as pool:
-        waiting = pool.submit(make_client(observed).wait, request, 3.0)
-        assert checked.wait(TIMEOUT), "the waiter did not read the store"
+@pytest.mark.parametrize("bad", [{"session_id": "not valid!"}, {"count": 0}, {"session_ids": ["a", "a"]}],
+                         ids=["sessionId", "count", "sessionIds"])
+def test_invalid_request_reply_is_published_on_its_reply_to_channel_not_the_default(
+        redis: Redis, client: Client, source: str, bad: dict[str, Any]) -> None:
+    request = client.request(source, reply_to="team-a:replies", **bad)
+    with subscribed(redis, "team-a:replies", keys.DEFAULT_REPLY_CHANNEL) as pubsub:
         client.submit(request)
-        reply = waiting.result(TIMEOUT)
+        marker = client.fork(source, session_id="marker", timeout=TIMEOUT)  # published after the refusal
+        seen = []
+        while not seen or seen[-1][1] != marker.request_id:
+            channel, data = next_message(pubsub)
+            seen.append((channel, json.loads(data)["requestId"], json.loads(data).get("code")))
 
-    assert failure(reply)[0] == "INVALID_REQUEST"
+    assert seen == [("team-a:replies", request.request_id, "INVALID_REQUEST"),
+                    (keys.DEFAULT_REPLY_CHANNEL, marker.request_id, None)]
 
 
 # -- jobs that are not sessionfork requests -------------------------------------------------------
@@ -410,19 +415,29 @@ def test_request_id_reused_for_a_different_request_is_an_idempotency_conflict(
         "IDEMPOTENCY_CONFLICT", 'request id "dup-id" was already used for a different request')
     assert not registry.exists("c2")
     assert registry.children(source) == ["c1"]
+    # The second submission never reached a worker (RQ's unique enqueue kept the first job): the
+    # conflict is the client's, from the digest stored with the first request's outcome. The
+    # worker's side is test_worker_ends_a_reused_request_id_as_a_conflict_and_announces_nothing.
+    job = Job.fetch("dup-id", connection=registry.redis, serializer=jobs.JSONSerializer)
+    assert json.loads(job.args[0])["sessionId"] == "c1"
 
 
-def test_worker_answers_a_reused_request_id_with_an_idempotency_conflict(
+def test_worker_ends_a_reused_request_id_as_a_conflict_and_announces_nothing(
         redis: Redis, registry: Registry, client: Client, source: str) -> None:
     first = client.fork(source, session_id="c1", request_id="dup-job", timeout=TIMEOUT)
     wait_job_status(redis, "dup-job", JobStatus.FINISHED)
     Job.fetch("dup-job", connection=redis, serializer=jobs.JSONSerializer).delete()
+    streamed = redis.xlen(keys.OUTCOME_STREAM)
 
     with subscribed(redis, keys.DEFAULT_REPLY_CHANNEL) as pubsub:
-        client.submit(client.request(source, session_id="c2", request_id="dup-job"))
-        _, published = next_message(pubsub)
+        request = client.request(source, session_id="c2", request_id="dup-job")
+        client.submit(request)
+        wait_job_status(redis, "dup-job", JobStatus.FINISHED)  # the worker ran it...
+        published = pubsub.get_message(timeout=0.5)
 
-    assert failure(msgspec.json.decode(published, type=ForkFailure)) == (
+    assert published is None  # ...and announced nothing: "dup-job" has one outcome, the first
+    assert redis.xlen(keys.OUTCOME_STREAM) == streamed
+    assert failure(client.wait(request, TIMEOUT)) == (
         "IDEMPOTENCY_CONFLICT", 'request id "dup-job" was already used for a different request')
     assert not registry.exists("c2")
     assert stored_outcome(redis, "dup-job") == msgspec.json.encode(first)
@@ -615,7 +630,8 @@ def test_cli_health_exits_1_without_a_worker() -> None:
 def test_cli_fork_with_an_unreachable_server_prints_one_error_line() -> None:
     done = run_cli("fork", "a", url="redis://127.0.0.1:1/0")
 
-    assert done.returncode != 0
+    assert done.returncode == 3  # the documented status for "Redis unreachable"
+    assert "Redis unreachable" in done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     lines = done.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), done.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -13,7 +14,7 @@ from hypothesis import strategies as st
 from msgspec import UNSET
 
 from sessionfork.core.wire import Header
-from sessionfork.ops.persist import directory, path_for, segment
+from sessionfork.ops.persist import MAX_SEGMENT, SUFFIX, directory, path_for, segment
 
 VECTORS: dict[str, Any] = json.loads((Path(__file__).parent.parent / "data" / "jsonl-paths.json").read_text("utf-8"))
 
@@ -73,5 +74,26 @@ def test_segment_uses_only_safe_characters_and_is_never_a_dot_name(session_id: s
 
 
 @given(st.text(min_size=1))
-def test_segment_decodes_back_to_the_id(session_id: str) -> None:
-    assert decode_segment(segment(session_id)) == session_id
+def test_segment_decodes_back_to_the_id_unless_hashed(session_id: str) -> None:
+    out = segment(session_id)
+    if "~~" not in out:
+        assert decode_segment(out) == session_id
+    assert len((out + SUFFIX).encode()) <= 255
+
+
+@pytest.mark.parametrize("count", [49, 50, 51, 127, 128])
+def test_an_id_whose_encoded_name_is_too_long_gets_a_hashed_name(count: int) -> None:
+    session_id = "a" + ":" * (count - 1)
+    encoded = "a" + "~003A" * (count - 1)
+    out = segment(session_id)
+    if len(encoded) <= MAX_SEGMENT:
+        assert out == encoded
+    else:
+        assert re.fullmatch(r"a(~003A)+~~[0-9a-f]{64}", out), out
+        assert out.endswith(hashlib.sha256(session_id.encode()).hexdigest())
+    assert len(out + SUFFIX) <= 255
+
+
+@given(st.text(alphabet=":.a", min_size=50, max_size=128), st.text(alphabet=":.a", min_size=50, max_size=128))
+def test_hashed_names_differ_per_id_and_from_every_encoded_name(a: str, b: str) -> None:
+    assert (segment(a) == segment(b)) == (a == b)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sessionfork.core import wire
+from sessionfork.core import rules, wire
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.wire import Event, Header, LiveHandle, NewEvent, SeedMeta
 
@@ -131,7 +131,7 @@ def test_new_event_accepts_extra_keys_that_only_resemble_core_fields() -> None:
 json_values = st.recursive(
     st.none()
     | st.booleans()
-    | st.integers()
+    | st.integers(min_value=rules.INT_MIN, max_value=rules.INT_MAX)  # what 64-bit JSON readers read
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),

@@ -17,7 +17,7 @@ import click
 
 from ..core import wire
 from ..core.registry import DELETED
-from .app import Context, clean_errors, cli
+from .app import LOG_LEVELS, Context, clean_errors, cli
 
 
 @cli.command()
@@ -146,7 +146,8 @@ def events(obj: Context, follow: bool, only_new: bool, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--window", type=int, default=3600, show_default=True, help="Seconds to look back.")
+@click.option("--window", type=click.IntRange(1, 3650 * 86400), default=3600, show_default=True,
+              help="Seconds to look back (at most ten years).")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 @clean_errors
@@ -165,7 +166,7 @@ def stats(obj: Context, window: int, as_json: bool) -> None:
 @click.option("--consumer", help="Consumer name in the group (default: host name and pid).")
 @click.option("--group", default="persist", show_default=True, help="Consumer group on sf:lifecycle.")
 @click.option("--sync", "sync_ids", multiple=True, help="Bring these sessions' files up to date, then exit.")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-level", type=LOG_LEVELS, default="INFO", show_default=True)
 @click.pass_obj
 @clean_errors
 def persist(obj: Context, root: Path, consumer: str | None, group: str, sync_ids: tuple[str, ...],
@@ -174,7 +175,7 @@ def persist(obj: Context, root: Path, consumer: str | None, group: str, sync_ids
     from ..ops.metrics import configure_logging
     from ..ops.persist import JsonlBackend
 
-    configure_logging("text", log_level)
+    configure_logging("text", log_level.upper())
     root.mkdir(parents=True, exist_ok=True)  # an unusable root is one clear error now, not later
     name = consumer or f"{socket.gethostname()}-{os.getpid()}"
     backend = JsonlBackend(obj.registry(), root, group=group, consumer=name)
@@ -200,8 +201,9 @@ def acl(obj: Context, passwords: tuple[str, ...]) -> None:
 
     given = dict(p.split("=", 1) for p in passwords if "=" in p)
     unknown = set(given) - set(rules.USERS)
-    if unknown or len(given) != len(passwords):
-        raise click.UsageError(f"--password takes USER=PASSWORD with USER among {', '.join(rules.USERS)}")
+    if unknown or len(given) != len(passwords) or not all(given.values()):
+        raise click.UsageError(f"--password takes USER=PASSWORD (a non-empty password) with USER among "
+                               f"{', '.join(rules.USERS)}")
     for user in rules.USERS:
         if user not in given:
             given[user] = secrets.token_urlsafe(24)

@@ -21,6 +21,7 @@ from ..core.registry import Registry
 from ..queue.service import ForkService
 
 F = TypeVar("F", bound=Callable[..., Any])
+LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False)
 
 
 class Context:
@@ -81,7 +82,27 @@ def clean_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-@click.group()
+class OneLineGroup(click.Group):
+    """A click group whose usage errors are one ``error:`` line and exit status 2, like every other
+    failure of the CLI (click would print the usage and a hint first)."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # no command (click >= 8.2): the help, as click
+                exc.show()
+            else:
+                click.echo(f"error: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("error: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=OneLineGroup)
 @click.option("--redis-url", help="Registry server URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0).")
 @click.option("--queue-url", help="Queue server URL (default: $SESSIONFORK_QUEUE_URL, else the registry's).")
 @click.option("--cluster/--no-cluster", default=None, help="The registry is a Redis Cluster.")
@@ -97,5 +118,5 @@ def cli(ctx: click.Context, redis_url: str | None, queue_url: str | None, cluste
         settings = config.from_environ(environ, redis_url=redis_url, queue_url=queue_url, cluster=cluster,
                                        tls_ca_file=tls_ca_file, queue=queue_name, reply_channel=reply_channel)
     except config.ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
+        raise click.UsageError(str(exc)) from None  # one ``error:`` line, exit status 2
     ctx.obj = Context(settings)

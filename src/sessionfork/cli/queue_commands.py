@@ -10,17 +10,25 @@ import msgspec
 from ..core import wire
 from ..queue import jobs
 from ..queue.client import Client
-from .app import Context, clean_errors, cli
+from .app import LOG_LEVELS, Context, clean_errors, cli
+
+MAX_WAIT = 86400
+
+
+def _check_wait(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if not 0 <= value <= MAX_WAIT:  # NaN fails too
+        raise click.BadParameter(f"expected 0 to {MAX_WAIT} seconds, got {value}", ctx, param)
+    return value
 
 
 @cli.command()
 @click.option("--burst", is_flag=True, help="Quit when the queue is empty.")
 @click.option("--name", help="Worker name (default: RQ's).")
-@click.option("--max-jobs", type=int, help="Quit after this many jobs.")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--max-jobs", type=click.IntRange(min=1), help="Quit after this many jobs.")
+@click.option("--log-level", type=LOG_LEVELS, default="INFO", show_default=True)
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one object per line, with request id, source, child, code, duration.")
-@click.option("--metrics-port", type=int, help="Serve Prometheus metrics on this port.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve Prometheus metrics on this port.")
 @click.pass_obj
 @clean_errors
 def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, log_level: str,
@@ -29,7 +37,7 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
     from ..ops.metrics import Observer, configure_logging
     from ..queue.worker import ForkWorker
 
-    configure_logging(log_format, log_level)
+    configure_logging(log_format, log_level.upper())
     s = obj.settings
     service = obj.service()
     queue_redis = service.outcomes.redis
@@ -43,7 +51,7 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
                              delete_after_persist=s.delete_after_persist,
                              maintenance_interval=s.maintenance_interval,
                              worker_ttl=s.worker_ttl, name=name)
-    fork_worker.work(burst=burst, max_jobs=max_jobs, logging_level=log_level)
+    fork_worker.work(burst=burst, max_jobs=max_jobs, logging_level=log_level.upper())
     if not (burst or max_jobs or fork_worker.stop_signalled):
         # RQ's loop ends on an unexpected error after logging it: say so with a failing status,
         # so that a supervisor (systemd, compose's restart policy) starts the worker again.
@@ -61,8 +69,8 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
               help="Fork at this inclusive event seq (default: the end of the log).")
 @click.option("--request-id", help="Idempotency key (default: generated).")
 @click.option("--reply-to", help="Reply channel for this request.")
-@click.option("--wait", "wait_s", type=float, default=10.0, show_default=True,
-              help="Seconds to wait for the reply; 0 = enqueue only and print the request id.")
+@click.option("--wait", "wait_s", type=float, default=10.0, show_default=True, callback=_check_wait,
+              help=f"Seconds to wait for the reply (0-{MAX_WAIT}); 0 = enqueue only and print the request id.")
 @click.pass_obj
 @clean_errors
 def fork(obj: Context, source: str, instance: str | None, session_id: str | None, session_ids: str | None,
@@ -74,7 +82,7 @@ def fork(obj: Context, source: str, instance: str | None, session_id: str | None
     request = client.request(src, session_id=session_id, count=count, request_id=request_id, reply_to=reply_to,
                              session_ids=session_ids.split(",") if session_ids else None, boundary=boundary)
     request_id = client.submit(request)
-    if wait_s <= 0:
+    if wait_s == 0:
         click.echo(wire.encode({"requestId": request_id, "queued": True}).decode())
         return
     reply = client.wait(request, wait_s)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -63,6 +64,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     wait_replicas: int = 0
     """Replicas that must acknowledge a fork before it is reported (WAIT), 0 = don't wait."""
     wait_timeout_ms: int = 1000
+    """Milliseconds to wait for those replicas (WAIT's timeout; 0 would wait forever, so not allowed)."""
+    socket_timeout: float = 5.0
+    """Seconds a Redis command may take before it fails (a frozen server): every client's
+    ``socket_timeout``. RQ raises it on the worker's own connection to cover its blocking dequeue."""
+    connect_timeout: float = 3.0
+    """Seconds a connection to Redis may take to open (TCP and TLS handshake)."""
 
 
 ENV: Mapping[str, str] = {
@@ -88,7 +95,33 @@ ENV: Mapping[str, str] = {
     "delete_after_persist": "SESSIONFORK_DELETE_AFTER_PERSIST",
     "wait_replicas": "SESSIONFORK_WAIT_REPLICAS",
     "wait_timeout_ms": "SESSIONFORK_WAIT_TIMEOUT_MS",
+    "socket_timeout": "SESSIONFORK_SOCKET_TIMEOUT",
+    "connect_timeout": "SESSIONFORK_CONNECT_TIMEOUT",
 }
+
+_DAY = 24 * 3600
+BOUNDS: Mapping[str, tuple[float, float]] = {
+    "max_request_bytes": (1, 512 * 1024 * 1024),  # Redis's largest string
+    "max_fanout": (1, 100_000),
+    "max_event_bytes": (1, 512 * 1024 * 1024),
+    "max_id_length": (1, 128),  # may only lower the id rule's 128
+    "outcome_ttl": (1, 3650 * _DAY),
+    "outcome_stream_maxlen": (1, 10**12),
+    "job_ttl": (1, 3650 * _DAY),
+    "retention": (0, 3650 * _DAY),  # 0: off
+    "job_timeout": (1, 7 * _DAY),
+    "retries": (0, 1000),
+    "abandoned_after": (1, _DAY),
+    "maintenance_interval": (1, _DAY),
+    "worker_ttl": (1, _DAY),
+    "wait_replicas": (0, 100),
+    "wait_timeout_ms": (1, 600_000),
+    "socket_timeout": (0.1, 3600),
+    "connect_timeout": (0.1, 3600),
+}
+"""The range of every numeric setting, inclusive; any value outside it is a ``ConfigError``."""
+URL_SCHEMES = ("redis", "rediss", "unix")
+NAME_MAX_LENGTH = 256
 
 
 class ConfigError(ValueError):
@@ -105,13 +138,51 @@ def from_environ(environ: Mapping[str, str], **overrides: Any) -> Settings:
     try:
         settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"invalid setting: {exc}") from None
-    for field in ("max_request_bytes", "max_fanout", "max_event_bytes", "max_id_length", "outcome_ttl",
-                  "job_ttl", "job_timeout", "abandoned_after", "maintenance_interval", "worker_ttl"):
-        if getattr(settings, field) <= 0:
-            raise ConfigError(f"{ENV[field]} must be positive, got {getattr(settings, field)}")
-    if settings.retention < 0:
-        raise ConfigError(f"SESSIONFORK_RETENTION must be 0 (off) or positive, got {settings.retention}")
-    if settings.max_id_length > 128:
-        raise ConfigError(f"SESSIONFORK_MAX_ID_LENGTH may only lower the id rule's 128, got {settings.max_id_length}")
+        # Name the variable, not the field: "... - at `$.retries`" -> "SESSIONFORK_RETRIES: ..."
+        text = str(exc)
+        field = text.rpartition("`$.")[2].rstrip("`")
+        raise ConfigError(f"invalid setting {ENV.get(field, field)}: {text.partition(' - at ')[0]}") from None
+    for field, (low, high) in BOUNDS.items():
+        value = getattr(settings, field)
+        if not low <= value <= high:  # NaN fails too
+            raise ConfigError(f"{ENV[field]} must be between {_number(low)} and {_number(high)}, got {value}")
+    if settings.wait_timeout_ms >= settings.socket_timeout * 1000:
+        raise ConfigError(f"{ENV['wait_timeout_ms']} ({settings.wait_timeout_ms}) must be shorter than "
+                          f"{ENV['socket_timeout']} ({settings.socket_timeout} s): WAIT blocks its connection")
+    for field in ("redis_url", "queue_url"):
+        url = getattr(settings, field)
+        if url is not None:
+            check_url(url, ENV[field])
+    for field in ("queue", "reply_channel"):
+        name = getattr(settings, field)
+        if not 0 < len(name) <= NAME_MAX_LENGTH or not name.isascii() or not name.isprintable() or " " in name:
+            raise ConfigError(f"{ENV[field]} must be 1-{NAME_MAX_LENGTH} printable ASCII characters without "
+                              f"spaces, got {name!r}")
     return settings
+
+
+def check_url(url: str, what: str) -> str:
+    """Return ``url`` or raise ``ConfigError``: a ``redis://``, ``rediss://`` or ``unix://`` URL
+    whose port (if any) is 1-65535 and whose database (if any) is a number."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{what} is not a usable Redis URL ({exc}): {_redacted(url)!r}") from None
+    if parts.scheme not in URL_SCHEMES:
+        raise ConfigError(f"{what} must be a {', '.join(s + '://' for s in URL_SCHEMES)} URL, got {_redacted(url)!r}")
+    if parts.scheme != "unix":
+        db = parts.path.lstrip("/")
+        if not parts.hostname or port == 0 or (db and not db.isdigit()):
+            raise ConfigError(f"{what} must name a host, a port 1-65535 and a database number, got {_redacted(url)!r}")
+    return url
+
+
+def _redacted(url: str) -> str:
+    """``url`` without its password (error messages end up in logs)."""
+    head, at, tail = url.rpartition("@")
+    return f"{head.rpartition(':')[0] or head}:***@{tail}" if at else url
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)

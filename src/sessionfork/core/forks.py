@@ -42,6 +42,8 @@ def fork(registry: Registry, source: SessionRef, session_id: str | None = None, 
     retried call returns the child it already created, even if the source has moved on or been
     disposed since.
     """
+    if not isinstance(request_id, str):
+        raise errors.invalid(f"invalid request id {request_id!r:.80}: expected a str")
     if session_id is None:
         if request_id:
             raise errors.invalid("request_id needs an explicit session_id: a generated id cannot be replayed")
@@ -73,8 +75,10 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     earlier call with it created are returned as they are. ``boundary`` as for ``fork``: every
     child's seed is events ``[0, boundary]``.
     """
+    if not isinstance(child_ids, Sequence) or isinstance(child_ids, str | bytes):
+        raise errors.invalid(f"child ids must be a sequence of ids, got {type(child_ids).__name__}")
     ids = [rules.check_id(c) for c in child_ids]
-    if request_id:
+    if not isinstance(request_id, str) or request_id:
         rules.check_request_id(request_id, "request id")
     if len(set(ids)) != len(ids):
         raise errors.invalid("child session ids must be distinct")

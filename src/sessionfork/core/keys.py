@@ -42,7 +42,8 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
 
 Queue side (one Redis primary, the one RQ uses; never a cluster)::
 
-    sf:req:<request id>    hash   idempotency record: digest, planned child ids, outcome JSON
+    sf:req:<request id>    hash   idempotency record: digest, request (its identity JSON), planned
+                                  child ids, outcome JSON
     sf:outcomes            stream every outcome, capped (XADD MAXLEN ~)
     sf:replies             channel default reply channel (requests may name their own)
     sessionfork            RQ queue name; RQ derives its own keys from it (rq:queue:sessionfork,

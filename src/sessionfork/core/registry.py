@@ -209,49 +209,63 @@ class Registry(SessionStore):
         replay), so a request forks at most once; any other existing id is
         ``SESSION_ALREADY_EXISTS`` in its place of the result. With ``wait_replicas``, the
         children are acknowledged by that many replicas before this returns
-        (``lua.NotReplicated`` otherwise). ``child_ids`` are checked by the caller.
+        (``lua.NotReplicated`` otherwise). A source that is no longer the session ``snap`` was
+        taken from, or is shorter (its server restarted empty), raises ``SESSION_NOT_FOUND`` and
+        leaves no child: none may name a seed that cannot be read. ``child_ids`` are checked by
+        the caller.
         """
-        parent = snap.source.id
+        source_id = snap.source.id
         if any(lo < 0 for _, lo, _ in snap.segments):
             # The source's seed holds a reference: store it by value first (once per source), so
             # that its children's reference to it is one level deep whatever the lineage depth.
-            resolved = self.resolve(parent, snap.segments)
-            self._settle(keys=[keys.session(parent)], args=[wire.encode([list(s) for s in resolved])])
-        segments = wire.encode(rules.by_reference(parent, snap.child_segments()))
+            resolved = self.resolve(source_id, snap.segments)
+            self._settle(keys=[keys.session(source_id)], args=[wire.encode([list(s) for s in resolved])])
+        segments = wire.encode(rules.by_reference(source_id, snap.child_segments()))
         # The child's "last" feeds the no-boundary rule only; a seed ends between turns, and a
         # boundary fork's seed may end with an event after its turn/end (todo/write): recorded as
         # such, so forking the child without a boundary keeps today's rule (its last event).
         last = snap.last
-        # On one server the script also indexes the child under its parent, unless the parent was
-        # deleted since the snapshot (atomically); on a cluster the parent's index is in another
-        # slot: the children are pinned there first (pin.lua, which checks the same), then created.
-        index = [] if self._cluster else [keys.session_children(parent), keys.session(parent)]
-        if self._cluster and child_ids and not self._pin(keys=[keys.session(parent), keys.session_children(parent)],
-                                                         args=list(child_ids)):
-            return [errors.not_found(parent) for _ in child_ids]
+        parent = wire.encode_header(snap.source)
+        # On one server the script also indexes the child under its parent and checks that the
+        # parent is still the session snapshotted (not deleted either), at least as long
+        # (atomically); on a cluster the parent is in another slot: the children are pinned in its
+        # index first (pin.lua refuses a deleted parent: its log may be freed), and it is checked
+        # right after they are created.
+        index = [] if self._cluster else [keys.session_children(source_id), keys.session(source_id)]
+        if self._cluster and child_ids and not self._pin(
+                keys=[keys.session(source_id), keys.session_children(source_id)], args=list(child_ids)):
+            raise errors.not_found(source_id)
         calls: list[lua.Call] = [
             (self._create, [keys.session(cid), *self._lifecycle, *index],
              [wire.encode_header(self.child_header(snap, cid)), self._new_token(), snap.length, snap.length,
               segments, last, request_id, self.lifecycle_maxlen, cid,
-              "" if snap.seed_end is None else snap.seed_end])
+              "" if snap.seed_end is None else snap.seed_end, parent])
             for cid in child_ids
         ]
+        replies = lua.eval_many(self.redis, calls, replicas=self.wait_replicas, wait_ms=self.wait_timeout_ms)
+        if any(raw == -1 for raw in replies):
+            raise self._lost(snap, [c for c, raw in zip(child_ids, replies, strict=True) if isinstance(raw, bytes)])
         results: list[Header | errors.ForkError] = [
-            errors.already_exists(cid) if raw is None else errors.not_found(parent) if raw == -1
-            else wire.decode_header(raw)
-            for cid, raw in zip(child_ids, lua.eval_many(self.redis, calls, replicas=self.wait_replicas,
-                                                       wait_ms=self.wait_timeout_ms), strict=True)
+            errors.already_exists(cid) if raw is None else wire.decode_header(raw)
+            for cid, raw in zip(child_ids, replies, strict=True)
         ]
         created = [r.id for r in results if isinstance(r, Header)]
         if self._cluster:
+            if created:
+                self._check_parent(snap, parent, created)
             pipe = self.redis.pipeline(transaction=False)
+            if created:  # pinned already; repeated for records indexed before pins existed
+                pipe.sadd(keys.session_children(source_id), *created)
             for cid in created:
                 self._emit(pipe, "session/created", cid, snap.length)
             refused = [cid for cid, r in zip(child_ids, results, strict=True) if not isinstance(r, Header)]
-            stale = self._not_children(parent, refused)
+            stale = self._not_children(source_id, refused)
             if stale:  # pinned above, but another session owns the id: take the pin back
-                pipe.srem(keys.session_children(parent), *stale)
+                pipe.srem(keys.session_children(source_id), *stale)
             pipe.execute()
+            if self.wait_replicas and created:  # the parent's index entry must survive a failover
+                lua.wait_for_replicas(self.redis, [keys.session_children(source_id)], self.wait_replicas,
+                                      self.wait_timeout_ms)
         return results
 
     def _not_children(self, parent: str, ids: list[str]) -> list[str]:
@@ -268,6 +282,23 @@ class Registry(SessionStore):
             if owner != parent:
                 stale.append(cid)
         return stale
+
+    def _check_parent(self, snap: Snapshot, parent: bytes, created: list[str]) -> None:
+        """On a cluster: the parent must still be the session snapshotted, at least as long, after
+        its children were created on other slots; else they are deleted and the fork fails."""
+        header, length = self.redis.hmget(keys.session(snap.source.id), ["header", "len"])
+        if header != parent or length is None or int(length) < snap.length:
+            raise self._lost(snap, created)
+
+    def _lost(self, snap: Snapshot, created: Sequence[str]) -> errors.ForkError:
+        """The parent vanished or shrank between the two steps (its server restarted empty or
+        lost writes): delete what this call created, whose seed cannot be read, and report the
+        source as not found. A retry of the request answers from what the registry holds now."""
+        for cid in created:  # only records created from ``snap`` now: no one holds their tokens yet
+            self.redis.delete(keys.session(cid), keys.session_log(cid))
+        if created:  # and their pins in the parent's index (the parent's log need not stay for them)
+            self.redis.srem(keys.session_children(snap.source.id), *created)
+        return errors.not_found(snap.source.id)
 
     def confirm_replays(self, replayed: Sequence[Header]) -> None:
         """Finish what an earlier attempt of a request may have left undone for its children.
@@ -286,8 +317,10 @@ class Registry(SessionStore):
                 self._emit(pipe, "session/created", child.id, 0 if child.seed_length is UNSET else child.seed_length)
             pipe.execute()
         if self.wait_replicas:
-            lua.wait_for_replicas(self.redis, [keys.session(c.id) for c in replayed], self.wait_replicas,
-                                  self.wait_timeout_ms)
+            indexes = [keys.session_children(c.parent_session) for c in replayed
+                       if self._cluster and c.parent_session is not UNSET]
+            lua.wait_for_replicas(self.redis, [*(keys.session(c.id) for c in replayed), *indexes],
+                                  self.wait_replicas, self.wait_timeout_ms)
 
     def create_child(self, snap: Snapshot, child_id: str | None = None, *,
                      request_id: str = "") -> Header:

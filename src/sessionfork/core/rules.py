@@ -1,4 +1,4 @@
-"""Pure rules: the boundary rules, id validation, lineage arithmetic. No I/O, no clock."""
+"""Pure rules: the boundary rules, id and value validation, lineage arithmetic. No I/O, no clock."""
 
 from __future__ import annotations
 
@@ -11,6 +11,13 @@ from ..core import errors
 TURN_END = "turn/end"
 TURN_START = "turn/start"
 ID_MAX_LENGTH = 128
+MAX_DATA_DEPTH = 100
+"""Most arrays/objects an event's ``data`` (or one of its extra fields) may nest: ``{}`` is 1.
+
+Well under the recursion limits of msgspec's and Python's JSON codecs, so every reader (the
+registry, ``persist``, the harness) can read back whatever ``append`` accepted."""
+INT_MIN, INT_MAX = -(2**63), 2**64 - 1
+"""The integers event data may hold: what 64-bit JSON readers can read back exactly."""
 _ID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _TRACEPARENT_RE = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
@@ -49,6 +56,57 @@ def is_valid_traceparent(value: str) -> bool:
         return False
     version, trace_id, parent_id, _ = value.split("-")
     return version != "ff" and trace_id != "0" * 32 and parent_id != "0" * 16
+
+
+def check_text(value: object, what: str) -> str:
+    """Return ``value`` or raise ``INVALID_REQUEST``: a ``str`` that is valid UTF-8 (no lone
+    surrogate), so that it can be stored and read back."""
+    if not isinstance(value, str) or not _is_utf8(value):
+        raise errors.invalid(f"invalid {what} {value!r:.80}: expected text (a str without lone surrogates)")
+    return value
+
+
+def check_json_value(value: object, what: str) -> None:
+    """Raise ``INVALID_REQUEST`` naming ``what`` unless ``value`` is JSON that reads back identically.
+
+    Allowed: ``dict`` with ``str`` keys, ``list``, ``str``, ``int`` in ``[INT_MIN, INT_MAX]``,
+    ``float``, ``bool``, ``None``, nested at most ``MAX_DATA_DEPTH`` deep. Anything else (bytes,
+    sets, tuples, int keys, objects) is refused rather than converted. Iterative: any depth, and a
+    cycle, is refused without recursion. Lone surrogates are found when the value is encoded.
+    """
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        kind = type(item)
+        if item is None or kind is str or kind is bool or kind is float:
+            continue
+        if kind is int:
+            if not INT_MIN <= item <= INT_MAX:  # type: ignore[operator]  # an int, by the check above
+                bits = item.bit_length()  # type: ignore[attr-defined]
+                raise errors.invalid(f"{what} holds an integer of {bits} bits, outside the 64-bit range")
+            continue
+        if kind is not list and kind is not dict:
+            raise errors.invalid(f"{what} holds a {kind.__name__} value, which is not JSON "
+                                 "(allowed: dict with str keys, list, str, int, float, bool, None)")
+        if depth >= MAX_DATA_DEPTH:
+            raise errors.invalid(f"{what} is nested deeper than {MAX_DATA_DEPTH} levels")
+        if kind is dict:
+            for key, member in item.items():  # type: ignore[attr-defined]
+                if type(key) is not str:
+                    raise errors.invalid(f"{what} has a {type(key).__name__} object key; JSON keys are strings")
+                stack.append((member, depth + 1))
+        else:
+            stack.extend((member, depth + 1) for member in item)  # type: ignore[attr-defined]
+
+
+def _is_utf8(value: str) -> bool:
+    if value.isascii():
+        return True
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def is_forkable(last_type: str | None) -> bool:

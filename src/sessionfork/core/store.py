@@ -37,6 +37,7 @@ _LINEAGE_CACHE = 4096  # sessions whose seed references a registry remembers (th
 def split_ref(ref: SessionRef) -> tuple[str, str]:
     """``(id, instance)`` of a session reference (instance ``""``: any live one), ids checked."""
     if isinstance(ref, LiveHandle):
+        rules.check_text(ref.instance, f"instance token of {ref.id!r:.80}")
         if not ref.instance:  # "" means "any live instance" to the scripts: never from a handle
             raise errors.invalid(f"live handle of {ref.id!r} has an empty instance token")
         return rules.check_id(ref.id), ref.instance
@@ -99,8 +100,13 @@ class SessionStore:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def create(self, session_id: str | None = None, *, cwd: str | None = None) -> LiveHandle:
-        """Create a live session; raises ``SESSION_ALREADY_EXISTS`` if the id was ever used."""
+        """Create a live session; raises ``SESSION_ALREADY_EXISTS`` if the id was ever used.
+
+        A session id outside the id rule, or a ``cwd`` that is not text, is ``INVALID_REQUEST``
+        before any Redis call."""
         sid = rules.check_id(session_id) if session_id is not None else self._new_id()
+        if cwd is not None:
+            rules.check_text(cwd, "cwd")
         header = Header(version=wire.HEADER_VERSION, id=sid, created_at=self._clock(),
                         cwd=UNSET if cwd is None else cwd)
         token = self._new_token()
@@ -121,9 +127,12 @@ class SessionStore:
         positions). A batch holding a ``turn/end`` emits ``session/flush``. With
         ``expect_length``, nothing is appended unless the log has exactly that many events
         (``LengthMoved``). Raises ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, and
-        ``INVALID_REQUEST`` for an event over ``max_event_bytes``.
+        ``INVALID_REQUEST`` for an event over ``max_event_bytes``, or whose data is not JSON that
+        reads back identically (``wire.encode_stored_event``), before any Redis call.
         """
         sid, instance = split_ref(session)
+        if not isinstance(events, Sequence) or isinstance(events, str | bytes):
+            raise errors.invalid(f"events must be a sequence of NewEvent, got {type(events).__name__}")
         if not events:
             live = self.instance(sid)
             if live is None:

@@ -13,7 +13,7 @@ from typing import Any, Final
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from ..core import errors
+from ..core import errors, rules
 
 HEADER_VERSION: Final = 0
 _EVENT_KEYS: Final = frozenset({"type", "seq", "time", "data"})
@@ -51,6 +51,8 @@ class NewEvent(msgspec.Struct, frozen=True):
     def __post_init__(self) -> None:
         if not isinstance(self.type, str) or not self.type:
             raise errors.invalid("event type must be a non-empty string")
+        if type(self.extra) is not dict or any(type(k) is not str for k in self.extra):
+            raise errors.invalid("event extra fields must be a dict with str keys")
         clash = _EVENT_KEYS.intersection(self.extra)
         if clash:
             raise errors.invalid(f"event extra fields may not redefine {sorted(clash)}")
@@ -82,16 +84,31 @@ _header_decoder = msgspec.json.Decoder(Header)
 def encode_stored_event(event: NewEvent, time_ms: int) -> bytes:
     """The bytes kept in a session log: the event without ``seq`` (it is the position).
 
-    ``INVALID_REQUEST`` when its data or extra fields are not JSON.
+    ``INVALID_REQUEST`` when its data or an extra field is not JSON that reads back identically
+    (``rules.check_json_value``: no bytes, sets, tuples, non-str keys; at most
+    ``rules.MAX_DATA_DEPTH`` levels deep) or holds a lone surrogate. Checked before any Redis call.
     """
+    if not isinstance(event, NewEvent):
+        raise errors.invalid(f"events must be NewEvent objects, got {type(event).__name__}")
+    rules.check_json_value(event.data, f"event {event.type!r:.80} data")
+    for name, value in event.extra.items():
+        rules.check_json_value(value, f"event {event.type!r:.80} field {name!r:.80}")
     try:
         return _json.encode({"type": event.type, "time": time_ms, "data": event.data, **event.extra})
-    except (TypeError, msgspec.EncodeError) as exc:
-        raise errors.invalid(f"event {event.type!r} is not JSON: {exc}") from None
+    except UnicodeEncodeError:
+        raise errors.invalid(f"event {event.type!r:.80} holds a lone surrogate: text must be valid UTF-8") from None
+    except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
+        raise errors.invalid(f"event {event.type!r:.80} is not JSON: {exc}") from None
 
 
 def decode_stored_event(raw: bytes, seq: int) -> Event:
-    body = _body_decoder.decode(raw)
+    """The event stored at ``seq``. One nested too deep to read (written around ``append``) is a
+    ``ForkError`` (``INTERNAL``), never a ``RecursionError``."""
+    try:
+        body = _body_decoder.decode(raw)
+    except RecursionError:
+        raise errors.ForkError(errors.ErrorCode.INTERNAL,
+                               f"event {seq} is nested too deep to read (over {rules.MAX_DATA_DEPTH} levels)") from None
     kind = body.pop("type")
     time_ms = body.pop("time")
     data = body.pop("data", None)
@@ -210,15 +227,21 @@ def decode_reply(raw: bytes | str) -> Reply:
     return _reply_decoder.decode(raw)
 
 
-def digest(request: ForkRequest) -> str:
-    """What makes two requests under one request id "the same": source, children and boundary.
+def identity(request: ForkRequest) -> bytes:
+    """What makes two requests under one request id "the same", as JSON:
+    ``[source, sessionId, count, sessionIds]`` (``null`` when absent), then ``boundary`` when given
+    (a request without it keeps the identity it had before boundaries existed).
 
     ``requestId``, ``replyTo`` and ``traceparent`` are not part of it (a retry may listen
-    elsewhere, or run in another trace). A request without ``boundary`` keeps the digest it had
-    before boundaries existed (stored records stay comparable).
+    elsewhere, or run in another trace). The worker keeps it in the request's record, where the
+    any-language enqueue script compares it.
     """
     fields: tuple[Any, ...] = (request.source, request.session_id, request.count, request.session_ids)
     if request.boundary is not UNSET:
         fields = (*fields, request.boundary)
-    key = [None if f is UNSET else f for f in fields]
-    return hashlib.sha256(_json.encode(key)).hexdigest()
+    return _json.encode([None if f is UNSET else f for f in fields])
+
+
+def digest(request: ForkRequest) -> str:
+    """The sha256 of ``identity(request)``: equal digests, same request."""
+    return hashlib.sha256(identity(request)).hexdigest()

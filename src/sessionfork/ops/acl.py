@@ -16,6 +16,10 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
       under the prefix ``<reply>:`` (a request's ``replyTo`` must use that prefix when schedulers
       run under this user); read-only ``HMGET`` of ``sf:req:*``; read-only ``XRANGE``/``XREAD`` of
       ``sf:outcomes`` (``sessionfork events`` and ``stats``).
+    * the any-language enqueue script (``queue/scripts/enqueue.lua``): a selector grants
+      ``EVAL``/``EVALSHA`` declaring ``rq:job:*``, ``rq:queue:<queue>`` and ``sf:req:*`` (a declared
+      key needs write access); the script's own commands are checked against the rules above, so
+      ``sf:req:*`` stays read-only.
     * nothing else: no ``DEL``/``EXPIRE`` (it cannot delete or expire a job), no session key
       (``sf:s:*``), no registry script effect, no admin command.
     * residual (what key patterns cannot separate): it may ``HSET`` or ``HMGET`` any ``rq:job:*``
@@ -148,10 +152,14 @@ def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
     # so keys passed to a script (rq:queue:<queue>, sf:lifecycle) cannot be write-only.
     sessions = (f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}", f"~{_glob(keys.DISPOSED_INDEX)}")
     rq = rq_layout.key_patterns(queue)
+    # The any-language enqueue script declares sf:req:<id> (it reads the request kept there), and
+    # a script's declared keys need write access: a selector grants it for scripts only, whose
+    # commands are checked against the root rules (read-only there): no HSET of an outcome.
+    enqueue = f"(~{rq['jobs']} ~{rq['queue']} ~{keys.PREFIX}:req:* +evalsha +eval)"
     scheduler = _line(
         SCHEDULER, passwords[SCHEDULER],
         [f"~{rq['jobs']}", f"~{rq['queue']}", f"%W~{rq['queues']}",
-         f"%R~{keys.PREFIX}:req:*", f"%R~{_glob(keys.OUTCOME_STREAM)}"],
+         f"%R~{keys.PREFIX}:req:*", f"%R~{_glob(keys.OUTCOME_STREAM)}", enqueue],
         replies, _SCHEDULER_COMMANDS)
     worker = _line(
         WORKER, passwords[WORKER],

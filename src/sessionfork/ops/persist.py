@@ -16,6 +16,7 @@ with it is never written again.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import logging
@@ -43,13 +44,20 @@ DELETED_TYPE = "session/deleted"
 _SAFE = frozenset(string.ascii_letters + string.digits + "._-")
 _CHUNK = 64 * 1024
 _CACHE_MAX = 4096
+SUFFIX = ".jsonl"
+MAX_SEGMENT = 255 - len(SUFFIX)  # the longest file name most file systems allow, in bytes
+HASHED_PREFIX = 64  # a hashed name is at most 64 + 2 + 64 + 6 = 136 bytes: fits even eCryptfs (143)
 
 
 def segment(session_id: str) -> str:
-    """``session_id`` as one safe, reversible path segment of ``[A-Za-z0-9._~-]``.
+    """``session_id`` as one safe path segment of ``[A-Za-z0-9._~-]``, at most ``MAX_SEGMENT`` bytes.
 
     ``[A-Za-z0-9._-]`` stay; every other UTF-16 code unit, ``~`` included, becomes ``~XXXX``
-    (upper-case hex); ``.`` and ``..`` alone are escaped whole. Raises ``ValueError`` on ``""``.
+    (upper-case hex); ``.`` and ``..`` alone are escaped whole: reversible. An encoded id longer
+    than ``MAX_SEGMENT`` (a file name is at most 255 bytes; ``~003A`` per ``:``) becomes its first
+    ``HASHED_PREFIX`` characters (cut before an escape), ``~~`` and the 64 hex digits of
+    sha256(id UTF-8): never an encoded name (those have no ``~~``), distinct per id. Raises
+    ``ValueError`` on ``""``.
     """
     if not session_id:
         raise ValueError("an empty session id has no path segment")
@@ -58,7 +66,22 @@ def segment(session_id: str) -> str:
     # UTF-16 code units, not code points: an astral character is two escapes, as in the harness.
     raw = session_id.encode("utf-16-be", "surrogatepass")
     units = (int.from_bytes(raw[i:i + 2], "big") for i in range(0, len(raw), 2))
-    return "".join(chr(u) if chr(u) in _SAFE else f"~{u:04X}" for u in units)
+    encoded = "".join(chr(u) if chr(u) in _SAFE else f"~{u:04X}" for u in units)
+    return encoded if len(encoded) <= MAX_SEGMENT else hashed_segment(session_id, encoded)
+
+
+def hashed_segment(session_id: str, encoded: str | None = None) -> str:
+    """The hashed form of ``segment(session_id)`` (see there): also used when the file system
+    refuses the encoded name as too long (some allow less than 255 bytes)."""
+    encoded = encoded or segment(session_id)
+    if "~~" in encoded:
+        return encoded
+    cut = encoded[:HASHED_PREFIX]
+    escape = cut.rfind("~")
+    if escape > HASHED_PREFIX - 5:  # do not split an escape
+        cut = cut[:escape]
+    digest = hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{cut}~~{digest}"
 
 
 def directory(cwd: str | None) -> str:
@@ -68,10 +91,12 @@ def directory(cwd: str | None) -> str:
     return "cwd-" + hashlib.sha256(cwd.encode("utf-8")).hexdigest()[:12]
 
 
-def path_for(root: Path, header: Header) -> Path:
-    """Where the session of ``header`` is persisted under ``root``."""
+def path_for(root: Path, header: Header, *, hashed: bool = False) -> Path:
+    """Where the session of ``header`` is persisted under ``root`` (``hashed``: under its hashed
+    name, where a file system refuses the encoded one as too long)."""
     cwd = header.cwd if isinstance(header.cwd, str) else None
-    return root / directory(cwd) / f"{segment(header.id)}.jsonl"
+    name = hashed_segment(header.id) if hashed else segment(header.id)
+    return root / directory(cwd) / f"{name}{SUFFIX}"
 
 
 def header_line(header: Header) -> bytes:
@@ -270,7 +295,14 @@ class JsonlBackend:
         path = path_for(self.root, header)
         first = header_line(header)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+b") as f:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            if exc.errno != errno.ENAMETOOLONG:
+                raise
+            path = path_for(self.root, header, hashed=True)  # this file system allows shorter names
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        with open(fd, "r+b") as f:
             # Another consumer of the group may hold an entry of the same session right now.
             fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             size = os.fstat(f.fileno()).st_size
@@ -366,7 +398,7 @@ def _rfind_newline(f: IO[bytes], before: int) -> int:
 def _decode(line: bytes) -> Any:
     try:
         return msgspec.json.decode(line)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # unreadable: cut off and written again
         return None
 
 

@@ -62,7 +62,7 @@ class AsyncClient:
         self.recheck_every = recheck_every
         self._new_id = new_id
         self._enqueue = redis.register_script(lua.source("enqueue.lua", __package__))
-        self._queue_keys = [rq_layout.queue_key(self.settings.queue), rq_layout.QUEUES]
+        self._queue_key = rq_layout.queue_key(self.settings.queue)
 
     @classmethod
     def from_url(cls, url: str, settings: Settings | None = None, *, max_connections: int = 4,
@@ -107,8 +107,8 @@ class AsyncClient:
     async def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op."""
         request, args = self._job(request)
-        await self._enqueue(keys=[rq_layout.job_key(request.request_id), *self._queue_keys], args=args)  # type: ignore[arg-type]
         assert isinstance(request.request_id, str)
+        await self._enqueue(keys=self._job_keys(request.request_id), args=args)
         return request.request_id
 
     async def wait(self, request: ForkRequest, timeout: float) -> Reply:
@@ -134,7 +134,7 @@ class AsyncClient:
         assert isinstance(request.request_id, str)
         deadline = asyncio.get_running_loop().time() + timeout
         async with self.replies.expect(request.request_id, self._channel(request), deadline) as inbox:
-            job_keys = [rq_layout.job_key(request.request_id), *self._queue_keys]
+            job_keys = self._job_keys(request.request_id)
             for attempt in (1, 2):
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.evalsha(self._enqueue.sha, len(job_keys), *job_keys, *args)
@@ -150,6 +150,10 @@ class AsyncClient:
 
     # -- internals ---------------------------------------------------------------------------------
 
+    def _job_keys(self, request_id: str) -> list[str]:
+        """The enqueue script's keys: RQ's job hash and queue, the request's record, RQ's queue set."""
+        return [rq_layout.job_key(request_id), self._queue_key, keys.request(request_id), rq_layout.QUEUES]
+
     def _channel(self, request: ForkRequest) -> str:
         return self.settings.reply_channel if request.reply_to is UNSET else request.reply_to
 
@@ -158,8 +162,9 @@ class AsyncClient:
             request = msgspec.structs.replace(request, request_id=self._new_id())
         assert isinstance(request.request_id, str)
         rules.check_request_id(request.request_id)
-        fields = rq_layout.job_fields(wire.encode(request), self.settings, datetime.now(UTC))
-        return request, [request.request_id, *fields]
+        payload = wire.encode(request)
+        fields = rq_layout.job_fields(payload, self.settings, datetime.now(UTC))
+        return request, [request.request_id, payload, *fields]
 
     async def _answer(self, request: ForkRequest, inbox: asyncio.Queue[bytes], first: list[Any],
                       deadline: float, timeout: float) -> Reply:

@@ -16,7 +16,7 @@ import msgspec
 from msgspec import UNSET
 from redis import Redis
 
-from ..core import rules, wire
+from ..core import errors, rules, wire
 from ..core.config import Settings
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, Reply
@@ -60,7 +60,11 @@ class Client:
             request = msgspec.structs.replace(request, request_id=self._new_id())
         assert isinstance(request.request_id, str)
         rules.check_request_id(request.request_id)
-        jobs.enqueue(self.queue, wire.encode(request), request.request_id, self.settings)
+        try:
+            payload = wire.encode(request)
+        except (UnicodeEncodeError, TypeError, msgspec.EncodeError) as exc:  # e.g. a non-UTF-8 argv
+            raise errors.invalid(f"request {request.request_id} cannot be sent as JSON: {exc}") from None
+        jobs.enqueue(self.queue, payload, request.request_id, self.settings)
         return request.request_id
 
     def wait(self, request: ForkRequest, timeout: float) -> Reply:

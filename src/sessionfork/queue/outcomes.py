@@ -74,15 +74,17 @@ class Outcomes:
         self._claim = lua.register(redis, "claim.lua", __package__)
         self._record = lua.register(redis, "record.lua", __package__)
 
-    def claim_op(self, request_id: str, digest: str, children: Sequence[str]) -> lua.Op:
-        """The claim of ``request_id`` for a request with ``digest`` (planning ``children`` if new),
-        as an op for ``lua.run``; ``claim_of`` reads its result."""
+    def claim_op(self, request_id: str, request: wire.ForkRequest, children: Sequence[str]) -> lua.Op:
+        """The claim of ``request_id`` for ``request`` (its digest and identity, kept for the
+        any-language enqueue's conflict check), planning ``children`` if new, as an op for
+        ``lua.run``; ``claim_of`` reads its result."""
         return (self._claim, [keys.request(request_id)],
-                [short_digest(digest), wire.encode(list(children)), self.ttl])
+                [short_digest(wire.digest(request)), wire.encode(list(children)), self.ttl,
+                 wire.identity(request)])
 
-    def claim(self, request_id: str, digest: str, children: Sequence[str]) -> Claim:
+    def claim(self, request_id: str, request: wire.ForkRequest, children: Sequence[str]) -> Claim:
         """Claim ``request_id`` alone (``claim_op`` in a round trip of its own)."""
-        return self.claim_of(lua.run(self.redis, [self.claim_op(request_id, digest, children)])[0])
+        return self.claim_of(lua.run(self.redis, [self.claim_op(request_id, request, children)])[0])
 
     @staticmethod
     def claim_of(reply: list[Any]) -> Claim:
@@ -137,15 +139,6 @@ class Outcomes:
         failure = ForkFailure(request_id=request_id, code=ErrorCode.INVALID_REQUEST.value, message=reason)
         return self.record(failure, channel, digest="invalid:job")
 
-    def announce(self, reply: Reply, channel: str) -> None:
-        """Announce an outcome that is not the request's own (``IDEMPOTENCY_CONFLICT``)."""
-        raw = wire.encode(reply)
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.xadd(keys.OUTCOME_STREAM, {"request": reply.request_id, "code": code_of(reply), "us": 0, "lat": 0,
-                                        "reply": raw}, maxlen=self.stream_maxlen, approximate=True)
-        pipe.publish(channel, raw)
-        pipe.execute()
-
     def get(self, request_id: str) -> Reply | None:
         raw = self.redis.hget(keys.request(request_id), "outcome")
         return None if raw is None else wire.decode_reply(raw)
@@ -164,7 +157,8 @@ def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
     Subscribes to ``channel``, then reads the stored outcome, then listens. The stored outcome is
     read again after a dropped connection and every ``recheck_every`` seconds without news, so a
     reply is never lost: not one published before the waiter listened, nor one announced on
-    another channel (an earlier submission of the same request with another ``replyTo``). With
+    another channel (an earlier submission of the same request with another ``replyTo``). A
+    message that is not a reply, or is another request's, is ignored. With
     ``digest``, a request id already used by a different request answers ``IDEMPOTENCY_CONFLICT``.
     """
     deadline = time.monotonic() + timeout
@@ -189,8 +183,11 @@ def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
                         break  # quiet for a while: read the store again
                     data = message["data"]
                     data = data.encode() if isinstance(data, str) else data
-                    if needle in data:
-                        reply = wire.decode_reply(data)
+                    if isinstance(data, bytes) and needle in data:
+                        try:
+                            reply = wire.decode_reply(data)
+                        except (msgspec.DecodeError, RecursionError):
+                            continue  # not a reply: anyone may publish on a channel
                         if reply.request_id == request_id:
                             return _stored(redis, request_id, digest) or reply
             except (RedisConnectionError, RedisTimeoutError):

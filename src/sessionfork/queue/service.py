@@ -22,7 +22,7 @@ from typing import Any
 
 from msgspec import UNSET
 
-from ..core import forks, lua, wire
+from ..core import forks, lua
 from ..core.config import Settings
 from ..core.connections import TRANSIENT
 from ..core.errors import ErrorCode, ForkError
@@ -84,11 +84,12 @@ class ForkService:
             if claim.outcome is not None:
                 return claim.outcome
             if claim.state == "CONFLICT":
-                conflict = ForkFailure(
+                # Never announced: the request id's one outcome is the first request's. Its
+                # submitter learns of the conflict from the stored digest (``Client.wait``) or
+                # from the any-language enqueue script (-1); this job just ends with it.
+                return ForkFailure(
                     request_id=job_id, code=ErrorCode.IDEMPOTENCY_CONFLICT.value,
                     message=f'request id "{job_id}" was already used for a different request')
-                self.outcomes.announce(conflict, channel)
-                return conflict
             reply = self._fork(request, job_id, claim, plan)
         except ForkError as exc:
             reply = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
@@ -113,8 +114,8 @@ class ForkService:
         The source step only reads, so its result is simply dropped when the claim says the
         request is not new (its children were planned by an earlier attempt).
         """
-        planned, digest = self._children_of(request), wire.digest(request)
-        claim_op = self.outcomes.claim_op(request_id, digest, planned)
+        planned = self._children_of(request)
+        claim_op = self.outcomes.claim_op(request_id, request, planned)
         if self.outcomes.redis is not self.registry.redis or self.registry.is_cluster:
             return self.outcomes.claim_of(lua.run(self.outcomes.redis, [claim_op])[0]), None
         source, boundary = request.source_id, _boundary(request)

@@ -1,16 +1,20 @@
 -- Create a session record if its id is free: a new session (len 0) or a forked child.
 -- KEYS[1] = sf:s:{<id>}      (the new session's record)
--- KEYS[2] = sf:lifecycle, KEYS[3] = the parent's sf:s:{<parent>}:children,
--- KEYS[4] = the parent's record sf:s:{<parent>}
---           (all optional: given only when they share the server, i.e. not on a cluster, where
+-- KEYS[2] = sf:lifecycle, KEYS[3] = the parent's sf:s:{<parent>}:children
+--           (both optional: given only when they share the server, i.e. not on a cluster, where
 --           the registry pins the child under its parent first (pin.lua) and emits the event after)
+-- KEYS[4] = the parent's record sf:s:{<parent>}   (optional, with KEYS[3]: a forked child on one server)
 -- ARGV    = header JSON, instance token, len, seedlen, seed JSON, last type, request id ("" = none),
 --           lifecycle stream MAXLEN, session id, seed end: seq of the newest turn/end of the seed
---           (-1: none; "": unknown, the record gets no turn index, as one written before it existed)
+--           (-1: none; "": unknown, the record gets no turn index, as one written before it existed),
+--           and with KEYS[4]: the parent's header JSON as the source step read it
 -- Returns the header JSON of the record now under KEYS[1] when it is ours (created now, created
 -- earlier by the same request id: a replay, or by this very call: a client's retry after a lost
--- reply, recognised by the fresh instance token), or false when another owner has the id, or -1
--- when the parent was deleted since the snapshot (the fork fails SESSION_NOT_FOUND).
+-- reply, recognised by the fresh instance token), false when another owner has the id, or -1 when
+-- the parent is not the session the source step read, or is shorter than the seed (the server
+-- restarted empty, or lost writes in a failover): the seed could not be read, so no child.
+-- A deleted parent (a tombstone: no header) is not the session read either: the fork fails
+-- SESSION_NOT_FOUND, and a deleted log is never a new child's seed.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local mine = redis.call('HMGET', KEYS[1], 'req', 'instance', 'header')
   if (ARGV[7] ~= '' and mine[1] == ARGV[7]) or mine[2] == ARGV[2] then
@@ -18,8 +22,9 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   end
   return false
 end
-if KEYS[4] and redis.call('HEXISTS', KEYS[4], 'deleted') == 1 then
-  return -1
+if KEYS[4] then
+  local parent = redis.call('HMGET', KEYS[4], 'header', 'len')
+  if parent[1] ~= ARGV[11] or tonumber(parent[2]) < tonumber(ARGV[3]) then return -1 end
 end
 -- "seedlen" and "seedend" are stored only once they differ from "len" and "lastend" (append.lua
 -- writes them before it moves those): two fields fewer in every record never appended to (most

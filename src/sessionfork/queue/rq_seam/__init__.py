@@ -13,9 +13,14 @@ RQ names used here, and why:
 
 * ``SimpleWorker`` subclassed, overriding ``execute_job`` (documented for custom workers),
   ``bootstrap``, ``heartbeat``, ``set_state``, ``dequeue_job_and_maintain_ttl``, ``_shutdown``,
-  ``run_maintenance_tasks`` and ``clean_registries``: RQ's loop strands a just-dequeued job on
-  SIGTERM, quits on an entry it cannot load (a non-UTF-8 id, a malformed hash), quits on a Redis
-  outage, and holds the maintenance lock for 15 minutes when Redis drops midway.
+  ``check_for_suspension``, ``teardown``, ``run_maintenance_tasks`` and ``clean_registries``: RQ's
+  loop strands a just-dequeued job on SIGTERM, quits on an entry it cannot load (a non-UTF-8 id, a
+  malformed hash), quits on a Redis outage or time-out, and holds the maintenance lock for 15
+  minutes when Redis drops midway. RQ's ``_shutdown`` raises ``StopRequested`` from the signal
+  handler wherever the worker is, e.g. between sending a Redis command and reading its reply (the
+  connection goes back to the pool with the reply unread, and the next command reads it: on a
+  loaded machine, a garbled teardown and exit status 3), or inside a maintenance pass (swallowed
+  there: the worker did not stop). Here a stop request only sets the flag, read at safe points.
 * ``death_penalty_class`` and ``queue_class.DEFAULT_TIMEOUT`` (``run_in_time``: RQ's job timeout
   around an in-process run), ``handle_exception`` (RQ's exception handlers for a failed run).
 * ``register_birth``: a worker whose server restarted empty registers again (``health``, ``rq info``).

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from redis.exceptions import RedisError
 from rq import SimpleWorker, worker_registration
 from rq.exceptions import DequeueTimeout, NoSuchJobError, StopRequested
 from rq.executions import Execution
@@ -27,6 +28,7 @@ log = logging.getLogger("sessionfork.worker")
 RQ_MAJOR = int(VERSION.split(".")[0])
 _HEARTBEAT_EVERY = 1.0
 _IDLE_POLL = 1  # seconds an idle worker blocks waiting for a job before it looks at its stop flag
+_PASSED_ON: tuple[type[BaseException], ...] = (*TRANSIENT, StopRequested)  # never swallowed by maintenance
 
 
 class MalformedJob(ValueError):
@@ -247,10 +249,23 @@ class SeamWorker(SimpleWorker):
             return result
 
     def _shutdown(self) -> None:
-        if self._holding:
-            self._stop_requested = True  # finish the job in hand, take no new one
-            return
-        super()._shutdown()  # type: ignore[no-untyped-call]
+        # Called from the signal handler. Never raise here (RQ does): the exception would land
+        # at any instruction, even inside redis-py between a command and its reply. The flag is
+        # read before each dequeue and each blocking wait is short (an idle worker stops within
+        # a second); a job in hand is finished first.
+        self._stop_requested = True
+
+    def check_for_suspension(self, burst: bool) -> None:
+        # RQ's loop calls this outside any guard: a Redis time-out there would end the worker.
+        self.until_up(lambda: super(SeamWorker, self).check_for_suspension(burst))
+
+    def teardown(self) -> None:
+        # Unregistering is best effort: a stop must not fail because Redis is away or slow
+        # (the registration expires on its own).
+        try:
+            super().teardown()  # type: ignore[no-untyped-call]
+        except RedisError as exc:
+            log.warning("could not unregister worker %s: %s", self.name, exc)
 
     def remove_entry(self, entry: EntryRefused) -> None:
         """Take a refused entry out of the intermediate queues, and delete its job hash if any:
@@ -272,7 +287,7 @@ class SeamWorker(SimpleWorker):
             self._requeue_stranded()
             super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
             self.maintain()
-        except TRANSIENT:
+        except _PASSED_ON:
             raise
         except Exception:
             # A malformed entry in an RQ registry must not stop the worker; the next pass retries.

@@ -1,0 +1,162 @@
+"""The command line under hostile input and unlucky servers (issue 10, #8 and #11): one ``error:``
+line, never a traceback, the documented exit status, and every command ends within its bound.
+
+Statuses (README, "The command line"): 1 an error code, 2 usage or settings, 3 Redis unreachable,
+4 time-out. Servers are real processes the tests start; a frozen server is one stopped with
+SIGSTOP (continued in teardown).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import clean_environ, cli_args, make_client
+from redis import Redis
+
+from sessionfork.core import wire
+from sessionfork.core.wire import ForkResult, Header
+from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.queue.outcomes import Outcomes
+
+USAGE, ERROR_CODE, UNREACHABLE, NO_REPLY = 2, 1, 3, 4
+
+
+def run(url: str | None, *args: str | bytes, bound: float = 60.0, **env: object) -> tuple[int, str, float]:
+    """Run the CLI; returns (status, stderr, seconds). Fails the test past ``bound`` seconds."""
+    began = time.monotonic()
+    out = subprocess.run(cli_args(url, *args), env=clean_environ(**env), capture_output=True,  # type: ignore[arg-type]
+                         timeout=bound, stdin=subprocess.DEVNULL)
+    return out.returncode, out.stderr.decode(errors="replace"), time.monotonic() - began
+
+
+def assert_one_error_line(stderr: str) -> None:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(("args", "env"), [
+    (["fork", "src", "--wait", "nan"], {}),
+    (["fork", "src", "--wait", "inf"], {}),
+    (["fork", "src", "--wait", "-1"], {}),
+    (["--redis-url", "notaurl", "health"], {}),
+    (["--redis-url", "redis://127.0.0.1:99999/0", "health"], {}),
+    (["--queue-url", "redis://127.0.0.1:6379/db", "health"], {}),
+    (["acl", "--password", "sf-worker="], {}),
+    (["acl", "--password", "nobody=x"], {}),
+    (["worker", "--log-level", "bogus"], {}),
+    (["worker", "--metrics-port", "70000"], {}),
+    (["persist", "--root", "/tmp/x", "--log-level", "bogus"], {}),
+    (["stats", "--window", "99999999999999"], {}),
+    (["health"], {"SESSIONFORK_RETRIES": "-1"}),
+    (["worker"], {"SESSIONFORK_OUTCOME_STREAM_MAXLEN": "-1"}),
+    (["health"], {"SESSIONFORK_SOCKET_TIMEOUT": "nan"}),
+    (["health"], {"SESSIONFORK_CLUSTER": "maybe"}),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else ",".join(f"{k}={x}" for k, x in v.items()) or "-")
+def test_bad_usage_and_settings_are_one_line_and_status_2(server: EmbeddedServer, args: list[str],
+                                                            env: dict[str, str]) -> None:
+    url = None if args[0].startswith("--") else server.url
+    status, stderr, _ = run(url, *args, **env)
+    assert status == USAGE, stderr
+    assert_one_error_line(stderr)
+
+
+def test_a_source_that_is_not_utf8_is_one_line_and_status_1(server: EmbeddedServer) -> None:
+    status, stderr, _ = run(server.url, "fork", os.fsencode("p\udcffq"), "--wait", "1")
+    assert status == ERROR_CODE, stderr
+    assert_one_error_line(stderr)
+    assert "INVALID_REQUEST" in stderr
+
+
+def test_wait_ignores_messages_that_are_not_its_reply(redis: Redis) -> None:
+    client = make_client(redis)
+    request = client.request("src", session_id="child", request_id="r-noise")
+    client.submit(request)
+    result: list[object] = []
+    waiter = threading.Thread(target=lambda: result.append(_wait(client, request)))
+    waiter.start()
+    try:
+        wait_until(lambda: redis.pubsub_numsub(client.settings.reply_channel)[0][1] == 1, 10, "the waiter")
+        for noise in (b"not json r-noise", b'{"requestId":"r-noise"}', b'["r-noise"]', b"r-noise\xff",
+                      b'{"type":"fork/result","requestId":"r-noise","ok":"yes"}'):
+            redis.publish(client.settings.reply_channel, noise)
+        reply = ForkResult(request_id="r-noise", session=Header(version=0, id="child", created_at=1))
+        Outcomes(redis, ttl=60, stream_maxlen=10).record(reply, client.settings.reply_channel,
+                                                         digest=wire.digest(request))
+    finally:
+        waiter.join(15)
+    assert result == [reply]
+
+
+def _wait(client: object, request: object) -> object:
+    try:
+        return client.wait(request, 10)  # type: ignore[attr-defined]
+    except Exception as exc:  # the test's assertion shows it
+        return exc
+
+
+@pytest.fixture
+def frozen() -> Iterator[EmbeddedServer]:
+    """A server that accepts connections but never answers (SIGSTOP); continued in teardown."""
+    with EmbeddedServer() as srv:
+        assert srv.process is not None
+        srv.process.send_signal(signal.SIGSTOP)
+        try:
+            yield srv
+        finally:
+            srv.process.send_signal(signal.SIGCONT)
+
+
+@pytest.mark.parametrize("args", [["fork", "src", "--wait", "2"], ["health"], ["stats"]])
+def test_a_frozen_server_is_status_3_within_the_socket_timeout(frozen: EmbeddedServer, args: list[str]) -> None:
+    status, stderr, took = run(frozen.url, *args, bound=30, SESSIONFORK_SOCKET_TIMEOUT="2",
+                               SESSIONFORK_CONNECT_TIMEOUT="2")
+    assert status == UNREACHABLE, stderr
+    assert_one_error_line(stderr)
+    assert took < 2 + 2 + 5, took  # one command's time-out and one connect, plus the interpreter's start
+
+
+def test_a_frozen_server_is_status_3_within_the_default_bound(frozen: EmbeddedServer) -> None:
+    status, stderr, took = run(frozen.url, "health", bound=60)
+    assert status == UNREACHABLE, stderr
+    assert took < 5 + 3 + 5, took  # SESSIONFORK_SOCKET_TIMEOUT and SESSIONFORK_CONNECT_TIMEOUT defaults
+
+
+def test_a_tls_url_pointed_at_a_plain_server_fails_fast(server: EmbeddedServer) -> None:
+    status, stderr, took = run(f"rediss://127.0.0.1:{server.port}/0", "health", bound=30)
+    assert status == UNREACHABLE, stderr
+    assert_one_error_line(stderr)
+    assert took < 3 + 5, took
+
+
+def test_a_refused_password_is_status_3_at_once_without_a_connection_storm() -> None:
+    with EmbeddedServer() as srv:
+        with srv.client() as setup:
+            setup.config_set("requirepass", "s3cret")
+        admin = srv.client(password="s3cret")
+        before = int(admin.info("stats")["total_connections_received"])
+        for url in (srv.url, f"redis://:wrong@127.0.0.1:{srv.port}/0"):
+            status, stderr, took = run(url, "fork", "src", "--wait", "2", bound=30)
+            assert status == UNREACHABLE, stderr
+            assert_one_error_line(stderr)
+            assert took < 5, took
+        connections = int(admin.info("stats")["total_connections_received"]) - before
+        assert connections <= 4, connections  # one or two per command, not one per retry
+        admin.close()
+
+
+def test_python_m_worker_is_the_same_cli(server: EmbeddedServer) -> None:
+    """The Procfile's ``python -m worker`` entry: same settings checks, same one-line errors."""
+    out = subprocess.run([sys.executable, "-m", "worker", "--log-level", "bogus"], env=clean_environ(),
+                         capture_output=True, timeout=60, stdin=subprocess.DEVNULL,
+                         cwd=Path(__file__).parents[2])
+    assert out.returncode == USAGE, out.stderr
+    assert_one_error_line(out.stderr.decode())

@@ -1,0 +1,211 @@
+"""Hostile values handed to the registry (issue 10, #5 and #10), on a real server.
+
+What ``append`` accepts every reader reads back: data nested exactly ``MAX_DATA_DEPTH`` deep
+round-trips through ``events``, a fork and ``persist``; deeper data, lone surrogates and values
+JSON cannot carry as they are (bytes, sets, tuples, non-str keys, huge ints) are
+``INVALID_REQUEST`` before any Redis call; ``RecursionError`` never escapes. A property test
+hands odd Python values to create/append/fork: ``ForkError(INVALID_REQUEST)``, or a success that
+reads back identically, never another exception.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import subprocess
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from helpers import clean_environ, cli_args
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from redis import Redis
+
+from sessionfork.core import keys, rules
+from sessionfork.core.errors import ErrorCode, ForkError
+from sessionfork.core.forks import fork
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import LiveHandle, NewEvent
+from sessionfork.embedded import EmbeddedServer, free_port
+from sessionfork.ops.persist import JsonlBackend, path_for
+
+LIMIT = rules.MAX_DATA_DEPTH
+END = NewEvent("turn/end", {"turn": 1, "reason": {"kind": "completed"}})
+
+
+def nest(depth: int, leaf: Any = 1) -> Any:
+    """``leaf`` inside ``depth`` containers, alternating list and object."""
+    value = leaf
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+@pytest.fixture
+def dead() -> Registry:
+    """A registry whose server does not exist: any Redis call raises ``ConnectionError``."""
+    return Registry(Redis(host="127.0.0.1", port=free_port(), socket_connect_timeout=1))
+
+
+def refused(call: Any, *words: str) -> ForkError:
+    with pytest.raises(ForkError) as info:
+        call()
+    assert info.value.code is ErrorCode.INVALID_REQUEST, info.value
+    for word in words:
+        assert word in info.value.message, info.value.message
+    return info.value
+
+
+def test_data_nested_exactly_at_the_limit_reads_back_everywhere(registry: Registry, server: EmbeddedServer,
+                                                                 tmp_path: Path) -> None:
+    data, extra = nest(LIMIT), {"deep": nest(LIMIT, "x")}
+    registry.create("deep")
+    registry.append("deep", [NewEvent("tool/result", data, extra=extra), END])
+    (read, _) = registry.events("deep")
+    assert read.data == data and read.extra == extra
+    child = fork(registry, "deep", "deep.1")
+    assert registry.events(child.id)[0].data == data
+    # persist, as its own process: the file holds the event exactly
+    out = subprocess.run(cli_args(server.url, "persist", "--root", str(tmp_path), "--sync", "deep"),
+                         env=clean_environ(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = path_for(tmp_path, registry.header("deep")).read_bytes().splitlines()
+    assert msgspec.json.decode(lines[1]) == {"type": "tool/result", "seq": 0, "time": read.time, "data": data,
+                                             **extra}
+
+
+@pytest.mark.parametrize("depth", [LIMIT + 1, 1_000, 100_000])
+def test_data_nested_past_the_limit_is_refused_naming_it_before_any_redis_call(dead: Registry, depth: int) -> None:
+    refused(lambda: dead.append("s", [NewEvent("t", nest(depth))]), f"{LIMIT} levels")
+    refused(lambda: dead.append("s", [NewEvent("t", 1, extra={"f": nest(depth)})]), f"{LIMIT} levels", "'f'")
+
+
+def test_a_cycle_is_refused_not_a_recursion_error(dead: Registry) -> None:
+    loop: list[Any] = []
+    loop.append(loop)
+    refused(lambda: dead.append("s", [NewEvent("t", loop)]), f"{LIMIT} levels")
+
+
+@pytest.mark.parametrize("event", [
+    lambda: NewEvent("t", "\ud800"),
+    lambda: NewEvent("t", {"\udfff": 1}),
+    lambda: NewEvent("t\ud800", 1),
+    lambda: NewEvent("t", 1, extra={"x\ud800": 1}),
+], ids=["data", "key", "type", "extra-name"])
+def test_a_lone_surrogate_is_invalid_request(dead: Registry, event: Any) -> None:
+    refused(lambda: dead.append("s", [event()]), "surrogate")
+
+
+@pytest.mark.parametrize(("value", "word"), [
+    (b"bytes", "bytes"), ({1, 2}, "set"), (frozenset(), "frozenset"), ((1, 2), "tuple"),
+    ({1: "int key"}, "int object key"), ({None: 1}, "NoneType object key"), (2**64, "64-bit"),
+    (-(2**63) - 1, "64-bit"), (10**5000, "64-bit"), (decimal.Decimal("1.5"), "Decimal"),
+    (datetime.date(2026, 1, 1), "date"), (uuid.UUID(int=1), "UUID"), (object(), "object"),
+    (1j, "complex"), ([b"nested"], "bytes"),
+], ids=lambda v: v if isinstance(v, str) else type(v).__name__)
+def test_values_json_cannot_carry_as_they_are_are_refused_not_converted(dead: Registry, value: Any,
+                                                                          word: str) -> None:
+    refused(lambda: dead.append("s", [NewEvent("t", value)]), word)
+
+
+@pytest.mark.parametrize("call", [
+    lambda r: r.create("x", cwd=123), lambda r: r.create("x", cwd=b"/w"), lambda r: r.create("x", cwd="\ud800"),
+    lambda r: r.create(123), lambda r: r.create(b"x"), lambda r: r.append("s", "not events"),
+    lambda r: r.append("s", [{"type": "t"}]), lambda r: r.append(LiveHandle("s", 5), [NewEvent("t")]),  # type: ignore[arg-type]
+    lambda r: r.append(LiveHandle(5, "i"), [NewEvent("t")]), lambda r: fork(r, "s", 5),  # type: ignore[arg-type]
+    lambda r: fork(r, "s", "c", request_id=5), lambda r: NewEvent("t", extra=[("a", 1)]),
+    lambda r: NewEvent("t", extra={1: 2}),
+], ids=["cwd-int", "cwd-bytes", "cwd-surrogate", "id-int", "id-bytes", "events-str", "events-dict",
+        "instance-int", "handle-id-int", "child-int", "request-id-int", "extra-list", "extra-int-key"])
+def test_bad_arguments_are_invalid_request_before_any_redis_call(dead: Registry, call: Any) -> None:
+    refused(lambda: call(dead))
+
+
+def test_an_event_written_around_append_too_deep_to_read_never_raises_recursion_error(
+        registry: Registry, redis: Redis, tmp_path: Path) -> None:
+    registry.create("bad")
+    redis.rpush(keys.session_log("bad"), b'{"type":"turn/end","time":1,"data":' + b"[" * 5000 + b"]" * 5000 + b"}")
+    redis.hset(keys.session("bad"), mapping={"len": 1, "last": "turn/end"})
+    with pytest.raises(ForkError) as info:
+        registry.events("bad")
+    assert info.value.code is ErrorCode.INTERNAL and "nested too deep" in info.value.message
+    registry.flush("bad")
+    registry.create("good")
+    registry.append("good", [NewEvent("turn/start"), END])  # a flush entry after the bad one's
+    backend = JsonlBackend(registry, tmp_path, consumer="c")
+    deadline = threading.Timer(30, (stop := threading.Event()).set)  # a bound, not synchronisation
+    deadline.start()
+    try:  # created bad, flush bad, created good, flush good: all handled and acked
+        assert backend.run(stop, max_entries=4) == 4
+    finally:
+        deadline.cancel()
+    assert len(path_for(tmp_path, registry.header("good")).read_bytes().splitlines()) == 3
+
+
+# -- property: odd Python values -------------------------------------------------------------------
+
+_ODD_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8),
+    st.sampled_from(["\ud800", "a\udfffb", "\x00", "é", "\U0001f600"]), st.binary(max_size=4),
+    st.sets(st.integers(), max_size=2), st.frozensets(st.integers(), max_size=2),
+    st.builds(decimal.Decimal, st.integers()), st.uuids(),
+    st.just(object()), st.complex_numbers(allow_nan=False, max_magnitude=10),
+)
+_KEYS = st.one_of(st.text(max_size=6), st.integers(), st.none(), st.booleans(), st.just("\ud800"),
+                  st.tuples(st.integers()))
+_ODD = st.recursive(
+    _ODD_SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_KEYS, inner, max_size=3),
+                            st.tuples(inner)),
+    max_leaves=12,
+) | st.integers(LIMIT - 2, LIMIT + 2).map(nest)
+_IDS = st.one_of(st.just("ok"), st.integers(), st.binary(max_size=3), st.just(""), st.just("a b"),
+                 st.just("x" * 129), st.just("é"), st.none())
+_CWD = st.one_of(st.none(), st.text(max_size=5), st.integers(), st.binary(max_size=3), st.just("\ud800"))
+FEW = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Identical as JSON (so ``1``, ``1.0`` and ``True`` differ)."""
+    return bool(msgspec.json.encode(a) == msgspec.json.encode(b))
+
+
+@FEW
+@given(sid=_IDS, cwd=_CWD, kind=st.one_of(st.just("tool/result"), _ODD_SCALARS), data=_ODD,
+       extra=st.one_of(st.just({}), st.dictionaries(_KEYS, _ODD, max_size=2)), child=_IDS)
+def test_odd_values_are_invalid_request_or_read_back_identically(registry: Registry, sid: Any, cwd: Any,
+                                                                 kind: Any, data: Any, extra: Any,
+                                                                 child: Any) -> None:
+    unique = uuid.uuid4().hex[:8]
+    sid = f"{sid}-{unique}" if sid == "ok" else sid
+    child = f"child-{unique}" if child == "ok" else child
+    try:
+        handle = registry.create(sid, cwd=cwd)
+    except ForkError as exc:
+        assert exc.code is ErrorCode.INVALID_REQUEST, exc
+    else:
+        header = registry.header(handle.id)
+        assert header.cwd == (msgspec.UNSET if cwd is None else cwd)
+        sid = handle.id
+    if not registry.exists(sid if isinstance(sid, str) and rules.is_valid_id(sid) else "none"):
+        sid = registry.create(f"s-{unique}").id
+    try:
+        registry.append(sid, [NewEvent(kind, data, extra=extra), END])
+    except ForkError as exc:
+        assert exc.code is ErrorCode.INVALID_REQUEST, exc
+    else:
+        first = registry.events(sid)[0]
+        assert (first.type, _same(first.data, data), _same(first.extra, extra)) == (kind, True, True)
+    try:
+        made = fork(registry, sid, child)
+    except ForkError as exc:
+        assert exc.code is ErrorCode.INVALID_REQUEST, exc
+    else:
+        assert child is None or made.id == child
+        assert _same([msgspec.to_builtins(e) for e in registry.events(made.id)],
+                     [msgspec.to_builtins(e) for e in registry.events(sid)])
