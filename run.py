@@ -22,12 +22,14 @@ ROOT = Path(__file__).resolve().parent
 BIN_DIR = "Scripts" if os.name == "nt" else "bin"
 # The older RQ major that sessionfork still supports: its last release.
 RQ2 = "rq==2.12.0"
-# What runs again on RQ 2: everything that touches RQ (the worker, faults, hostile input, ACLs).
+# What runs again on RQ 2: everything that touches RQ (the worker, faults, hostile input, ACLs, the
+# job hashes the asyncio client writes, rq info and rq-dashboard).
 RQ2_SUITE = ["tests/unit", "tests/integration/test_worker.py", "tests/integration/test_faults.py",
              "tests/integration/test_hostile.py", "tests/integration/test_hostile_queue.py",
              "tests/integration/test_hardening.py",
              "tests/integration/test_worker_exit.py", "tests/integration/test_acl.py",
-             "tests/integration/test_rq_compat.py"]
+             "tests/integration/test_rq_compat.py", "tests/integration/test_unreached_paths.py",
+             "tests/integration/test_aio.py", "tests/integration/test_rq_dashboard.py"]
 
 
 def ensure_env(name: str = ".venv", *pins: str) -> Path:
