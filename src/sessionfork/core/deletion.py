@@ -1,0 +1,72 @@
+"""Deletion of sessions (the design is in ``retention``'s docstring): ``DeletingStore``, the
+registry's base that adds ``delete`` and the persistence backend's ``mark_persisted``."""
+
+from __future__ import annotations
+
+from ..core import errors, keys, rules, wire
+from .store import SessionStore
+
+DELETED = "deleted"
+LIVE = "live"
+UNPERSISTED = "unpersisted"
+
+
+class DeletingStore(SessionStore):
+    """``SessionStore`` plus deletion; every step is one script on one session's slot."""
+
+    def delete(self, session_id: str, *, only_disposed: bool = False, persisted_first: bool = False) -> str:
+        """Delete a session, live or disposed: afterwards its id answers ``SESSION_NOT_FOUND``
+        everywhere and is never reused; no descendant's log changes (a log descendants read is
+        kept until the last of them is gone). Returns ``DELETED``; ``LIVE`` when
+        ``only_disposed`` and it is live; ``UNPERSISTED`` when ``persisted_first`` and the
+        persistence backend does not hold its whole log yet (a ``session/flush`` is emitted:
+        ask again once it does). ``SESSION_NOT_FOUND`` when never created or deleted already.
+        """
+        sid = rules.check_id(session_id)
+        reply = self._delete(keys=[keys.session(sid), keys.session_log(sid), keys.session_children(sid),
+                                   keys.session_persisted(sid), keys.session_turns(sid), *self._lifecycle],
+                             args=[self._clock(), self.lifecycle_maxlen, sid, "1" if only_disposed else "0",
+                                   "1" if persisted_first else "0"])
+        status = int(reply[0])
+        if status == -1:
+            raise errors.not_found(sid)
+        if status == -2:
+            return LIVE
+        if status == -3:
+            self.flush(sid)
+            return UNPERSISTED
+        self._lineages.pop(sid, None)
+        parent, left = wire.text(reply[1]), int(reply[2])
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.zrem(keys.DISPOSED_INDEX, sid)
+        if self._cluster:  # the stream is in another slot: right after the change
+            pipe.xadd(keys.LIFECYCLE_STREAM, {"type": "session/deleted", "id": sid, "len": 0,
+                                              "header": wire.text(reply[3])},
+                      maxlen=self.lifecycle_maxlen, approximate=True)
+        pipe.execute()
+        if not left:
+            self._release_up(parent, sid)
+        return DELETED
+
+    def mark_persisted(self, session_id: str, length: int) -> None:
+        """The persistence backend holds the first ``length`` events durably (deletion with
+        ``persisted_first`` waits for this to reach the session's length)."""
+        sid = rules.check_id(session_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(keys.session_persisted(sid), length)
+        pipe.hexists(keys.session(sid), "header")
+        if not pipe.execute()[1]:
+            # Deleted meanwhile, before the SET landed (delete.lua removes the mark it finds): take
+            # back the one just written. A plain SET, not a script: the backend's role may write
+            # these marks only.
+            self.redis.delete(keys.session_persisted(sid))
+
+    def _release_up(self, parent: str, child: str) -> None:
+        # ``child`` is gone for good: unpin it from ``parent``, and go up the lineage while that
+        # frees a deleted ancestor's log (each step one script on one slot).
+        while parent:
+            result = self._release(keys=[keys.session(parent), keys.session_log(parent),
+                                         keys.session_children(parent), keys.session_turns(parent)], args=[child])
+            if result is None:
+                return
+            parent, child = wire.text(result), parent
