@@ -14,7 +14,8 @@ from sessionfork.core import forks, keys, wire
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
 from sessionfork.ops import lineage, repair
-from sessionfork.ops.persist import JsonlBackend, path_for
+from sessionfork.ops.jsonl import path_for
+from sessionfork.ops.persist import JsonlBackend
 
 
 def test_lineage_shows_the_seed_length_of_boundary_children(registry: Registry) -> None:

@@ -22,7 +22,8 @@ from sessionfork.core import keys
 from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import persist
-from sessionfork.ops.persist import JsonlBackend, path_for
+from sessionfork.ops.jsonl import path_for
+from sessionfork.ops.persist import JsonlBackend
 
 IDS = ["a" + ":" * 40, "b" + ":" * 60, ":" * 128, "c." + ":-" * 63]
 

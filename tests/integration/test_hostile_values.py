@@ -31,7 +31,8 @@ from sessionfork.core.forks import fork
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import LiveHandle, NewEvent
 from sessionfork.embedded import EmbeddedServer, free_port
-from sessionfork.ops.persist import JsonlBackend, path_for
+from sessionfork.ops.jsonl import path_for
+from sessionfork.ops.persist import JsonlBackend
 
 LIMIT = rules.MAX_DATA_DEPTH
 END = NewEvent("turn/end", {"turn": 1, "reason": {"kind": "completed"}})

@@ -18,7 +18,8 @@ from sessionfork.core import keys, wire
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
 from sessionfork.embedded import EmbeddedServer, wait_until
-from sessionfork.ops.persist import JsonlBackend, path_for
+from sessionfork.ops.jsonl import path_for
+from sessionfork.ops.persist import JsonlBackend
 
 GROUP = "persist"
 Factory = Callable[..., JsonlBackend]

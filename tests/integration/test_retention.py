@@ -24,7 +24,8 @@ from sessionfork.core.factories import now_ms
 from sessionfork.core.registry import DELETED, UNPERSISTED, Registry
 from sessionfork.core.retention import sweep
 from sessionfork.embedded import EmbeddedServer, wait_until
-from sessionfork.ops.persist import JsonlBackend, path_for
+from sessionfork.ops.jsonl import path_for
+from sessionfork.ops.persist import JsonlBackend
 
 T0 = 1_800_000_000_000
 HOUR = 3_600_000

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from msgspec import UNSET
 
 from sessionfork.core.wire import Header
-from sessionfork.ops.persist import MAX_SEGMENT, SUFFIX, directory, path_for, segment
+from sessionfork.ops.jsonl import MAX_SEGMENT, SUFFIX, directory, path_for, segment
 
 VECTORS: dict[str, Any] = json.loads((Path(__file__).parent.parent / "data" / "jsonl-paths.json").read_text("utf-8"))
 
