@@ -42,7 +42,7 @@ from ..core.config import Settings
 from ..core.errors import ErrorCode
 from ..core.factories import new_request_id
 from ..core.wire import ForkFailure, ForkRequest, LiveHandle, Reply
-from . import tracing
+from . import requests, tracing
 from .outcomes import judge
 from .rq_seam import layout as rq_layout
 from .subscriptions import ReplyRouter
@@ -92,17 +92,9 @@ class AsyncClient:
         """Build a request (no I/O): as ``Client.request``; ``INVALID_REQUEST`` for a bad request id.
         ``boundary``: fork at that inclusive event seq. With OpenTelemetry installed, it carries the
         current trace context (``traceparent``)."""
-        if request_id is not None:
-            rules.check_request_id(request_id)
-        return ForkRequest(
-            source=source, request_id=request_id or self._new_id(),
-            session_id=UNSET if session_id is None else session_id,
-            session_ids=UNSET if session_ids is None else session_ids,
-            count=UNSET if count is None else count,
-            reply_to=UNSET if reply_to is None else reply_to,
-            traceparent=tracing.current_traceparent(),
-            boundary=UNSET if boundary is None else boundary,
-        )
+        return requests.build(source, request_id or self._new_id(), session_id=session_id, session_ids=session_ids,
+                              count=count, reply_to=reply_to, boundary=boundary,
+                              traceparent=tracing.current_traceparent())
 
     async def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op."""

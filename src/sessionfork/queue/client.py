@@ -20,7 +20,7 @@ from ..core import errors, rules, wire
 from ..core.config import Settings
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, Reply
-from ..queue import jobs, tracing
+from . import jobs, requests, tracing
 from .outcomes import wait_for_reply
 
 
@@ -42,17 +42,9 @@ class Client:
         request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id). ``boundary``: fork at
         that inclusive event seq (the child's seed is events ``[0, boundary]``). With OpenTelemetry
         installed, it carries the current trace context (``traceparent``)."""
-        if request_id is not None:
-            rules.check_request_id(request_id)
-        return ForkRequest(
-            source=source, request_id=request_id or self._new_id(),
-            session_id=UNSET if session_id is None else session_id,
-            session_ids=UNSET if session_ids is None else session_ids,
-            count=UNSET if count is None else count,
-            reply_to=UNSET if reply_to is None else reply_to,
-            traceparent=tracing.current_traceparent(),
-            boundary=UNSET if boundary is None else boundary,
-        )
+        return requests.build(source, request_id or self._new_id(), session_id=session_id, session_ids=session_ids,
+                              count=count, reply_to=reply_to, boundary=boundary,
+                              traceparent=tracing.current_traceparent())
 
     def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op."""

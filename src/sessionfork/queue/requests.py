@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -28,6 +29,22 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+
+
+def build(source: str | LiveHandle, request_id: str, *, session_id: str | None = None,
+          session_ids: list[str] | None = None, count: int | None = None, reply_to: str | None = None,
+          boundary: int | None = None, traceparent: str | UnsetType = UNSET) -> ForkRequest:
+    """A request as the clients send it (``None``, ``UNSET``: the field is absent); ``INVALID_REQUEST`` for a
+    request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id). The rest is checked by
+    ``parse`` where the request is run."""
+    rules.check_request_id(request_id)
+
+    def given(value: Any) -> Any:
+        return UNSET if value is None else value
+
+    return ForkRequest(source=source, request_id=request_id, session_id=given(session_id),
+                       session_ids=given(session_ids), count=given(count), reply_to=given(reply_to),
+                       traceparent=traceparent, boundary=given(boundary))
 
 
 def parse(payload: str | bytes, job_id: str, limits: Limits) -> ForkRequest:
