@@ -49,6 +49,8 @@ class ReplyRouter:
         self._lock = asyncio.Lock()  # one SUBSCRIBE/UNSUBSCRIBE at a time
         self._channels: dict[str, _Channel] = {}
         self._inboxes: dict[str, set[asyncio.Queue[bytes]]] = {}
+        self._strays: set[asyncio.Task[None]] = set()  # drops of subscriptions no waiter needs
+        self._down = False  # the reader lost the connection and has not read from a new one yet
 
     @property
     def waiters(self) -> int:
@@ -110,11 +112,25 @@ class ReplyRouter:
                 return
             state.subscribed = False
             state.ready.clear()
+            if self._down:
+                # The reader is reconnecting: two tasks must not reconnect one pub/sub connection
+                # at once. redis-py renews this subscription as it reconnects, and the renewal's
+                # confirmation drops it (``_route``).
+                return
             try:
                 await self._pubsub.unsubscribe(channel)
             except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 # The waiter has its answer (or its error) already; a stray subscription only
                 # brings messages that no waiter takes.
+                log.warning("could not unsubscribe from %s: %s", channel, exc)
+
+    async def _drop(self, channel: str, state: _Channel) -> None:
+        async with self._lock:
+            if state.refs or state.subscribed or self._pubsub is None or self._down:
+                return
+            try:
+                await self._pubsub.unsubscribe(channel)
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
                 log.warning("could not unsubscribe from %s: %s", channel, exc)
 
     async def _read(self) -> None:
@@ -126,6 +142,7 @@ class ReplyRouter:
                 # redis-py reconnects and subscribes again on the next read; waiters re-read the
                 # stored outcomes within ``recheck_every``, so nothing published meanwhile is lost.
                 log.warning("reply subscription lost (%s); reconnecting in %.2fs", exc, delay)
+                self._down = True
                 for state in self._channels.values():
                     # Expect one confirmation of the subscription redis-py renews; until it comes,
                     # a new waiter waits for it before it reads the stored outcome.
@@ -135,6 +152,7 @@ class ReplyRouter:
                 delay = min(delay * 2, 2.0)
                 continue
             delay = 0.05
+            self._down = False
             if message is not None:
                 try:
                     self._route(message)
@@ -150,6 +168,12 @@ class ReplyRouter:
                 state.confirmed += 1
                 if state.subscribed and state.confirmed >= state.sent:
                     state.ready.set()
+                elif not state.subscribed and not state.refs:
+                    # redis-py renewed it on reconnecting after the last waiter left (its
+                    # UNSUBSCRIBE failed on the dead connection): drop it again.
+                    task = asyncio.get_running_loop().create_task(self._drop(name, state))
+                    self._strays.add(task)
+                    task.add_done_callback(self._strays.discard)
             return
         if kind != "message":
             return
