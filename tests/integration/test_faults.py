@@ -138,9 +138,9 @@ def wait_in_hand(redis: Redis, workers: list[str], job_id: str) -> str:
     found: list[str] = []
 
     def check() -> bool:
-        holders = [w for w in workers if holder(redis, job_id) == w]
-        if holders and job_id in started.get_job_ids(cleanup=False):
-            found.extend(holders)
+        who = holder(redis, job_id)
+        if who is not None and who in workers and job_id in started.get_job_ids(cleanup=False):
+            found.append(who)
         return bool(found)
 
     wait_until(check, 30, f"a worker to take {job_id}", interval=0.002)

@@ -82,10 +82,6 @@ class Outcomes:
                 [short_digest(wire.digest(request)), wire.encode(list(children)), self.ttl,
                  wire.identity(request)])
 
-    def claim(self, request_id: str, request: wire.ForkRequest, children: Sequence[str]) -> Claim:
-        """Claim ``request_id`` alone (``claim_op`` in a round trip of its own)."""
-        return self.claim_of(lua.run(self.redis, [self.claim_op(request_id, request, children)])[0])
-
     @staticmethod
     def claim_of(reply: list[Any]) -> Claim:
         state = wire.text(reply[0])
