@@ -2,10 +2,12 @@
 """Set up and run everything with only Python 3.11+: creates .venv, installs, runs.
 
     python3 run.py demo [--redis-url URL]   the main job: a walkthrough on an embedded server
-    python3 run.py test [PYTEST ARGS]        ruff, mypy --strict, the whole test suite (current RQ), then
-                                             mypy and the worker, fault and hostile tests on RQ 2.12
-    python3 run.py bench [--quick]           the benchmark (table on stdout, JSON in bench-results/), then
-                                             its RQ-dependent figures again on RQ 2.12
+    python3 run.py test [PYTEST ARGS]        ruff, mypy --strict, mkdocs build --strict, the whole test suite
+                                             (current RQ), then mypy and the worker, fault and hostile tests
+                                             on RQ 2.12; installs Debian's chromium first when it is missing
+    python3 run.py bench [--quick] [--publish]  the benchmark (table on stdout, JSON in bench-results/), then
+                                             its RQ-dependent figures again on RQ 2.12; --publish: into the
+                                             docs (docs/data/bench.json and the Performance page's table)
     python3 run.py worker [ARGS]             a worker (settings from REDIS_URL, SESSIONFORK_*)
 """
 
@@ -13,10 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
 import venv
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent
 BIN_DIR = "Scripts" if os.name == "nt" else "bin"
@@ -30,6 +35,35 @@ RQ2_SUITE = ["tests/unit", "tests/integration/test_worker.py", "tests/integratio
              "tests/integration/test_worker_exit.py", "tests/integration/test_acl.py",
              "tests/integration/test_rq_compat.py", "tests/integration/test_unreached_paths.py",
              "tests/integration/test_aio.py", "tests/integration/test_rq_dashboard.py"]
+
+# The one system package the suite needs: a headless browser for the lineage page test
+# (tests/integration/browser.py looks for these names), and how it is installed on Debian.
+BROWSERS = ("chromium", "chromium-browser")
+BROWSER_INSTALL = (("apt-get", "update", "-qq"), ("apt-get", "install", "-y", "-qq", "chromium"))
+BROWSER_HINT = ("error: the lineage page test needs Debian's chromium; install it with "
+                "`apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium` "
+                "(as root), then run python3 run.py test again")
+
+
+def ensure_browser(which: Callable[[str], str | None] = shutil.which, is_root: bool | None = None,
+                   sh: Callable[..., Any] = subprocess.run) -> str | None:
+    """Make sure the headless browser the suite needs is on PATH; None when it is.
+
+    When it is missing and this runs as root with apt-get, installs Debian's ``chromium``
+    (``BROWSER_INSTALL``, non-interactive). Otherwise installs nothing and returns the one-line
+    instruction to print; the caller then stops before running anything.
+    """
+    if any(which(name) for name in BROWSERS):
+        return None
+    if is_root is None:
+        is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    if not is_root or which("apt-get") is None:
+        return BROWSER_HINT
+    print("installing Debian's chromium (the lineage page test's headless browser) ...", flush=True)
+    for cmd in BROWSER_INSTALL:
+        if sh(list(cmd), env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}).returncode:
+            return f"{BROWSER_HINT} ({' '.join(cmd)} failed)"
+    return None if any(which(name) for name in BROWSERS) else BROWSER_HINT
 
 
 def ensure_env(name: str = ".venv", *pins: str) -> Path:
@@ -61,10 +95,12 @@ def run(*cmd: str, env: dict[str, str] | None = None) -> int:
 
 
 def test(bin_dir: Path, rest: list[str]) -> int:
-    """Lint and type-check, the whole suite on the current RQ, then RQ 2.12 (unless ``rest`` picks tests)."""
+    """Lint and type-check, build the docs site strictly, the whole suite on the current RQ, then RQ 2.12
+    (unless ``rest`` picks tests)."""
     for step in ([str(bin_dir / "ruff"), "check", "src", "tests", "bench", "worker", "run.py"],
-                 [str(bin_dir / "mypy")]):
-        code = run(*step)
+                 [str(bin_dir / "mypy")],
+                 [str(bin_dir / "mkdocs"), "build", "--strict", "--quiet", "--site-dir", str(ROOT / "site")]):
+        code = run(*step, env={"NO_MKDOCS_2_WARNING": "1"})
         if code:
             return code
     code = run(str(bin_dir / "python"), "-m", "pytest", *rest)
@@ -82,19 +118,29 @@ def main(argv: list[str]) -> int:
     if not argv or argv[0] not in {"demo", "test", "bench", "worker"}:
         print(__doc__)
         return 2
-    bin_dir = ensure_env()
     task, rest = argv[0], argv[1:]
+    if task == "test":
+        problem = ensure_browser()
+        if problem:
+            print(problem, file=sys.stderr)
+            return 1
+    bin_dir = ensure_env()
     py = str(bin_dir / "python")
     if task in {"demo", "worker"}:
         return run(py, "-m", "sessionfork", task, *rest)
     if task == "bench":
+        publish = "--publish" in rest
+        rest = [arg for arg in rest if arg != "--publish"]
         code = run(py, "-m", "bench.main", *rest)
         if code or "--help" in rest or "-h" in rest:
             return code
         print(f"\n== the RQ-dependent figures again on {RQ2} ==", flush=True)
         rq2 = ensure_env(".venv-rq2", RQ2)
         quick = ["--quick"] if "--quick" in rest else []
-        return run(str(rq2 / "python"), "-m", "bench.main", "--queue-only", *quick, "--out", "bench-results/rq2")
+        code = run(str(rq2 / "python"), "-m", "bench.main", "--queue-only", *quick, "--out", "bench-results/rq2")
+        if code or not publish:
+            return code
+        return run(py, "-m", "bench.publish", "--results", "bench-results")
     return test(bin_dir, rest)
 
 

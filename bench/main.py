@@ -31,6 +31,7 @@ from bench.measure import (
     rq_peer,
 )
 from bench.memory import child_bytes_at_depth, request_memory, steady_workload
+from bench.publish import table
 from sessionfork.embedded import EmbeddedServer
 
 __all__ = ["main", "noop"]
@@ -133,18 +134,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report(args: argparse.Namespace, rows: list[tuple[str, float, str, float | None, str]], pings: float,
             soak: Any) -> int:
+    figures = [{"figure": r[0], "value": r[1], "baseline": r[2], "baselineValue": r[3],
+                "ratio": (r[1] / r[3]) if r[3] else None, "bar": r[4]} for r in rows]
     print(f"\nRQ {rq.__version__}\n")
-    print("| figure | sessionfork | baseline | baseline value | ratio | bar |")
-    print("|---|---:|---|---:|---:|---|")
-    for label, value, base_label, base, bar in rows:
-        ratio = f"{value / base:.2f}" if base else ""
-        print(f"| {label} | {value:,.1f} | {base_label} | {base:,.1f} | {ratio} | {bar} |")
+    print("\n".join(table(figures)))
     if soak is not None:
         print(f"\nsoak ({args.soak:.0f} s, 4 workers, 2 schedulers, 2 appenders):\n{soak.render()}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    figures = [{"figure": r[0], "value": r[1], "baseline": r[2], "baselineValue": r[3],
-                "ratio": (r[1] / r[3]) if r[3] else None, "bar": r[4]} for r in rows]
     (out / "bench.json").write_text(json.dumps({"quick": args.quick, "rq": rq.__version__, "figures": figures,
                                                 "ping_per_s": pings}, indent=2))
     print(f"\nfigures written to {out / 'bench.json'}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""The README's any-language recipe works: raw Redis commands submit a fork and get its reply, and
+"""The any-language recipe (docs/any-language.md) works: raw Redis commands submit a fork and get its reply, and
 detect a reused request id (issue 10, #6): a different request under a used id is refused by the
 enqueue script (-1, nothing enqueued), and no request id ever has two outcomes announced.
 """
@@ -21,7 +21,7 @@ from sessionfork.core import keys, lua
 from sessionfork.embedded import EmbeddedServer
 
 PRODUCER = Path(__file__).parent.parent / "data" / "raw_producer.py"
-README = (Path(__file__).parents[2] / "README.md").read_text()
+RECIPE = (Path(__file__).parents[2] / "docs" / "any-language.md").read_text()
 ENQUEUE = lua.source("enqueue.lua", "sessionfork.queue")
 
 
@@ -137,4 +137,4 @@ def test_raw_producer_imports_neither_rq_nor_sessionfork_and_runs_the_readme_scr
     assigned = next(n.value.value for n in tree.body if isinstance(n, ast.Assign)  # type: ignore[attr-defined]
                     and getattr(n.targets[0], "id", "") == "ENQUEUE")
     assert assigned == ENQUEUE
-    assert ENQUEUE in README
+    assert ENQUEUE in RECIPE

@@ -1,7 +1,7 @@
 """The command line under hostile input and unlucky servers (issue 10, #8 and #11): one ``error:``
 line, never a traceback, the documented exit status, and every command ends within its bound.
 
-Statuses (README, "The command line"): 1 an error code, 2 usage or settings, 3 Redis unreachable,
+Statuses (docs/cli.md): 1 an error code, 2 usage or settings, 3 Redis unreachable,
 4 time-out. Servers are real processes the tests start; a frozen server is one stopped with
 SIGSTOP (continued in teardown).
 """

@@ -41,7 +41,7 @@ def worker(server: EmbeddedServer, redis: Redis) -> Iterator[tuple[str, subproce
 
 
 def raw_job(redis: Redis, job_id: str, data: str) -> None:
-    """A job hash and queue entry written by hand, as the README's any-language recipe does."""
+    """A job hash and queue entry written by hand, as the any-language recipe (docs/any-language.md) does."""
     queue = jobs.make_queue(redis, SETTINGS)
     redis.hset(queue.job_class.key_for(job_id), mapping={
         "data": data, "origin": SETTINGS.queue, "status": "queued", "created_at": "2026-11-30T12:00:00.000000Z",

@@ -1,6 +1,6 @@
 """Lean request records: what a completed request keeps, and that every promise still holds.
 
-A real server and a real ``sessionfork worker`` process. The bound (README, Performance): at most
+A real server and a real ``sessionfork worker`` process. The bound (docs/performance.md, Memory): at most
 1,536 bytes of Redis memory retained per completed single-fork request, child included, for the
 whole idempotency window; RQ's own job state lives only ``SESSIONFORK_JOB_TTL`` seconds.
 """

@@ -1,0 +1,57 @@
+"""The Performance page's tables are generated from docs/data/bench.json, never typed by hand."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+import pytest
+from bench import publish
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def snapshot() -> dict[str, object]:
+    return json.loads(publish.SNAPSHOT.read_text())  # type: ignore[no-any-return]
+
+
+def test_the_page_is_what_the_generator_makes_of_the_snapshot() -> None:
+    page = publish.PAGE.read_text()
+    assert page.count(publish.BEGIN) == 1 and page.count(publish.END) == 1
+    assert publish.page_with(page, snapshot()) == page
+
+
+def test_every_figure_of_every_run_is_a_row_of_the_page() -> None:
+    page = publish.PAGE.read_text()
+    runs = snapshot()["runs"]
+    assert [run["rq"] for run in runs] == ["3.0.0", "2.12.0"]  # type: ignore[index]
+    for run in runs:  # type: ignore[attr-defined]
+        assert f"on RQ {run['rq']}:" in page
+        for figure in run["figures"]:
+            assert f"| {figure['figure']} | {figure['value']:,.1f} |" in page
+
+
+def test_the_table_formats_values_ratios_and_bars() -> None:
+    rows = publish.table([
+        {"figure": "fan-out", "value": 9408.44, "baseline": "target", "baselineValue": 10000.0, "ratio": 0.940844,
+         "bar": "≥ 1"},
+        {"figure": "p50", "value": 3.5, "baseline": "none", "baselineValue": 0.0, "ratio": None, "bar": ""},
+    ])
+    assert rows[:2] == publish.HEADER
+    assert rows[2:] == ["| fan-out | 9,408.4 | target | 10,000.0 | 0.94 | ≥ 1 |", "| p50 | 3.5 | none | 0.0 |  |  |"]
+
+
+def test_publishing_a_run_takes_both_rq_passes_and_refuses_a_quick_one(tmp_path: Path) -> None:
+    run = {"quick": False, "rq": "3.0.0", "figures": [], "ping_per_s": 1.0}
+    (tmp_path / "rq2").mkdir()
+    (tmp_path / "bench.json").write_text(json.dumps(run))
+    (tmp_path / "rq2" / "bench.json").write_text(json.dumps({**run, "rq": "2.12.0"}))
+    snap = publish.snapshot_of(tmp_path, datetime.date(2027, 1, 2))
+    assert snap["date"] == "2027-01-02" and [r["rq"] for r in snap["runs"]] == ["3.0.0", "2.12.0"]
+    page = publish.page_with(f"intro\n{publish.BEGIN}\nold\n{publish.END}\noutro\n", snap)
+    assert page.startswith("intro\n") and page.endswith("\noutro\n") and "old" not in page
+    assert "Run of 2027-01-02 (`make bench`), on RQ 3.0.0:" in page
+    (tmp_path / "rq2" / "bench.json").write_text(json.dumps({**run, "quick": True}))
+    with pytest.raises(SystemExit, match="--quick"):
+        publish.snapshot_of(tmp_path, datetime.date(2027, 1, 2))
