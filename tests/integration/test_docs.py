@@ -10,14 +10,17 @@ codes match the code.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import run
 from click.testing import CliRunner
 from redis import Redis
 from rq import Worker
@@ -164,3 +167,33 @@ def test_the_readme_is_a_front_page_linking_into_the_site() -> None:
     linked = set(re.findall(r"\]\(docs/([a-z-]+\.md)\)", readme))
     assert linked == {p.name for p in DOCS.glob("*.md")}, "every page is linked from the README"
     assert "](lineage.png)" in page("lineage.md") and (DOCS / "lineage.png").exists()
+
+
+def build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    """The test command's docs build (``run.docs_build``), with this interpreter's mkdocs."""
+    cmd = run.docs_build(Path(sys.executable).parent, site, config)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+
+
+def test_the_site_builds_strictly_and_a_broken_link_anchor_or_reference_fails_it(tmp_path: Path) -> None:
+    done = build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "site" / "reference" / "index.html").read_text().count('id="sessionfork.Registry"') == 1
+    copy = tmp_path / "copy"
+    shutil.copytree(DOCS, copy / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", copy / "mkdocs.yml")
+    (copy / "src").symlink_to(ROOT / "src")
+    guarantees = (copy / "docs" / "guarantees.md").read_text()
+    index = (copy / "docs" / "index.md").read_text()
+    reference = (copy / "docs" / "reference.md").read_text()
+    for name, broken, expected in [
+        ("guarantees.md", guarantees.replace("](storage.md)", "](storag.md)", 1), "storag.md"),
+        ("index.md", index.replace("](guarantees.md)", "](guarantees.md#no-such-section)", 1), "no-such-section"),
+        ("reference.md", reference.replace("::: sessionfork.fork\n", "::: sessionfork.forks_gone\n"),
+         "sessionfork.forks_gone"),
+    ]:
+        for page_name, text in [("guarantees.md", guarantees), ("index.md", index), ("reference.md", reference)]:
+            (copy / "docs" / page_name).write_text(broken if page_name == name else text)
+        done = build(copy / "mkdocs.yml", tmp_path / "broken-site")
+        assert done.returncode != 0 and expected in done.stderr, (name, done.stderr[-2000:])

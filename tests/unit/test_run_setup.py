@@ -86,7 +86,7 @@ def test_the_test_command_sets_up_the_browser_then_builds_the_docs_strictly_befo
     assert ran[:2] == ["browser", "env"]
     steps = [cmd.split()[0].rsplit("/", 1)[-1] for cmd in ran[2:]]
     assert steps == ["ruff", "mypy", "mkdocs", "python"]
-    assert ran[4].startswith("/venv/bin/mkdocs build --strict")
+    assert ran[4].startswith("/venv/bin/mkdocs build --strict --config-file")
     assert ran[5] == "/venv/bin/python -m pytest tests/unit"
 
 
