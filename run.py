@@ -60,8 +60,11 @@ def ensure_browser(which: Callable[[str], str | None] = shutil.which, is_root: b
     if not is_root or which("apt-get") is None:
         return BROWSER_HINT
     print("installing Debian's chromium (the lineage page test's headless browser) ...", flush=True)
-    for cmd in BROWSER_INSTALL:
-        if sh(list(cmd), env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}).returncode:
+    for cmd in BROWSER_INSTALL:  # dpkg's progress is noise unless it fails
+        done = sh(list(cmd), env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, stdout=subprocess.PIPE,
+                  stderr=subprocess.STDOUT, text=True)
+        if done.returncode:
+            print(done.stdout[-4000:], file=sys.stderr)
             return f"{BROWSER_HINT} ({' '.join(cmd)} failed)"
     return None if any(which(name) for name in BROWSERS) else BROWSER_HINT
 

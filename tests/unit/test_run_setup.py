@@ -7,6 +7,7 @@ running anything. Fakes stand in for PATH, apt-get and the steps (nothing is ins
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +21,12 @@ class Apt:
     def __init__(self, path: set[str], fail: bool = False) -> None:
         self.path, self.fail, self.calls = path, fail, []  # type: list[tuple[list[str], dict[str, str]]]
 
-    def __call__(self, cmd: list[str], env: dict[str, str]) -> Any:
+    def __call__(self, cmd: list[str], env: dict[str, str], **output: Any) -> Any:
+        assert output == {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
         self.calls.append((cmd, env))
         if "install" in cmd and not self.fail:
             self.path.add("chromium")
-
-        class Done:
-            returncode = 1 if self.fail else 0
-        return Done()
+        return subprocess.CompletedProcess(cmd, 1 if self.fail else 0, stdout="E: apt says why" if self.fail else "")
 
     def which(self, name: str) -> str | None:
         return f"/usr/bin/{name}" if name in self.path else None
@@ -57,9 +56,10 @@ def test_without_root_nothing_is_installed_and_the_instruction_is_one_line() -> 
     assert "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium" in hint
 
 
-def test_a_failed_install_or_no_apt_get_is_reported() -> None:
+def test_a_failed_install_or_no_apt_get_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
     apt = Apt({"apt-get"}, fail=True)
     assert "apt-get update -qq failed" in (run.ensure_browser(apt.which, is_root=True, sh=apt) or "")
+    assert "E: apt says why" in capsys.readouterr().err
     no_apt = Apt(set())
     assert run.ensure_browser(no_apt.which, is_root=True, sh=no_apt) == run.BROWSER_HINT
     assert no_apt.calls == []
