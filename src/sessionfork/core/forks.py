@@ -43,7 +43,7 @@ def fork(registry: Registry, source: SessionRef, session_id: str | None = None, 
     disposed since.
     """
     if not isinstance(request_id, str):
-        raise errors.invalid(f"invalid request id {request_id!r:.80}: expected a str")
+        raise errors.invalid(f"invalid request id {rules.echo(request_id)}: expected a str")
     if session_id is None:
         if request_id:
             raise errors.invalid("request_id needs an explicit session_id: a generated id cannot be replayed")
@@ -131,5 +131,5 @@ def _settle(ids: Sequence[str], made: dict[str, Header | errors.ForkError],
 def _checked(boundary: int | None) -> int | None:
     # bool is an int to Python, never a seq; the range is the boundary rule's (INVALID_BOUNDARY).
     if boundary is not None and (isinstance(boundary, bool) or not isinstance(boundary, int)):
-        raise errors.invalid(f"invalid boundary {boundary!r}: expected an integer event seq")
+        raise errors.invalid(f"invalid boundary {rules.echo(boundary)}: expected an integer event seq")
     return boundary
