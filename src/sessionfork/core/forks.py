@@ -92,9 +92,12 @@ def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, requ
 
     ``plan`` is ``registry.prepare_fork``'s for exactly these ids; ``snapshot``, when given,
     replaces its snapshot (the one a fan-out request stored first: all its children share it).
-    Raises the plan's error unless every child is settled already (a replay needs no live
+    Raises the plan's error unless this request created a child already (a replay needs no live
     source); when every id exists, ``SESSION_ALREADY_EXISTS`` comes after the source's own
-    errors and before the boundary rules.
+    errors and before the boundary rules. No hidden partial state: when the source is deleted
+    while (or before a replay of) a fan-out that created some of its children, those children are
+    returned in ``created`` and every other id is in ``failed`` with ``SESSION_NOT_FOUND``; the
+    source's error is raised only when this request created no child at all.
     """
     if plan.existing and len(plan.existing) == len(child_ids):
         # Error order: the source's own state, then the child id, then the boundary rules.
@@ -102,14 +105,21 @@ def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, requ
             raise plan.error
         raise errors.already_exists(plan.existing[0])
     snap = snapshot or plan.snapshot
-    if snap is None:
-        if plan.replayed and len(plan.replayed) + len(plan.existing) == len(child_ids):
-            registry.confirm_replays(list(plan.replayed.values()))
-            return _settle(child_ids, {}, plan.replayed)
-        assert plan.error is not None
-        raise plan.error
     todo = [c for c in child_ids if c not in plan.replayed and c not in plan.existing]
-    made = dict(zip(todo, registry.create_children(snap, todo, request_id=request_id), strict=True))
+    made: dict[str, Header | errors.ForkError]
+    if snap is None:
+        error = plan.error
+        assert error is not None  # a plan holds its snapshot or its error
+        if not plan.replayed:
+            raise error
+        # A replay whose source cannot be forked now: its children stay, reported with the error
+        # in place of each child it did not create (no hidden partial state).
+        made = dict.fromkeys(todo, error)
+    else:
+        made = dict(zip(todo, registry.create_children(snap, todo, request_id=request_id), strict=True))
+    lost = [e for e in made.values() if isinstance(e, errors.ForkError) and e.code in _SOURCE_ERRORS]
+    if lost and not plan.replayed and not any(isinstance(h, Header) for h in made.values()):
+        raise lost[0]  # nothing of this request exists: the source's error is the outcome
     registry.confirm_replays(list(plan.replayed.values()))
     return _settle(child_ids, made, plan.replayed)
 
