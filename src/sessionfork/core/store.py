@@ -96,6 +96,7 @@ class SessionStore:
         self._release = lua.register(redis, "release.lua")
         self._pin = lua.register(redis, "pin.lua")
         self._settle = lua.register(redis, "settle.lua")
+        self._flush_once = lua.register(redis, "flush.lua")  # deletion waiting for the backend
 
     # -- lifecycle -----------------------------------------------------------------------------
 
