@@ -4,16 +4,22 @@ A fork is one atomic step on the source's slot (live? instance? boundary? length
 child's slot (create if absent). Between the two nothing can go wrong for the child: the seed is
 a reference to an immutable prefix of the source's log, so appends to the source after the source
 step never show in the child.
+
+This module is the queue side's only way into the session core: a request runs ``source_step``
+(its claim riding along), then ``child_step``; ``created_by`` says what a failed one left. No
+module of ``queue/`` calls the registry's fork steps itself (a layering test checks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from ..core import errors, rules
+from ..core import errors, lua, rules
 from .registry import Registry, SessionRef
 from .snapshots import ForkPlan, Snapshot
+from .store import split_ref
 from .wire import Event, Header, SeedMeta
 
 
@@ -84,6 +90,53 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
         raise errors.invalid("child session ids must be distinct")
     plan = registry.prepare_fork(source, ids, request_id=request_id, boundary=_checked(boundary))
     return create(registry, plan, ids, request_id=request_id)
+
+
+def source_step(registry: Registry, source: SessionRef, child_ids: Sequence[str], *, request_id: str = "",
+                boundary: int | None = None, rider: tuple[Any, lua.Op] | None = None) -> tuple[Any, ForkPlan | None]:
+    """The source step of a request's fork, with ``rider`` (``(redis, op)``: the queue side's claim
+    of the request id) in the same round trip when it runs on the registry's own single server.
+
+    Returns the rider's result (``None`` without one) and the ``ForkPlan`` (``registry.prepare_fork``'s,
+    ids trusted: checked by the caller), or ``None`` for the plan when the rider ran alone, on
+    another server or beside a cluster: ``child_step`` then runs the source step itself. The
+    source step only reads, so a caller whose claim says the request is not new drops the plan.
+    """
+    if rider is None:
+        return None, registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary)
+    redis, op = rider
+    if redis is not registry.redis or registry.is_cluster:
+        return lua.run(redis, [op])[0], None
+    sid, instance = split_ref(source)
+    look = registry.look_ops(sid, instance, child_ids, boundary)
+    first, *results = lua.run(redis, [op, *look])
+    return first, registry.plan_of(sid, child_ids, request_id, boundary, results)
+
+
+def child_step(registry: Registry, source: SessionRef, child_ids: Sequence[str], *, request_id: str = "",
+               boundary: int | None = None, plan: ForkPlan | None = None, snapshot: Snapshot | None = None,
+               keep: Callable[[Snapshot], Snapshot] | None = None) -> FanOut:
+    """The child step of a request's fork: ``create`` from ``plan`` (``source_step``'s; ``None``:
+    the source step runs now, as for a resumed request whose children an earlier attempt planned).
+
+    ``snapshot`` is the one the request stored already (all its children share it); without one,
+    ``keep`` (a fan-out's) stores the plan's snapshot before any child exists and returns the
+    stored one (the first stored wins when attempts race), so a retry after a crash creates the
+    rest from the same seed.
+    """
+    if plan is None:
+        plan = registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary)
+    if snapshot is None and keep is not None and plan.snapshot is not None:
+        snapshot = keep(plan.snapshot)
+    return create(registry, plan, child_ids, request_id=request_id, snapshot=snapshot)
+
+
+def created_by(registry: Registry, source: SessionRef, child_ids: Sequence[str], request_id: str, *,
+               boundary: int | None = None) -> list[str]:
+    """Those of ``child_ids`` that ``request_id`` created, sorted (for an ``INTERNAL`` outcome:
+    no hidden partial state)."""
+    plan = registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary)
+    return sorted(plan.replayed)
 
 
 def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, request_id: str = "",
