@@ -62,10 +62,18 @@ class ForkService:
         """Run one request to its outcome and return the outcome (the first one, on a replay).
 
         ``enqueued_ms`` (epoch ms) lets the outcome stream record the enqueue-to-outcome latency.
-        With OpenTelemetry installed, the run is one span continuing the request's ``traceparent``.
+        With OpenTelemetry installed, the run is one span continuing the request's ``traceparent``
+        (a retried request: one span per run; the last run's ends with its outcome, ``INTERNAL`` too).
         """
         with tracing.request_span(payload, job_id) as span:
-            reply = self._handle(payload, job_id, final_attempt=final_attempt, enqueued_ms=enqueued_ms)
+            try:
+                reply = self._handle(payload, job_id, final_attempt=final_attempt, enqueued_ms=enqueued_ms)
+            except TRANSIENT:
+                raise  # run again: another span
+            except Exception:
+                if final_attempt:  # recorded INTERNAL: the run's span says so too
+                    span.finish(ForkFailure(request_id=job_id, code=ErrorCode.INTERNAL.value, message=""))
+                raise
             span.finish(reply)
             return reply
 
