@@ -203,9 +203,10 @@ class Registry(DeletingStore):
                 self._emit(pipe, "session/created", cid, snap.length)
             refused = [cid for cid, r in zip(child_ids, results, strict=True) if not isinstance(r, Header)]
             stale = self._not_children(source_id, refused)
-            if stale:  # pinned above, but another session owns the id: take the pin back
-                pipe.srem(keys.session_children(source_id), *stale)
             pipe.execute()
+            for cid in stale:  # pinned above, but another session owns the id: take the pin back
+                # through release.lua: a parent deleted meanwhile whose last pin this was is freed
+                self._release_up(source_id, cid)
             if self.wait_replicas and created:  # the parent's index entry must survive a failover
                 lua.wait_for_replicas(self.redis, [keys.session_children(source_id)], self.wait_replicas,
                                       self.wait_timeout_ms)
