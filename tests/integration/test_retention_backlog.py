@@ -135,6 +135,21 @@ def test_one_sweep_deletes_at_most_1000_the_oldest(redis: Redis) -> None:
     assert [s.id for s in sweep(registry, now_ms=now_ms(), older_than_ms=1)] == [f"s{i}" for i in range(1_000, 1_500)]
 
 
+def test_a_workers_maintenance_pass_deletes_at_most_1000(server: EmbeddedServer, redis: Redis) -> None:
+    old = Registry(redis, clock=lambda: now_ms() - HOUR)
+    for i in range(1_500):
+        old.dispose(old.create(f"s{i}"))
+    name = worker_name("ret")
+    proc = start_worker(server.url, name, SESSIONFORK_RETENTION=60)
+    try:
+        # The first pass stops at 1,000 (the index holds 500 until the next pass, a second later)...
+        wait_until(lambda: redis.zcard(keys.DISPOSED_INDEX) == 500, 30, "a pass to delete 1,000", interval=0.005)
+        # ...which deletes the rest.
+        wait_until(lambda: redis.zcard(keys.DISPOSED_INDEX) == 0, 30, "the next pass to delete the rest")
+    finally:
+        assert stop(proc) == 0
+
+
 @pytest.mark.parametrize("persisted_first", [False, True], ids=["plain", "persisted-first"])
 def test_a_sweep_changes_not_one_byte_of_any_descendant(registry: Registry, persisted_first: bool) -> None:
     redis = registry.redis
