@@ -79,7 +79,8 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     created. When every id exists, that is the error (after ``SESSION_NOT_FOUND`` and
     ``SESSION_NOT_LIVE``, before the boundary rules). With ``request_id``, children that an
     earlier call with it created are returned as they are. ``boundary`` as for ``fork``: every
-    child's seed is events ``[0, boundary]``.
+    child's seed is events ``[0, boundary]``. A source deleted while the children are created:
+    those created before stay and are returned, the rest fail ``SESSION_NOT_FOUND`` (``create``).
     """
     if not isinstance(child_ids, Sequence) or isinstance(child_ids, str | bytes):
         raise errors.invalid(f"child ids must be a sequence of ids, got {type(child_ids).__name__}")
