@@ -13,6 +13,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_registry_fixture  # noqa: F401
 from helpers import clean_environ, cli_args, start_worker, stop, turn, wait_registered, worker_name
 from redis import Redis
 from test_deletion import family, raw_state
@@ -169,3 +170,19 @@ def test_a_sweep_changes_not_one_byte_of_any_descendant(registry: Registry, pers
         assert fresh.events(sid) == logs[sid]
     for sid, raw in pinned.items():  # the logs the descendants read, byte for byte
         assert redis.lrange(keys.session_log(sid), 0, -1) == raw
+
+
+def test_on_a_cluster_a_waiting_sweep_asks_once_and_passes_over(cluster_registry: Registry) -> None:
+    registry = cluster_registry
+    old = Registry(registry.redis, clock=lambda: now_ms() - HOUR)
+    for i in range(5):
+        old.append(old.create(f"cw{i}"), turn(1)[:1])
+        old.dispose(f"cw{i}")
+    _persisted(registry.redis, "cdone", now_ms() - HOUR // 2)
+    for _ in range(3):
+        swept = sweep(registry, now_ms=now_ms(), older_than_ms=60_000, limit=3, persisted_first=True)
+        if swept:
+            assert [s.id for s in swept] == ["cdone"]
+    assert not registry.exists("cdone") and all(registry.exists(f"cw{i}") for i in range(5))
+    assert sorted(f[b"id"] for f in flushes(registry.redis) if f[b"id"].startswith(b"cw")) == [
+        f"cw{i}".encode() for i in range(5)]  # once each, however many passes

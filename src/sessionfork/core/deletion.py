@@ -3,7 +3,9 @@ registry's base that adds ``delete`` and the persistence backend's ``mark_persis
 
 from __future__ import annotations
 
-from ..core import errors, keys, rules, wire
+from collections.abc import Sequence
+
+from ..core import errors, keys, lua, rules, wire
 from .store import SessionStore
 
 DELETED = "deleted"
@@ -36,7 +38,7 @@ class DeletingStore(SessionStore):
         if status == -2:
             return LIVE
         if status == -3:
-            self.ask_flush(sid, int(reply[1]))
+            self.ask_flush([(sid, int(reply[1]))])
             return UNPERSISTED
         self._lineages.pop(sid, None)
         parent, left = wire.text(reply[1]), int(reply[2])
@@ -51,15 +53,21 @@ class DeletingStore(SessionStore):
             self._release_up(parent, sid)
         return DELETED
 
-    def ask_flush(self, sid: str, length: int) -> bool:
-        """Emit ``session/flush`` for ``sid`` (``length`` events) unless one was asked for it within
+    def ask_flush(self, sessions: Sequence[tuple[str, int]]) -> list[str]:
+        """Emit ``session/flush`` for each ``(id, length)`` unless one was asked for it within
         ``FLUSH_REASK_MS``: the persistence backend reads every entry of its consumer group, so
-        one request is enough; the interval re-asks a backend that lost one. True when asked now."""
-        asked = int(self._flush_once(keys=[keys.session_flush_asked(sid), *self._lifecycle],
-                                     args=[FLUSH_REASK_MS, self.lifecycle_maxlen, sid, length]))
-        if asked and self._cluster:  # the stream is in another slot: right after the mark
-            self._emit(self.redis, "session/flush", sid, length)
-        return bool(asked)
+        one request is enough; the interval re-asks a backend that lost one. One round trip per
+        server; returns the ids asked now."""
+        calls: list[lua.Call] = [(self._flush_once, [keys.session_flush_asked(sid), *self._lifecycle],
+                                  [FLUSH_REASK_MS, self.lifecycle_maxlen, sid, length]) for sid, length in sessions]
+        asked = [(sid, length) for (sid, length), reply in zip(sessions, lua.eval_many(self.redis, calls), strict=True)
+                 if int(reply)]
+        if asked and self._cluster:  # the stream is in another slot: right after the marks
+            pipe = self.redis.pipeline(transaction=False)
+            for sid, length in asked:
+                self._emit(pipe, "session/flush", sid, length)
+            pipe.execute()
+        return [sid for sid, _ in asked]
 
     def mark_persisted(self, session_id: str, length: int) -> None:
         """The persistence backend holds the first ``length`` events durably (deletion with

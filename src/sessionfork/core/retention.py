@@ -94,8 +94,7 @@ def _waiting(registry: Registry, ids: list[str]) -> set[str]:
         length, persisted = found[2 * i], found[2 * i + 1]
         if length is not None and int(persisted or -1) < int(length):
             waiting[sid] = int(length)
-    for sid, length in waiting.items():
-        registry.ask_flush(sid, length)
+    registry.ask_flush(list(waiting.items()))
     return set(waiting)
 
 
