@@ -123,3 +123,76 @@ def test_cli_diff_text_json_and_unrelated(server: EmbeddedServer, registry: Regi
     assert "unrelated" in unrelated.stderr and "no common ancestor" in unrelated.stderr
     missing = cli("x", "nobody")
     assert missing.returncode == 1 and "SESSION_NOT_FOUND" in missing.stderr
+
+
+# -- a deleted common ancestor; unrelated sessions (issue 16, #13) ---------------------------------
+
+
+def test_siblings_of_a_deleted_parent_still_share_its_events(server: EmbeddedServer, registry: Registry) -> None:
+    handle = registry.create("gone")
+    registry.append(handle, [*turn(1), NewEvent("todo/write", {"n": 1}), NewEvent("user/message", {"text": "x"})])
+    registry.append(handle, turn(2)[:0])
+    registry.append(handle, [NewEvent("turn/start", {"turn": 2}), NewEvent("turn/end", {"turn": 2})])
+    fork(registry, "gone", "sib-a", boundary=3)  # 4 events of gone
+    fork(registry, "gone", "sib-b")  # all 8
+    fork(registry, "gone", "sib-c")
+    registry.append("sib-b", turn(3))
+    registry.append("sib-c", turn(4))
+    registry.delete("gone")
+    fresh = Registry(registry.redis)
+    found = diff(fresh, "sib-b", "sib-c")
+    assert (found.ancestor, found.shared) == ("gone", 8)
+    assert (found.a.left_at, found.b.left_at) == (8, 8)
+    assert turns(found.a.events) == [3] and turns(found.b.events) == [4]
+    boundary = diff(fresh, "sib-a", "sib-b")
+    assert (boundary.ancestor, boundary.shared, boundary.a.left_at, boundary.b.left_at) == ("gone", 4, 4, 8)
+    out = subprocess.run([sys.executable, "-m", "sessionfork", "--redis-url", server.url, "diff", "sib-b", "sib-c"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "common ancestor: gone" in out.stdout and "shared prefix: 8 event(s)" in out.stdout
+
+
+def test_through_a_deleted_middle_ancestor(registry: Registry) -> None:
+    history(registry, turns=2)
+    fork(registry, "root", "mid")
+    registry.append("mid", turn(7))
+    fork(registry, "mid", "leaf")
+    fork(registry, "root", "aunt")
+    registry.delete("mid")
+    found = diff(Registry(registry.redis), "leaf", "aunt")
+    assert (found.ancestor, found.shared, found.a.left_at, found.b.left_at) == ("root", 8, 8, 8)
+    assert turns(found.a.events) == [7]
+    mine = diff(Registry(registry.redis), "leaf", "root")
+    assert (mine.ancestor, mine.shared) == ("root", 8)
+
+
+BIG = 100_000
+
+
+def _max_rss_kib(url: str, a: str, b: str) -> int:
+    """Peak RSS (KiB) of a ``sessionfork diff A B`` process."""
+    code = ("import resource, runpy, sys\n"
+            f"sys.argv = ['sessionfork', '--redis-url', {url!r}, 'diff', {a!r}, {b!r}]\n"
+            "try:\n    runpy.run_module('sessionfork', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return int(out.stderr.strip().splitlines()[-1])
+
+
+def test_unrelated_sessions_read_no_event_whatever_their_length(server: EmbeddedServer, registry: Registry,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    history(registry, "big-x", turns=BIG // 4)
+    history(registry, "big-y", turns=BIG // 4)
+    fork(registry, "big-x", "kid-1")
+    fork(registry, "big-x", "kid-2")
+    registry.append("kid-1", turn(1))
+    reads = count_reads(monkeypatch)
+    found = diff(Registry(registry.redis), "big-x", "big-y")
+    assert reads[0] == 0  # not one event read to say "unrelated"
+    assert found.ancestor is None and found.shared == 0
+    assert (found.a.length, found.b.length, found.a.events, found.b.events) == (BIG, BIG, [], [])
+    unrelated, siblings = _max_rss_kib(server.url, "big-x", "big-y"), _max_rss_kib(server.url, "kid-1", "kid-2")
+    print(f"peak RSS of diff: unrelated {BIG:,}-event sessions {unrelated / 1024:.1f} MiB, "
+          f"siblings {siblings / 1024:.1f} MiB")
+    assert unrelated < siblings + 8 * 1024  # the same as a small diff, not the logs' size

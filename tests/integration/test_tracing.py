@@ -97,3 +97,33 @@ print(sorted(m for m, mod in sys.modules.items() if m.startswith("opentelemetry"
 """.replace("TRACE", "1" * 32).replace("SPAN", "2" * 16)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.splitlines() == ['{"source":"a","requestId":"r1"}', "[]"]
+
+
+def test_a_retried_request_is_one_span_per_run(server: EmbeddedServer, redis: Redis, registry: Registry,
+                                               tmp_path: Path) -> None:
+    # No replica exists: every run creates (or finds) the child, then WAIT fails and RQ retries;
+    # two retries are three runs of the request: three spans, one trace (the scheduler's).
+    registry.append(registry.create("t-src"), turn(1))
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    client = make_client(redis, retries=2)
+    with provider.get_tracer("scheduler").start_as_current_span("schedule"):
+        request = client.request("t-src", session_id="t-kid", request_id="t-retried")
+    client.submit(request)
+    out = tmp_path / "spans.json"
+    subprocess.run([sys.executable, str(TRACED_WORKER), str(out), "--redis-url", server.url, "worker", "--burst",
+                    "--log-level", "ERROR"], timeout=120, check=True,
+                   env=clean_environ(SESSIONFORK_WAIT_REPLICAS=1, SESSIONFORK_WAIT_TIMEOUT_MS=20,
+                                     SESSIONFORK_RETRIES=2))
+    runs = [s for s in json.loads(out.read_text()) if s["attributes"]["sessionfork.request_id"] == "t-retried"]
+    assert len(runs) == 3  # one span per run: neither one for all, nor one per step
+    assert len({s["spanId"] for s in runs}) == 3
+    (scheduled,) = exporter.get_finished_spans()
+    assert {(s["traceId"], s["parentId"]) for s in runs} == {
+        (f"{scheduled.context.trace_id:032x}", f"{scheduled.context.span_id:016x}")}
+    assert [s["status"] for s in runs] == ["ERROR"] * 3  # two raised (retried), the last ended INTERNAL
+    assert runs[-1]["attributes"]["sessionfork.outcome"] == "INTERNAL"
+    assert "sessionfork.outcome" not in runs[0]["attributes"]
+    reply = client.wait(request, timeout=5)
+    assert isinstance(reply, ForkFailure) and reply.code == "INTERNAL"

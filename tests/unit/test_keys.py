@@ -78,6 +78,10 @@ def test_session_persisted_key() -> None:
     assert keys.session_persisted("a") == "sf:s:{a}:persisted"
 
 
+def test_session_flush_asked_key() -> None:
+    assert keys.session_flush_asked("a") == "sf:s:{a}:flushasked"
+
+
 def test_retention_index_key() -> None:
     assert keys.DISPOSED_INDEX == "sf:disposed"
 

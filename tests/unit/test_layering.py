@@ -173,3 +173,31 @@ def test_key_names_are_built_only_in_keys() -> None:
             continue
         text = path.read_text()
         assert 'f"sf:' not in text and "'sf:" not in text and '"sf:' not in text, path.name
+
+
+# The fork path, each step in one place (issue 18): the queue side enters the session core through
+# ``core/forks.py`` only, one entry per step, and never calls the registry's fork steps itself.
+FORK_STEPS = {"take_snapshot", "prepare_fork", "look_ops", "plan_of", "create_children", "create_child",
+              "confirm_replays", "read_snapshot", "child_header", "is_cluster"}
+FORK_ENTRIES = {"source_step", "child_step", "created_by"}
+QUEUE_SOURCES = [p for p in SOURCES if module_name(p).startswith("sessionfork.queue")]
+
+
+@pytest.mark.parametrize("path", QUEUE_SOURCES, ids=module_name)
+def test_the_queue_side_never_calls_the_registrys_fork_steps(path: Path) -> None:
+    used = {node.attr for node in ast.walk(tree(path)) if isinstance(node, ast.Attribute)}
+    assert not used & FORK_STEPS, f"{module_name(path)} calls the registry's fork steps: go through core.forks"
+
+
+@pytest.mark.parametrize("path", QUEUE_SOURCES, ids=module_name)
+def test_the_queue_side_enters_the_fork_core_by_its_step_entries(path: Path) -> None:
+    called = {node.attr for node in ast.walk(tree(path)) if isinstance(node, ast.Attribute)
+              and isinstance(node.value, ast.Name) and node.value.id == "forks"}
+    assert called <= FORK_ENTRIES
+
+
+def test_the_service_runs_a_request_through_one_entry_per_step() -> None:
+    service = PACKAGE / "queue" / "service.py"
+    called = [node.attr for node in ast.walk(tree(service)) if isinstance(node, ast.Attribute)
+              and isinstance(node.value, ast.Name) and node.value.id == "forks"]
+    assert sorted(called) == sorted(FORK_ENTRIES)  # each once: claim+source, children, what a failure left

@@ -76,10 +76,20 @@ def repair(obj: Context, session_id: str) -> None:
                + ", ".join(e.type for e in added))
 
 
+MAX_TIMEOUT = 86400
+
+
+def _check_timeout(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if not 0 <= value <= MAX_TIMEOUT:  # NaN fails too (a NaN deadline is never reached)
+        raise click.BadParameter(f"expected 0 to {MAX_TIMEOUT} seconds, got {value}", ctx, param)
+    return value
+
+
 @cli.command()
 @click.argument("session_ids", nargs=-1, required=True)
-@click.option("--timeout", type=float, default=30.0, show_default=True,
-              help="With SESSIONFORK_DELETE_AFTER_PERSIST: seconds to wait for the persistence backend.")
+@click.option("--timeout", type=float, default=30.0, show_default=True, callback=_check_timeout,
+              help=f"With SESSIONFORK_DELETE_AFTER_PERSIST: seconds (0-{MAX_TIMEOUT}) to wait for the "
+                   "persistence backend.")
 @click.pass_obj
 @clean_errors
 def delete(obj: Context, session_ids: tuple[str, ...], timeout: float) -> None:

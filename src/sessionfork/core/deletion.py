@@ -3,12 +3,16 @@ registry's base that adds ``delete`` and the persistence backend's ``mark_persis
 
 from __future__ import annotations
 
-from ..core import errors, keys, rules, wire
+from collections.abc import Sequence
+
+from ..core import errors, keys, lua, rules, wire
 from .store import SessionStore
 
 DELETED = "deleted"
 LIVE = "live"
 UNPERSISTED = "unpersisted"
+FLUSH_REASK_MS = 60_000
+"""A deletion that waits for the backend asks it for a flush at most once per session per minute."""
 
 
 class DeletingStore(SessionStore):
@@ -19,8 +23,9 @@ class DeletingStore(SessionStore):
         everywhere and is never reused; no descendant's log changes (a log descendants read is
         kept until the last of them is gone). Returns ``DELETED``; ``LIVE`` when
         ``only_disposed`` and it is live; ``UNPERSISTED`` when ``persisted_first`` and the
-        persistence backend does not hold its whole log yet (a ``session/flush`` is emitted:
-        ask again once it does). ``SESSION_NOT_FOUND`` when never created or deleted already.
+        persistence backend does not hold its whole log yet (a ``session/flush`` is emitted, at
+        most once a minute per session: ``ask_flush``; ask again once the backend holds it).
+        ``SESSION_NOT_FOUND`` when never created or deleted already.
         """
         sid = rules.check_id(session_id)
         reply = self._delete(keys=[keys.session(sid), keys.session_log(sid), keys.session_children(sid),
@@ -33,7 +38,7 @@ class DeletingStore(SessionStore):
         if status == -2:
             return LIVE
         if status == -3:
-            self.flush(sid)
+            self.ask_flush([(sid, int(reply[1]))])
             return UNPERSISTED
         self._lineages.pop(sid, None)
         parent, left = wire.text(reply[1]), int(reply[2])
@@ -47,6 +52,22 @@ class DeletingStore(SessionStore):
         if not left:
             self._release_up(parent, sid)
         return DELETED
+
+    def ask_flush(self, sessions: Sequence[tuple[str, int]]) -> list[str]:
+        """Emit ``session/flush`` for each ``(id, length)`` unless one was asked for it within
+        ``FLUSH_REASK_MS``: the persistence backend reads every entry of its consumer group, so
+        one request is enough; the interval re-asks a backend that lost one. One round trip per
+        server; returns the ids asked now."""
+        calls: list[lua.Call] = [(self._flush_once, [keys.session_flush_asked(sid), *self._lifecycle],
+                                  [FLUSH_REASK_MS, self.lifecycle_maxlen, sid, length]) for sid, length in sessions]
+        asked = [(sid, length) for (sid, length), reply in zip(sessions, lua.eval_many(self.redis, calls), strict=True)
+                 if int(reply)]
+        if asked and self._cluster:  # the stream is in another slot: right after the marks
+            pipe = self.redis.pipeline(transaction=False)
+            for sid, length in asked:
+                self._emit(pipe, "session/flush", sid, length)
+            pipe.execute()
+        return [sid for sid, _ in asked]
 
     def mark_persisted(self, session_id: str, length: int) -> None:
         """The persistence backend holds the first ``length`` events durably (deletion with

@@ -4,16 +4,22 @@ A fork is one atomic step on the source's slot (live? instance? boundary? length
 child's slot (create if absent). Between the two nothing can go wrong for the child: the seed is
 a reference to an immutable prefix of the source's log, so appends to the source after the source
 step never show in the child.
+
+This module is the queue side's only way into the session core: a request runs ``source_step``
+(its claim riding along), then ``child_step``; ``created_by`` says what a failed one left. No
+module of ``queue/`` calls the registry's fork steps itself (a layering test checks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from ..core import errors, rules
+from ..core import errors, lua, rules
 from .registry import Registry, SessionRef
 from .snapshots import ForkPlan, Snapshot
+from .store import split_ref
 from .wire import Event, Header, SeedMeta
 
 
@@ -43,7 +49,7 @@ def fork(registry: Registry, source: SessionRef, session_id: str | None = None, 
     disposed since.
     """
     if not isinstance(request_id, str):
-        raise errors.invalid(f"invalid request id {request_id!r:.80}: expected a str")
+        raise errors.invalid(f"invalid request id {rules.echo(request_id)}: expected a str")
     if session_id is None:
         if request_id:
             raise errors.invalid("request_id needs an explicit session_id: a generated id cannot be replayed")
@@ -73,7 +79,8 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     created. When every id exists, that is the error (after ``SESSION_NOT_FOUND`` and
     ``SESSION_NOT_LIVE``, before the boundary rules). With ``request_id``, children that an
     earlier call with it created are returned as they are. ``boundary`` as for ``fork``: every
-    child's seed is events ``[0, boundary]``.
+    child's seed is events ``[0, boundary]``. A source deleted while the children are created:
+    those created before stay and are returned, the rest fail ``SESSION_NOT_FOUND`` (``create``).
     """
     if not isinstance(child_ids, Sequence) or isinstance(child_ids, str | bytes):
         raise errors.invalid(f"child ids must be a sequence of ids, got {type(child_ids).__name__}")
@@ -86,15 +93,65 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     return create(registry, plan, ids, request_id=request_id)
 
 
+def source_step(registry: Registry, source: SessionRef, child_ids: Sequence[str], *, request_id: str = "",
+                boundary: int | None = None, rider: tuple[Any, lua.Op] | None = None) -> tuple[Any, ForkPlan | None]:
+    """The source step of a request's fork, with ``rider`` (``(redis, op)``: the queue side's claim
+    of the request id) in the same round trip when it runs on the registry's own single server.
+
+    Returns the rider's result (``None`` without one) and the ``ForkPlan`` (``registry.prepare_fork``'s,
+    ids trusted: checked by the caller), or ``None`` for the plan when the rider ran alone, on
+    another server or beside a cluster: ``child_step`` then runs the source step itself. The
+    source step only reads, so a caller whose claim says the request is not new drops the plan.
+    """
+    if rider is None:
+        return None, registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary)
+    redis, op = rider
+    if redis is not registry.redis or registry.is_cluster:
+        return lua.run(redis, [op])[0], None
+    sid, instance = split_ref(source)
+    look = registry.look_ops(sid, instance, child_ids, boundary)
+    first, *results = lua.run(redis, [op, *look])
+    return first, registry.plan_of(sid, child_ids, request_id, boundary, results)
+
+
+def child_step(registry: Registry, source: SessionRef, child_ids: Sequence[str], *, request_id: str = "",
+               boundary: int | None = None, plan: ForkPlan | None = None, snapshot: Snapshot | None = None,
+               keep: Callable[[Snapshot], Snapshot] | None = None) -> FanOut:
+    """The child step of a request's fork: ``create`` from ``plan`` (``source_step``'s; ``None``:
+    the source step runs now, as for a resumed request whose children an earlier attempt planned).
+
+    ``snapshot`` is the one the request stored already (all its children share it); without one,
+    ``keep`` (a fan-out's) stores the plan's snapshot before any child exists and returns the
+    stored one (the first stored wins when attempts race), so a retry after a crash creates the
+    rest from the same seed.
+    """
+    if plan is None:
+        plan = registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary)
+    if snapshot is None and keep is not None and plan.snapshot is not None:
+        snapshot = keep(plan.snapshot)
+    return create(registry, plan, child_ids, request_id=request_id, snapshot=snapshot)
+
+
+def created_by(registry: Registry, source: SessionRef, child_ids: Sequence[str], request_id: str, *,
+               boundary: int | None = None) -> list[str]:
+    """Those of ``child_ids`` that ``request_id`` created, sorted (for an ``INTERNAL`` outcome:
+    no hidden partial state)."""
+    plan = registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary)
+    return sorted(plan.replayed)
+
+
 def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, request_id: str = "",
            snapshot: Snapshot | None = None) -> FanOut:
     """The child step of a prepared fork: create ``child_ids`` (checked, distinct) from ``plan``.
 
     ``plan`` is ``registry.prepare_fork``'s for exactly these ids; ``snapshot``, when given,
     replaces its snapshot (the one a fan-out request stored first: all its children share it).
-    Raises the plan's error unless every child is settled already (a replay needs no live
+    Raises the plan's error unless this request created a child already (a replay needs no live
     source); when every id exists, ``SESSION_ALREADY_EXISTS`` comes after the source's own
-    errors and before the boundary rules.
+    errors and before the boundary rules. No hidden partial state: when the source is deleted
+    while (or before a replay of) a fan-out that created some of its children, those children are
+    returned in ``created`` and every other id is in ``failed`` with ``SESSION_NOT_FOUND``; the
+    source's error is raised only when this request created no child at all.
     """
     if plan.existing and len(plan.existing) == len(child_ids):
         # Error order: the source's own state, then the child id, then the boundary rules.
@@ -102,14 +159,21 @@ def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, requ
             raise plan.error
         raise errors.already_exists(plan.existing[0])
     snap = snapshot or plan.snapshot
-    if snap is None:
-        if plan.replayed and len(plan.replayed) + len(plan.existing) == len(child_ids):
-            registry.confirm_replays(list(plan.replayed.values()))
-            return _settle(child_ids, {}, plan.replayed)
-        assert plan.error is not None
-        raise plan.error
     todo = [c for c in child_ids if c not in plan.replayed and c not in plan.existing]
-    made = dict(zip(todo, registry.create_children(snap, todo, request_id=request_id), strict=True))
+    made: dict[str, Header | errors.ForkError]
+    if snap is None:
+        error = plan.error
+        assert error is not None  # a plan holds its snapshot or its error
+        if not plan.replayed:
+            raise error
+        # A replay whose source cannot be forked now: its children stay, reported with the error
+        # in place of each child it did not create (no hidden partial state).
+        made = dict.fromkeys(todo, error)
+    else:
+        made = dict(zip(todo, registry.create_children(snap, todo, request_id=request_id), strict=True))
+    lost = [e for e in made.values() if isinstance(e, errors.ForkError) and e.code in _SOURCE_ERRORS]
+    if lost and not plan.replayed and not any(isinstance(h, Header) for h in made.values()):
+        raise lost[0]  # nothing of this request exists: the source's error is the outcome
     registry.confirm_replays(list(plan.replayed.values()))
     return _settle(child_ids, made, plan.replayed)
 
@@ -131,5 +195,5 @@ def _settle(ids: Sequence[str], made: dict[str, Header | errors.ForkError],
 def _checked(boundary: int | None) -> int | None:
     # bool is an int to Python, never a seq; the range is the boundary rule's (INVALID_BOUNDARY).
     if boundary is not None and (isinstance(boundary, bool) or not isinstance(boundary, int)):
-        raise errors.invalid(f"invalid boundary {boundary!r}: expected an integer event seq")
+        raise errors.invalid(f"invalid boundary {rules.echo(boundary)}: expected an integer event seq")
     return boundary

@@ -27,6 +27,8 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
     sf:s:{<id>}:log        list   the session's own events (seq >= seedlen), JSON without "seq"
     sf:s:{<id>}:persisted  string how many events the persistence backend holds durably (written by
                                   it; deletion with persisted_first waits for it to reach len)
+    sf:s:{<id>}:flushasked string set (60 s TTL) when such a deletion asked the backend for a
+                                  session/flush: asked once per interval, not per attempt
     sf:s:{<id>}:children   set    ids of the sessions forked from this one (lineage index); while
                                   it is not empty, the session's log is never freed (it pins it)
     sf:s:{<id>}:turns      list   turn index of the session's own events: 2*seq + 1 for each
@@ -79,6 +81,12 @@ def session_children(session_id: str) -> str:
 def session_persisted(session_id: str) -> str:
     """How many of the session's events the persistence backend holds durably (string)."""
     return f"{PREFIX}:s:{{{session_id}}}:persisted"
+
+
+def session_flush_asked(session_id: str) -> str:
+    """Set while a ``session/flush`` asked by a deletion that waits for the backend is recent
+    (string with a TTL): such flushes are asked once per interval, not once per attempt."""
+    return f"{PREFIX}:s:{{{session_id}}}:flushasked"
 
 
 def session_turns(session_id: str) -> str:

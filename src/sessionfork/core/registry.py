@@ -182,10 +182,14 @@ class Registry(DeletingStore):
             for cid in child_ids
         ]
         replies = lua.eval_many(self.redis, calls, replicas=self.wait_replicas, wait_ms=self.wait_timeout_ms)
-        if any(raw == -1 for raw in replies):
+        if any(raw == -1 for raw in replies) and not self._deleted(source_id):
             raise self._lost(snap, [c for c, raw in zip(child_ids, replies, strict=True) if isinstance(raw, bytes)])
+        # -1 with the parent deleted: a deletion landed among the children. Those created before it
+        # pinned its log (delete.lua kept it), so they are whole children and stay, reported; the
+        # others are SESSION_NOT_FOUND in their place (a fan-out reports both: no hidden state).
         results: list[Header | errors.ForkError] = [
-            errors.already_exists(cid) if raw is None else wire.decode_header(raw)
+            errors.already_exists(cid) if raw is None else
+            errors.not_found(source_id) if raw == -1 else wire.decode_header(raw)
             for cid, raw in zip(child_ids, replies, strict=True)
         ]
         created = [r.id for r in results if isinstance(r, Header)]
@@ -199,9 +203,10 @@ class Registry(DeletingStore):
                 self._emit(pipe, "session/created", cid, snap.length)
             refused = [cid for cid, r in zip(child_ids, results, strict=True) if not isinstance(r, Header)]
             stale = self._not_children(source_id, refused)
-            if stale:  # pinned above, but another session owns the id: take the pin back
-                pipe.srem(keys.session_children(source_id), *stale)
             pipe.execute()
+            for cid in stale:  # pinned above, but another session owns the id: take the pin back
+                # through release.lua: a parent deleted meanwhile whose last pin this was is freed
+                self._release_up(source_id, cid)
             if self.wait_replicas and created:  # the parent's index entry must survive a failover
                 lua.wait_for_replicas(self.redis, [keys.session_children(source_id)], self.wait_replicas,
                                       self.wait_timeout_ms)
@@ -225,7 +230,9 @@ class Registry(DeletingStore):
     def _check_parent(self, snap: Snapshot, parent: bytes, created: list[str]) -> None:
         """On a cluster: the parent must still be the session snapshotted, at least as long, after
         its children were created on other slots; else they are deleted and the fork fails."""
-        header, length = self.redis.hmget(keys.session(snap.source.id), ["header", "len"])
+        header, length, deleted = self.redis.hmget(keys.session(snap.source.id), ["header", "len", "deleted"])
+        if deleted is not None:
+            return  # deleted after pin.lua pinned them: its log stays for them, they are whole
         if header != parent or length is None or int(length) < snap.length:
             raise self._lost(snap, created)
 
@@ -235,9 +242,14 @@ class Registry(DeletingStore):
         source as not found. A retry of the request answers from what the registry holds now."""
         for cid in created:  # only records created from ``snap`` now: no one holds their tokens yet
             self.redis.delete(keys.session(cid), keys.session_log(cid))
-        if created:  # and their pins in the parent's index (the parent's log need not stay for them)
-            self.redis.srem(keys.session_children(snap.source.id), *created)
+            # And its pin in the parent's index, through release.lua: a parent deleted meanwhile
+            # whose last pin this was has its log freed now (a plain SREM would leak it forever).
+            self._release_up(snap.source.id, cid)
         return errors.not_found(snap.source.id)
+
+    def _deleted(self, sid: str) -> bool:
+        """Whether ``sid``'s record is a tombstone (deleted; its log kept while pinned)."""
+        return bool(self.redis.hexists(keys.session(sid), "deleted"))
 
     def confirm_replays(self, replayed: Sequence[Header]) -> None:
         """Finish what an earlier attempt of a request may have left undone for its children.

@@ -46,14 +46,64 @@ def sweep(registry: Registry, *, now_ms: int, older_than_ms: int, limit: int = 1
 
     Returns what was deleted (dry run: what would be, nothing changed), with the bytes freed
     (``MEMORY USAGE`` of the record, and of the log and index unless descendants pin them, less
-    the tombstone's ~100 bytes). A session the persistence backend has not written whole yet is
-    left for a later pass (``persisted_first``); a live one is never deleted.
+    the tombstone's ~100 bytes). A live session is never deleted. With ``persisted_first``, a
+    session the persistence backend has not written whole yet is left for a later pass and
+    **passed over**: the sweep goes on to the sessions disposed after it (no head-of-line
+    blocking), examining at most ``SCAN_PAGES`` pages of ``limit`` index entries per call; the
+    backend is asked for a flush of each at most once a minute (``DeletingStore.ask_flush``).
     """
-    due: list[Any] = registry.redis.zrangebyscore(keys.DISPOSED_INDEX, "-inf", now_ms - older_than_ms,
-                                               start=0, num=limit, withscores=True)
-    if not due:
-        return []
-    ids = [(wire.text(member), int(score)) for member, score in due]
+    cutoff = now_ms - older_than_ms
+    out: list[Swept] = []
+    offset = 0
+    for _ in range(SCAN_PAGES):
+        due: list[Any] = registry.redis.zrangebyscore(keys.DISPOSED_INDEX, "-inf", cutoff,
+                                                      start=offset, num=limit, withscores=True)
+        if not due:
+            break
+        ids = [(wire.text(member), int(score)) for member, score in due]
+        waiting = set() if dry_run or not persisted_first else _waiting(registry, [sid for sid, _ in ids])
+        todo = [(sid, at) for sid, at in ids if sid not in waiting][:limit - len(out)]
+        done, gone = _delete(registry, todo, dry_run=dry_run, persisted_first=persisted_first)
+        out += done
+        if gone and not dry_run:
+            registry.redis.zrem(keys.DISPOSED_INDEX, *gone)
+        if len(out) >= limit or len(due) < limit:
+            break
+        # Entries of this page still in the index (waiting for the backend): the next page starts
+        # after them. Another sweeper's deletions may shift it: what it skips, the next pass sees.
+        offset += len(due) if dry_run else len(due) - len(done) - len(gone)
+    return out
+
+
+SCAN_PAGES = 20
+"""Pages of ``limit`` index entries one ``sweep`` examines at most (sessions waiting for the
+persistence backend are passed over, not deleted, so they need not stop the sweep)."""
+
+
+def _waiting(registry: Registry, ids: list[str]) -> set[str]:
+    """Those of ``ids`` whose log the persistence backend does not hold whole yet (a flush is
+    asked for each, at most once a minute): one pipelined read, no script."""
+    valid = [sid for sid in ids if rules.is_valid_id(sid)]
+    pipe = registry.redis.pipeline(transaction=False)
+    for sid in valid:
+        pipe.hget(keys.session(sid), "len")
+        pipe.get(keys.session_persisted(sid))
+    found = pipe.execute()
+    waiting: dict[str, int] = {}
+    for i, sid in enumerate(valid):
+        length, persisted = found[2 * i], found[2 * i + 1]
+        if length is not None and int(persisted or -1) < int(length):
+            waiting[sid] = int(length)
+    registry.ask_flush(list(waiting.items()))
+    return set(waiting)
+
+
+def _delete(registry: Registry, ids: list[tuple[str, int]], *, dry_run: bool,
+            persisted_first: bool) -> tuple[list[Swept], list[str]]:
+    """Delete ``ids`` (with their disposal times): what was deleted, and the ids to drop from the
+    index (deleted already, or not valid ids)."""
+    if not ids:
+        return [], []
     pipe = registry.redis.pipeline(transaction=False)
     for sid, _ in ids:
         for key in (keys.session(sid), keys.session_log(sid), keys.session_turns(sid), keys.session_children(sid)):
@@ -75,14 +125,12 @@ def sweep(registry: Registry, *, now_ms: int, older_than_ms: int, limit: int = 1
                 gone.append(sid)  # deleted already (another sweeper, or by hand)
                 continue
             if status == UNPERSISTED:
-                continue
+                continue  # written since the look above; its flush was asked: a later pass
             if status == LIVE:
                 gone.append(sid)  # never happens to a disposed id; not ours to delete anyway
                 continue
         out.append(Swept(sid, disposed_at, freed, bool(pins)))
-    if gone and not dry_run:
-        registry.redis.zrem(keys.DISPOSED_INDEX, *gone)
-    return out
+    return out, gone
 
 
 _TOMBSTONE_BYTES = 100

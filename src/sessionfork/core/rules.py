@@ -18,8 +18,35 @@ Well under the recursion limits of msgspec's and Python's JSON codecs, so every 
 registry, ``persist``, the harness) can read back whatever ``append`` accepted."""
 INT_MIN, INT_MAX = -(2**63), 2**64 - 1
 """The integers event data may hold: what 64-bit JSON readers can read back exactly."""
+ECHO_LIMIT = 160
+"""Most characters of an untrusted value that ``echo`` shows (an id one over the limit shows whole)."""
 _ID_RE = re.compile(r"[A-Za-z0-9._:\-]{1,128}")
 _TRACEPARENT_RE = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def echo(value: object, limit: int = ECHO_LIMIT) -> str:
+    """How an untrusted value is shown in a message, a log field or a span attribute (the one place
+    that decides it): quoted and escaped as Python's ``repr`` does (every control, format or other
+    non-printable character and a lone surrogate as a ``\\x``/``\\u`` escape), cut to its first
+    ``limit`` characters, with ``…(N chars)`` telling its length when cut. Never longer than
+    ``4 * limit + 40`` characters, whatever ``value`` is."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "backslashreplace")
+    if isinstance(value, str):
+        shown = repr(value[:limit])
+        size = len(value)
+    else:  # not text: its repr, escaped the same way (ascii) and cut
+        try:
+            text = ascii(value)
+        except Exception:  # a hostile __repr__, or nesting past the recursion limit
+            text = f"<{type(value).__name__}>"
+        shown, size = text[:limit], len(text)
+    return shown if size <= limit else f"{shown}…({size} chars)"
+
+
+def shown_id(value: object) -> str:
+    """An id as logs and spans show it: a valid id as it is, anything else through ``echo``."""
+    return value if isinstance(value, str) and is_valid_id(value) else echo(value)
 
 
 def is_valid_id(value: str) -> bool:
@@ -31,7 +58,7 @@ def check_id(value: str, what: str = "session id") -> str:
     """Return ``value`` or raise ``INVALID_REQUEST`` naming ``what``; called before any Redis call."""
     if not isinstance(value, str) or not is_valid_id(value):
         raise errors.invalid(
-            f"invalid {what} {value!r}: expected 1-{ID_MAX_LENGTH} characters from [A-Za-z0-9._:-]"
+            f"invalid {what} {echo(value)}: expected 1-{ID_MAX_LENGTH} characters from [A-Za-z0-9._:-]"
         )
     return value
 
@@ -45,7 +72,7 @@ def check_request_id(value: str, what: str = "requestId") -> str:
     Stricter than session ids because a request id is also the RQ job id, which RQ limits so.
     """
     if not isinstance(value, str) or _REQUEST_ID_RE.fullmatch(value) is None:
-        raise errors.invalid(f"invalid {what} {value!r}: expected 1-{ID_MAX_LENGTH} characters from [A-Za-z0-9_-]")
+        raise errors.invalid(f"invalid {what} {echo(value)}: expected 1-{ID_MAX_LENGTH} characters from [A-Za-z0-9_-]")
     return value
 
 
@@ -62,7 +89,7 @@ def check_text(value: object, what: str) -> str:
     """Return ``value`` or raise ``INVALID_REQUEST``: a ``str`` that is valid UTF-8 (no lone
     surrogate), so that it can be stored and read back."""
     if not isinstance(value, str) or not _is_utf8(value):
-        raise errors.invalid(f"invalid {what} {value!r:.80}: expected text (a str without lone surrogates)")
+        raise errors.invalid(f"invalid {what} {echo(value)}: expected text (a str without lone surrogates)")
     return value
 
 

@@ -37,9 +37,9 @@ _LINEAGE_CACHE = 4096  # sessions whose seed references a registry remembers (th
 def split_ref(ref: SessionRef) -> tuple[str, str]:
     """``(id, instance)`` of a session reference (instance ``""``: any live one), ids checked."""
     if isinstance(ref, LiveHandle):
-        rules.check_text(ref.instance, f"instance token of {ref.id!r:.80}")
+        rules.check_text(ref.instance, f"instance token of {rules.echo(ref.id)}")
         if not ref.instance:  # "" means "any live instance" to the scripts: never from a handle
-            raise errors.invalid(f"live handle of {ref.id!r} has an empty instance token")
+            raise errors.invalid(f"live handle of {rules.echo(ref.id)} has an empty instance token")
         return rules.check_id(ref.id), ref.instance
     return rules.check_id(ref), ""
 
@@ -96,6 +96,7 @@ class SessionStore:
         self._release = lua.register(redis, "release.lua")
         self._pin = lua.register(redis, "pin.lua")
         self._settle = lua.register(redis, "settle.lua")
+        self._flush_once = lua.register(redis, "flush.lua")  # deletion waiting for the backend
 
     # -- lifecycle -----------------------------------------------------------------------------
 

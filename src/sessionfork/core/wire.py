@@ -90,15 +90,16 @@ def encode_stored_event(event: NewEvent, time_ms: int) -> bytes:
     """
     if not isinstance(event, NewEvent):
         raise errors.invalid(f"events must be NewEvent objects, got {type(event).__name__}")
-    rules.check_json_value(event.data, f"event {event.type!r:.80} data")
+    rules.check_json_value(event.data, f"event {rules.echo(event.type)} data")
     for name, value in event.extra.items():
-        rules.check_json_value(value, f"event {event.type!r:.80} field {name!r:.80}")
+        rules.check_json_value(value, f"event {rules.echo(event.type)} field {rules.echo(name)}")
     try:
         return _json.encode({"type": event.type, "time": time_ms, "data": event.data, **event.extra})
     except UnicodeEncodeError:
-        raise errors.invalid(f"event {event.type!r:.80} holds a lone surrogate: text must be valid UTF-8") from None
+        raise errors.invalid(f"event {rules.echo(event.type)} holds a lone surrogate: text must be valid "
+                             "UTF-8") from None
     except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
-        raise errors.invalid(f"event {event.type!r:.80} is not JSON: {exc}") from None
+        raise errors.invalid(f"event {rules.echo(event.type)} is not JSON: {exc}") from None
 
 
 def decode_stored_event(raw: bytes, seq: int) -> Event:

@@ -65,11 +65,17 @@ def shared_length(a: Sequence[Piece], b: Sequence[Piece]) -> int:
     return pos
 
 
-def _pieces(registry: Registry, sid: str) -> tuple[int, list[Piece]]:
-    """``(length, pieces)`` of a session, from its record (one read, no event read)."""
-    length, seed_length, seed = registry.redis.hmget(keys.session(sid), ["len", "seedlen", "seed"])
+def _pieces(registry: Registry, sid: str, *, deleted_ok: bool = False) -> tuple[int, list[Piece]]:
+    """``(length, pieces)`` of a session, from its record (one read, no event read).
+
+    With ``deleted_ok``, a deleted ancestor's tombstone does too while descendants pin it (it
+    keeps its seed, and its log): its pieces are its seed and its whole own log."""
+    length, seed_length, seed, deleted = registry.redis.hmget(keys.session(sid),
+                                                              ["len", "seedlen", "seed", "deleted"])
+    if deleted is not None and deleted_ok and seed is not None and seed_length is not None:
+        length = str(int(seed_length) + int(registry.redis.llen(keys.session_log(sid))))
     seed_length = seed_length if seed_length is not None else length  # absent until the first append
-    if length is None or seed_length is None or seed is None:
+    if length is None or seed_length is None or seed is None or (deleted is not None and not deleted_ok):
         raise errors.not_found(sid)
     total, own = int(length), int(length) - int(seed_length)
     # A child's seed may reference its parent's seed: resolved into ancestor slices (cached).
@@ -78,35 +84,43 @@ def _pieces(registry: Registry, sid: str) -> tuple[int, list[Piece]]:
 
 
 def _chain(registry: Registry, sid: str) -> list[str]:
-    """``sid`` and its ancestors, nearest first (from the headers' ``parentSession``)."""
+    """``sid`` and its ancestors, nearest first: from the headers' ``parentSession``, and through a
+    deleted ancestor from its tombstone's ``parent`` (kept while descendants pin it)."""
     chain = [sid]
     parent = registry.header(sid).parent_session
     while parent is not UNSET and parent not in chain:
-        try:
-            header = registry.header(parent)
-        except errors.ForkError:
-            break  # a deleted ancestor: the chain ends below it (its slices still compare)
         chain.append(parent)
-        parent = header.parent_session
+        header, tomb_parent = registry.redis.hmget(keys.session(parent), ["header", "parent"])
+        if header is not None:
+            parent = wire.decode_header(header).parent_session
+        elif tomb_parent is not None:
+            parent = wire.text(tomb_parent)
+        else:
+            break  # a deleted ancestor with no parent (a root): the chain ends with it
     return chain
 
 
 def diff(registry: Registry, a: str, b: str) -> Diff:
-    """The diff of sessions ``a`` and ``b`` (``SESSION_NOT_FOUND`` for one never created)."""
+    """The diff of sessions ``a`` and ``b`` (``SESSION_NOT_FOUND`` for one never created).
+
+    The common ancestor may be deleted (its descendants keep its log): it is named all the same.
+    Unrelated sessions (``ancestor`` absent) read no event: ``shared`` is 0 and both sides list
+    none, whatever their length."""
     a, b = rules.check_id(a), rules.check_id(b)
     (len_a, pieces_a), (len_b, pieces_b) = _pieces(registry, a), _pieces(registry, b)
     shared = shared_length(pieces_a, pieces_b)
     chain_b = set(_chain(registry, b))
     ancestor = next((sid for sid in _chain(registry, a) if sid in chain_b), None)
-    left_a, left_b = shared, shared
-    if ancestor is not None:
-        _, pieces_n = _pieces(registry, ancestor)
+    if ancestor is None:
+        return Diff(shared=0, a=Side(id=a, length=len_a, left_at=0, events=[]),
+                    b=Side(id=b, length=len_b, left_at=0, events=[]))
+    try:
+        _, pieces_n = _pieces(registry, ancestor, deleted_ok=True)
         left_a, left_b = shared_length(pieces_a, pieces_n), shared_length(pieces_b, pieces_n)
-    return Diff(
-        shared=shared if ancestor is not None else 0, ancestor=ancestor,
-        a=_side(registry, a, len_a, left_a, shared if ancestor is not None else 0),
-        b=_side(registry, b, len_b, left_b, shared if ancestor is not None else 0),
-    )
+    except errors.ForkError:  # an ancestor gone for good (only after a data loss): they left at the split
+        left_a = left_b = shared
+    return Diff(shared=shared, ancestor=ancestor, a=_side(registry, a, len_a, left_a, shared),
+                b=_side(registry, b, len_b, left_b, shared))
 
 
 def _side(registry: Registry, sid: str, length: int, left_at: int, shared: int) -> Side:

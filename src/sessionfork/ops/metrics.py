@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from ..core import rules
 from ..core.wire import ForkFailure, ForkResult, Reply
 
 log = logging.getLogger("sessionfork.outcome")
@@ -67,7 +68,8 @@ def _source(payload: str) -> Any:
         source = _request_source.decode(payload).get("source")
     except Exception:  # a log field: any payload, however hostile, just has no source to show
         return None
-    return source.get("id") if isinstance(source, dict) else source
+    source = source.get("id") if isinstance(source, dict) else source
+    return None if source is None else rules.shown_id(source)  # bounded and escaped
 
 
 class JsonFormatter(logging.Formatter):

@@ -56,7 +56,8 @@ def parse(payload: str | bytes, job_id: str, limits: Limits) -> ForkRequest:
     request = wire.decode_request(raw)
     rules.check_request_id(job_id, "requestId (the RQ job id)")
     if request.request_id is not UNSET and request.request_id != job_id:
-        raise errors.invalid(f"requestId {request.request_id!r} does not match the job id {job_id!r}")
+        raise errors.invalid(f"requestId {rules.echo(request.request_id)} does not match the job id "
+                             f"{rules.echo(job_id)}")
     rules.check_id(request.source_id, "source")
     if isinstance(request.source, LiveHandle) and not request.source.instance:
         raise errors.invalid("invalid source: a live handle needs a non-empty instance")

@@ -1,8 +1,9 @@
 """One fork request, from its bytes to its one outcome, top to bottom:
 
 1. ``requests.parse``: decode and validate at the edge (each id checked once);
-2. claim the request id and run the source step (``_claim``: one round trip on a shared server);
-3. create the children (``forks.create``; a fan-out first keeps its snapshot for retries);
+2. claim the request id and run the source step (``forks.source_step``: one round trip on a shared
+   server);
+3. create the children (``forks.child_step``; a fan-out first keeps its snapshot for retries);
 4. record, stream and publish the outcome (``outcomes``: the one module that writes outcomes).
 
 ``ForkService.handle`` is what a worker runs per job. Its guarantees:
@@ -22,7 +23,7 @@ from typing import Any
 
 from msgspec import UNSET
 
-from ..core import forks, lua
+from ..core import forks
 from ..core.config import Settings
 from ..core.connections import TRANSIENT
 from ..core.errors import ErrorCode, ForkError
@@ -61,10 +62,18 @@ class ForkService:
         """Run one request to its outcome and return the outcome (the first one, on a replay).
 
         ``enqueued_ms`` (epoch ms) lets the outcome stream record the enqueue-to-outcome latency.
-        With OpenTelemetry installed, the run is one span continuing the request's ``traceparent``.
+        With OpenTelemetry installed, the run is one span continuing the request's ``traceparent``
+        (a retried request: one span per run; the last run's ends with its outcome, ``INTERNAL`` too).
         """
         with tracing.request_span(payload, job_id) as span:
-            reply = self._handle(payload, job_id, final_attempt=final_attempt, enqueued_ms=enqueued_ms)
+            try:
+                reply = self._handle(payload, job_id, final_attempt=final_attempt, enqueued_ms=enqueued_ms)
+            except TRANSIENT:
+                raise  # run again: another span
+            except Exception:
+                if final_attempt:  # recorded INTERNAL: the run's span says so too
+                    span.finish(ForkFailure(request_id=job_id, code=ErrorCode.INTERNAL.value, message=""))
+                raise
             span.finish(reply)
             return reply
 
@@ -109,35 +118,24 @@ class ForkService:
         return self.outcomes.record(reply, channel, duration_us=elapsed, latency_us=latency)
 
     def _claim(self, request: ForkRequest, request_id: str) -> tuple[Claim, ForkPlan | None]:
-        """Claim the request id; on a shared single server, run the source step in the same trip.
-
-        The source step only reads, so its result is simply dropped when the claim says the
-        request is not new (its children were planned by an earlier attempt).
-        """
+        """Claim the request id, with the source step in the same trip on a shared single server
+        (``forks.source_step``); the plan is dropped when the request is not new (its children
+        were planned by an earlier attempt)."""
         planned = self._children_of(request)
-        claim_op = self.outcomes.claim_op(request_id, request, planned)
-        if self.outcomes.redis is not self.registry.redis or self.registry.is_cluster:
-            return self.outcomes.claim_of(lua.run(self.outcomes.redis, [claim_op])[0]), None
-        source, boundary = request.source_id, _boundary(request)
-        look = self.registry.look_ops(source, request.instance, planned, boundary)
-        results = lua.run(self.outcomes.redis, [claim_op, *look])
-        claim = self.outcomes.claim_of(results[0])
-        if claim.state != "NEW":
-            return claim, None
-        return claim, self.registry.plan_of(source, planned, request_id, boundary, results[1:])
+        raw, plan = forks.source_step(self.registry, request.source, planned, request_id=request_id,
+                                      boundary=_boundary(request),
+                                      rider=(self.outcomes.redis, self.outcomes.claim_op(request_id, request, planned)))
+        claim = self.outcomes.claim_of(raw)
+        return claim, plan if claim.state == "NEW" else None
 
     def _fork(self, request: ForkRequest, request_id: str, claim: Claim, plan: ForkPlan | None) -> Reply:
         """The children of a claimed request, from one snapshot: the reply that reports them."""
         children = list(claim.children)
-        if plan is None:  # a resumed request: its children were planned by an earlier attempt
-            plan = self.registry.prepare_fork(request.source, children, request_id=request_id,
-                                              boundary=_boundary(request))
-        snap = claim.snapshot
-        if snap is None and len(children) > 1 and plan.snapshot is not None:
-            # A fan-out keeps its snapshot before any child exists: a retry after a crash
-            # creates the rest from the same one (the first stored wins if attempts race).
-            snap = self.outcomes.keep_snapshot(request_id, plan.snapshot)
-        result = forks.create(self.registry, plan, children, request_id=request_id, snapshot=snap)
+        # A fan-out keeps its snapshot before any child exists: a retry after a crash creates the
+        # rest from the same one.
+        keep = (lambda snap: self.outcomes.keep_snapshot(request_id, snap)) if len(children) > 1 else None
+        result = forks.child_step(self.registry, request.source, children, request_id=request_id,
+                                  boundary=_boundary(request), plan=plan, snapshot=claim.snapshot, keep=keep)
         if not request.fans_out:
             if result.failed:
                 raise result.failed[0][1]
@@ -159,12 +157,10 @@ class ForkService:
     def _created_by(self, request: ForkRequest, request_id: str) -> list[str]:
         """Children that ``request_id`` created (best effort: a failing Redis answers none)."""
         try:
-            planned = self.outcomes.planned(request_id)
-            plan = self.registry.prepare_fork(request.source, planned, request_id=request_id,
-                                              boundary=_boundary(request))
+            return forks.created_by(self.registry, request.source, self.outcomes.planned(request_id), request_id,
+                                    boundary=_boundary(request))
         except Exception:
             return []
-        return sorted(plan.replayed)
 
 
 def _boundary(request: ForkRequest) -> int | None:

@@ -109,8 +109,8 @@ def request_span(payload: str | bytes, request_id: str) -> Iterator[RequestSpan]
         parent = otel.propagator.extract({"traceparent": fields.traceparent})
     source = fields.source.get("id") if isinstance(fields.source, dict) else fields.source
     attributes = {"sessionfork.request_id": request_id}
-    if isinstance(source, str):
-        attributes["sessionfork.source"] = source
+    if source is not None:  # bounded and escaped: the span of a hostile request shows it harmlessly
+        attributes["sessionfork.source"] = rules.shown_id(source)
     tracer = otel.trace.get_tracer("sessionfork")
     with tracer.start_as_current_span(SPAN_NAME, context=parent, kind=otel.trace.SpanKind.CONSUMER,
                                       attributes=attributes) as span:
