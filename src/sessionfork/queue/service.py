@@ -24,13 +24,13 @@ from msgspec import UNSET
 
 from ..core import forks, lua
 from ..core.config import Settings
-from ..core.connections import TRANSIENT
 from ..core.errors import ErrorCode, ForkError
 from ..core.factories import new_session_id, now_ms
 from ..core.registry import Registry
 from ..core.snapshots import ForkPlan
 from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, Reply
 from . import requests, tracing
+from .outages import is_outage
 from .outcomes import Claim, Outcomes
 from .requests import DEFAULT_LIMITS, Limits
 
@@ -93,9 +93,9 @@ class ForkService:
             reply = self._fork(request, job_id, claim, plan)
         except ForkError as exc:
             reply = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
-        except TRANSIENT:
-            raise  # Redis is briefly away: the worker backs off and runs the request again
         except Exception as exc:
+            if is_outage(exc):
+                raise  # Redis is briefly away or busy: the worker backs off and runs the request again
             if final_attempt:
                 message = f"internal error: {type(exc).__name__}: {exc}"
                 made = self._created_by(request, job_id)
