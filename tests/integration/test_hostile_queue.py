@@ -146,6 +146,10 @@ def test_every_queue_entry_gets_an_invalid_request_outcome_under_its_exact_bytes
     if with_hash:  # a job hash without a TTL, as a raw producer writes it
         redis.hset(job_key, mapping={"data": '["sessionfork.jobs.fork",null,["{}"],{}]', "origin": SETTINGS.queue,
                                      "status": "queued", "created_at": "2026-11-30T12:00:00.000000Z"})
+    if entry == b"x:y":  # a job "x" exists (not queued): RQ would load and run it for this entry
+        redis.hset(queue.job_class.key_for("x"), mapping={
+            "data": '["sessionfork.jobs.fork",null,["{\\"source\\":\\"nobody\\"}"],{}]', "origin": SETTINGS.queue,
+            "status": "queued", "created_at": "2026-11-30T12:00:00.000000Z", "timeout": 30})
     redis.rpush(queue.key, entry)
     record = keys.request("").encode() + entry
     wait_until(lambda: redis.hexists(record, "outcome"), 20, "the refusal outcome")
@@ -157,6 +161,7 @@ def test_every_queue_entry_gets_an_invalid_request_outcome_under_its_exact_bytes
     wait_until(lambda: not redis.exists(job_key), 10, "the job hash to go")
     assert entry not in redis.lrange(queue.intermediate_queue_key, 0, -1)
     serves(redis)
+    assert stored_outcome(redis, "x") is None  # no other job ran for the entry
     assert worker[1].poll() is None
 
 

@@ -13,6 +13,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import (
@@ -27,6 +28,7 @@ from helpers import (
     worker_name,
 )
 from redis import Redis
+from redis.exceptions import ResponseError
 from rq.registry import StartedJobRegistry
 
 from sessionfork.core import keys, wire
@@ -36,6 +38,9 @@ from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.queue import jobs
 from sessionfork.queue.jobs import fresh_workers
+from sessionfork.queue.outcomes import Outcomes
+from sessionfork.queue.requests import Limits
+from sessionfork.queue.service import ForkService
 
 pytestmark = pytest.mark.slow
 
@@ -109,6 +114,32 @@ def test_a_long_script_makes_the_worker_back_off_not_die(busy_server: EmbeddedSe
         redis.close()
 
 
+@pytest.mark.parametrize("reply", [
+    "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.",
+    "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+])
+def test_a_busy_server_on_the_last_attempt_is_retried_not_reported(
+        redis: Redis, registry: Registry, monkeypatch: pytest.MonkeyPatch, reply: str) -> None:
+    registry.append(registry.create("src"), turn(1))
+    svc = ForkService(registry, Outcomes(redis, ttl=60, stream_maxlen=100), reply_channel="sf:replies",
+                      limits=Limits(max_fanout=16))
+    real = registry.create_children
+    calls = {"n": 0}
+
+    def busy_once(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ResponseError(reply)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(registry, "create_children", busy_once)
+    payload = '{"source":"src","sessionId":"c1"}'
+    with pytest.raises(ResponseError):
+        svc.handle(payload, "r1", final_attempt=True)
+    assert svc.outcomes.get("r1") is None  # not INTERNAL: the worker backs off and runs it again
+    assert svc.handle(payload, "r1", final_attempt=True).ok
+
+
 def test_a_worker_registers_again_when_its_server_loses_its_data_mid_job(
         plain_server: EmbeddedServer, tmp_path: Path) -> None:
     redis = queue_client(Settings(), plain_server.url)
@@ -127,7 +158,9 @@ def test_a_worker_registers_again_when_its_server_loses_its_data_mid_job(
         wait_until(lambda: stored_outcome(redis, "lost-fanout") is not None, 60, "the job to end after the restart")
         outcome = wire.decode_reply(stored_outcome(redis, "lost-fanout") or b"")
         assert not outcome.ok and outcome.code == "SESSION_NOT_FOUND", outcome
-        assert redis.exists(f"rq:worker:{name}")  # the job's bookkeeping rewrote the worker hash
+        # The job's last pipeline (right after its outcome) writes the worker hash again: a hash
+        # that exists is no proof of a registration.
+        wait_until(lambda: bool(redis.exists(f"rq:worker:{name}")), 10, "the worker hash")
         wait_until(lambda: name in fresh_workers(redis, SETTINGS), 10, "the worker to register again")
         health = subprocess.run(cli_args(plain_server.url, "health"), capture_output=True, text=True,
                                 timeout=60, env=clean_environ())
