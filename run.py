@@ -153,7 +153,9 @@ def _run_break(py: str, b: dict[str, object] | None) -> tuple[str, float, str]:
         except subprocess.TimeoutExpired:
             return "hung", time.monotonic() - began, ""
         took = time.monotonic() - began
-        tail = "\n".join((out.stdout + out.stderr).strip().splitlines()[-3:])
+        lines = (out.stdout + out.stderr).strip().splitlines()
+        why = [line for line in lines if line.startswith("E ")][:1]  # the first failed assertion
+        tail = "\n".join(why + lines[-2:])
         verdict = {0: "missed", 1: "caught"}.get(out.returncode, f"error (pytest exit {out.returncode})")
         return verdict, took, tail
 
@@ -191,7 +193,7 @@ def mutations(bin_dir: Path, rest: list[str]) -> int:
             print(f"{verdict:>8}  {b['id']}  ({took:.0f}s)  {b['promise']}", flush=True)
             if verdict != "caught":
                 bad += 1
-                print("          " + tail.replace("\n", "\n          "))
+            print("          " + tail.replace("\n", "\n          "))
     print(f"{len(chosen) - bad} of {len(chosen)} caught")
     return 1 if bad else 0
 
