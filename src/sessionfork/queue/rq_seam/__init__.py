@@ -23,9 +23,9 @@ RQ names used here, and why:
   there: the worker did not stop). Here a stop request only sets the flag, read at safe points.
 * ``death_penalty_class`` and ``queue_class.DEFAULT_TIMEOUT`` (``run_in_time``: RQ's job timeout
   around an in-process run), ``handle_exception`` (RQ's exception handlers for a failed run).
-* ``register_birth``, ``worker_registration.REDIS_WORKER_KEYS`` and ``WORKERS_BY_QUEUE_KEY``: a
-  worker no longer in RQ's worker sets (its server restarted empty, even mid-job, when the job's
-  bookkeeping rewrites the worker hash) registers again (``health``, ``rq info``).
+* ``register_birth`` and the ``birth`` field it writes in the worker hash: a worker whose hash has
+  no ``birth`` (its server restarted empty, even mid-job, when the job's bookkeeping rewrites the
+  hash without it) registers again (``health``, ``rq info``).
 * ``_install_signal_handlers`` (called before registration), ``_stop_requested`` (read and set),
   ``_state`` (read), ``_stopped_job_id`` (read: a job stopped on request is not retried),
   ``_exc_handlers`` and ``_ordered_queues`` (passed back to RQ's own helpers): the loop above.

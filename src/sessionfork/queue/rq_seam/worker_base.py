@@ -215,20 +215,18 @@ class SeamWorker(SimpleWorker):
         self.until_up(self._beat)
 
     def _beat(self) -> None:
-        """One round trip: the heartbeat, and whether the worker is still in RQ's worker sets.
+        """One round trip: the heartbeat, and whether the worker is still registered.
 
         A server that restarted empty lost the worker's registration: it registers again, so that
-        ``health`` and ``rq info`` see a worker that is serving. Membership of the sets, not the
-        worker hash, is the test: a job's bookkeeping writes the hash, and would recreate it.
+        ``health`` and ``rq info`` see a worker that is serving. The registration's ``birth`` field
+        is the test, not the worker hash: a job's bookkeeping writes the hash, and would recreate
+        it (registration writes the hash with ``birth`` and RQ's worker sets in one transaction).
         """
-        sets = [worker_registration.REDIS_WORKER_KEYS,
-                *(worker_registration.WORKERS_BY_QUEUE_KEY % q.name for q in self.queues)]
         with self.connection.pipeline(transaction=False) as pipe:
-            for key in sets:
-                pipe.sismember(key, self.key)
+            pipe.hexists(self.key, "birth")
             super().heartbeat(None, pipe)
-            registered = pipe.execute()[:len(sets)]
-        if not all(registered):
+            registered = pipe.execute()[0]
+        if not registered:
             log.warning("worker %s was no longer registered (a server that lost its data?); registering again",
                         self.name)
             self.connection.delete(self.key)  # a hash rewritten by a job's bookkeeping is not a registration
