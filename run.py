@@ -36,7 +36,8 @@ RQ2 = "rq==2.12.0"
 RQ2_SUITE = ["tests/unit", "tests/integration/test_worker.py", "tests/integration/test_faults.py",
              "tests/integration/test_hostile.py", "tests/integration/test_hostile_queue.py",
              "tests/integration/test_hardening.py",
-             "tests/integration/test_worker_exit.py", "tests/integration/test_acl.py",
+             "tests/integration/test_worker_exit.py", "tests/integration/test_worker_outages.py",
+             "tests/integration/test_outcome_rules.py", "tests/integration/test_acl.py",
              "tests/integration/test_rq_compat.py", "tests/integration/test_unreached_paths.py",
              "tests/integration/test_aio.py", "tests/integration/test_rq_dashboard.py"]
 
