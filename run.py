@@ -9,6 +9,10 @@
                                              its RQ-dependent figures again on RQ 2.12; --publish: into the
                                              docs (docs/data/bench.json and the Performance page's table)
     python3 run.py worker [ARGS]             a worker (settings from REDIS_URL, SESSIONFORK_*)
+    python3 run.py mutations [-j N] [--baseline] [ID ...]
+                                             the deliberate breaks of tests/mutations.toml, each applied
+                                             to a temporary copy of the tree and run against the test
+                                             files named beside it; exits 1 when any break was missed
 """
 
 from __future__ import annotations
@@ -18,8 +22,12 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
+import tomllib
 import venv
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +40,8 @@ RQ2 = "rq==2.12.0"
 RQ2_SUITE = ["tests/unit", "tests/integration/test_worker.py", "tests/integration/test_faults.py",
              "tests/integration/test_hostile.py", "tests/integration/test_hostile_queue.py",
              "tests/integration/test_hardening.py",
-             "tests/integration/test_worker_exit.py", "tests/integration/test_acl.py",
+             "tests/integration/test_worker_exit.py", "tests/integration/test_worker_outages.py",
+             "tests/integration/test_outcome_rules.py", "tests/integration/test_acl.py",
              "tests/integration/test_rq_compat.py", "tests/integration/test_unreached_paths.py",
              "tests/integration/test_aio.py", "tests/integration/test_rq_dashboard.py"]
 
@@ -123,8 +132,119 @@ def test(bin_dir: Path, rest: list[str]) -> int:
     return run(str(rq2 / "python"), "-m", "pytest", *RQ2_SUITE, env={"SESSIONFORK_EXPECT_RQ": "2"})
 
 
+MUTATIONS = ROOT / "tests" / "mutations.toml"
+MUTATION_TIMEOUT = 1800  # seconds one break's test run may take before it counts as hung
+
+
+def load_mutations(path: Path = MUTATIONS) -> list[dict[str, object]]:
+    """The breaks of ``path``, each checked: its fields, and its old text found exactly once."""
+    breaks = tomllib.loads(path.read_text())["break"]
+    problems = []
+    for b in breaks:
+        missing = {"id", "promise", "file", "old", "new", "tests"} - set(b)
+        if missing:
+            problems.append(f"{b.get('id', '?')}: missing {sorted(missing)}")
+            continue
+        source = ROOT / str(b["file"])
+        found = source.read_text().count(str(b["old"])) if source.is_file() else -1
+        if found != 1:
+            problems.append(f"{b['id']}: old text found {found} times in {b['file']} (must be exactly once)")
+        if b["old"] == b["new"]:
+            problems.append(f"{b['id']}: new text equals old text")
+        for test in b["tests"]:  # type: ignore[attr-defined]
+            if not (ROOT / str(test).split("::")[0]).is_file():
+                problems.append(f"{b['id']}: no test file {test}")
+    ids = [b.get("id") for b in breaks]
+    problems += [f"{i}: id used twice" for i in sorted({str(i) for i in ids if ids.count(i) > 1})]
+    if problems:
+        raise ValueError("\n".join(problems))
+    return breaks
+
+
+def _copy_tree(dest: Path) -> None:
+    """Copy the work tree (tracked and untracked files, git-ignored ones excluded) to ``dest``."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        src = ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def _run_break(py: str, b: dict[str, object] | None) -> tuple[str, float, str]:
+    """Apply ``b`` (None: no break) to a fresh copy and run its tests there; (verdict, seconds, output tail).
+
+    The copy's ``src`` comes first on ``PYTHONPATH``, so that the tests and every worker process
+    they start import the broken copy, never this tree (checked before the tests run).
+    """
+    with tempfile.TemporaryDirectory(prefix="sessionfork-mutant-") as tmp:
+        copy = Path(tmp)
+        _copy_tree(copy)
+        tests = ["tests"] if b is None else [str(t) for t in b["tests"]]  # type: ignore[attr-defined]
+        if b is not None:
+            target = copy / str(b["file"])
+            target.write_text(target.read_text().replace(str(b["old"]), str(b["new"]), 1))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy / "src"), str(copy)]),
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        where = subprocess.run([py, "-c", "import sessionfork; print(sessionfork.__file__)"], cwd=copy, env=env,
+                               capture_output=True, text=True).stdout.strip()
+        if not where.startswith(str(copy.resolve())) and not where.startswith(str(copy)):
+            return "error", 0.0, f"the copy is not what gets imported: {where}"
+        began = time.monotonic()
+        try:
+            out = subprocess.run([py, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests], cwd=copy,
+                                 env=env, capture_output=True, text=True, timeout=MUTATION_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            return "hung", time.monotonic() - began, ""
+        took = time.monotonic() - began
+        lines = (out.stdout + out.stderr).strip().splitlines()
+        why = [line for line in lines if line.startswith("E ")][:1]  # the first failed assertion
+        tail = "\n".join(why + lines[-2:])
+        verdict = {0: "missed", 1: "caught"}.get(out.returncode, f"error (pytest exit {out.returncode})")
+        return verdict, took, tail
+
+
+def mutations(bin_dir: Path, rest: list[str]) -> int:
+    """Run the deliberate breaks (all, or the ids in ``rest``); 1 when any was missed or failed to run."""
+    jobs = 1
+    if "-j" in rest:
+        at = rest.index("-j")
+        jobs = int(rest[at + 1])
+        rest = rest[:at] + rest[at + 2:]
+    baseline = "--baseline" in rest
+    wanted = [r for r in rest if r != "--baseline"]
+    try:
+        breaks = load_mutations()
+    except (ValueError, KeyError, tomllib.TOMLDecodeError) as exc:
+        print(f"tests/mutations.toml is broken:\n{exc}")
+        return 1
+    unknown = set(wanted) - {str(b["id"]) for b in breaks}
+    if unknown:
+        print(f"no such break: {', '.join(sorted(unknown))}")
+        return 2
+    chosen = [b for b in breaks if not wanted or b["id"] in wanted]
+    py = str(bin_dir / "python")
+    if baseline:
+        verdict, took, tail = _run_break(py, None)
+        print(f"baseline (no break, whole suite): {'green' if verdict == 'missed' else verdict} ({took:.0f}s)")
+        if verdict != "missed":
+            print(tail)
+            return 1
+    print(f"{len(chosen)} break(s), {jobs} at a time; each on a fresh copy of the tree", flush=True)
+    bad = 0
+    with ThreadPoolExecutor(jobs) as pool:
+        for b, (verdict, took, tail) in zip(chosen, pool.map(lambda b: _run_break(py, b), chosen), strict=True):
+            print(f"{verdict:>8}  {b['id']}  ({took:.0f}s)  {b['promise']}", flush=True)
+            if verdict != "caught":
+                bad += 1
+            print("          " + tail.replace("\n", "\n          "))
+    print(f"{len(chosen) - bad} of {len(chosen)} caught")
+    return 1 if bad else 0
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in {"demo", "test", "bench", "worker"}:
+    if not argv or argv[0] not in {"demo", "test", "bench", "worker", "mutations"}:
         print(__doc__)
         return 2
     task, rest = argv[0], argv[1:]
@@ -135,6 +255,8 @@ def main(argv: list[str]) -> int:
             return 1
     bin_dir = ensure_env()
     py = str(bin_dir / "python")
+    if task == "mutations":
+        return mutations(bin_dir, rest)
     if task in {"demo", "worker"}:
         return run(py, "-m", "sessionfork", task, *rest)
     if task == "bench":

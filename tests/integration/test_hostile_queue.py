@@ -16,6 +16,7 @@ from helpers import (
     clean_environ,
     cli_args,
     make_client,
+    outcome_entries,
     start_worker,
     stop,
     stored_outcome,
@@ -25,7 +26,7 @@ from helpers import (
 )
 from redis import Redis
 
-from sessionfork.core import wire
+from sessionfork.core import keys, wire
 from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.queue import jobs
@@ -126,6 +127,42 @@ def test_a_refused_queue_entry_leaves_no_job_hash(redis: Redis, worker: tuple[st
                "20 refusals")
     wait_until(lambda: set(redis.scan_iter(match="rq:job:*")) == before, 10, "no leaked job hash")
     serves(redis)
+
+
+@pytest.mark.parametrize(("entry", "shown", "with_hash"), [
+    (b"a\nb", "a\\nb", True),  # a newline
+    (b"a\x00b", "a\\x00b", True),  # a NUL
+    (b"p\xffq", "p\\xffq", True),  # not UTF-8
+    (b"x:y", "x:y", True),  # RQ would load the job "x" (an execution key)
+    (b"no-hash", "no-hash", False),  # RQ would drop it silently
+    (b"back\\slash\xe2\x80\xa8", "back\\\\slash\\u2028", True),  # a backslash, a line separator
+    (b"L" * 300 + b"\n", "L" * 253 + "...", True),  # longer than any id an outcome shows
+])
+def test_every_queue_entry_gets_an_invalid_request_outcome_under_its_exact_bytes(
+        redis: Redis, worker: tuple[str, subprocess.Popen[bytes]], entry: bytes, shown: str,
+        with_hash: bool) -> None:
+    queue = jobs.make_queue(redis, SETTINGS)
+    job_key = queue.job_class.key_for("").encode() + entry
+    if with_hash:  # a job hash without a TTL, as a raw producer writes it
+        redis.hset(job_key, mapping={"data": '["sessionfork.jobs.fork",null,["{}"],{}]', "origin": SETTINGS.queue,
+                                     "status": "queued", "created_at": "2026-11-30T12:00:00.000000Z"})
+    if entry == b"x:y":  # a job "x" exists (not queued): RQ would load and run it for this entry
+        redis.hset(queue.job_class.key_for("x"), mapping={
+            "data": '["sessionfork.jobs.fork",null,["{\\"source\\":\\"nobody\\"}"],{}]', "origin": SETTINGS.queue,
+            "status": "queued", "created_at": "2026-11-30T12:00:00.000000Z", "timeout": 30})
+    redis.rpush(queue.key, entry)
+    record = keys.request("").encode() + entry
+    wait_until(lambda: redis.hexists(record, "outcome"), 20, "the refusal outcome")
+    reply = wire.decode_reply(redis.hget(record, "outcome") or b"")
+    assert not reply.ok and reply.code == "INVALID_REQUEST" and reply.request_id == shown
+    assert 0 < redis.ttl(record) <= SETTINGS.outcome_ttl  # nothing un-expiring
+    assert [e.request for e in outcome_entries(redis)] == [shown]
+    assert "\n" not in reply.message and "\x00" not in reply.message
+    wait_until(lambda: not redis.exists(job_key), 10, "the job hash to go")
+    assert entry not in redis.lrange(queue.intermediate_queue_key, 0, -1)
+    serves(redis)
+    assert stored_outcome(redis, "x") is None  # no other job ran for the entry
+    assert worker[1].poll() is None
 
 
 def test_a_worker_registers_again_after_the_server_lost_its_data(

@@ -11,6 +11,7 @@ worker waits on Redis; the in-process test shows the handler itself never raises
 
 from __future__ import annotations
 
+import os
 import random
 import shlex
 import signal
@@ -19,14 +20,28 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from helpers import SETTINGS, clean_environ, cli_args, start_worker, wait_registered, worker_name
+from helpers import (
+    SETTINGS,
+    clean_environ,
+    cli_args,
+    make_client,
+    start_worker,
+    stop,
+    stored_outcome,
+    wait_registered,
+    worker_name,
+)
 from redis import Redis
 from rq.exceptions import StopRequested
+from rq.job import Job, JobStatus
 
+from sessionfork.core import keys, wire
 from sessionfork.core.registry import Registry
-from sessionfork.embedded import EmbeddedServer
+from sessionfork.core.wire import NewEvent
+from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.ops import acl
 from sessionfork.queue import jobs
 from sessionfork.queue.outcomes import Outcomes
@@ -34,7 +49,8 @@ from sessionfork.queue.requests import Limits
 from sessionfork.queue.service import ForkService
 from sessionfork.queue.worker import ForkWorker
 
-STOP_BOUND = 15.0  # seconds: an idle worker stops within a second; generous for a loaded machine
+STOP_BOUND = 15.0  # seconds: four workers stopping under CPU burners and a frozen server
+IDLE_STOP = 2.5  # seconds from SIGTERM to exit: "an idle worker stops within a second", plus a loaded machine
 
 
 @pytest.fixture
@@ -119,9 +135,124 @@ def test_a_worker_whose_loop_fails_exits_1_with_one_error_line(server: EmbeddedS
     assert out.stderr.strip().splitlines()[-1] == "error: the worker loop stopped unexpectedly (see the log above)"
 
 
-def test_an_idle_worker_exits_0_on_sigterm(server: EmbeddedServer, redis: Redis) -> None:
+def blocked_connection(redis: Redis) -> int | None:
+    """The id of the connection blocked in the worker's dequeue (the only blocking client here)."""
+    for client in redis.client_list():
+        if client["cmd"] in BLOCKING and "b" in client["flags"]:
+            return int(client["id"])
+    return None
+
+
+BLOCKING = {"blmove", "brpoplpush", "blpop", "brpop"}
+
+
+def signal_delivered(pid: int, signum: int) -> bool:
+    """``signum`` is no longer pending for process ``pid`` (its handler was entered)."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    bit = 1 << (signum - 1)
+    return not (int(fields["SigPnd"], 16) & bit or int(fields["ShdPnd"], 16) & bit)
+
+
+def test_an_idle_worker_exits_0_within_2s_of_a_sigterm_landing_while_it_is_blocked_in_redis(
+        server: EmbeddedServer, redis: Redis) -> None:
     name = worker_name("idle")
     proc = start_worker(server.url, name)
-    wait_registered(redis, name)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(STOP_BOUND) == 0
+    try:
+        wait_registered(redis, name)
+        wait_until(lambda: blocked_connection(redis) is not None, 20, "the worker to block in its dequeue")
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(IDLE_STOP * 4) == 0
+        assert time.monotonic() - began < IDLE_STOP
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def parked_job(redis: Redis, request_id: str) -> str:
+    """A fork job's hash, saved but on no queue yet (RQ's documented ``Job.create`` and ``save``)."""
+    registry = Registry(redis)
+    if not redis.exists(keys.session("parked-src")):
+        registry.append(registry.create("parked-src"), [NewEvent("turn/start", {}), NewEvent("turn/end", {})])
+    payload = wire.encode(make_client(redis).request("parked-src", request_id=request_id)).decode()
+    job = Job.create(jobs.JOB_FUNCTION, args=(payload,), id=request_id, connection=redis, origin=SETTINGS.queue,
+                     status=JobStatus.QUEUED, serializer=jobs.JSONSerializer)
+    job.save()
+    return request_id
+
+
+def test_a_sigterm_does_not_interrupt_the_blocking_dequeue_it_lands_in(server: EmbeddedServer, redis: Redis) -> None:
+    """The handler only sets a flag: the dequeue in flight runs on, and a job it returns after the
+    signal is finished (RQ's handler raises in the middle of the read: the job is stranded)."""
+    queue = jobs.make_queue(redis, SETTINGS)
+    landed_while_blocked = 0
+    for attempt in range(6):
+        name = worker_name("blocked")
+        proc = start_worker(server.url, name)
+        try:
+            wait_registered(redis, name)
+            job_id = parked_job(redis, f"parked-{attempt}")
+            wait_until(lambda: blocked_connection(redis) is not None, 20, "the worker to block in its dequeue")
+            blocked = blocked_connection(redis)
+            proc.send_signal(signal.SIGTERM)
+            wait_until(lambda pid=proc.pid: signal_delivered(pid, signal.SIGTERM), 10,
+                       "the signal to be delivered")
+            # Atomically: is the worker still blocked in that same dequeue, and give it the job.
+            pipe = redis.pipeline(transaction=True)
+            pipe.client_list()
+            pipe.rpush(queue.key, job_id)
+            clients, _ = pipe.execute()
+            still = any(int(c["id"]) == blocked and c["cmd"] in BLOCKING and "b" in c["flags"] for c in clients)
+            assert proc.wait(IDLE_STOP * 4) == 0
+            if still:  # the dequeue returned the job after the signal: the worker finished it
+                landed_while_blocked += 1
+                assert stored_outcome(redis, job_id) is not None
+                assert wire.decode_reply(stored_outcome(redis, job_id) or b"").ok
+                assert job_id not in redis.lrange(queue.intermediate_queue_key, 0, -1)
+            else:  # its dequeue had timed out: a stopping worker takes no new job
+                assert stored_outcome(redis, job_id) is None
+                redis.lrem(queue.key, 0, job_id)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        if landed_while_blocked >= 2:
+            break
+    assert landed_while_blocked >= 2, "the SIGTERM never landed while the worker was blocked"
+
+
+def test_heartbeat_at_most_once_a_second_and_8_round_trips_per_job(server: EmbeddedServer, redis: Redis) -> None:
+    """RQ's bookkeeping in two pipelines, the heartbeat throttled: counted by the server itself
+    (``total_reads_processed``: one per round trip; ``HEXISTS``: the worker's own beat)."""
+    name = worker_name("rt")
+    proc = start_worker(server.url, name)
+    try:
+        wait_registered(redis, name)
+        registry = Registry(redis)
+        registry.append(registry.create("rt-src"), [NewEvent("turn/start", {}), NewEvent("turn/end", {})])
+        client = make_client(redis)
+        n = 400
+        requests = [client.request("rt-src", session_id=f"rt-{i}", request_id=f"rt-{i}") for i in range(n)]
+        os.kill(proc.pid, signal.SIGSTOP)  # the queue fills while the worker cannot take anything
+        try:
+            for request in requests:
+                client.submit(request)
+            redis.config_resetstat()
+            began = time.monotonic()
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        polls = [0]
+
+        def done() -> bool:
+            polls[0] += 1
+            return bool(redis.xlen(keys.OUTCOME_STREAM) >= n)
+
+        wait_until(done, 120, f"{n} outcomes", interval=0.05)
+        seconds = time.monotonic() - began
+        reads = int(redis.info("stats")["total_reads_processed"]) - polls[0] - 2  # less this test's own
+        beats = int(redis.info("commandstats").get("cmdstat_hexists", {"calls": 0})["calls"])
+    finally:
+        stop(proc)
+    assert beats <= seconds + 2, (beats, seconds)
+    assert reads / n <= 8.5, reads / n

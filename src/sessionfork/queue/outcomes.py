@@ -111,33 +111,59 @@ class Outcomes:
         return [] if raw is None else list(_ids.decode(raw))
 
     def record(self, reply: Reply, channel: str, *, digest: str = "", duration_us: int = 0,
-               latency_us: int = 0) -> Reply:
+               latency_us: int = 0, key: str | bytes | None = None) -> Reply:
         """Store ``reply`` as the request's outcome unless one is stored; announce it if stored now.
 
+        ``key``: the request record, when not ``keys.request(reply.request_id)`` (``refuse``).
         Returns the request's outcome: ``reply``, or the outcome stored first.
         """
         raw = wire.encode(reply)
         stored, outcome = self._record(
-            keys=[keys.request(reply.request_id), keys.OUTCOME_STREAM],
+            keys=[keys.request(reply.request_id) if key is None else key, keys.OUTCOME_STREAM],
             args=[raw, channel, self.ttl, self.stream_maxlen, short_digest(digest), reply.request_id,
                   code_of(reply), duration_us, latency_us],
         )
         return reply if stored else wire.decode_reply(outcome)
 
-    def refuse(self, request_id: str, reason: str, channel: str) -> Reply | None:
+    def refuse(self, request_id: str | bytes, reason: str, channel: str) -> Reply:
         """Record ``INVALID_REQUEST`` for a job or queue entry that is not a fork request.
 
-        Returns the request's outcome (the first one stored), or ``None`` when ``request_id`` is
-        empty, over 256 characters or not printable text: no producer can be waiting on it.
+        ``request_id`` is the job id, or a queue entry's raw bytes (any bytes: a newline, a NUL,
+        not UTF-8). The outcome is stored under exactly that id (``sf:req:<id>``), where its
+        producer looks; the outcome's ``requestId`` (also in the stream and the reply) is
+        ``shown_id(id)``: escaped and bounded. Returns the request's outcome (the first stored).
         """
-        if not request_id or len(request_id) > 256 or not request_id.isprintable():
-            return None
-        failure = ForkFailure(request_id=request_id, code=ErrorCode.INVALID_REQUEST.value, message=reason)
-        return self.record(failure, channel, digest="invalid:job")
+        raw = request_id if isinstance(request_id, bytes) else request_id.encode(errors="surrogateescape")
+        failure = ForkFailure(request_id=shown_id(raw), code=ErrorCode.INVALID_REQUEST.value, message=reason)
+        return self.record(failure, channel, digest="invalid:job", key=keys.request("").encode() + raw)
 
     def get(self, request_id: str) -> Reply | None:
         raw = self.redis.hget(keys.request(request_id), "outcome")
         return None if raw is None else wire.decode_reply(raw)
+
+
+SHOWN_ID_MAX = 256
+"""Characters of an id that an outcome, a log line or a message shows (a longer one is cut, with "...")."""
+
+
+def shown_id(raw: bytes) -> str:
+    """A request id as it may be shown anywhere: printable, one line, at most ``SHOWN_ID_MAX`` chars.
+
+    A valid id shows as itself. A backslash shows as ``\\\\``, bytes that are not UTF-8 as ``\\xff``,
+    other unprintable characters (a newline, a NUL) as Python escapes (``\\n``, ``\\x00``).
+    """
+    out: list[str] = []
+    for ch in raw.decode(errors="surrogateescape"):
+        if "\udc80" <= ch <= "\udcff":
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    text = "".join(out)
+    return text if len(text) <= SHOWN_ID_MAX else text[:SHOWN_ID_MAX - 3] + "..."
 
 
 def _decode_snapshot(raw: bytes) -> Snapshot:

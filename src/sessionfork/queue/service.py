@@ -25,13 +25,13 @@ from msgspec import UNSET
 
 from ..core import forks
 from ..core.config import Settings
-from ..core.connections import TRANSIENT
 from ..core.errors import ErrorCode, ForkError
 from ..core.factories import new_session_id, now_ms
 from ..core.registry import Registry
 from ..core.snapshots import ForkPlan
 from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, Reply
 from . import requests, tracing
+from .outages import is_outage
 from .outcomes import Claim, Outcomes
 from .requests import DEFAULT_LIMITS, Limits
 
@@ -68,12 +68,10 @@ class ForkService:
         with tracing.request_span(payload, job_id) as span:
             try:
                 reply = self._handle(payload, job_id, final_attempt=final_attempt, enqueued_ms=enqueued_ms)
-            except TRANSIENT:
-                raise  # run again: another span
-            except Exception:
-                if final_attempt:  # recorded INTERNAL: the run's span says so too
+            except Exception as exc:
+                if final_attempt and not is_outage(exc):  # recorded INTERNAL: the run's span says so too
                     span.finish(ForkFailure(request_id=job_id, code=ErrorCode.INTERNAL.value, message=""))
-                raise
+                raise  # an outage runs again (another span); anything else ends INTERNAL
             span.finish(reply)
             return reply
 
@@ -102,9 +100,9 @@ class ForkService:
             reply = self._fork(request, job_id, claim, plan)
         except ForkError as exc:
             reply = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
-        except TRANSIENT:
-            raise  # Redis is briefly away: the worker backs off and runs the request again
         except Exception as exc:
+            if is_outage(exc):
+                raise  # Redis is briefly away or busy: the worker backs off and runs the request again
             if final_attempt:
                 message = f"internal error: {type(exc).__name__}: {exc}"
                 made = self._created_by(request, job_id)

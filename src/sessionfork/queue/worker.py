@@ -90,18 +90,17 @@ class ForkWorker(SeamWorker):
         log.warning("refused job %s: %s", job.id, reason)
         reply = self.until_up(lambda: self.service.outcomes.refuse(job.id, reason, self.service.reply_channel))
         self.until_up(lambda: self.fail(job, queue, f"refused: {reason}", retry=False))
-        if reply is not None:
-            self._observe(job.id, "", reply, 0.0)
+        self._observe(job.id, "", reply, 0.0)
 
     def refuse_entry(self, entry: EntryRefused) -> None:
-        """A queue entry RQ cannot load: an ``INVALID_REQUEST`` outcome when its id can be one,
-        then the entry and its job hash are removed (nothing is left to leak)."""
-        log.warning("refused queue entry %r: %s", entry.job_id, entry.reason)
-        reply = self.service.outcomes.refuse(entry.job_id, entry.reason, self.service.reply_channel)
+        """A queue entry RQ cannot load: an ``INVALID_REQUEST`` outcome under the entry's exact
+        bytes (its id shown escaped), then the entry and its job hash are removed (nothing is
+        left to leak, nothing without a TTL)."""
+        reply = self.service.outcomes.refuse(entry.raw, entry.reason, self.service.reply_channel)
+        log.warning("refused queue entry %s: %s", reply.request_id, entry.reason)
         # The outcome first: a worker dying in between leaves the entry, to be refused again.
         self.remove_entry(entry)
-        if reply is not None:
-            self._observe(entry.job_id, "", reply, 0.0)
+        self._observe(reply.request_id, "", reply, 0.0)
 
     def maintain(self) -> None:
         """The retention sweep: delete disposed sessions older than ``retention`` seconds (0: off).
@@ -147,8 +146,7 @@ class ForkWorker(SeamWorker):
                 payload = _payload(job)
             except _Refused as refused:
                 reply = self.service.outcomes.refuse(job.id, str(refused), self.service.reply_channel)
-                if reply is not None:
-                    self._observe(job.id, "", reply, 0.0)
+                self._observe(job.id, "", reply, 0.0)
                 return
             try:
                 self.service.handle(payload, job.id, final_attempt=True)

@@ -23,7 +23,9 @@ RQ names used here, and why:
   there: the worker did not stop). Here a stop request only sets the flag, read at safe points.
 * ``death_penalty_class`` and ``queue_class.DEFAULT_TIMEOUT`` (``run_in_time``: RQ's job timeout
   around an in-process run), ``handle_exception`` (RQ's exception handlers for a failed run).
-* ``register_birth``: a worker whose server restarted empty registers again (``health``, ``rq info``).
+* ``register_birth`` and the ``birth`` field it writes in the worker hash: a worker whose hash has
+  no ``birth`` (its server restarted empty, even mid-job, when the job's bookkeeping rewrites the
+  hash without it) registers again (``health``, ``rq info``).
 * ``_install_signal_handlers`` (called before registration), ``_stop_requested`` (read and set),
   ``_state`` (read), ``_stopped_job_id`` (read: a job stopped on request is not retried),
   ``_exc_handlers`` and ``_ordered_queues`` (passed back to RQ's own helpers): the loop above.
@@ -32,6 +34,9 @@ RQ names used here, and why:
   and success bookkeeping in one pipeline each (RQ's own path takes a dozen round trips and a
   WATCH loop for dependents, which fork jobs never have). ``handle_job_failure`` (its
   ``execution=`` argument is new in RQ 3) and ``job._status`` for failures: RQ's own path.
+* ``Job.fetch`` overridden for the dequeue only: a queue entry with a ``:`` (RQ would load the
+  job before the colon, an execution key) or naming no job hash (RQ skips it and leaves it in the
+  intermediate queue) is refused with an outcome.
 * ``Job.restore`` overridden, clearing ``webhooks`` and ``_success_callback_name``,
   ``_failure_callback_name``, ``_stopped_callback_name``: a job hash written by a scheduler must
   not make a worker POST to a URL or import a name. ``Job.key_for``: a refused queue entry's job

@@ -21,14 +21,13 @@ from rq.utils import now
 from rq.version import VERSION
 from rq.worker import WorkerStatus
 
-from ...core.connections import TRANSIENT
+from ..outages import is_outage
 
 T = TypeVar("T")
 log = logging.getLogger("sessionfork.worker")
 RQ_MAJOR = int(VERSION.split(".")[0])
 _HEARTBEAT_EVERY = 1.0
 _IDLE_POLL = 1  # seconds an idle worker blocks waiting for a job before it looks at its stop flag
-_PASSED_ON: tuple[type[BaseException], ...] = (*TRANSIENT, StopRequested)  # never swallowed by maintenance
 
 
 class MalformedJob(ValueError):
@@ -54,6 +53,23 @@ class ForkJob(Job):
         return restored
 
 
+class _DequeuedJob(ForkJob):
+    """``ForkJob`` as the dequeue loads a queue entry: the entry itself must be a job id by RQ's
+    rule and name a job hash, else it is refused (with an outcome), never skipped."""
+
+    @classmethod
+    def fetch(cls, id: str, connection: Any = None, serializer: Any = None) -> Any:
+        if ":" in id:
+            # RQ reads "<job>:<execution>" as an execution key and would load the job <job> instead.
+            raise ValueError("Job ID must only contain letters, numbers, underscores and dashes")
+        try:
+            return super().fetch(id, connection=connection, serializer=serializer)
+        except NoSuchJobError:
+            # RQ drops such an entry silently, leaving it in its intermediate queue and its id
+            # with no outcome.
+            raise MalformedJob("the queue entry names no job hash") from None
+
+
 class EntryRefused(Exception):
     """A queue entry that is not a loadable job; ``job_id`` is its text, ``raw`` its bytes."""
 
@@ -73,6 +89,7 @@ class SeamWorker(SimpleWorker):
     job_ttl: int | None = None  # caps how long a finished job is kept, whatever its hash asks
     _holding: bool = False  # a job may be out of the queue and not finished yet
     stop_signalled: bool = False  # SIGTERM/SIGINT asked this worker to stop
+    _beat_at: float = float("-inf")  # time.monotonic() of this worker's last own heartbeat
 
     def refuse_entry(self, entry: EntryRefused) -> None:
         raise NotImplementedError
@@ -191,18 +208,31 @@ class SeamWorker(SimpleWorker):
             super().heartbeat(timeout, pipeline)
             return
         # RQ heart-beats several times per job; once a second is plenty against a TTL of minutes.
-        last = self.last_heartbeat
-        if last is not None and timeout is None and (now() - last).total_seconds() < _HEARTBEAT_EVERY:
+        # Throttled on this worker's own beats, not on the job pipelines' (which refresh
+        # ``last_heartbeat`` with every job): a busy worker still checks its registration.
+        if timeout is None and time.monotonic() - self._beat_at < _HEARTBEAT_EVERY:
             return
         self.until_up(self._beat)
 
     def _beat(self) -> None:
-        # A server that restarted empty lost the worker's registration: register again, so that
-        # ``health`` and ``rq info`` see a worker that is serving.
-        if not self.connection.exists(self.key):
+        """One round trip: the heartbeat, and whether the worker is still registered.
+
+        A server that restarted empty lost the worker's registration: it registers again, so that
+        ``health`` and ``rq info`` see a worker that is serving. The registration's ``birth`` field
+        is the test, not the worker hash: a job's bookkeeping writes the hash, and would recreate
+        it (registration writes the hash with ``birth`` and RQ's worker sets in one transaction).
+        """
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.hexists(self.key, "birth")
+            super().heartbeat(None, pipe)
+            registered = pipe.execute()[0]
+        if not registered:
+            log.warning("worker %s was no longer registered (a server that lost its data?); registering again",
+                        self.name)
+            self.connection.delete(self.key)  # a hash rewritten by a job's bookkeeping is not a registration
             self.register_birth()  # type: ignore[no-untyped-call]
             super().set_state(self._state)  # RQ's registration does not record the state
-        super().heartbeat()
+        self._beat_at = time.monotonic()
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
         if pipeline is None and state == self._state:
@@ -229,7 +259,7 @@ class SeamWorker(SimpleWorker):
             try:
                 result = self.until_up(functools.partial(
                     self.queue_class.dequeue_any, self._ordered_queues, wait, connection=self.connection,
-                    job_class=self.job_class, serializer=self.serializer,
+                    job_class=_DequeuedJob, serializer=self.serializer,
                     death_penalty_class=self.death_penalty_class))
             except DequeueTimeout:
                 self._holding = False
@@ -273,8 +303,8 @@ class SeamWorker(SimpleWorker):
         pipe = self.connection.pipeline(transaction=False)
         for queue in self.queues:
             pipe.lrem(queue.intermediate_queue_key, 1, entry.raw)  # type: ignore[arg-type]  # bytes are fine
-        if entry.job_id:
-            pipe.delete(self.job_class.key_for(entry.job_id))
+        # From the raw bytes: an entry that is not UTF-8 may still name a job hash.
+        pipe.delete(self.job_class.key_for("").encode() + entry.raw)
         pipe.execute()
 
     def run_maintenance_tasks(self) -> None:
@@ -287,9 +317,11 @@ class SeamWorker(SimpleWorker):
             self._requeue_stranded()
             super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
             self.maintain()
-        except _PASSED_ON:
+        except StopRequested:
             raise
-        except Exception:
+        except Exception as exc:
+            if is_outage(exc):
+                raise  # until_up backs off and runs the pass again
             # A malformed entry in an RQ registry must not stop the worker; the next pass retries.
             log.exception("maintenance pass failed")
             self.last_cleaned_at = now()  # type: ignore[assignment]
@@ -335,7 +367,9 @@ class SeamWorker(SimpleWorker):
                 finally:
                     try:
                         queue.release_maintenance_lock()  # type: ignore[no-untyped-call]
-                    except TRANSIENT:
+                    except Exception as exc:
+                        if not is_outage(exc):
+                            raise
                         log.warning("could not release the maintenance lock of %s; it expires", queue.name)
         self.last_cleaned_at = now()  # type: ignore[assignment]
 
@@ -345,10 +379,12 @@ class SeamWorker(SimpleWorker):
         while True:
             try:
                 return step()
-            except TRANSIENT as exc:
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
                 if self._stop_requested:
                     raise StopRequested() from exc
-                log.warning("Redis unreachable (%s); retrying in %.1fs", exc, delay)
+                log.warning("Redis unreachable or busy (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
                 time.sleep(delay)  # back-off, not synchronisation
                 delay = min(delay * 2, 5.0)
 
@@ -381,6 +417,11 @@ def _entry_of(exc: Exception) -> EntryRefused:
     if job_id is None:
         raise exc
     text = str(job_id)
-    return EntryRefused(text, text.encode(),
-                        f"queue entry {text!r} is not a loadable sessionfork job ({type(exc).__name__}: {exc})")
+    # The reason does not repeat the id (the outcome carries it, escaped and bounded).
+    return EntryRefused(text, text.encode(errors="surrogateescape"),
+                        f"queue entry is not a loadable sessionfork job ({type(exc).__name__}: {_bounded(exc)})")
+
+
+def _bounded(exc: Exception) -> str:
+    return repr(str(exc)[:200])[1:-1]
 
