@@ -1,10 +1,13 @@
-"""The asyncio client's reply subscription: one pub/sub connection, replies routed by request id.
+"""The asyncio client's reply subscription: one pub/sub connection, waiters woken by request id.
 
-``ReplyRouter.expect`` registers a waiter's inbox and returns once the subscription to its reply
-channel is confirmed by the server, so that a stored outcome read afterwards cannot miss a reply
-published in between. A channel is subscribed while some waiter needs it. When the connection
+``ReplyRouter.expect`` registers a waiter's wake-up event and returns once the subscription to its
+reply channel is confirmed by the server, so that a stored outcome read afterwards cannot miss a
+reply published in between. A message only wakes the waiters of the request id it names: they
+then read the stored outcome (``AsyncClient``); what a message says is never an answer. A channel
+is subscribed while some waiter needs it, and its state is dropped once no waiter needs it and
+its confirmations are in, so the router holds state only for channels in use. When the connection
 drops, redis-py subscribes again as it reconnects; until the server confirms it, new waiters wait,
-and waiters already listening re-read the stored outcomes on their own (``AsyncClient``).
+and the confirmation wakes the channel's waiters (a reply may have been published meanwhile).
 """
 
 from __future__ import annotations
@@ -16,12 +19,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core import wire
+from .outcomes import addressee
 
 log = logging.getLogger("sessionfork.aio")
 
@@ -32,11 +35,17 @@ class _Channel:
     since the start: confirmations come in command order, so ``confirmed == sent`` means the
     latest SUBSCRIBE took effect)."""
 
-    refs: int = 0
+    boxes: set[asyncio.Event] = field(default_factory=set)  # the wake-ups of its waiters
     subscribed: bool = False
     sent: int = 0
     confirmed: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def needed(self) -> bool:
+        """Some waiter listens on it, or a SUBSCRIBE of it is not confirmed yet (a later one must
+        not count that confirmation as its own)."""
+        return bool(self.boxes) or self.subscribed or self.confirmed < self.sent
 
 
 class ReplyRouter:
@@ -48,9 +57,10 @@ class ReplyRouter:
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one SUBSCRIBE/UNSUBSCRIBE at a time
         self._channels: dict[str, _Channel] = {}
-        self._inboxes: dict[str, set[asyncio.Queue[bytes]]] = {}
+        self._inboxes: dict[str, set[asyncio.Event]] = {}  # wake-ups by request id
         self._strays: set[asyncio.Task[None]] = set()  # drops of subscriptions no waiter needs
         self._down = False  # the reader lost the connection and has not read from a new one yet
+        self._unconfirmed = 0
 
     @property
     def waiters(self) -> int:
@@ -62,32 +72,48 @@ class ReplyRouter:
         """Channels the client is subscribed to now (those some waiter listens on)."""
         return sorted(name for name, ch in self._channels.items() if ch.subscribed)
 
+    @property
+    def tracked(self) -> int:
+        """Channels the router holds state for (bounded by those in use, not by all ever used)."""
+        return len(self._channels)
+
+    @property
+    def unconfirmed(self) -> int:
+        """Waiters waiting for the server to confirm their channel's subscription."""
+        return self._unconfirmed
+
     @contextlib.asynccontextmanager
-    async def expect(self, request_id: str, channel: str, deadline: float) -> AsyncIterator[asyncio.Queue[bytes]]:
-        """An inbox for the replies to ``request_id``, once the subscription to ``channel`` is confirmed.
+    async def expect(self, request_id: str, channel: str, deadline: float) -> AsyncIterator[asyncio.Event]:
+        """A wake-up for ``request_id`` (set when a message names it, or when the subscription is
+        renewed), once the subscription to ``channel`` is confirmed.
 
         ``TimeoutError`` when the confirmation does not come before ``deadline`` (loop time).
         """
-        inbox: asyncio.Queue[bytes] = asyncio.Queue()
-        self._inboxes.setdefault(request_id, set()).add(inbox)
+        woken = asyncio.Event()
+        self._inboxes.setdefault(request_id, set()).add(woken)
         state = self._channels.setdefault(channel, _Channel())
-        state.refs += 1
+        state.boxes.add(woken)
         try:
             if not state.subscribed:
                 async with self._lock:
                     if not state.subscribed:
                         await self._subscribe(channel, state)
             left = deadline - asyncio.get_running_loop().time()
-            await asyncio.wait_for(state.ready.wait(), max(left, 0))
-            yield inbox
+            self._unconfirmed += 1
+            try:
+                await asyncio.wait_for(state.ready.wait(), max(left, 0))
+            finally:
+                self._unconfirmed -= 1
+            woken.clear()  # the waiter reads the stored outcome first: wake-ups before it are moot
+            yield woken
         finally:
             boxes = self._inboxes.get(request_id)
             if boxes is not None:
-                boxes.discard(inbox)
+                boxes.discard(woken)
                 if not boxes:
                     del self._inboxes[request_id]
-            state.refs -= 1
-            if not state.refs:
+            state.boxes.discard(woken)
+            if not state.boxes:
                 # Shielded: a waiter cancelled again while it leaves still drops the subscription.
                 await asyncio.shield(self._unsubscribe(channel, state))
 
@@ -106,27 +132,40 @@ class ReplyRouter:
         if self._reader is None:
             self._reader = asyncio.create_task(self._read(), name="sessionfork-replies")
 
+    def _forget(self, channel: str, state: _Channel) -> None:
+        """Drop the state of a channel no waiter needs (unless a new one took its place)."""
+        if not state.needed and self._channels.get(channel) is state:
+            del self._channels[channel]
+
     async def _unsubscribe(self, channel: str, state: _Channel) -> None:
         async with self._lock:
-            if state.refs or not state.subscribed or self._pubsub is None:
-                return
-            state.subscribed = False
-            state.ready.clear()
-            if self._down:
-                # The reader is reconnecting: two tasks must not reconnect one pub/sub connection
-                # at once. redis-py renews this subscription as it reconnects, and the renewal's
-                # confirmation drops it (``_route``).
-                return
             try:
-                await self._pubsub.unsubscribe(channel)
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                # The waiter has its answer (or its error) already; a stray subscription only
-                # brings messages that no waiter takes.
-                log.warning("could not unsubscribe from %s: %s", channel, exc)
+                await self._unsubscribe_locked(channel, state)
+            finally:
+                self._forget(channel, state)
 
-    async def _drop(self, channel: str, state: _Channel) -> None:
+    async def _unsubscribe_locked(self, channel: str, state: _Channel) -> None:
+        if state.boxes or not state.subscribed or self._pubsub is None:
+            return
+        state.subscribed = False
+        state.ready.clear()
+        if self._down:
+            # The reader is reconnecting: two tasks must not reconnect one pub/sub connection
+            # at once. redis-py renews this subscription as it reconnects, and the renewal's
+            # confirmation drops it (``_route``).
+            return
+        try:
+            await self._pubsub.unsubscribe(channel)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            # The waiter has its answer (or its error) already; a stray subscription only
+            # brings messages that no waiter takes.
+            log.warning("could not unsubscribe from %s: %s", channel, exc)
+
+    async def _drop(self, channel: str) -> None:
+        """Unsubscribe from a subscription redis-py renewed that no waiter needs."""
         async with self._lock:
-            if state.refs or state.subscribed or self._pubsub is None or self._down:
+            state = self._channels.get(channel)
+            if (state is not None and (state.boxes or state.subscribed)) or self._pubsub is None or self._down:
                 return
             try:
                 await self._pubsub.unsubscribe(channel)
@@ -143,11 +182,12 @@ class ReplyRouter:
                 # stored outcomes within ``recheck_every``, so nothing published meanwhile is lost.
                 log.warning("reply subscription lost (%s); reconnecting in %.2fs", exc, delay)
                 self._down = True
-                for state in self._channels.values():
+                for name, state in list(self._channels.items()):
                     # Expect one confirmation of the subscription redis-py renews; until it comes,
                     # a new waiter waits for it before it reads the stored outcome.
                     state.confirmed = state.sent - 1 if state.subscribed else state.sent
                     state.ready.clear()
+                    self._forget(name, state)
                 await asyncio.sleep(delay)  # back-off, not synchronisation
                 delay = min(delay * 2, 2.0)
                 continue
@@ -168,22 +208,21 @@ class ReplyRouter:
                 state.confirmed += 1
                 if state.subscribed and state.confirmed >= state.sent:
                     state.ready.set()
-                elif not state.subscribed and not state.refs:
-                    # redis-py renewed it on reconnecting after the last waiter left (its
-                    # UNSUBSCRIBE failed on the dead connection): drop it again.
-                    task = asyncio.get_running_loop().create_task(self._drop(name, state))
-                    self._strays.add(task)
-                    task.add_done_callback(self._strays.discard)
+                for woken in state.boxes:  # (re)subscribed: a reply may have come meanwhile
+                    woken.set()
+                self._forget(name, state)
+            if state is None or not (state.boxes or state.subscribed):
+                # redis-py renewed it on reconnecting after the last waiter left (its
+                # UNSUBSCRIBE failed on the dead connection, or was never sent): drop it again.
+                task = asyncio.get_running_loop().create_task(self._drop(name))
+                self._strays.add(task)
+                task.add_done_callback(self._strays.discard)
             return
         if kind != "message":
             return
-        data = message["data"]
-        try:
-            request_id = wire.decode_reply(data).request_id
-        except msgspec.DecodeError:
-            return  # not a reply (someone else's message on the channel)
-        for inbox in self._inboxes.get(request_id, ()):
-            inbox.put_nowait(data)
+        request_id = addressee(message["data"])
+        for woken in self._inboxes.get(request_id or "", ()) if request_id is not None else ():
+            woken.set()
 
     async def aclose(self) -> None:
         if self._reader is not None:
