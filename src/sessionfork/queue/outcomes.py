@@ -9,6 +9,7 @@ stored outcome (a published message is not an answer: anyone may publish on a ch
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from ..core.errors import ErrorCode
 from ..core.snapshots import Snapshot
 from ..core.wire import ForkFailure, Reply
 
+log = logging.getLogger("sessionfork.outcomes")
 _ids = msgspec.json.Decoder(list[str])
 DIGEST_CHARS = 32
 """A request digest is kept as its first 32 hex digits (128 bits): enough to tell two requests
@@ -115,14 +117,20 @@ class Outcomes:
                latency_us: int = 0) -> Reply:
         """Store ``reply`` as the request's outcome unless one is stored; announce it if stored now.
 
-        Returns the request's outcome: ``reply``, or the outcome stored first.
+        Returns the request's outcome: ``reply``, or the outcome stored first. A channel the
+        server refuses (an ACL user that may not publish on a request's ``replyTo``) is logged as
+        one warning line: the outcome is stored and streamed, not published, and its waiter reads
+        it from the store.
         """
         raw = wire.encode(reply)
-        stored, outcome = self._record(
+        stored, outcome, *refused = self._record(
             keys=[keys.request(reply.request_id), keys.OUTCOME_STREAM],
             args=[raw, channel, self.ttl, self.stream_maxlen, short_digest(digest), reply.request_id,
                   code_of(reply), duration_us, latency_us],
         )
+        if refused:
+            log.warning("outcome of request %s stored but not published on %r: %s", reply.request_id,
+                        channel, wire.text(refused[0]))
         return reply if stored else wire.decode_reply(outcome)
 
     def refuse(self, request_id: str, reason: str, channel: str) -> Reply | None:
