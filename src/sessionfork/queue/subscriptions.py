@@ -221,8 +221,9 @@ class ReplyRouter:
         if kind != "message":
             return
         request_id = addressee(message["data"])
-        for woken in self._inboxes.get(request_id or "", ()) if request_id is not None else ():
-            woken.set()
+        if request_id is not None:
+            for woken in self._inboxes.get(request_id, ()):
+                woken.set()
 
     async def aclose(self) -> None:
         if self._reader is not None:
