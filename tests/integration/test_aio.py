@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
@@ -305,11 +306,16 @@ def test_pub_sub_alone_delivers_with_rechecks_far_apart(server: EmbeddedServer, 
 
     async def main() -> list[Any]:
         async with client_for(server, recheck_every=3600) as client:
-            return await asyncio.gather(*(client.fork(sid, timeout=30) for _ in range(20)))
+            return await asyncio.gather(*(client.fork(sid, timeout=DEADLINE) for _ in range(20)))
 
+    DEADLINE = 20.0
     with workers(server, redis, 1):
+        started = time.monotonic()
         replies = asyncio.run(main())
+        elapsed = time.monotonic() - started
     assert all(isinstance(r, ForkResult) for r in replies), replies[:3]
+    # Long before the deadline (where a waiter reads the store one last time): woken by pub/sub.
+    assert elapsed < DEADLINE / 2, elapsed
 
 
 def test_a_reply_recorded_before_the_subscription_is_confirmed_is_not_missed(
@@ -326,8 +332,9 @@ def test_a_reply_recorded_before_the_subscription_is_confirmed_is_not_missed(
         async with client_for(server, recheck_every=3600) as client:
             # Another waiter keeps the subscription connection (and its reader) up.
             keep = asyncio.create_task(client.wait(await client.request("s", request_id=f"keep-{tag}"), timeout=60))
-            await until(lambda: client.replies.channels == [SETTINGS.reply_channel]
-                        and client.replies.unconfirmed == 0, 10, "the first subscription")
+            await until(lambda: client.replies.channels == [SETTINGS.reply_channel], 10, "the first subscription")
+            await asyncio.to_thread(wait_until, lambda: redis.pubsub_numsub(SETTINGS.reply_channel)[0][1] == 1, 10,
+                                    "the server to run it")
             reads = [0]
             real_hmget = client.redis.hmget
 
@@ -342,9 +349,11 @@ def test_a_reply_recorded_before_the_subscription_is_confirmed_is_not_missed(
             later: list[asyncio.Task[None]] = []
 
             async def send_later(*channels: Any) -> None:
-                # A waiter that does not wait for the confirmation reads the store now; one that
-                # does waits for the confirmation of a SUBSCRIBE the server has not run yet.
-                await until(lambda: reads[0] >= 1 or client.replies.unconfirmed >= 1, 10, "the waiter")
+                # A waiter that does not wait for the confirmation reads the store at once; one
+                # that does never reads before the SUBSCRIBE sent below is confirmed, so this waits
+                # for a read that must not come (bounded: a second, then the test goes on).
+                with contextlib.suppress(AssertionError):
+                    await until(lambda: reads[0] >= 1, 1.0, "a read before the confirmation")
                 reads_before_record.append(reads[0])
                 assert redis.pubsub_numsub(channel) == [(channel.encode(), 0)]
                 outcomes.record(reply, channel, digest=wire.digest(request))  # published to nobody

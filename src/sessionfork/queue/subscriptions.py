@@ -60,7 +60,6 @@ class ReplyRouter:
         self._inboxes: dict[str, set[asyncio.Event]] = {}  # wake-ups by request id
         self._strays: set[asyncio.Task[None]] = set()  # drops of subscriptions no waiter needs
         self._down = False  # the reader lost the connection and has not read from a new one yet
-        self._unconfirmed = 0
 
     @property
     def waiters(self) -> int:
@@ -76,11 +75,6 @@ class ReplyRouter:
     def tracked(self) -> int:
         """Channels the router holds state for (bounded by those in use, not by all ever used)."""
         return len(self._channels)
-
-    @property
-    def unconfirmed(self) -> int:
-        """Waiters waiting for the server to confirm their channel's subscription."""
-        return self._unconfirmed
 
     @contextlib.asynccontextmanager
     async def expect(self, request_id: str, channel: str, deadline: float) -> AsyncIterator[asyncio.Event]:
@@ -99,11 +93,7 @@ class ReplyRouter:
                     if not state.subscribed:
                         await self._subscribe(channel, state)
             left = deadline - asyncio.get_running_loop().time()
-            self._unconfirmed += 1
-            try:
-                await asyncio.wait_for(state.ready.wait(), max(left, 0))
-            finally:
-                self._unconfirmed -= 1
+            await asyncio.wait_for(state.ready.wait(), max(left, 0))
             woken.clear()  # the waiter reads the stored outcome first: wake-ups before it are moot
             yield woken
         finally:
