@@ -258,7 +258,8 @@ def test_a_thousand_concurrent_forks_over_at_most_four_connections(
 
 def test_every_fork_gets_its_outcome_while_its_connections_are_killed(
         server: EmbeddedServer, redis: Redis, registry: Registry) -> None:
-    """CLIENT KILL of every connection of the client, five times while 300 forks run: each call
+    """CLIENT KILL of every connection of the client (commands and subscription), five times while
+    300 forks run, half of them on reply channels of their own (SUBSCRIBEs all along): each call
     still returns its own child (a command whose reply was lost is sent again)."""
     sid = source(registry, "aio-kill")
     conns = Connections(server)
@@ -274,15 +275,15 @@ def test_every_fork_gets_its_outcome_while_its_connections_are_killed(
 
     async def main() -> list[Any]:
         async with client_for(server) as client:
-            async def one() -> Any:
-                reply = await client.fork(sid, timeout=120)
+            async def one(i: int) -> Any:
+                reply = await client.fork(sid, timeout=120, reply_to=f"sf:replies:kill-{i}" if i % 2 else None)
                 done.append(reply)
                 return reply
 
             thread = threading.Thread(target=killer)
             thread.start()
             try:
-                return await asyncio.gather(*(one() for _ in range(300)), return_exceptions=True)
+                return await asyncio.gather(*(one(i) for i in range(300)), return_exceptions=True)
             finally:
                 thread.join(130)
 
@@ -344,11 +345,11 @@ def test_a_reply_recorded_before_the_subscription_is_confirmed_is_not_missed(
                 return result
 
             client.redis.hmget = hmget  # type: ignore[method-assign]
-            pubsub = client.replies._pubsub
-            real_subscribe = pubsub.subscribe
+            router = client.replies
+            real_send = router._send
             later: list[asyncio.Task[None]] = []
 
-            async def send_later(*channels: Any) -> None:
+            async def send_later(command: str, name: str) -> None:
                 # A waiter that does not wait for the confirmation reads the store at once; one
                 # that does never reads before the SUBSCRIBE sent below is confirmed, so this waits
                 # for a read that must not come (bounded: a second, then the test goes on).
@@ -357,12 +358,15 @@ def test_a_reply_recorded_before_the_subscription_is_confirmed_is_not_missed(
                 reads_before_record.append(reads[0])
                 assert redis.pubsub_numsub(channel) == [(channel.encode(), 0)]
                 outcomes.record(reply, channel, digest=wire.digest(request))  # published to nobody
-                await real_subscribe(*channels)
+                await real_send(command, name)
 
-            async def subscribe(*channels: Any) -> None:
-                later.append(asyncio.create_task(send_later(*channels)))
+            async def send(command: str, name: str) -> None:
+                if command == "SUBSCRIBE" and name == channel:  # the server runs it later
+                    later.append(asyncio.create_task(send_later(command, name)))
+                else:
+                    await real_send(command, name)
 
-            pubsub.subscribe = subscribe
+            router._send = send  # type: ignore[method-assign]
             request = await client.request("s", request_id=reply.request_id, reply_to=channel)
             answer = await client.wait(request, timeout=8)
             assert answer == reply

@@ -19,8 +19,9 @@ outcome is read again every ``recheck_every`` seconds without news (after a reco
 a reply announced on another channel). A waiter that returns, times out or is cancelled removes
 itself, and the client unsubscribes from a channel no waiter needs any more.
 
-Connections: the subscription holds one connection of ``redis``'s pool for the client's life;
-commands share the others. ``AsyncClient.from_url(url, max_connections=4)`` never opens more than 4.
+Connections: the subscription has one connection of its own (same server and options as
+``redis``'s pool) for the client's life; commands share ``redis``'s pool.
+``AsyncClient.from_url(url, max_connections=4)`` never opens more than 4 (3 for commands).
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class AsyncClient:
                  **connection_kwargs: Any) -> AsyncClient:
         """A client that never holds more than ``max_connections`` connections (2 at least: the
         subscription and one for commands); ``connection_kwargs`` go to the connection pool."""
-        pool = BlockingConnectionPool.from_url(url, max_connections=max(max_connections, 2), **connection_kwargs)
+        pool = BlockingConnectionPool.from_url(url, max_connections=max(max_connections - 1, 1), **connection_kwargs)
         return cls(Redis.from_pool(pool), settings, new_id=new_id, recheck_every=recheck_every)
 
     async def __aenter__(self) -> AsyncClient:
