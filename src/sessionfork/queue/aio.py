@@ -12,12 +12,15 @@ RQ has no asyncio API: a request is enqueued by ``scripts/enqueue.lua`` (the REA
 recipe) with the job hash RQ's own enqueue writes (``rq_seam.layout``). Importing this module imports
 no RQ.
 
-One subscription per client (``ReplyRouter``) serves every waiter: each reply is routed by its
-request id. A waiter registers, waits until the subscription to its reply channel is confirmed,
-then reads the stored outcome, so a reply published before it listened is never lost; the stored
-outcome is read again every ``recheck_every`` seconds without news (after a reconnection, or for
-a reply announced on another channel). A waiter that returns, times out or is cancelled removes
-itself, and the client unsubscribes from a channel no waiter needs any more.
+One subscription per client (``ReplyRouter``) serves every waiter: a message wakes the waiters of
+the request id it names, and the answer is the stored outcome read then (a message is never the
+answer: anyone may publish on a channel). A waiter registers, waits until the subscription to its
+reply channel is confirmed, then reads the stored outcome, so a reply published before it listened
+is never lost; the stored outcome is read again every ``recheck_every`` seconds without news (for
+a reply announced on another channel). A command whose reply is lost to a dropped connection (the
+enqueue, an outcome read) is sent again until the call's deadline: each is idempotent. A waiter
+that returns, times out or is cancelled removes itself, and the client unsubscribes from a channel
+no waiter needs any more.
 
 Connections: the subscription has one connection of its own (same server and options as
 ``redis``'s pool) for the client's life; commands share ``redis``'s pool.
