@@ -19,6 +19,7 @@ from helpers import (
     clean_environ,
     cli_args,
     make_client,
+    start_worker,
     stop,
     stored_outcome,
     turn,
@@ -35,7 +36,7 @@ from sessionfork.core.wire import ForkFailure, ForkRequest, ForkResult, Header
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.ops import acl
 from sessionfork.queue import requests, service
-from sessionfork.queue.outcomes import OUTCOME_FIELDS, Outcomes, verdict
+from sessionfork.queue.outcomes import OUTCOME_FIELDS, Outcomes, verdict, wait_for_reply
 
 FORGED_CHILD = "forged-child"
 
@@ -273,3 +274,24 @@ async def until(predicate: Callable[[], bool], timeout: float, what: str) -> Non
         if loop.time() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+def test_sync_waiter_is_woken_by_pub_sub_alone(server: EmbeddedServer, redis: Redis, registry: Registry) -> None:
+    """``recheck_every`` far above the deadline: the reply comes by its pub/sub wake-up, long
+    before the deadline (where the waiter reads the store one last time)."""
+    registry.append(registry.create("wake-src"), turn(1))
+    name = worker_name("wake")
+    proc = start_worker(server.url, name)
+    try:
+        wait_registered(redis, name)
+        client = make_client(redis)
+        for i in range(3):
+            request = client.request("wake-src", request_id=f"wake-{i}")
+            client.submit(request)
+            started = time.monotonic()
+            reply = wait_for_reply(redis, f"wake-{i}", SETTINGS.reply_channel, 20, digest=wire.digest(request),
+                                   recheck_every=3600)
+            assert isinstance(reply, ForkResult), reply
+            assert time.monotonic() - started < 10
+    finally:
+        assert stop(proc) == 0
