@@ -94,7 +94,8 @@ if enqueued == -1:
     print(json.dumps({"type": "fork/error", "requestId": request_id, "ok": False, "code": "IDEMPOTENCY_CONFLICT",
                       "message": f'request id "{request_id}" was already used for a different request'}))
     sys.exit(0)
-# 3. The reply: stored under the request id (a late waiter reads it there), or published.
+# 3. The reply is the outcome stored under the request id; a message naming the request only says
+#    "read it now" (anyone may publish on a channel: a message is never the answer).
 deadline = time.monotonic() + 20
 while time.monotonic() < deadline:
     stored = r.execute_command("HGET", f"sf:req:{request_id}", "outcome")
@@ -108,6 +109,5 @@ while time.monotonic() < deadline:
         except ValueError:
             continue  # anyone may publish on a channel: not a reply
         if isinstance(reply, dict) and reply.get("requestId") == request_id:
-            print(message["data"].decode())
-            sys.exit(0)
+            continue  # woken: the stored outcome is read at the top of the loop
 sys.exit("no reply")

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
@@ -170,22 +174,66 @@ def test_timeout_and_cancelled_waiters_leave_nothing_behind(server: EmbeddedServ
     assert redis.exists(rq_layout.job_key("never-submitted")) == 0
 
 
+def local_addresses() -> set[str]:
+    """``ip:port`` of every TCP socket this process holds open (Linux ``/proc``): what the server's
+    ``CLIENT LIST`` shows as ``addr`` for this process's connections, whatever their names."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[len("socket:["):-1])
+    found = set()
+    for table, family in (("/proc/self/net/tcp", socket.AF_INET), ("/proc/self/net/tcp6", socket.AF_INET6)):
+        with contextlib.suppress(OSError), open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                if fields[9] in inodes:
+                    ip_hex, port_hex = fields[1].split(":")
+                    raw = bytes.fromhex(ip_hex)
+                    # /proc prints each 32-bit word of the address in host (little-endian) order.
+                    ip = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                    text = socket.inet_ntop(family, ip)
+                    found.add(f"{text.removeprefix('::ffff:')}:{int(port_hex, 16)}")
+    return found
+
+
+class Connections:
+    """The server's view of the connections this process opened after it was made: counted by the
+    process's socket addresses (``CLIENT LIST addr``), never by client name."""
+
+    def __init__(self, server: EmbeddedServer) -> None:
+        self.probe = Redis.from_url(server.url, single_connection_client=True)
+        self.probe.ping()
+        self.before = local_addresses()  # this test's own connections (fixtures, the probe)
+
+    def current(self) -> list[dict[str, Any]]:
+        ours = local_addresses() - self.before
+        return [c for c in self.probe.client_list() if c["addr"] in ours]
+
+    def close(self) -> None:
+        self.probe.close()
+
+
 def test_a_thousand_concurrent_forks_over_at_most_four_connections(
         server: EmbeddedServer, redis: Redis, registry: Registry) -> None:
+    """Counted by the process's addresses: a client opening a connection of its own for some
+    command (named or not) shows up here."""
     sid = source(registry, "aio-many")
+    conns = Connections(server)
     seen: list[int] = []
+    ids: set[str] = set()
     stop_sampling = threading.Event()
-
-    def ours() -> int:
-        return sum(1 for c in redis.client_list() if c.get("name") == "sf-aio-test")
 
     def sample() -> None:
         while not stop_sampling.is_set():
-            seen.append(ours())
-            stop_sampling.wait(0.02)
+            now = conns.current()
+            seen.append(len(now))
+            ids.update(c["id"] for c in now)
+            stop_sampling.wait(0.01)
 
     async def main() -> list[ForkResult | ForkFailure]:
-        async with client_for(server, client_name="sf-aio-test") as client:
+        async with client_for(server) as client:
             sampler = threading.Thread(target=sample)
             sampler.start()
             try:
@@ -194,14 +242,162 @@ def test_a_thousand_concurrent_forks_over_at_most_four_connections(
                 stop_sampling.set()
                 sampler.join()
 
-    with workers(server, redis, 4):
-        replies = asyncio.run(main())
-    assert all(isinstance(r, ForkResult) for r in replies), [r for r in replies if not r.ok][:3]
+    try:
+        with workers(server, redis, 4):
+            replies = asyncio.run(main())
+        assert all(isinstance(r, ForkResult) for r in replies), [r for r in replies if not r.ok][:3]
+        children = {r.session.id for r in replies if isinstance(r, ForkResult) and r.session}
+        assert len(children) == 1000 and len({r.request_id for r in replies}) == 1000
+        assert set(registry.children(sid)) == children
+        assert max(seen) >= 2 and max(seen) <= 4, max(seen)
+        assert len(ids) <= 4, ids  # the same connections all along: none opened per command
+        wait_until(lambda: conns.current() == [], 5, "the client's connections to close")
+    finally:
+        conns.close()
+
+
+def test_every_fork_gets_its_outcome_while_its_connections_are_killed(
+        server: EmbeddedServer, redis: Redis, registry: Registry) -> None:
+    """CLIENT KILL of every connection of the client (commands and subscription), five times while
+    300 forks run, half of them on reply channels of their own (SUBSCRIBEs all along): each call
+    still returns its own child (a command whose reply was lost is sent again)."""
+    sid = source(registry, "aio-kill")
+    conns = Connections(server)
+    done: list[Any] = []
+    landed: list[tuple[int, int]] = []  # (replies in before the kill, connections killed)
+
+    def killer() -> None:
+        for threshold in (20, 80, 140, 200, 260):
+            wait_until(lambda t=threshold: len(done) >= t, 120, f"{threshold} replies")
+            before = len(done)
+            killed = sum(conns.probe.client_kill_filter(_id=c["id"]) for c in conns.current())
+            landed.append((before, killed))
+
+    async def main() -> list[Any]:
+        async with client_for(server) as client:
+            async def one(i: int) -> Any:
+                reply = await client.fork(sid, timeout=120, reply_to=f"sf:replies:kill-{i}" if i % 2 else None)
+                done.append(reply)
+                return reply
+
+            thread = threading.Thread(target=killer)
+            thread.start()
+            try:
+                return await asyncio.gather(*(one(i) for i in range(300)), return_exceptions=True)
+            finally:
+                thread.join(130)
+
+    try:
+        with workers(server, redis, 2):
+            replies = asyncio.run(main())
+    finally:
+        conns.close()
+    errors = [r for r in replies if not isinstance(r, ForkResult)]
+    assert errors == [], errors[:3]
+    # The kills landed mid-run: each with replies still to come, each killing connections in use.
+    assert len(landed) == 5 and all(0 < before < 300 and killed >= 1 for before, killed in landed), landed
     children = {r.session.id for r in replies if isinstance(r, ForkResult) and r.session}
-    assert len(children) == 1000 and len({r.request_id for r in replies}) == 1000
-    assert set(registry.children(sid)) == children
-    assert max(seen) >= 2 and max(seen) <= 4, max(seen)
-    wait_until(lambda: ours() == 0, 5, "the client's connections to close")
+    assert len(children) == 300 and set(registry.children(sid)) == children
+
+
+def test_pub_sub_alone_delivers_with_rechecks_far_apart(server: EmbeddedServer, redis: Redis,
+                                                        registry: Registry) -> None:
+    """``recheck_every`` far above the deadline: every reply must come by its pub/sub wake-up."""
+    sid = source(registry, "aio-pubsub")
+
+    async def main() -> list[Any]:
+        async with client_for(server, recheck_every=3600) as client:
+            return await asyncio.gather(*(client.fork(sid, timeout=DEADLINE) for _ in range(20)))
+
+    DEADLINE = 20.0
+    with workers(server, redis, 1):
+        started = time.monotonic()
+        replies = asyncio.run(main())
+        elapsed = time.monotonic() - started
+    assert all(isinstance(r, ForkResult) for r in replies), replies[:3]
+    # Long before the deadline (where a waiter reads the store one last time): woken by pub/sub.
+    assert elapsed < DEADLINE / 2, elapsed
+
+
+def test_a_reply_recorded_before_the_subscription_is_confirmed_is_not_missed(
+        server: EmbeddedServer, redis: Redis) -> None:
+    """The server runs the waiter's SUBSCRIBE only after the reply is recorded and published (to
+    nobody): the waiter must not read the store before the confirmation, and must then find it."""
+    outcomes = Outcomes(redis, ttl=60, stream_maxlen=100)
+    tag = uuid.uuid4().hex[:8]
+    channel = f"sf:replies:late-{tag}"
+    reply = ForkFailure(request_id=f"late-{tag}", code="SESSION_NOT_FOUND", message='session "s" not found')
+    reads_before_record: list[int] = []
+
+    async def main() -> None:
+        async with client_for(server, recheck_every=3600) as client:
+            # Another waiter keeps the subscription connection (and its reader) up.
+            keep = asyncio.create_task(client.wait(await client.request("s", request_id=f"keep-{tag}"), timeout=60))
+            await until(lambda: client.replies.channels == [SETTINGS.reply_channel], 10, "the first subscription")
+            await asyncio.to_thread(wait_until, lambda: redis.pubsub_numsub(SETTINGS.reply_channel)[0][1] == 1, 10,
+                                    "the server to run it")
+            reads = [0]
+            real_hmget = client.redis.hmget
+
+            async def hmget(name: Any, *args: Any, **kwargs: Any) -> Any:
+                result = await real_hmget(name, *args, **kwargs)
+                reads[0] += wire.text(name).endswith(reply.request_id)
+                return result
+
+            client.redis.hmget = hmget  # type: ignore[method-assign]
+            router = client.replies
+            real_send = router._send
+            later: list[asyncio.Task[None]] = []
+
+            async def send_later(command: str, name: str) -> None:
+                # A waiter that does not wait for the confirmation reads the store at once; one
+                # that does never reads before the SUBSCRIBE sent below is confirmed, so this waits
+                # for a read that must not come (bounded: a second, then the test goes on).
+                with contextlib.suppress(AssertionError):
+                    await until(lambda: reads[0] >= 1, 1.0, "a read before the confirmation")
+                reads_before_record.append(reads[0])
+                assert redis.pubsub_numsub(channel) == [(channel.encode(), 0)]
+                outcomes.record(reply, channel, digest=wire.digest(request))  # published to nobody
+                await real_send(command, name)
+
+            async def send(command: str, name: str) -> None:
+                if command == "SUBSCRIBE" and name == channel:  # the server runs it later
+                    later.append(asyncio.create_task(send_later(command, name)))
+                else:
+                    await real_send(command, name)
+
+            router._send = send  # type: ignore[method-assign]
+            request = await client.request("s", request_id=reply.request_id, reply_to=channel)
+            answer = await client.wait(request, timeout=8)
+            assert answer == reply
+            await later[0]
+            keep.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keep
+
+    run(main)
+    assert reads_before_record == [0]  # the store was read only once the SUBSCRIBE was confirmed
+
+
+def test_channel_state_is_dropped_when_no_waiter_needs_it(server: EmbeddedServer) -> None:
+    """2,000 waits on distinct reply channels: the router keeps no state for any of them after."""
+    async def main() -> None:
+        async with client_for(server) as client:
+            for batch in range(20):
+                waits = []
+                for i in range(100):
+                    request = await client.request("s", request_id=f"ch-{batch}-{i}",
+                                                   reply_to=f"sf:replies:ch-{batch}-{i}")
+                    waits.append(client.wait(request, timeout=0.2))
+                results = await asyncio.gather(*waits, return_exceptions=True)
+                assert all(isinstance(r, TimeoutError) for r in results), results[:3]
+                assert client.replies.tracked <= 100
+            await until(lambda: client.replies.tracked == 0 and client.replies.channels == [], 10,
+                        "the router to drop every channel's state")
+            assert client.replies.waiters == 0
+            assert client.replies._pubsub.channels == {}  # redis-py's own record of them too
+
+    run(main)
 
 
 def test_a_waiter_survives_a_dropped_subscription(server: EmbeddedServer, redis: Redis) -> None:

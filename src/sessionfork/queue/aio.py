@@ -12,40 +12,49 @@ RQ has no asyncio API: a request is enqueued by ``scripts/enqueue.lua`` (the REA
 recipe) with the job hash RQ's own enqueue writes (``rq_seam.layout``). Importing this module imports
 no RQ.
 
-One subscription per client (``ReplyRouter``) serves every waiter: each reply is routed by its
-request id. A waiter registers, waits until the subscription to its reply channel is confirmed,
-then reads the stored outcome, so a reply published before it listened is never lost; the stored
-outcome is read again every ``recheck_every`` seconds without news (after a reconnection, or for
-a reply announced on another channel). A waiter that returns, times out or is cancelled removes
-itself, and the client unsubscribes from a channel no waiter needs any more.
+One subscription per client (``ReplyRouter``) serves every waiter: a message wakes the waiters of
+the request id it names, and the answer is the stored outcome read then (a message is never the
+answer: anyone may publish on a channel). A waiter registers, waits until the subscription to its
+reply channel is confirmed, then reads the stored outcome, so a reply published before it listened
+is never lost; the stored outcome is read again every ``recheck_every`` seconds without news (for
+a reply announced on another channel). A command whose reply is lost to a dropped connection (the
+enqueue, an outcome read) is sent again until the call's deadline: each is idempotent. A waiter
+that returns, times out or is cancelled removes itself, and the client unsubscribes from a channel
+no waiter needs any more.
 
-Connections: the subscription holds one connection of ``redis``'s pool for the client's life;
-commands share the others. ``AsyncClient.from_url(url, max_connections=4)`` never opens more than 4.
+Connections: the subscription has one connection of its own (same server and options as
+``redis``'s pool) for the client's life; commands share ``redis``'s pool.
+``AsyncClient.from_url(url, max_connections=4)`` never opens more than 4 (3 for commands).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import logging
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
-import msgspec
-from msgspec import UNSET
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..core import keys, lua, rules, wire
+from ..core import keys, lua, wire
 from ..core.config import Settings
-from ..core.errors import ErrorCode
 from ..core.factories import new_request_id
-from ..core.wire import ForkFailure, ForkRequest, LiveHandle, Reply
+from ..core.wire import ForkRequest, LiveHandle, Reply
 from . import requests, tracing
-from .outcomes import judge
+from .outcomes import OUTCOME_FIELDS, verdict
 from .rq_seam import layout as rq_layout
 from .subscriptions import ReplyRouter
+
+T = TypeVar("T")
+log = logging.getLogger("sessionfork.aio")
+SUBMIT_RETRY_FOR = 10.0
+"""How long ``submit`` sends the enqueue again while its reply is lost (seconds)."""
 
 
 class AsyncClient:
@@ -70,7 +79,7 @@ class AsyncClient:
                  **connection_kwargs: Any) -> AsyncClient:
         """A client that never holds more than ``max_connections`` connections (2 at least: the
         subscription and one for commands); ``connection_kwargs`` go to the connection pool."""
-        pool = BlockingConnectionPool.from_url(url, max_connections=max(max_connections, 2), **connection_kwargs)
+        pool = BlockingConnectionPool.from_url(url, max_connections=max(max_connections - 1, 1), **connection_kwargs)
         return cls(Redis.from_pool(pool), settings, new_id=new_id, recheck_every=recheck_every)
 
     async def __aenter__(self) -> AsyncClient:
@@ -97,48 +106,57 @@ class AsyncClient:
                               traceparent=tracing.current_traceparent())
 
     async def submit(self, request: ForkRequest) -> str:
-        """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op."""
+        """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op.
+        Sent again for up to ``SUBMIT_RETRY_FOR`` seconds while its reply is lost."""
         request, args = self._job(request)
         assert isinstance(request.request_id, str)
-        await self._enqueue(keys=self._job_keys(request.request_id), args=args)
+        job_keys = self._job_keys(request.request_id)
+        deadline = asyncio.get_running_loop().time() + SUBMIT_RETRY_FOR
+        await _again(lambda: self._enqueue(keys=job_keys, args=args), deadline)
         return request.request_id
 
     async def wait(self, request: ForkRequest, timeout: float) -> Reply:
         """The reply to a submitted request; ``TimeoutError`` when none comes within ``timeout`` s.
 
-        A request id used before for a different request answers ``IDEMPOTENCY_CONFLICT``.
+        A request id used before for a different request answers ``IDEMPOTENCY_CONFLICT``. The
+        answer is the outcome stored under the request id; a message on the reply channel only
+        wakes the waiter (one with nothing stored behind it is ignored).
         """
         assert isinstance(request.request_id, str), "submit() the request first"
         deadline = asyncio.get_running_loop().time() + timeout
-        async with self.replies.expect(request.request_id, self._channel(request), deadline) as inbox:
-            first = await self.redis.hmget(keys.request(request.request_id), ["digest", "outcome"])
-            return await self._answer(request, inbox, first, deadline, timeout)
+        async with self.replies.expect(request.request_id, self._channel(request), deadline) as woken:
+            return await self._answer(request, woken, None, deadline, timeout)
 
     async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
                    session_ids: list[str] | None = None, count: int | None = None,
                    request_id: str | None = None, reply_to: str | None = None,
                    boundary: int | None = None) -> Reply:
         """Submit a fork request and wait for its reply (subscribed first; enqueue and the first
-        read of the stored outcome in one round trip)."""
+        read of the stored outcome in one round trip, sent again when its reply is lost)."""
         request = await self.request(source, session_id=session_id, session_ids=session_ids, count=count,
                                      request_id=request_id, reply_to=reply_to, boundary=boundary)
         request, args = self._job(request)
         assert isinstance(request.request_id, str)
         deadline = asyncio.get_running_loop().time() + timeout
-        async with self.replies.expect(request.request_id, self._channel(request), deadline) as inbox:
-            job_keys = self._job_keys(request.request_id)
-            for attempt in (1, 2):
-                pipe = self.redis.pipeline(transaction=False)
-                pipe.evalsha(self._enqueue.sha, len(job_keys), *job_keys, *args)
-                pipe.hmget(keys.request(request.request_id), ["digest", "outcome"])
-                enqueued, first = await pipe.execute(raise_on_error=False)
-                if not isinstance(enqueued, NoScriptError) or attempt == 2:
-                    break
-                self._enqueue.sha = await self.redis.script_load(self._enqueue.script)
-            for result in (enqueued, first):
-                if isinstance(result, Exception):
-                    raise result
-            return await self._answer(request, inbox, first, deadline, timeout)
+        async with self.replies.expect(request.request_id, self._channel(request), deadline) as woken:
+            first = await _again(lambda: self._enqueue_and_read(request.request_id, args), deadline)
+            return await self._answer(request, woken, first, deadline, timeout)
+
+    async def _enqueue_and_read(self, request_id: Any, args: list[Any]) -> list[Any]:
+        """The enqueue script and the first read of the stored outcome, in one round trip."""
+        job_keys = self._job_keys(request_id)
+        for attempt in (1, 2):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.evalsha(self._enqueue.sha, len(job_keys), *job_keys, *args)
+            pipe.hmget(keys.request(request_id), list(OUTCOME_FIELDS))
+            enqueued, first = await pipe.execute(raise_on_error=False)
+            if not isinstance(enqueued, NoScriptError) or attempt == 2:
+                break
+            self._enqueue.sha = await self.redis.script_load(self._enqueue.script)
+        for result in (enqueued, first):
+            if isinstance(result, Exception):
+                raise result
+        return list(first)
 
     # -- internals ---------------------------------------------------------------------------------
 
@@ -147,35 +165,63 @@ class AsyncClient:
         return [rq_layout.job_key(request_id), self._queue_key, keys.request(request_id), rq_layout.QUEUES]
 
     def _channel(self, request: ForkRequest) -> str:
-        return self.settings.reply_channel if request.reply_to is UNSET else request.reply_to
+        return requests.reply_channel(request, self.settings.reply_channel)
 
     def _job(self, request: ForkRequest) -> tuple[ForkRequest, list[Any]]:
-        if request.request_id is UNSET:
-            request = msgspec.structs.replace(request, request_id=self._new_id())
-        assert isinstance(request.request_id, str)
-        rules.check_request_id(request.request_id)
-        payload = wire.encode(request)
+        request, payload = requests.prepare(request, self._new_id)
         fields = rq_layout.job_fields(payload, self.settings, datetime.now(UTC))
         return request, [request.request_id, payload, *fields]
 
-    async def _answer(self, request: ForkRequest, inbox: asyncio.Queue[bytes], first: list[Any],
+    async def _answer(self, request: ForkRequest, woken: asyncio.Event, first: list[Any] | None,
                       deadline: float, timeout: float) -> Reply:
+        """Read the stored outcome (``first``: read already) until it answers; between reads, wait
+        for a wake-up (``woken``) or ``recheck_every`` seconds. A read whose reply is lost (a
+        dropped connection) is sent again soon, until the deadline."""
         assert isinstance(request.request_id, str)
         rid, digest = request.request_id, wire.digest(request)
-        found = judge(rid, first[0], first[1], digest)
         loop = asyncio.get_running_loop()
-        while found is None:
+        stored, retry_in = first, _RETRY_FIRST
+        while True:
+            if stored is None:
+                try:
+                    stored = await self.redis.hmget(keys.request(rid), list(OUTCOME_FIELDS))
+                except RETRYABLE as exc:
+                    log.info("reading the outcome of %s failed (%s); reading it again", rid, exc)
+            if stored is not None:
+                found = verdict(rid, stored, digest)
+                if found is not None:
+                    return found
             left = deadline - loop.time()
             if left <= 0:
                 raise TimeoutError(f"no reply to request {rid} within {timeout}s")
-            raw: bytes | None = None
+            pause = self.recheck_every
+            if stored is None:  # the read failed: again soon, backing off
+                pause, retry_in = retry_in, min(retry_in * 2, _RETRY_MAX)
+            stored = None
             with contextlib.suppress(TimeoutError):
-                raw = await asyncio.wait_for(inbox.get(), min(left, self.recheck_every))
-            stored = await self.redis.hmget(keys.request(rid), ["digest", "outcome"])
-            found = judge(rid, stored[0], stored[1], digest)
-            if found is None and raw is not None:
-                reply = wire.decode_reply(raw)
-                # A conflict announced for the *other* request under this id is not ours.
-                if not (isinstance(reply, ForkFailure) and reply.code == ErrorCode.IDEMPOTENCY_CONFLICT.value):
-                    found = reply
-        return found
+                await asyncio.wait_for(woken.wait(), min(left, pause))
+            woken.clear()  # before the read: a wake-up from now on brings another read
+
+
+_RETRY_FIRST, _RETRY_MAX = 0.05, 1.0
+"""Back-off between attempts of a command whose reply was lost (seconds, doubling)."""
+
+RETRYABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+"""A command failed this way may have run or not: sent again (every command the client sends is
+idempotent: the enqueue script answers 0 for a request already queued or done)."""
+
+
+async def _again(send: Callable[[], Awaitable[T]], deadline: float) -> T:
+    """``send()``, sent again after a back-off while its reply is lost, until ``deadline`` (loop time)."""
+    loop = asyncio.get_running_loop()
+    retry_in = _RETRY_FIRST
+    while True:
+        try:
+            return await send()
+        except RETRYABLE as exc:
+            left = deadline - loop.time()
+            if left <= retry_in:
+                raise
+            log.info("a command's reply was lost (%s); sending it again", exc)
+            await asyncio.sleep(retry_in)  # back-off, not synchronisation
+            retry_in = min(retry_in * 2, _RETRY_MAX)

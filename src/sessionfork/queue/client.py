@@ -12,11 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import msgspec
-from msgspec import UNSET
 from redis import Redis
 
-from ..core import errors, rules, wire
+from ..core import wire
 from ..core.config import Settings
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, Reply
@@ -48,24 +46,20 @@ class Client:
 
     def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op."""
-        if request.request_id is UNSET:
-            request = msgspec.structs.replace(request, request_id=self._new_id())
+        request, payload = requests.prepare(request, self._new_id)
         assert isinstance(request.request_id, str)
-        rules.check_request_id(request.request_id)
-        try:
-            payload = wire.encode(request)
-        except (UnicodeEncodeError, TypeError, msgspec.EncodeError) as exc:  # e.g. a non-UTF-8 argv
-            raise errors.invalid(f"request {request.request_id} cannot be sent as JSON: {exc}") from None
         jobs.enqueue(self.queue, payload, request.request_id, self.settings)
         return request.request_id
 
     def wait(self, request: ForkRequest, timeout: float) -> Reply:
         """The reply to a submitted request; ``TimeoutError`` when none comes within ``timeout`` s.
 
-        A request id used before for a different request answers ``IDEMPOTENCY_CONFLICT``.
+        A request id used before for a different request answers ``IDEMPOTENCY_CONFLICT``. The
+        answer is the outcome stored under the request id; a message on the reply channel only
+        wakes the waiter (one with nothing stored behind it is ignored).
         """
         assert isinstance(request.request_id, str), "submit() the request first"
-        channel = self.settings.reply_channel if request.reply_to is UNSET else request.reply_to
+        channel = requests.reply_channel(request, self.settings.reply_channel)
         reply = wait_for_reply(self.redis, request.request_id, channel, timeout, digest=wire.digest(request))
         if reply is None:
             raise TimeoutError(f"no reply to request {request.request_id} within {timeout}s")

@@ -1,13 +1,15 @@
 """Outcomes: stored under the request id first, then announced (outcome stream, reply channel).
 
 Lives on the queue server (a single Redis primary, the one RQ uses). ``Outcomes`` is the worker's
-side (claim, record); ``wait_for_reply`` is the scheduler's side. A waiter subscribes first and
-then reads the stored outcome, so a reply published before it listened, or while it reconnected,
-is never lost.
+side (claim, record); ``OUTCOME_FIELDS``, ``verdict`` and ``wait_for_reply`` are the scheduler's
+side. A waiter subscribes first and then reads the stored outcome, so a reply published before it
+listened, or while it reconnected, is never lost; pub/sub only wakes it: the answer is always the
+stored outcome (a published message is not an answer: anyone may publish on a channel).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +25,7 @@ from ..core.errors import ErrorCode
 from ..core.snapshots import Snapshot
 from ..core.wire import ForkFailure, Reply
 
+log = logging.getLogger("sessionfork.outcomes")
 _ids = msgspec.json.Decoder(list[str])
 DIGEST_CHARS = 32
 """A request digest is kept as its first 32 hex digits (128 bits): enough to tell two requests
@@ -115,14 +118,20 @@ class Outcomes:
         """Store ``reply`` as the request's outcome unless one is stored; announce it if stored now.
 
         ``key``: the request record, when not ``keys.request(reply.request_id)`` (``refuse``).
-        Returns the request's outcome: ``reply``, or the outcome stored first.
+        Returns the request's outcome: ``reply``, or the outcome stored first. A channel the
+        server refuses (an ACL user that may not publish on a request's ``replyTo``) is logged as
+        one warning line: the outcome is stored and streamed, not published, and its waiter reads
+        it from the store.
         """
         raw = wire.encode(reply)
-        stored, outcome = self._record(
+        stored, outcome, *refused = self._record(
             keys=[keys.request(reply.request_id) if key is None else key, keys.OUTCOME_STREAM],
             args=[raw, channel, self.ttl, self.stream_maxlen, short_digest(digest), reply.request_id,
                   code_of(reply), duration_us, latency_us],
         )
+        if refused:
+            log.warning("outcome of request %s stored but not published on %r: %s", reply.request_id,
+                        channel, wire.text(refused[0]))
         return reply if stored else wire.decode_reply(outcome)
 
     def refuse(self, request_id: str | bytes, reason: str, channel: str) -> Reply:
@@ -172,46 +181,79 @@ def _decode_snapshot(raw: bytes) -> Snapshot:
                     s.last_type)
 
 
+OUTCOME_FIELDS = ("digest", "outcome")
+"""What a waiter reads of a request's record (``keys.request``), in ``verdict``'s order: the one
+stored-outcome read of both clients (``HMGET sf:req:<id> digest outcome``)."""
+
+
+def verdict(request_id: str, fields: Sequence[bytes | str | None], digest: str | None) -> Reply | None:
+    """The answer a request with ``digest`` gets from its record's ``OUTCOME_FIELDS``, or ``None``
+    (not answered yet). The one verdict of the sync and the asyncio clients.
+
+    ``IDEMPOTENCY_CONFLICT`` when the id was claimed by a request with another digest; else the
+    stored outcome, when it is this request id's. A reply seen on a channel is never an answer: it
+    only wakes the waiter, which then reads the record (anyone may publish on a channel).
+    """
+    stored_digest, outcome = fields
+    stored = None if stored_digest is None else wire.text(stored_digest)
+    # An "invalid:" digest marks a request refused before it was understood: its outcome stands.
+    if digest is not None and stored and not stored.startswith("invalid:") and stored != short_digest(digest):
+        return conflict(request_id)
+    if outcome is None:
+        return None
+    reply = wire.decode_reply(outcome)
+    return reply if reply.request_id == request_id else None
+
+
+def addressee(data: Any) -> str | None:
+    """The request id a message on a reply channel names, or ``None`` when it is not a reply.
+
+    Used only to decide whom to wake: the answer is always read from the stored outcome.
+    """
+    if isinstance(data, str):
+        data = data.encode()
+    if not isinstance(data, bytes):
+        return None
+    try:
+        return wire.decode_reply(data).request_id
+    except (msgspec.DecodeError, RecursionError):
+        return None  # not a reply: anyone may publish on a channel
+
+
+def read_outcome(redis: Redis, request_id: str, digest: str | None) -> Reply | None:
+    """``verdict`` on the record read now (sync I/O; the asyncio client reads the same fields)."""
+    return verdict(request_id, redis.hmget(keys.request(request_id), list(OUTCOME_FIELDS)), digest)
+
+
 def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
                    *, digest: str | None = None, recheck_every: float = 1.0) -> Reply | None:
     """Wait up to ``timeout`` seconds for the outcome of ``request_id``; ``None`` on time-out.
 
-    Subscribes to ``channel``, then reads the stored outcome, then listens. The stored outcome is
-    read again after a dropped connection and every ``recheck_every`` seconds without news, so a
-    reply is never lost: not one published before the waiter listened, nor one announced on
-    another channel (an earlier submission of the same request with another ``replyTo``). A
-    message that is not a reply, or is another request's, is ignored. With
-    ``digest``, a request id already used by a different request answers ``IDEMPOTENCY_CONFLICT``.
+    Subscribes to ``channel`` and waits for the server's confirmation, then reads the stored
+    outcome, then listens. A message naming the request only wakes the waiter: the answer is the
+    stored outcome read then (a message with nothing stored behind it is ignored: anyone may
+    publish). The stored outcome is read again after a dropped connection and every
+    ``recheck_every`` seconds without news, so a reply is never lost: not one published before the
+    waiter listened, nor one announced on another channel (an earlier submission of the same
+    request with another ``replyTo``). With ``digest``, a request id already used by a different
+    request answers ``IDEMPOTENCY_CONFLICT``.
     """
     deadline = time.monotonic() + timeout
-    needle = request_id.encode()
-    pubsub = redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub = redis.pubsub()  # type: ignore[no-untyped-call]
     try:
         subscribed = False
         while True:
             try:
                 if not subscribed:
                     pubsub.subscribe(channel)
+                    if not _confirmed(pubsub, deadline):
+                        return None
                     subscribed = True
-                found = _stored(redis, request_id, digest)
+                found = read_outcome(redis, request_id, digest)
                 if found is not None:
                     return found
-                while True:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return None
-                    message = pubsub.get_message(timeout=min(left, recheck_every))
-                    if message is None:
-                        break  # quiet for a while: read the store again
-                    data = message["data"]
-                    data = data.encode() if isinstance(data, str) else data
-                    if isinstance(data, bytes) and needle in data:
-                        try:
-                            reply = wire.decode_reply(data)
-                        except (msgspec.DecodeError, RecursionError):
-                            continue  # not a reply: anyone may publish on a channel
-                        if reply.request_id == request_id:
-                            return _stored(redis, request_id, digest) or reply
+                if not _woken(pubsub, request_id, deadline, recheck_every):
+                    return None
             except (RedisConnectionError, RedisTimeoutError):
                 if time.monotonic() >= deadline:
                     return None
@@ -221,23 +263,25 @@ def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
         pubsub.close()
 
 
-def _stored(redis: Redis, request_id: str, digest: str | None) -> Reply | None:
-    stored_digest, outcome = redis.hmget(keys.request(request_id), ["digest", "outcome"])
-    return judge(request_id, stored_digest, outcome, digest)
+def _confirmed(pubsub: Any, deadline: float) -> bool:
+    """Wait for the server to confirm a SUBSCRIBE (a store read before it could miss a reply
+    published in between); ``False`` at the deadline."""
+    while (left := deadline - time.monotonic()) > 0:
+        message = pubsub.get_message(timeout=left)
+        if message is not None and message["type"] == "subscribe":
+            return True
+    return False
 
 
-def judge(request_id: str, stored_digest: bytes | str | None, outcome: bytes | str | None,
-          digest: str | None) -> Reply | None:
-    """The answer a request with ``digest`` gets from its request id's record (digest, outcome).
-
-    ``IDEMPOTENCY_CONFLICT`` when the id was claimed by a request with another digest; the stored
-    outcome; else ``None`` (not answered yet). Shared by the sync and the asyncio waiters.
-    """
-    stored = None if stored_digest is None else wire.text(stored_digest)
-    # An "invalid:" digest marks a request refused before it was understood: its outcome stands.
-    if digest is not None and stored and not stored.startswith("invalid:") and stored != short_digest(digest):
-        return conflict(request_id)
-    return None if outcome is None else wire.decode_reply(outcome)
+def _woken(pubsub: Any, request_id: str, deadline: float, recheck_every: float) -> bool:
+    """Listen until a message names ``request_id``, the subscription is renewed (a reconnection:
+    replies may have been missed) or ``recheck_every`` passes quietly (``True``: read the store
+    again), or until the deadline passes (``False``)."""
+    while (left := deadline - time.monotonic()) > 0:
+        message = pubsub.get_message(timeout=min(left, recheck_every))
+        if message is None or message["type"] == "subscribe" or addressee(message["data"]) == request_id:
+            return True
+    return False
 
 
 def conflict(request_id: str) -> ForkFailure:

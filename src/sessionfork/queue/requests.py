@@ -7,6 +7,7 @@ it returns is trusted downstream (the fork steps do not check the ids again).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,28 @@ def build(source: str | LiveHandle, request_id: str, *, session_id: str | None =
     return ForkRequest(source=source, request_id=request_id, session_id=given(session_id),
                        session_ids=given(session_ids), count=given(count), reply_to=given(reply_to),
                        traceparent=traceparent, boundary=given(boundary))
+
+
+def prepare(request: ForkRequest, new_id: Callable[[], str]) -> tuple[ForkRequest, bytes]:
+    """A request ready to enqueue, and its JSON: given a request id (``new_id()``) when it has
+    none, that id checked, the request encoded. ``INVALID_REQUEST`` for a bad request id or a
+    request that cannot be sent as JSON (e.g. a non-UTF-8 string); the one way both clients send."""
+    if request.request_id is UNSET:
+        request = msgspec.structs.replace(request, request_id=new_id())
+    assert isinstance(request.request_id, str)
+    rules.check_request_id(request.request_id)
+    try:
+        payload = wire.encode(request)
+    except (UnicodeEncodeError, TypeError, msgspec.EncodeError) as exc:
+        raise errors.invalid(f"request {request.request_id} cannot be sent as JSON: {exc}") from None
+    return request, payload
+
+
+def reply_channel(request: ForkRequest, default: str) -> str:
+    """The channel a request's outcome is announced on: its ``replyTo``, else ``default`` (the
+    settings' reply channel). The one rule of the clients (where they listen) and the worker
+    (where it publishes)."""
+    return default if request.reply_to is UNSET else request.reply_to
 
 
 def parse(payload: str | bytes, job_id: str, limits: Limits) -> ForkRequest:

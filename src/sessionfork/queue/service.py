@@ -85,7 +85,7 @@ class ForkService:
             failure = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
             return self.outcomes.record(failure, requests.reply_channel_of(raw, self.reply_channel, self.limits),
                                         digest=requests.invalid_digest(raw))
-        channel = self.reply_channel if request.reply_to is UNSET else request.reply_to
+        channel = requests.reply_channel(request, self.reply_channel)
         try:
             claim, plan = self._claim(request, job_id)
             if claim.outcome is not None:

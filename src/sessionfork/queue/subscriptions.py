@@ -1,10 +1,16 @@
-"""The asyncio client's reply subscription: one pub/sub connection, replies routed by request id.
+"""The asyncio client's reply subscription: one pub/sub connection, waiters woken by request id.
 
-``ReplyRouter.expect`` registers a waiter's inbox and returns once the subscription to its reply
-channel is confirmed by the server, so that a stored outcome read afterwards cannot miss a reply
-published in between. A channel is subscribed while some waiter needs it. When the connection
-drops, redis-py subscribes again as it reconnects; until the server confirms it, new waiters wait,
-and waiters already listening re-read the stored outcomes on their own (``AsyncClient``).
+``ReplyRouter.expect`` registers a waiter's wake-up event and returns once the subscription to its
+reply channel is confirmed by the server, so that a stored outcome read afterwards cannot miss a
+reply published in between. A message only wakes the waiters of the request id it names: they
+then read the stored outcome (``AsyncClient``); what a message says is never an answer. A channel
+is subscribed while some waiter needs it, and its state is dropped once no waiter needs it and
+its confirmations are in, so the router holds state only for channels in use.
+
+The subscription has a connection of its own, and only the reader task ever (re)connects it:
+when it drops, the reader reconnects and redis-py subscribes again to every channel in use;
+meanwhile nothing else is sent on it (a waiter that needs a new channel waits for the reader), and
+every confirmation wakes the channel's waiters (a reply may have been published meanwhile).
 """
 
 from __future__ import annotations
@@ -16,14 +22,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core import wire
+from .outcomes import addressee
 
 log = logging.getLogger("sessionfork.aio")
+LOST = (RedisConnectionError, RedisTimeoutError, OSError)
+"""How a dropped subscription connection shows."""
 
 
 @dataclass
@@ -32,25 +42,32 @@ class _Channel:
     since the start: confirmations come in command order, so ``confirmed == sent`` means the
     latest SUBSCRIBE took effect)."""
 
-    refs: int = 0
+    boxes: set[asyncio.Event] = field(default_factory=set)  # the wake-ups of its waiters
     subscribed: bool = False
     sent: int = 0
     confirmed: int = 0
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
+    @property
+    def needed(self) -> bool:
+        """Some waiter listens on it, or a SUBSCRIBE of it is not confirmed yet (a later one must
+        not count that confirmation as its own)."""
+        return bool(self.boxes) or self.subscribed or self.confirmed < self.sent
+
 
 class ReplyRouter:
-    """One pub/sub subscription of a client, routing replies to waiters by request id."""
+    """One pub/sub subscription of a client, waking waiters by request id."""
 
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
+        self._pool: ConnectionPool | None = None
         self._pubsub: Any = None
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # one SUBSCRIBE/UNSUBSCRIBE at a time
         self._channels: dict[str, _Channel] = {}
-        self._inboxes: dict[str, set[asyncio.Queue[bytes]]] = {}
+        self._inboxes: dict[str, set[asyncio.Event]] = {}  # wake-ups by request id
         self._strays: set[asyncio.Task[None]] = set()  # drops of subscriptions no waiter needs
-        self._down = False  # the reader lost the connection and has not read from a new one yet
+        self._up = asyncio.Event()  # the connection is up: others may send on it
 
     @property
     def waiters(self) -> int:
@@ -62,97 +79,145 @@ class ReplyRouter:
         """Channels the client is subscribed to now (those some waiter listens on)."""
         return sorted(name for name, ch in self._channels.items() if ch.subscribed)
 
+    @property
+    def tracked(self) -> int:
+        """Channels the router holds state for (bounded by those in use, not by all ever used)."""
+        return len(self._channels)
+
     @contextlib.asynccontextmanager
-    async def expect(self, request_id: str, channel: str, deadline: float) -> AsyncIterator[asyncio.Queue[bytes]]:
-        """An inbox for the replies to ``request_id``, once the subscription to ``channel`` is confirmed.
+    async def expect(self, request_id: str, channel: str, deadline: float) -> AsyncIterator[asyncio.Event]:
+        """A wake-up for ``request_id`` (set when a message names it, or when the subscription is
+        confirmed again), once the subscription to ``channel`` is confirmed.
 
         ``TimeoutError`` when the confirmation does not come before ``deadline`` (loop time).
         """
-        inbox: asyncio.Queue[bytes] = asyncio.Queue()
-        self._inboxes.setdefault(request_id, set()).add(inbox)
+        woken = asyncio.Event()
+        self._inboxes.setdefault(request_id, set()).add(woken)
         state = self._channels.setdefault(channel, _Channel())
-        state.refs += 1
+        state.boxes.add(woken)
+        loop = asyncio.get_running_loop()
         try:
             if not state.subscribed:
                 async with self._lock:
                     if not state.subscribed:
-                        await self._subscribe(channel, state)
-            left = deadline - asyncio.get_running_loop().time()
-            await asyncio.wait_for(state.ready.wait(), max(left, 0))
-            yield inbox
+                        await self._subscribe(channel, state, deadline)
+            await asyncio.wait_for(state.ready.wait(), max(deadline - loop.time(), 0))
+            woken.clear()  # the waiter reads the stored outcome first: wake-ups before it are moot
+            yield woken
         finally:
             boxes = self._inboxes.get(request_id)
             if boxes is not None:
-                boxes.discard(inbox)
+                boxes.discard(woken)
                 if not boxes:
                     del self._inboxes[request_id]
-            state.refs -= 1
-            if not state.refs:
+            state.boxes.discard(woken)
+            if not state.boxes:
                 # Shielded: a waiter cancelled again while it leaves still drops the subscription.
                 await asyncio.shield(self._unsubscribe(channel, state))
 
-    async def _subscribe(self, channel: str, state: _Channel) -> None:
+    async def _subscribe(self, channel: str, state: _Channel, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
         if self._pubsub is None:
-            self._pubsub = self._redis.pubsub()
+            await self._open(deadline)
+        # Up, or the reader is reconnecting: wait for it (it alone connects).
+        await asyncio.wait_for(self._up.wait(), max(deadline - loop.time(), 0))
         state.ready.clear()
         state.subscribed = True
-        state.sent += 1  # before the await: the reader may see the confirmation before it returns
+        state.sent += 1  # before the send: the reader may see the confirmation before it returns
+        # In redis-py's record first: if the connection drops, the reader's reconnection renews it.
+        self._pubsub.channels[self._key(channel)] = None
+        await self._send("SUBSCRIBE", channel)
+
+    async def _open(self, deadline: float) -> None:
+        """The subscription's own connection (never more than one), and its reader."""
+        base = self._redis.connection_pool
+        # No retry inside redis-py: a reconnection there could run in a waiter's task while the
+        # reader reads the same connection. The reader reconnects (``_read``).
+        kwargs = {**base.connection_kwargs, "retry": Retry(NoBackoff(), 0, supported_errors=()),
+                  "retry_on_error": []}
+        pool = ConnectionPool(connection_class=base.connection_class, max_connections=1, **kwargs)
+        pubsub = Redis(connection_pool=pool).pubsub()
+        loop = asyncio.get_running_loop()
+        retry_in = 0.05
+        while True:
+            try:
+                await pubsub.connect()  # type: ignore[no-untyped-call]
+                break
+            except LOST:
+                if deadline - loop.time() <= retry_in:
+                    await pool.disconnect()
+                    raise
+                await asyncio.sleep(retry_in)  # back-off, not synchronisation
+                retry_in = min(retry_in * 2, 1.0)
+        self._pool, self._pubsub = pool, pubsub
+        self._up.set()
+        self._reader = asyncio.create_task(self._read(), name="sessionfork-replies")
+
+    def _key(self, channel: str) -> Any:
+        """A channel as redis-py keys its record of subscriptions (``PubSub.channels``)."""
+        encoder = self._pubsub.encoder
+        return encoder.decode(encoder.encode(channel))
+
+    async def _send(self, command: str, channel: str) -> None:
+        """``command channel`` on the live connection; nothing while the reader reconnects (its
+        reconnection subscribes again to what ``PubSub.channels`` holds)."""
+        conn = self._pubsub.connection
+        if not self._up.is_set() or conn is None or not conn.is_connected:
+            return
         try:
-            await self._pubsub.subscribe(channel)
-        except BaseException:
-            state.subscribed = False
-            state.sent -= 1
-            raise
-        if self._reader is None:
-            self._reader = asyncio.create_task(self._read(), name="sessionfork-replies")
+            await conn.send_command(command, channel, check_health=False)
+        except LOST as exc:
+            # The connection is gone (and closed by redis-py): the reader reconnects and renews.
+            log.warning("could not send %s %s: %s", command, channel, exc)
+
+    def _forget(self, channel: str, state: _Channel) -> None:
+        """Drop the state of a channel no waiter needs (unless a new one took its place)."""
+        if not state.needed and self._channels.get(channel) is state:
+            del self._channels[channel]
 
     async def _unsubscribe(self, channel: str, state: _Channel) -> None:
         async with self._lock:
-            if state.refs or not state.subscribed or self._pubsub is None:
-                return
-            state.subscribed = False
-            state.ready.clear()
-            if self._down:
-                # The reader is reconnecting: two tasks must not reconnect one pub/sub connection
-                # at once. redis-py renews this subscription as it reconnects, and the renewal's
-                # confirmation drops it (``_route``).
-                return
             try:
-                await self._pubsub.unsubscribe(channel)
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                # The waiter has its answer (or its error) already; a stray subscription only
-                # brings messages that no waiter takes.
-                log.warning("could not unsubscribe from %s: %s", channel, exc)
+                if not state.boxes and state.subscribed and self._pubsub is not None:
+                    state.subscribed = False
+                    state.ready.clear()
+                    self._pubsub.channels.pop(self._key(channel), None)
+                    await self._send("UNSUBSCRIBE", channel)
+            finally:
+                self._forget(channel, state)
 
-    async def _drop(self, channel: str, state: _Channel) -> None:
+    async def _drop(self, channel: str) -> None:
+        """Unsubscribe from a subscription renewed that no waiter needs any more."""
         async with self._lock:
-            if state.refs or state.subscribed or self._pubsub is None or self._down:
-                return
-            try:
-                await self._pubsub.unsubscribe(channel)
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                log.warning("could not unsubscribe from %s: %s", channel, exc)
+            state = self._channels.get(channel)
+            if (state is None or not (state.boxes or state.subscribed)) and self._pubsub is not None:
+                await self._send("UNSUBSCRIBE", channel)
 
     async def _read(self) -> None:
         delay = 0.05
         while True:
             try:
+                if not self._up.is_set():
+                    # Connecting runs redis-py's renewal: SUBSCRIBE to every channel in use.
+                    await self._pubsub.connect()
+                    self._up.set()
                 message = await self._pubsub.get_message(timeout=None)
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                # redis-py reconnects and subscribes again on the next read; waiters re-read the
-                # stored outcomes within ``recheck_every``, so nothing published meanwhile is lost.
+            except LOST as exc:
                 log.warning("reply subscription lost (%s); reconnecting in %.2fs", exc, delay)
-                self._down = True
-                for state in self._channels.values():
-                    # Expect one confirmation of the subscription redis-py renews; until it comes,
-                    # a new waiter waits for it before it reads the stored outcome.
+                self._up.clear()
+                with contextlib.suppress(*LOST):
+                    if self._pubsub.connection is not None:
+                        await self._pubsub.connection.disconnect()
+                for name, state in list(self._channels.items()):
+                    # Expect one confirmation of the subscription the reconnection renews; until
+                    # it comes, a new waiter waits for it before it reads the stored outcome.
                     state.confirmed = state.sent - 1 if state.subscribed else state.sent
                     state.ready.clear()
+                    self._forget(name, state)
                 await asyncio.sleep(delay)  # back-off, not synchronisation
                 delay = min(delay * 2, 2.0)
                 continue
             delay = 0.05
-            self._down = False
             if message is not None:
                 try:
                     self._route(message)
@@ -168,22 +233,22 @@ class ReplyRouter:
                 state.confirmed += 1
                 if state.subscribed and state.confirmed >= state.sent:
                     state.ready.set()
-                elif not state.subscribed and not state.refs:
-                    # redis-py renewed it on reconnecting after the last waiter left (its
-                    # UNSUBSCRIBE failed on the dead connection): drop it again.
-                    task = asyncio.get_running_loop().create_task(self._drop(name, state))
-                    self._strays.add(task)
-                    task.add_done_callback(self._strays.discard)
+                for woken in state.boxes:  # (re)subscribed: a reply may have come meanwhile
+                    woken.set()
+                self._forget(name, state)
+            if state is None or not (state.boxes or state.subscribed):
+                # Renewed by a reconnection after the last waiter left, or confirmed after its
+                # UNSUBSCRIBE was lost: drop it again.
+                task = asyncio.get_running_loop().create_task(self._drop(name))
+                self._strays.add(task)
+                task.add_done_callback(self._strays.discard)
             return
         if kind != "message":
             return
-        data = message["data"]
-        try:
-            request_id = wire.decode_reply(data).request_id
-        except msgspec.DecodeError:
-            return  # not a reply (someone else's message on the channel)
-        for inbox in self._inboxes.get(request_id, ()):
-            inbox.put_nowait(data)
+        request_id = addressee(message["data"])
+        if request_id is not None:
+            for woken in self._inboxes.get(request_id, ()):
+                woken.set()
 
     async def aclose(self) -> None:
         if self._reader is not None:
@@ -191,7 +256,13 @@ class ReplyRouter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
             self._reader = None
+        for task in list(self._strays):
+            task.cancel()
         if self._pubsub is not None:
             await self._pubsub.aclose()
             self._pubsub = None
+        if self._pool is not None:
+            await self._pool.disconnect()
+            self._pool = None
+        self._up.clear()
         self._channels.clear()

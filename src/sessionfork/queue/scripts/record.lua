@@ -4,7 +4,8 @@
 -- ARGV    = outcome JSON, reply channel, TTL seconds, stream MAXLEN, digest ("" = keep),
 --           request id, code ("OK" or an error code), run time and enqueue-to-outcome latency in
 --           microseconds (0: unknown)
--- Returns {1, outcome} when stored now, {0, first outcome} when one was stored before.
+-- Returns {1, outcome} when stored now ({1, outcome, error} when the PUBLISH was refused),
+-- {0, first outcome} when one was stored before.
 if redis.call('HSETNX', KEYS[1], 'outcome', ARGV[1]) == 0 then
   return {0, redis.call('HGET', KEYS[1], 'outcome')}
 end
@@ -14,5 +15,8 @@ redis.call('HDEL', KEYS[1], 'snapshot', 'children')
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*',
   'request', ARGV[6], 'code', ARGV[7], 'us', ARGV[8], 'lat', ARGV[9], 'reply', ARGV[1])
-redis.call('PUBLISH', ARGV[2], ARGV[1])
+-- A channel the ACL user may not publish on (a request's replyTo) must not fail the request: the
+-- outcome is stored and streamed; the refusal is returned for the worker to log (pcall).
+local published = redis.pcall('PUBLISH', ARGV[2], ARGV[1])
+if type(published) == 'table' and published.err then return {1, ARGV[1], published.err} end
 return {1, ARGV[1]}
