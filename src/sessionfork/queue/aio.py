@@ -9,8 +9,8 @@ outcome), a request id reused for a different request answers ``IDEMPOTENCY_CONF
 ``wait`` raises ``TimeoutError`` when no reply comes in time.
 
 RQ has no asyncio API: a request is enqueued by ``scripts/enqueue.lua`` (the README's any-language
-recipe) with the job hash RQ's own enqueue writes (``rq_seam.layout``). Importing this module imports
-no RQ.
+recipe; ``FCALL sf_enqueue`` when its library is loaded, see ``queue.enqueue``) with the job hash
+RQ's own enqueue writes (``rq_seam.layout``). Importing this module imports no RQ.
 
 One subscription per client (``ReplyRouter``) serves every waiter: each reply is routed by its
 request id. A waiter registers, waits until the subscription to its reply channel is confirmed,
@@ -35,16 +35,15 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 from redis.asyncio import BlockingConnectionPool, Redis
-from redis.exceptions import NoScriptError
 
-from ..core import keys, lua, rules, wire
+from ..core import keys, rules, wire
 from ..core.config import Settings
 from ..core.errors import ErrorCode
 from ..core.factories import new_request_id
 from ..core.wire import ForkFailure, ForkRequest, LiveHandle, Reply
 from . import requests, tracing
+from .enqueue import AsyncEnqueuer, job_call
 from .outcomes import judge
-from .rq_seam import layout as rq_layout
 from .subscriptions import ReplyRouter
 
 
@@ -61,8 +60,7 @@ class AsyncClient:
         self.replies = ReplyRouter(redis)
         self.recheck_every = recheck_every
         self._new_id = new_id
-        self._enqueue = redis.register_script(lua.source("enqueue.lua", __package__))
-        self._queue_key = rq_layout.queue_key(self.settings.queue)
+        self._enqueue = AsyncEnqueuer(redis, self.settings)
 
     @classmethod
     def from_url(cls, url: str, settings: Settings | None = None, *, max_connections: int = 4,
@@ -98,9 +96,9 @@ class AsyncClient:
 
     async def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op."""
-        request, args = self._job(request)
+        request, call = self._job(request)
         assert isinstance(request.request_id, str)
-        await self._enqueue(keys=self._job_keys(request.request_id), args=args)
+        await self._enqueue(*call)
         return request.request_id
 
     async def wait(self, request: ForkRequest, timeout: float) -> Reply:
@@ -122,41 +120,26 @@ class AsyncClient:
         read of the stored outcome in one round trip)."""
         request = await self.request(source, session_id=session_id, session_ids=session_ids, count=count,
                                      request_id=request_id, reply_to=reply_to, boundary=boundary)
-        request, args = self._job(request)
+        request, call = self._job(request)
         assert isinstance(request.request_id, str)
         deadline = asyncio.get_running_loop().time() + timeout
         async with self.replies.expect(request.request_id, self._channel(request), deadline) as inbox:
-            job_keys = self._job_keys(request.request_id)
-            for attempt in (1, 2):
-                pipe = self.redis.pipeline(transaction=False)
-                pipe.evalsha(self._enqueue.sha, len(job_keys), *job_keys, *args)
-                pipe.hmget(keys.request(request.request_id), ["digest", "outcome"])
-                enqueued, first = await pipe.execute(raise_on_error=False)
-                if not isinstance(enqueued, NoScriptError) or attempt == 2:
-                    break
-                self._enqueue.sha = await self.redis.script_load(self._enqueue.script)
-            for result in (enqueued, first):
-                if isinstance(result, Exception):
-                    raise result
+            read = ("HMGET", keys.request(request.request_id), "digest", "outcome")
+            _, first = await self._enqueue.with_read(*call, read)
             return await self._answer(request, inbox, first, deadline, timeout)
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _job_keys(self, request_id: str) -> list[str]:
-        """The enqueue script's keys: RQ's job hash and queue, the request's record, RQ's queue set."""
-        return [rq_layout.job_key(request_id), self._queue_key, keys.request(request_id), rq_layout.QUEUES]
-
     def _channel(self, request: ForkRequest) -> str:
         return self.settings.reply_channel if request.reply_to is UNSET else request.reply_to
 
-    def _job(self, request: ForkRequest) -> tuple[ForkRequest, list[Any]]:
+    def _job(self, request: ForkRequest) -> tuple[ForkRequest, tuple[list[str], list[Any]]]:
         if request.request_id is UNSET:
             request = msgspec.structs.replace(request, request_id=self._new_id())
         assert isinstance(request.request_id, str)
         rules.check_request_id(request.request_id)
         payload = wire.encode(request)
-        fields = rq_layout.job_fields(payload, self.settings, datetime.now(UTC))
-        return request, [request.request_id, payload, *fields]
+        return request, job_call(request.request_id, payload, self.settings, datetime.now(UTC))
 
     async def _answer(self, request: ForkRequest, inbox: asyncio.Queue[bytes], first: list[Any],
                       deadline: float, timeout: float) -> Reply:
