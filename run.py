@@ -29,7 +29,8 @@ RQ2_SUITE = ["tests/unit", "tests/integration/test_worker.py", "tests/integratio
              "tests/integration/test_hardening.py",
              "tests/integration/test_worker_exit.py", "tests/integration/test_acl.py",
              "tests/integration/test_rq_compat.py", "tests/integration/test_unreached_paths.py",
-             "tests/integration/test_aio.py", "tests/integration/test_rq_dashboard.py"]
+             "tests/integration/test_aio.py", "tests/integration/test_rq_dashboard.py",
+             "tests/integration/test_enqueue_script.py"]
 
 
 def ensure_env(name: str = ".venv", *pins: str) -> Path:

@@ -23,10 +23,11 @@ class DeletingStore(SessionStore):
         ask again once it does). ``SESSION_NOT_FOUND`` when never created or deleted already.
         """
         sid = rules.check_id(session_id)
-        reply = self._delete(keys=[keys.session(sid), keys.session_log(sid), keys.session_children(sid),
-                                   keys.session_persisted(sid), keys.session_turns(sid), *self._lifecycle],
-                             args=[self._clock(), self.lifecycle_maxlen, sid, "1" if only_disposed else "0",
-                                   "1" if persisted_first else "0"])
+        reply = self._scripts("delete", record=keys.session(sid), log=keys.session_log(sid),
+                              children=keys.session_children(sid), persisted=keys.session_persisted(sid),
+                              turns=keys.session_turns(sid), lifecycle=self._lifecycle_key, now=self._clock(),
+                              maxlen=self.lifecycle_maxlen, session_id=sid, only_disposed="1" if only_disposed else "0",
+                              persisted_first="1" if persisted_first else "0")
         status = int(reply[0])
         if status == -1:
             raise errors.not_found(sid)
@@ -65,8 +66,9 @@ class DeletingStore(SessionStore):
         # ``child`` is gone for good: unpin it from ``parent``, and go up the lineage while that
         # frees a deleted ancestor's log (each step one script on one slot).
         while parent:
-            result = self._release(keys=[keys.session(parent), keys.session_log(parent),
-                                         keys.session_children(parent), keys.session_turns(parent)], args=[child])
+            result = self._scripts("release", record=keys.session(parent), log=keys.session_log(parent),
+                                   children=keys.session_children(parent), turns=keys.session_turns(parent),
+                                   child=child)
             if result is None:
                 return
             parent, child = wire.text(result), parent

@@ -17,19 +17,18 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from datetime import datetime
-from importlib import resources
 from typing import Any, Final
 
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
-from ..core import keys
+from ..core import keys, lua
 from ..core.config import ENQUEUE_MODES as MODES
 from ..core.config import Settings
 from .rq_seam import layout as rq_layout
 
 LIBRARY: Final = "sessionfork"
 FUNCTION: Final = "sf_enqueue"
-SOURCE: Final = resources.files(__package__).joinpath("scripts", "enqueue.lua").read_text(encoding="utf-8")
+SOURCE: Final = lua.source("enqueue.lua", lua.SCRIPTS["enqueue"].package)
 """The enqueue script's text (the README's any-language recipe)."""
 SHA: Final = hashlib.sha1(SOURCE.encode()).hexdigest()
 
@@ -46,12 +45,13 @@ def load_library(redis: Any) -> str:
     return loaded.decode() if isinstance(loaded, bytes) else str(loaded)
 
 
-def job_call(request_id: str, payload: bytes, settings: Settings, when: datetime) -> tuple[list[str], list[Any]]:
+def job_call(request_id: str, payload: bytes, settings: Settings, when: datetime) -> tuple[list[Any], list[Any]]:
     """The enqueue script's KEYS and ARGV for a request: RQ's job hash and queue, the request's
     record, RQ's queue set; the request id, its JSON, then the job hash ``rq_layout.job_fields``."""
-    call_keys = [rq_layout.job_key(request_id), rq_layout.queue_key(settings.queue), keys.request(request_id),
-                 rq_layout.QUEUES]
-    return call_keys, [request_id, payload, *rq_layout.job_fields(payload, settings, when)]
+    return lua.SCRIPTS["enqueue"].build(dict(
+        job=rq_layout.job_key(request_id), queue=rq_layout.queue_key(settings.queue), record=keys.request(request_id),
+        queues=rq_layout.QUEUES, request_id=request_id, request=payload,
+        fields=rq_layout.job_fields(payload, settings, when)))
 
 
 def _unserved(exc: Exception) -> bool:
