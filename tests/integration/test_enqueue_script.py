@@ -214,3 +214,27 @@ def test_an_unknown_enqueue_mode_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="SESSIONFORK_ENQUEUE"):
         from_environ({"SESSIONFORK_ENQUEUE": "lua"})
     assert from_environ({"SESSIONFORK_ENQUEUE": "fcall"}).enqueue == "fcall" and Settings().enqueue == "auto"
+
+
+def test_the_job_function_is_one_constant_whoever_writes_data(redis: Redis) -> None:
+    import zlib
+
+    from sessionfork.queue.rq_seam import layout
+
+    assert raw(redis, {"requestId": "fn-1", "source": "sa"}, rid="fn-1") == 1  # the script's default data
+    by_script = json.loads(redis.hget("rq:job:fn-1", "data") or b"")
+    client = make_client(redis)
+    client.submit(client.request("sa", request_id="fn-2"))  # the clients' data: rq_layout.job_fields
+    by_client = json.loads(zlib.decompress(redis.hget("rq:job:fn-2", "data") or b""))
+    assert by_script[0] == by_client[0] == layout.JOB_FUNCTION
+    assert by_script[1:] == [None, ['{"requestId": "fn-1", "source": "sa"}'], {}] and by_client[1] is None
+
+
+def test_a_job_an_older_script_queued_is_compared_through_its_plain_json_data(redis: Redis) -> None:
+    request = '{"requestId": "old-1", "source": "sa", "boundary": 9007199254740993}'
+    redis.hset("rq:job:old-1", mapping={"data": json.dumps(["sessionfork.jobs.fork", None, [request], {}]),
+                                        "status": "queued"})  # no sf_identity: written before it existed
+    redis.rpush(QUEUE, "old-1")
+    assert raw(redis, {"requestId": "old-1", "source": "sa", "boundary": 2**53}, rid="old-1") == -1
+    assert raw(redis, request, rid="old-1") == 0
+    assert redis.llen(QUEUE) == 1
