@@ -62,10 +62,8 @@ local function canon(s)  -- JSON text -> {kind, value}: canonical text per value
       if c == close then break elseif c ~= ',' then error('separator') end
     end
     if object then
-      local names = {}
-      for k in pairs(map) do names[#names + 1] = k end
-      table.sort(names)
-      for n, k in ipairs(names) do out[n] = k .. ':' .. map[k] end
+      for k, v in pairs(map) do out[#out + 1] = k .. ':' .. v end
+      table.sort(out)
     end
     return out, map
   end
@@ -74,19 +72,20 @@ local function canon(s)  -- JSON text -> {kind, value}: canonical text per value
     ws()
     local c = string.sub(s, i, i)
     if c == '"' then
-      local j = i + 1
+      local j, escaped = i + 1, false
       while true do
         local q = string.find(s, '["\\]', j)
         if not q then error('string') end
         if string.sub(s, q, q) == '"' then j = q break end
-        j = q + 2
+        j, escaped = q + 2, true
       end
-      local text = cjson.decode(string.sub(s, i, j))
+      local text = escaped and cjson.decode(string.sub(s, i, j)) or string.sub(s, i + 1, j - 1)
+      if not escaped and string.find(text, '%c') then error('control character') end
       i = j + 1
-      return 's' .. #text .. ':' .. text
+      return cjson.encode(text)
     elseif c == '{' or c == '[' then
-      local out = items(c == '{' and '}' or ']', depth + 1, c == '{')
-      return c .. table.concat(out, ',')
+      local close = c == '{' and '}' or ']'
+      return c .. table.concat(items(close, depth + 1, c == '{'), ',') .. close
     end
     for word, code in pairs({['true'] = 't', ['false'] = 'f', ['null'] = 'n'}) do
       if string.sub(s, i, i + #word - 1) == word then i = i + #word return code end
@@ -107,12 +106,48 @@ local function canon(s)  -- JSON text -> {kind, value}: canonical text per value
   if i <= #s then error('trailing text') end
   return c == '{' and map or list
 end
+local saw_number = false
+local function quick(v)  -- canon's text from cjson's value (numbers checked by the caller)
+  local t = type(v)
+  if t == 'string' then return cjson.encode(v) end
+  if t == 'boolean' then return v and 't' or 'f' end
+  if v == nil or v == cjson.null then return 'n' end
+  if t == 'number' then
+    if v ~= math.floor(v) or math.abs(v) >= 1e15 then error('inexact') end
+    saw_number = true
+    return 'i' .. string.format('%d', v)
+  end
+  if next(v) == nil then error('empty') end  -- [] and {} read alike
+  local out = {}
+  if v[1] ~= nil then
+    for n, item in ipairs(v) do
+      if type(item) ~= 'string' then out = nil break end
+    end
+    if out then return cjson.encode(v) end  -- the common case, in C: a list of ids
+    out = {}
+    for n, item in ipairs(v) do out[n] = quick(item) end
+    return '[' .. table.concat(out, ',') .. ']'
+  end
+  for k, item in pairs(v) do out[#out + 1] = cjson.encode(k) .. ':' .. quick(item) end
+  table.sort(out)
+  return '{' .. table.concat(out, ',') .. '}'
+end
 local function identity(text, stored)  -- a digest: equal digests, same request
-  local ok, fields = pcall(canon, text)
-  if not ok then return redis.sha1hex('raw:' .. text) end
   local parts = {}
-  for n, name in ipairs(FIELDS) do parts[n] = fields[stored and n or 's' .. #name .. ':' .. name] or 'n' end
-  return redis.sha1hex(table.concat(parts, ','))
+  local ok = pcall(function()  -- cjson: fast, but numbers are doubles (exact when canon agrees)
+    local r = cjson.decode(text)
+    if type(r) ~= 'table' or (stored and r[1] == nil) or (not stored and r[1] ~= nil) then error('shape') end
+    saw_number = false
+    for n, name in ipairs(FIELDS) do parts[n] = quick(r[stored and n or name]) end
+    if saw_number and string.find(text, '%d[%.eE]') then error('a fraction or exponent') end
+  end)
+  if not ok then
+    local fields
+    ok, fields = pcall(canon, text)
+    if not ok then return redis.sha1hex('raw:' .. text) end
+    for n, name in ipairs(FIELDS) do parts[n] = fields[stored and n or cjson.encode(name)] or 'n' end
+  end
+  return redis.sha1hex(table.concat(parts, '\n'))
 end
 -- Validate everything before writing anything: a malformed call leaves no trace.
 if #KEYS < 3 or #KEYS > 4 then return redis.error_reply('ERR enqueue: 3 or 4 keys expected') end
