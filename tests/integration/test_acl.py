@@ -353,3 +353,14 @@ def test_the_scheduler_can_run_no_code_of_its_own(flow: Flow, scheduler: Redis, 
         scheduler.execute_command(*command)  # type: ignore[no-untyped-call]
     assert admin.ping() and admin.function_list(library="loop") == []
     assert admin.function_list(library="sessionfork") != []
+
+
+def test_without_the_library_the_scheduler_is_told_to_load_it(flow: Flow, scheduler: Redis, admin: Redis) -> None:
+    admin.function_delete("sessionfork")
+    try:
+        client = make_client(scheduler)
+        with pytest.raises(NoPermissionError, match="sessionfork load-functions"):
+            client.submit(client.request("a", request_id="nolib-1"))
+        assert not admin.exists("rq:job:nolib-1")
+    finally:
+        enqueue_module.load_library(admin)
