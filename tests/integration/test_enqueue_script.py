@@ -239,3 +239,15 @@ def test_a_job_an_older_script_queued_is_compared_through_its_plain_json_data(re
     assert raw(redis, {"requestId": "old-1", "source": "sa", "boundary": 2**53}, rid="old-1") == -1
     assert raw(redis, request, rid="old-1") == 0
     assert redis.llen(QUEUE) == 1
+
+
+def test_a_library_of_another_release_is_never_run_by_the_clients(redis: Redis) -> None:
+    stale = enqueue_module.library().replace(enqueue_module.VERSIONED, "sf_enqueue_000000000000")
+    redis.function_load(stale, replace=True)  # as an older release loaded it
+    client = make_client(redis, enqueue="fcall")
+    with pytest.raises(ResponseError, match="load-functions"):
+        client.submit(client.request("sa", request_id="stale-1"))
+    assert nothing_written(redis, "stale-1")
+    enqueue_module.load_library(redis)
+    client.submit(client.request("sa", request_id="stale-1"))
+    assert redis.lrange(QUEUE, 0, -1) == [b"stale-1"]

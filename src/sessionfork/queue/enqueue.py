@@ -1,13 +1,14 @@
 """The one enqueue path of both clients: ``scripts/enqueue.lua``, as ``FCALL`` or as ``EVALSHA``.
 
 The script is also shipped as a Redis Functions library (``library()``: library ``sessionfork``,
-function ``sf_enqueue``, the same script text), loaded by the operator with ``sessionfork
-load-functions`` (``FUNCTION LOAD REPLACE``). A role may then run the project's enqueue code and
-nothing else: the ``sf-scheduler`` ACL role has ``FCALL`` and no ``EVAL``/``EVALSHA``/``SCRIPT``/
-``FUNCTION`` (``ops.acl``).
+function ``sf_enqueue`` for producers in any language, and the same under ``VERSIONED``, a name of
+the script's text, for the Python clients), loaded by the operator with ``sessionfork
+load-functions`` (``FUNCTION LOAD REPLACE``; again after each upgrade). A role may then run the
+project's enqueue code and nothing else: the ``sf-scheduler`` ACL role has ``FCALL`` and no
+``EVAL``/``EVALSHA``/``SCRIPT``/``FUNCTION`` (``ops.acl``).
 
 ``Settings.enqueue`` (``SESSIONFORK_ENQUEUE``) chooses the route: ``auto`` (default) calls
-``FCALL sf_enqueue`` and, when the library is not loaded (or the user may not ``FCALL``), falls
+``FCALL`` and, when this release's library is not loaded (or the user may not ``FCALL``), falls
 back to ``EVALSHA`` for the rest of the client's life; ``fcall`` only ever calls the function
 (an unloaded library is an error naming the command that loads it); ``eval`` never tries it.
 """
@@ -31,12 +32,18 @@ FUNCTION: Final = "sf_enqueue"
 SOURCE: Final = lua.source("enqueue.lua", lua.SCRIPTS["enqueue"].package)
 """The enqueue script's text (the README's any-language recipe)."""
 SHA: Final = hashlib.sha1(SOURCE.encode()).hexdigest()
+VERSIONED: Final = f"{FUNCTION}_{SHA[:12]}"
+"""The same function under a name of this script's text: what the Python clients call, so that a
+library loaded by an older release is "not found" (never run with a different contract)."""
 
 
 def library() -> str:
-    """The Redis Functions library: ``sf_enqueue`` runs the enqueue script with its keys and args."""
+    """The Redis Functions library: ``sf_enqueue`` (and ``VERSIONED``) run the enqueue script with
+    their keys and args."""
     return (f"#!lua name={LIBRARY}\n"
-            f"redis.register_function('{FUNCTION}', function(KEYS, ARGV)\n{SOURCE}end)\n")
+            f"local function enqueue(KEYS, ARGV)\n{SOURCE}end\n"
+            f"redis.register_function('{FUNCTION}', enqueue)\n"
+            f"redis.register_function('{VERSIONED}', enqueue)\n")
 
 
 def load_library(redis: Any) -> str:
@@ -71,7 +78,7 @@ class Route:
 
     def command(self, call_keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
         if self.fcall:
-            return ("FCALL", FUNCTION, len(call_keys), *call_keys, *args)
+            return ("FCALL", VERSIONED, len(call_keys), *call_keys, *args)
         return ("EVALSHA", SHA, len(call_keys), *call_keys, *args)
 
     def retry_after(self, command: tuple[Any, ...], result: Any) -> str | None:
