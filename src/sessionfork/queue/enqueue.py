@@ -95,6 +95,7 @@ class Route:
         if isinstance(result, NoScriptError):
             return "load"
         if isinstance(result, NoPermissionError):  # e.g. the sf-scheduler role, library not loaded
+            self.fcall = self.mode != "eval"  # the next call tries the library again (loaded by then?)
             raise NoPermissionError(f"{result} (is the enqueue library loaded? sessionfork load-functions)")
         return None
 
