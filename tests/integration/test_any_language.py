@@ -61,6 +61,17 @@ def test_raw_redis_producer_gets_its_fork_reply(server: EmbeddedServer, registry
     assert registry.header("raw-child").parent_session == "raw-src"
 
 
+def test_raw_producer_fcalls_the_loaded_library_and_gets_its_fork_reply(server: EmbeddedServer, registry: Registry,
+                                                                        redis: Redis, worker: None) -> None:
+    from sessionfork.queue.enqueue import load_library
+
+    load_library(redis)
+    add_source(registry, "fc-src")
+    reply = produce(server, "fc-src", "fc-child", "fc-1", "604800", "", "fcall")
+    assert (reply["ok"], reply["session"]["parentSession"]) == (True, "fc-src")  # type: ignore[index]
+    assert redis.function_list(library="sessionfork") != []
+
+
 def test_raw_producer_forks_a_running_session_at_a_boundary(server: EmbeddedServer, registry: Registry,
                                                             worker: None) -> None:
     running = registry.create("raw-running")
@@ -101,7 +112,8 @@ def test_a_python_submit_reusing_a_deleted_jobs_id_is_a_conflict_announced_nowhe
         pubsub.subscribe(client.settings.reply_channel)
         reply = client.fork("sb", session_id="b2", request_id="rC", timeout=10)
         assert (reply.ok, getattr(reply, "code", None)) == (False, "IDEMPOTENCY_CONFLICT")
-        wait_job_done(redis, "rC")  # the worker ran the conflicting job
+        # the clients enqueue with the script too: it saw the kept request, so nothing was queued
+        assert not redis.exists("rq:job:rC") and redis.llen("rq:queue:sessionfork") == 0
         published = [m for m in iter(lambda: pubsub.get_message(timeout=0.2), None) if b'"rC"' in m["data"]]
     assert published == []  # the only announcement of rC was the first one, before we listened
     assert [e.code for e in outcome_entries(redis) if e.request == "rC"] == ["OK"]

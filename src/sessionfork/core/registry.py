@@ -81,8 +81,9 @@ class Registry(DeletingStore):
                  boundary: int | None = None) -> list[lua.Op]:
         """The read-only commands of ``prepare_fork`` (the source step last), for ``lua.run``."""
         ops: list[lua.Op] = [("HMGET", keys.session(child), "header", "req") for child in child_ids]
-        ops.append((self._snapshot, [keys.session(sid), keys.session_turns(sid), keys.session_log(sid)],
-                    [instance, "" if boundary is None else boundary]))
+        ops.append(self._scripts.op("snapshot", record=keys.session(sid), turns=keys.session_turns(sid),
+                                    log=keys.session_log(sid), instance=instance,
+                                    boundary="" if boundary is None else boundary))
         return ops
 
     def _check_seed(self, sid: str, snap: Snapshot, boundary: int) -> Snapshot:
@@ -91,8 +92,8 @@ class Registry(DeletingStore):
         written before turn indexes (checked by reading the prefix)."""
         segments = self.resolve(sid, snap.segments)  # a reference names the parent, not the owner
         owner = sid if boundary >= snap.seed_length else rules.owner_of(segments, boundary)
-        reply = self._call((self._turn, [keys.session(owner), keys.session_turns(owner), keys.session_log(owner)],
-                            [boundary]))
+        reply = self._call(self._scripts.op("turn", record=keys.session(owner), turns=keys.session_turns(owner),
+                                            log=keys.session_log(owner), seq=boundary))
         status = wire.text(reply[0])
         if status == "INSIDE":
             raise errors.boundary_inside_turn(sid, boundary, int(reply[1]))
@@ -158,7 +159,7 @@ class Registry(DeletingStore):
             # The source's seed holds a reference: store it by value first (once per source), so
             # that its children's reference to it is one level deep whatever the lineage depth.
             resolved = self.resolve(source_id, snap.segments)
-            self._settle(keys=[keys.session(source_id)], args=[wire.encode([list(s) for s in resolved])])
+            self._scripts("settle", record=keys.session(source_id), seed=wire.encode([list(s) for s in resolved]))
         segments = wire.encode(rules.by_reference(source_id, snap.child_segments()))
         # The child's "last" feeds the no-boundary rule only; a seed ends between turns, and a
         # boundary fork's seed may end with an event after its turn/end (todo/write): recorded as
@@ -170,15 +171,18 @@ class Registry(DeletingStore):
         # (atomically); on a cluster the parent is in another slot: the children are pinned in its
         # index first (pin.lua refuses a deleted parent: its log may be freed), and it is checked
         # right after they are created.
-        index = [] if self._cluster else [keys.session_children(source_id), keys.session(source_id)]
-        if self._cluster and child_ids and not self._pin(
-                keys=[keys.session(source_id), keys.session_children(source_id)], args=list(child_ids)):
+        index = {} if self._cluster else {"parent_children": keys.session_children(source_id),
+                                          "parent": keys.session(source_id)}
+        if self._cluster and child_ids and not self._scripts(
+                "pin", record=keys.session(source_id), children=keys.session_children(source_id),
+                child_ids=list(child_ids)):
             raise errors.not_found(source_id)
         calls: list[lua.Call] = [
-            (self._create, [keys.session(cid), *self._lifecycle, *index],
-             [wire.encode_header(self.child_header(snap, cid)), self._new_token(), snap.length, snap.length,
-              segments, last, request_id, self.lifecycle_maxlen, cid,
-              "" if snap.seed_end is None else snap.seed_end, parent])
+            self._scripts.op("create", record=keys.session(cid), lifecycle=self._lifecycle_key, **index,
+                             header=wire.encode_header(self.child_header(snap, cid)), instance=self._new_token(),
+                             length=snap.length, seed_length=snap.length, seed=segments, last_type=last,
+                             request_id=request_id, maxlen=self.lifecycle_maxlen, session_id=cid,
+                             seed_end="" if snap.seed_end is None else snap.seed_end, parent_header=parent)
             for cid in child_ids
         ]
         replies = lua.eval_many(self.redis, calls, replicas=self.wait_replicas, wait_ms=self.wait_timeout_ms)

@@ -228,18 +228,26 @@ def decode_reply(raw: bytes | str) -> Reply:
     return _reply_decoder.decode(raw)
 
 
+IDENTITY_FIELDS: Final = ("source", "sessionId", "count", "sessionIds", "boundary")
+"""The wire names of the fields that make two requests under one request id "the same", in order.
+``queue/scripts/enqueue.lua`` lists the same names (``FIELDS``; a test pins the two, and a property
+test runs the script against ``identity`` on random requests)."""
+_IDENTITY_ATTRS: Final = tuple(f.name for name in IDENTITY_FIELDS for f in msgspec.structs.fields(ForkRequest)
+                               if f.encode_name == name)
+
+
 def identity(request: ForkRequest) -> bytes:
-    """What makes two requests under one request id "the same", as JSON:
-    ``[source, sessionId, count, sessionIds]`` (``null`` when absent), then ``boundary`` when given
-    (a request without it keeps the identity it had before boundaries existed).
+    """What makes two requests under one request id "the same", as JSON: the values of
+    ``IDENTITY_FIELDS`` (``null`` when absent), the last one (``boundary``) only when given (a
+    request without it keeps the identity it had before boundaries existed).
 
     ``requestId``, ``replyTo`` and ``traceparent`` are not part of it (a retry may listen
     elsewhere, or run in another trace). The worker keeps it in the request's record, where the
-    any-language enqueue script compares it.
+    enqueue script compares it.
     """
-    fields: tuple[Any, ...] = (request.source, request.session_id, request.count, request.session_ids)
-    if request.boundary is not UNSET:
-        fields = (*fields, request.boundary)
+    fields = [getattr(request, attr) for attr in _IDENTITY_ATTRS]
+    if fields[-1] is UNSET:
+        fields.pop()
     return _json.encode([None if f is UNSET else f for f in fields])
 
 

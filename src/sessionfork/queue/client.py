@@ -11,6 +11,7 @@ it again, or retrying after a time-out, never forks twice and always answers the
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from redis import Redis
 
@@ -19,6 +20,7 @@ from ..core.config import Settings
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, Reply
 from . import jobs, requests, tracing
+from .enqueue import Enqueuer, job_call
 from .outcomes import wait_for_reply
 
 
@@ -31,6 +33,7 @@ class Client:
         self.settings = settings or Settings()
         self.queue = jobs.make_queue(redis, self.settings)
         self._new_id = new_id
+        self._enqueue = Enqueuer(redis, self.settings)
 
     def request(self, source: str | LiveHandle, *, session_id: str | None = None,
                 session_ids: list[str] | None = None, count: int | None = None,
@@ -48,7 +51,7 @@ class Client:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op."""
         request, payload = requests.prepare(request, self._new_id)
         assert isinstance(request.request_id, str)
-        jobs.enqueue(self.queue, payload, request.request_id, self.settings)
+        self._enqueue(*job_call(request.request_id, payload, self.settings, datetime.now(UTC)))
         return request.request_id
 
     def wait(self, request: ForkRequest, timeout: float) -> Reply:
