@@ -34,10 +34,10 @@ from typing import Any
 
 import msgspec
 from msgspec import UNSET
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.exceptions import NoScriptError
 
-from ..core import keys, lua, rules, wire
+from ..core import connections, keys, lua, rules, wire
 from ..core.config import Settings
 from ..core.errors import ErrorCode
 from ..core.factories import new_request_id
@@ -69,8 +69,9 @@ class AsyncClient:
                  new_id: Callable[[], str] = new_request_id, recheck_every: float = 1.0,
                  **connection_kwargs: Any) -> AsyncClient:
         """A client that never holds more than ``max_connections`` connections (2 at least: the
-        subscription and one for commands); ``connection_kwargs`` go to the connection pool."""
-        pool = BlockingConnectionPool.from_url(url, max_connections=max(max_connections, 2), **connection_kwargs)
+        subscription and one for commands); ``connection_kwargs`` go to the connection pool. A
+        ``redis+sentinel://`` URL follows its primary's promotions."""
+        pool = connections.async_pool(url, max_connections=max(max_connections, 2), **connection_kwargs)
         return cls(Redis.from_pool(pool), settings, new_id=new_id, recheck_every=recheck_every)
 
     async def __aenter__(self) -> AsyncClient:
