@@ -273,10 +273,10 @@ class EmbeddedSentinel:
                  down_after_ms: int = 500, failover_timeout_ms: int = 3000, binary: str | None = None) -> None:
         self.binary = binary or find_server_binary()
         self.service = service
-        self.primary = EmbeddedServer(binary=self.binary)
-        self.replicas = [EmbeddedServer(binary=self.binary, extra_args=["--replicaof", "127.0.0.1",
-                                                                        str(self.primary.port)])
-                         for _ in range(replicas)]
+        fast_sync = ["--repl-diskless-sync-delay", "0"]  # a replica in sync at once, not after 5 s
+        self.primary = EmbeddedServer(binary=self.binary, extra_args=fast_sync)
+        self.replicas = [EmbeddedServer(binary=self.binary, extra_args=[
+            *fast_sync, "--replicaof", "127.0.0.1", str(self.primary.port)]) for _ in range(replicas)]
         monitor = (f"sentinel monitor {service} 127.0.0.1 {self.primary.port} {sentinels // 2 + 1}\n"
                    f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
                    f"sentinel failover-timeout {service} {failover_timeout_ms}\n"
@@ -300,9 +300,10 @@ class EmbeddedSentinel:
         return self
 
     def _ready(self) -> bool:
-        with self.primary.client() as c:
-            if c.info("replication").get("connected_slaves", 0) < len(self.replicas):
-                return False
+        for replica in self.replicas:
+            with replica.client() as c:
+                if c.info("replication").get("master_link_status") != "up":
+                    return False
         for node in self.sentinels:
             with node.client(decode_responses=True) as c:
                 state = c.execute_command("SENTINEL", "MASTER", self.service)
