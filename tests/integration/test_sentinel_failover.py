@@ -18,6 +18,7 @@ import time
 from collections import Counter
 
 import pytest
+import redis_sentinel_url
 from helpers import SETTINGS, clean_environ, cli_args, outcome_entries, stop, turn, wait_registered, worker_name
 from redis import Redis
 from rq.job import Job
@@ -93,6 +94,7 @@ def test_workers_and_clients_follow_a_sentinel_promotion_with_exactly_one_outcom
         workers = [subprocess.Popen(cli_args(url, "worker", "--name", n, "--log-level", "WARNING"),
                                     env=clean_environ(), stdin=subprocess.DEVNULL) for n in names]
         submitter = Submitter(url)
+        _, dashboard = redis_sentinel_url.connect(url)  # how rq-dashboard connects, with the same URL
         waiter_client = Client(queue_client(SETTINGS, url), SETTINGS)
         waited: ForkRequest = waiter_client.request("src")
         answer: list[Reply | BaseException] = []
@@ -161,6 +163,10 @@ def test_workers_and_clients_follow_a_sentinel_promotion_with_exactly_one_outcom
             assert promoted.info("replication")["role"] == "master"
         phases = Counter(submitter.ids.values())
         assert phases["before"] and phases["during"] and phases["after"] >= AFTER, phases
+        # rq-dashboard's connection, opened before the kill, reads the new primary.
+        assert dashboard.info("server")["tcp_port"] == replica
+        assert dashboard.hexists(keys.request(waited.request_id), "outcome")
+        dashboard.close()
         # Exactly one outcome each, all successes, and one child per request, never two.
         entries = outcome_entries(reader)
         per_request = Counter(e.request for e in entries)
