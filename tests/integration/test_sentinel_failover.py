@@ -62,15 +62,18 @@ class Submitter(threading.Thread):
 
 
 def submit_through(client: Client, request: ForkRequest) -> int:
-    """Submit ``request``, again with the same request id while no primary answers; returns the
-    number of failed tries."""
-    for tries in range(1000):
+    """Submit ``request``, again with the same request id while no primary answers (for up to
+    ``TIMEOUT`` seconds); returns the number of failed tries."""
+    deadline = time.monotonic() + TIMEOUT
+    tries = 0
+    while True:
         try:
             client.submit(request)
             return tries
         except TRANSIENT:
-            continue
-    raise AssertionError("no primary answered 1,000 submits")
+            tries += 1
+            if time.monotonic() > deadline:
+                raise
 
 
 def missing(reader: Redis, ids: list[str]) -> list[str]:
