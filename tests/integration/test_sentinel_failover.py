@@ -3,7 +3,7 @@ primary is SIGKILLed mid-load; the sentinels promote the replica, and everyone f
 restart. Every request submitted before the kill, during the election and after the promotion ends
 with exactly one outcome, no child is created twice, and a waiter that waited across the failover
 gets its reply. An ``AsyncClient.from_url`` client used before the kill forks again after the
-promotion; rq-dashboard's connection (the same URL) reads the new primary.
+promotion, the CLI forks through it, and rq-dashboard's connection (the same URL) reads it.
 
 With asynchronous replication, the last writes the dead primary acknowledged may be missing on the
 new one (docs/guarantees.md): a scheduler that has no outcome for a request resubmits it under the
@@ -193,7 +193,12 @@ def test_workers_and_clients_follow_a_sentinel_promotion_with_exactly_one_outcom
             waiter.join(TIMEOUT)
             async_scheduler.join(TIMEOUT)
             assert async_scheduler.error is None, async_scheduler.error
-            ids = [*submitter.ids, waited.request_id, *(str(r.request_id) for r in async_scheduler.requests)]
+            # The CLI, given the same URL, forks through the promoted primary.
+            cli = subprocess.run(cli_args(url, "fork", "src", "--request-id", "cli-after", "--wait", str(TIMEOUT)),
+                                 env=clean_environ(), capture_output=True, timeout=TIMEOUT, check=False)
+            assert cli.returncode == 0 and b'"ok":true' in cli.stdout.replace(b" ", b""), cli
+            ids = [*submitter.ids, waited.request_id, *(str(r.request_id) for r in async_scheduler.requests),
+                   "cli-after"]
             resubmitted: set[str] = set()
 
             def every_request_has_an_outcome() -> bool:

@@ -110,3 +110,10 @@ def test_the_asyncio_sentinel_pool_blocks_at_its_bound() -> None:
     assert pool.connection_kwargs["socket_timeout"] == 2.0
     for s in pool.sentinel_manager.sentinels:  # type: ignore[attr-defined]
         assert s.connection_pool.connection_kwargs["socket_timeout"] == 2.0
+
+
+def test_a_cluster_registry_client_refuses_a_sentinel_url() -> None:
+    from sessionfork.core import connections
+
+    with pytest.raises(ConfigError, match="Cluster"):
+        connections.registry_client(config.Settings(cluster=True), "redis+sentinel://a:1/svc")
