@@ -37,11 +37,11 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..core import keys, wire
+from ..core import connections, keys, wire
 from ..core.config import Settings
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, Reply
@@ -76,8 +76,9 @@ class AsyncClient:
                  new_id: Callable[[], str] = new_request_id, recheck_every: float = 1.0,
                  **connection_kwargs: Any) -> AsyncClient:
         """A client that never holds more than ``max_connections`` connections (2 at least: the
-        subscription and one for commands); ``connection_kwargs`` go to the connection pool."""
-        pool = BlockingConnectionPool.from_url(url, max_connections=max(max_connections - 1, 1), **connection_kwargs)
+        subscription and one for commands); ``connection_kwargs`` go to the connection pool. A
+        ``redis+sentinel://`` URL follows its primary's promotions."""
+        pool = connections.async_pool(url, max_connections=max(max_connections - 1, 1), **connection_kwargs)
         return cls(Redis.from_pool(pool), settings, new_id=new_id, recheck_every=recheck_every)
 
     async def __aenter__(self) -> AsyncClient:
