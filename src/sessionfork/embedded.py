@@ -93,10 +93,12 @@ class EmbeddedServer:
     """One server process on a free loopback port. Use as a context manager or call ``stop()``."""
 
     def __init__(self, *, binary: str | None = None, port: int | None = None,
-                 extra_args: Sequence[str] = (), directory: Path | None = None) -> None:
+                 extra_args: Sequence[str] = (), directory: Path | None = None,
+                 config: str | None = None) -> None:
         self.binary = binary or find_server_binary()
         self.port = port or free_port()
         self.extra_args = list(extra_args)
+        self.config = config  # a config file's text (a sentinel needs a writable one)
         self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="sessionfork-redis-")
         self.directory = directory or Path(self._tmp.name)  # type: ignore[union-attr]
         self.process: subprocess.Popen[bytes] | None = None
@@ -109,7 +111,11 @@ class EmbeddedServer:
         return Redis(host="127.0.0.1", port=self.port, **kwargs)  # type: ignore[arg-type]
 
     def start(self, timeout: float = 10.0) -> EmbeddedServer:
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+        head = [self.binary]
+        if self.config is not None:
+            (self.directory / "server.conf").write_text(self.config)
+            head.append(str(self.directory / "server.conf"))
+        args = [*head, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                 "--appendonly", "no", "--dir", str(self.directory), "--daemonize", "no",
                 "--protected-mode", "no", "--loglevel", "warning",
                 "--logfile", str(self.directory / "server.log"), *self.extra_args]
@@ -252,6 +258,77 @@ class EmbeddedCluster:
             node.close()
 
     def __enter__(self) -> EmbeddedCluster:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class EmbeddedSentinel:
+    """A primary, ``replicas`` replicas and ``sentinels`` sentinels (quorum: a majority) watching it
+    as ``service``, with failover timings short enough for tests. ``url`` is its Sentinel URL."""
+
+    def __init__(self, replicas: int = 1, sentinels: int = 3, *, service: str = "sessionfork",
+                 down_after_ms: int = 500, failover_timeout_ms: int = 3000, binary: str | None = None) -> None:
+        self.binary = binary or find_server_binary()
+        self.service = service
+        fast_sync = ["--repl-diskless-sync-delay", "0"]  # a replica in sync at once, not after 5 s
+        self.primary = EmbeddedServer(binary=self.binary, extra_args=fast_sync)
+        self.replicas = [EmbeddedServer(binary=self.binary, extra_args=[
+            *fast_sync, "--replicaof", "127.0.0.1", str(self.primary.port)]) for _ in range(replicas)]
+        monitor = (f"sentinel monitor {service} 127.0.0.1 {self.primary.port} {sentinels // 2 + 1}\n"
+                   f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
+                   f"sentinel failover-timeout {service} {failover_timeout_ms}\n"
+                   f"sentinel parallel-syncs {service} 1\n")
+        self.sentinels = [EmbeddedServer(binary=self.binary, config=monitor, extra_args=["--sentinel"])
+                          for _ in range(sentinels)]
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
+        return f"redis+sentinel://{hosts}/{self.service}/0"
+
+    def start(self, timeout: float = 30.0) -> EmbeddedSentinel:
+        try:
+            for node in [self.primary, *self.replicas, *self.sentinels]:
+                node.start()
+            wait_until(self._ready, timeout, f"{len(self.sentinels)} sentinels to see each other and the replicas")
+        except BaseException:
+            self.close()  # nothing of a half-started setup is left running
+            raise
+        return self
+
+    def _ready(self) -> bool:
+        for replica in self.replicas:
+            with replica.client() as c:
+                if c.info("replication").get("master_link_status") != "up":
+                    return False
+        for node in self.sentinels:
+            with node.client(decode_responses=True) as c:
+                state = c.execute_command("SENTINEL", "MASTER", self.service)
+                fields = dict(zip(state[::2], state[1::2], strict=True)) if isinstance(state, list) else state
+                if (int(fields["num-other-sentinels"]) < len(self.sentinels) - 1
+                        or int(fields["num-slaves"]) < len(self.replicas)):
+                    return False
+        return True
+
+    def primary_port(self) -> int | None:
+        """The primary's port as the first answering sentinel reports it (``None``: none answers)."""
+        for node in self.sentinels:
+            try:
+                with node.client(socket_timeout=1.0, decode_responses=True) as c:
+                    _, port = c.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.service)
+                    return int(port)
+            except (RedisConnectionError, ResponseError):
+                continue
+        return None
+
+    def close(self) -> None:
+        for node in [*self.sentinels, self.primary, *self.replicas]:
+            node.close()
+
+    def __enter__(self) -> EmbeddedSentinel:
         return self.start()
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

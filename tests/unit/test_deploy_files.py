@@ -55,3 +55,28 @@ def test_ci_is_one_call_of_the_test_command_with_ci_set() -> None:
              if line.strip() and not line.startswith("#")]
     assert lines == ['cd "$(dirname "$0")/.." && CI="${CI:-true}" exec python3 run.py test']
     assert "Debian's `chromium`" in (ROOT / "README.md").read_text()
+
+
+def test_compose_sentinel_variant_points_workers_and_dashboard_at_the_monitored_primary() -> None:
+    """docker-compose.sentinel.yml: a replica of ``redis``, three sentinels watching it under the
+    service the workers' and the dashboard's one Sentinel URL names, a quorum of two."""
+    from sessionfork.core.config import parse_sentinel_url
+
+    base = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    override = yaml.safe_load((ROOT / "docker-compose.sentinel.yml").read_text())["services"]
+    url = override["worker"]["environment"]["REDIS_URL"]
+    parsed = parse_sentinel_url(url, "REDIS_URL")
+    sentinels = [name for name in override if name.startswith("sentinel-")]
+    assert [host for host, _ in parsed.sentinels] == sentinels and len(sentinels) == 3
+    for name in sentinels:
+        script = override[name]["command"][-1]
+        assert f"'sentinel monitor {parsed.service} redis 6379 2'" in script
+        assert script.endswith("--sentinel") and "port 26379" in script
+        assert override[name]["healthcheck"]["test"][-1] == "ping"
+    replica = override["redis-replica"]["command"]
+    assert replica[replica.index("--replicaof") + 1:][:2] == ["redis", "6379"]
+    assert all(override["worker"]["depends_on"][s]["condition"] == "service_healthy" for s in sentinels)
+    dashboard = override["dashboard"]["command"]
+    assert dashboard[dashboard.index("--redis-url") + 1] == url
+    assert set(base["dashboard"]["command"]) - {base["dashboard"]["command"][2]} <= set(dashboard)
+    assert "redis" in base and "worker" in base  # the override adds to the base file's services

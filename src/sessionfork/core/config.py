@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 
@@ -18,9 +18,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Service settings. Each field's environment variable is in ``ENV``."""
 
     redis_url: str | None = None
-    """Registry server (``REDIS_URL``); ``rediss://`` for TLS. ``None``: the demo's embedded one."""
+    """Registry server (``REDIS_URL``); ``rediss://`` for TLS, ``redis+sentinel://`` for a primary
+    found through Sentinel. ``None``: the demo's embedded one."""
     queue_url: str | None = None
-    """Queue server for RQ, outcomes and replies (``SESSIONFORK_QUEUE_URL``); default: redis_url."""
+    """Queue server for RQ, outcomes and replies (``SESSIONFORK_QUEUE_URL``, any URL form of
+    ``redis_url``); default: redis_url."""
+    queue_urls: tuple[str, ...] | None = None
+    """Sharded queue: one independent queue server per shard, in shard order
+    (``SESSIONFORK_QUEUE_URLS``, comma-separated; each any URL form of ``redis_url``). A request
+    lives on shard ``queue.shards.shard_of(request_id, len(queue_urls))``. Excludes ``queue_url``."""
+    shard: int | None = None
+    """The shard a worker serves, 0-based (``SESSIONFORK_SHARD``); required by a worker when
+    ``queue_urls`` lists more than one server."""
     cluster: bool = False
     """Registry is a Redis Cluster (``SESSIONFORK_CLUSTER=1``)."""
     tls_ca_file: str | None = None
@@ -75,6 +84,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 ENV: Mapping[str, str] = {
     "redis_url": "REDIS_URL",
     "queue_url": "SESSIONFORK_QUEUE_URL",
+    "queue_urls": "SESSIONFORK_QUEUE_URLS",
+    "shard": "SESSIONFORK_SHARD",
     "cluster": "SESSIONFORK_CLUSTER",
     "tls_ca_file": "SESSIONFORK_TLS_CA_FILE",
     "queue": "SESSIONFORK_QUEUE",
@@ -120,7 +131,9 @@ BOUNDS: Mapping[str, tuple[float, float]] = {
     "connect_timeout": (0.1, 3600),
 }
 """The range of every numeric setting, inclusive; any value outside it is a ``ConfigError``."""
-URL_SCHEMES = ("redis", "rediss", "unix")
+URL_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+SENTINEL_PORT = 26379
 NAME_MAX_LENGTH = 256
 
 
@@ -135,6 +148,8 @@ def from_environ(environ: Mapping[str, str], **overrides: Any) -> Settings:
         if environ.get(var):
             raw[field] = environ[var]
     raw.update({k: v for k, v in overrides.items() if v is not None})
+    if isinstance(raw.get("queue_urls"), str):
+        raw["queue_urls"] = [part.strip() for part in raw["queue_urls"].split(",")]
     try:
         settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
@@ -153,6 +168,10 @@ def from_environ(environ: Mapping[str, str], **overrides: Any) -> Settings:
         url = getattr(settings, field)
         if url is not None:
             check_url(url, ENV[field])
+    _check_shards(settings)
+    if settings.cluster and settings.redis_url and settings.redis_url.partition("://")[0] in SENTINEL_SCHEMES:
+        raise ConfigError(f"{ENV['cluster']} and a Sentinel {ENV['redis_url']} exclude each other: a cluster "
+                          "fails over by itself")
     for field in ("queue", "reply_channel"):
         name = getattr(settings, field)
         if not 0 < len(name) <= NAME_MAX_LENGTH or not name.isascii() or not name.isprintable() or " " in name:
@@ -161,24 +180,117 @@ def from_environ(environ: Mapping[str, str], **overrides: Any) -> Settings:
     return settings
 
 
+def with_shard(settings: Settings, shard: int | None) -> Settings:
+    """``settings`` serving ``shard`` (``None``: unchanged), checked as ``from_environ`` checks it."""
+    if shard is None:
+        return settings
+    settings = msgspec.structs.replace(settings, shard=shard)
+    _check_shards(settings)
+    return settings
+
+
+def _check_shards(settings: Settings) -> None:
+    urls, shard = settings.queue_urls, settings.shard
+    if urls is not None:
+        if settings.queue_url is not None:
+            raise ConfigError(f"{ENV['queue_url']} and {ENV['queue_urls']} exclude each other: give one")
+        if not urls or any(not url for url in urls):
+            raise ConfigError(f"{ENV['queue_urls']} must list one or more queue server URLs, comma-separated, "
+                              "without empty entries")
+        for url in urls:
+            check_url(url, ENV["queue_urls"])
+        if len(set(urls)) != len(urls):
+            raise ConfigError(f"{ENV['queue_urls']} lists a server twice: each shard needs its own server")
+    count = len(urls) if urls else 1
+    if shard is not None and not 0 <= shard < count:
+        raise ConfigError(f"{ENV['shard']} must be between 0 and {count - 1} ({ENV['queue_urls']} lists "
+                          f"{count} server(s)), got {shard}")
+
+
+class SentinelURL(msgspec.Struct, frozen=True, kw_only=True):
+    """A parsed ``redis+sentinel://`` URL: where the sentinels are, which service, how to log in."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    """The sentinels' (host, port), in URL order; the port defaults to 26379."""
+    service: str
+    """The monitored primary's name (``sentinel monitor <service> ...``)."""
+    db: int = 0
+    username: str | None = None
+    password: str | None = None
+    """Credentials of the data nodes (the primary and its replicas), not of the sentinels."""
+    tls: bool = False
+    """``rediss+sentinel://``: TLS to the data nodes (the sentinels are spoken to in plain TCP)."""
+
+
+def parse_sentinel_url(url: str, what: str = "URL") -> SentinelURL:
+    """``redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/<service>[/db]``, parsed.
+
+    Hosts are names, IPv4 addresses or bracketed IPv6 addresses (``[::1]:26379``). ``ConfigError``
+    (naming ``what``, never the password) for another scheme, no host, a port outside 1-65535, no
+    service, a database that is not a number, or anything after the database.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in SENTINEL_SCHEMES:
+        raise ConfigError(f"{what} must be a redis+sentinel:// or rediss+sentinel:// URL, got {redacted(url)!r}")
+    netloc, _, path = rest.partition("/")
+    netloc, _, _query = netloc.partition("?")
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, secret = userinfo.partition(":")
+        username, password = (unquote(user) or None), (unquote(secret) if colon else None)
+        if not colon:  # "secret@host": the whole user info is the password, as Kombu reads it
+            username, password = None, unquote(user)
+    sentinels = tuple(_sentinel_address(part, what, url) for part in hosts.split(","))
+    service, _, db = path.split("?")[0].partition("/")
+    if not service:
+        raise ConfigError(f"{what} must name the Sentinel service after the hosts (…/mymaster), got {redacted(url)!r}")
+    if db.endswith("/"):
+        db = db[:-1]
+    if db and not (db.isascii() and db.isdigit()):
+        raise ConfigError(f"{what} must end in /<service> or /<service>/<db number>, got {redacted(url)!r}")
+    return SentinelURL(sentinels=sentinels, service=unquote(service), db=int(db or 0), username=username,
+                       password=password, tls=scheme == "rediss+sentinel")
+
+
+def _sentinel_address(part: str, what: str, url: str) -> tuple[str, int]:
+    host, port = part, ""
+    if part.startswith("["):  # [IPv6]:port
+        host, bracket, tail = part[1:].partition("]")
+        if not bracket or (tail and not tail.startswith(":")):
+            raise ConfigError(f"{what} has a malformed IPv6 host {part!r}: {redacted(url)!r}")
+        port = tail[1:]
+    elif ":" in part:
+        host, _, port = part.rpartition(":")
+    if not host or (":" in host and not part.startswith("[")):
+        raise ConfigError(f"{what} must list sentinels as host:port[,host:port...], got {redacted(url)!r}")
+    if part.endswith(":") or (port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535)):
+        raise ConfigError(f"{what} has a sentinel port outside 1-65535 ({port!r}): {redacted(url)!r}")
+    return host, int(port) if port else SENTINEL_PORT
+
+
 def check_url(url: str, what: str) -> str:
     """Return ``url`` or raise ``ConfigError``: a ``redis://``, ``rediss://`` or ``unix://`` URL
-    whose port (if any) is 1-65535 and whose database (if any) is a number."""
+    whose port (if any) is 1-65535 and whose database (if any) is a number, or a Sentinel URL
+    that ``parse_sentinel_url`` accepts."""
+    if url.partition("://")[0] in SENTINEL_SCHEMES:
+        parse_sentinel_url(url, what)
+        return url
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise ConfigError(f"{what} is not a usable Redis URL ({exc}): {_redacted(url)!r}") from None
+        raise ConfigError(f"{what} is not a usable Redis URL ({exc}): {redacted(url)!r}") from None
     if parts.scheme not in URL_SCHEMES:
-        raise ConfigError(f"{what} must be a {', '.join(s + '://' for s in URL_SCHEMES)} URL, got {_redacted(url)!r}")
+        raise ConfigError(f"{what} must be a {', '.join(s + '://' for s in URL_SCHEMES)} URL, got {redacted(url)!r}")
     if parts.scheme != "unix":
         db = parts.path.lstrip("/")
         if not parts.hostname or port == 0 or (db and not db.isdigit()):
-            raise ConfigError(f"{what} must name a host, a port 1-65535 and a database number, got {_redacted(url)!r}")
+            raise ConfigError(f"{what} must name a host, a port 1-65535 and a database number, got {redacted(url)!r}")
     return url
 
 
-def _redacted(url: str) -> str:
+def redacted(url: str) -> str:
     """``url`` without its password (error messages end up in logs)."""
     head, at, tail = url.rpartition("@")
     return f"{head.rpartition(':')[0] or head}:***@{tail}" if at else url

@@ -3,6 +3,12 @@
 TLS: a ``rediss://`` URL connects over TLS, verifying the server against ``tls_ca_file`` when it
 is set (else the system's CA store).
 
+Sentinel: a ``redis+sentinel://`` URL (``config.parse_sentinel_url``) gives a client whose pool
+asks the sentinels for the service's primary on every new connection (redis-py's
+``SentinelConnectionPool``): after a promotion, the retried command reconnects to the new primary,
+so nothing needs a restart. A connection that lands on a demoted primary (a read-only replica) is
+dropped and retried the same way. The time-outs below bound the sentinels' connections too.
+
 Bounds: every client has ``settings.socket_timeout`` per command and ``settings.connect_timeout``
 per connection, so a frozen server (or a TLS client talking to a plain server) fails a command
 within those seconds instead of hanging. A dropped connection is retried a few times with
@@ -18,14 +24,19 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from redis import Redis
+from redis.asyncio import BlockingConnectionPool as AsyncBlockingPool
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, ClusterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
-from .config import Settings
+from .config import SENTINEL_SCHEMES, ConfigError, SentinelURL, Settings, parse_sentinel_url
 
 T = TypeVar("T")
 
@@ -55,18 +66,68 @@ def _options(url: str, settings: Settings) -> dict[str, Any]:
         "socket_timeout": settings.socket_timeout,
         "socket_connect_timeout": settings.connect_timeout,
     }
-    if url.startswith("rediss://") and settings.tls_ca_file:
+    if url.startswith(("rediss://", "rediss+sentinel://")) and settings.tls_ca_file:
         options["ssl_ca_certs"] = settings.tls_ca_file
     return options
+
+
+def is_sentinel_url(url: str) -> bool:
+    """``url`` names a primary through Sentinel (``redis+sentinel://`` or ``rediss+sentinel://``)."""
+    return url.partition("://")[0] in SENTINEL_SCHEMES
+
+
+def _sentinel_kwargs(settings: Settings) -> dict[str, Any]:
+    # The sentinels' own connections: bounded like every other, no credentials (the URL's are the
+    # data nodes'). A dead sentinel is skipped by the pool, so no retry is needed here.
+    return {"socket_timeout": settings.socket_timeout, "socket_connect_timeout": settings.connect_timeout}
+
+
+def _node_kwargs(parsed: SentinelURL) -> dict[str, Any]:
+    return {"db": parsed.db, "username": parsed.username, "password": parsed.password, "ssl": parsed.tls}
+
+
+def sentinel_client(settings: Settings, url: str) -> Redis:
+    """A ``Redis`` on the current primary of the Sentinel ``url``, following its promotions."""
+    parsed = parse_sentinel_url(url)
+    sentinel = Sentinel(list(parsed.sentinels), sentinel_kwargs=_sentinel_kwargs(settings))  # type: ignore[no-untyped-call]
+    client: Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+        parsed.service, **_options(url, settings), **_node_kwargs(parsed))
+    return client
+
+
+class _AsyncBlockingSentinelPool(AsyncSentinelPool, AsyncBlockingPool):
+    """The asyncio Sentinel pool that waits for a free connection at ``max_connections`` (as
+    ``BlockingConnectionPool``) instead of failing."""
+
+
+def async_pool(url: str, *, max_connections: int, **connection_kwargs: Any) -> AsyncBlockingPool:
+    """An asyncio pool of at most ``max_connections`` connections for any URL this module takes;
+    a Sentinel URL's pool follows its primary's promotions (``connection_kwargs`` go to the data
+    nodes' connections; their ``socket_*`` time-outs bound the sentinels' connections too)."""
+    if not is_sentinel_url(url):
+        return AsyncBlockingPool.from_url(url, max_connections=max_connections, **connection_kwargs)
+    parsed = parse_sentinel_url(url)
+    bounds = {k: v for k, v in connection_kwargs.items() if k in ("socket_timeout", "socket_connect_timeout")}
+    sentinel = AsyncSentinel(list(parsed.sentinels), sentinel_kwargs=bounds)  # type: ignore[no-untyped-call]
+    client: AsyncRedis = sentinel.master_for(parsed.service, connection_pool_class=_AsyncBlockingSentinelPool,
+                                             max_connections=max_connections,
+                                             **{**_node_kwargs(parsed), **connection_kwargs})
+    pool: AsyncBlockingPool = client.connection_pool  # type: ignore[assignment]
+    return pool
 
 
 def registry_client(settings: Settings, url: str) -> Redis | RedisCluster:
     """The registry's client: a ``RedisCluster`` when ``settings.cluster``, else a ``Redis``."""
     if settings.cluster:
+        if is_sentinel_url(url):
+            raise ConfigError("a Redis Cluster is not reached through Sentinel: give a cluster node's redis:// URL")
         return RedisCluster.from_url(url, **_options(url, settings))
-    return Redis.from_url(url, **_options(url, settings))
+    return queue_client(settings, url)
 
 
 def queue_client(settings: Settings, url: str) -> Redis:
-    """The queue server's client (RQ, outcomes, replies). RQ needs one primary, never a cluster."""
+    """The queue server's client (RQ, outcomes, replies). RQ needs one primary, never a cluster;
+    a Sentinel URL gives the client of its current primary."""
+    if is_sentinel_url(url):
+        return sentinel_client(settings, url)
     return Redis.from_url(url, **_options(url, settings))

@@ -25,6 +25,11 @@ no waiter needs any more.
 Connections: the subscription has one connection of its own (same server and options as
 ``redis``'s pool) for the client's life; commands share ``redis``'s pool.
 ``AsyncClient.from_url(url, max_connections=4)`` never opens more than 4 (3 for commands).
+
+A sharded queue: give one ``redis`` per queue server, in shard order (``AsyncClient([r0, r1])`` or
+``AsyncClient.from_urls([...])``); a request is enqueued and awaited on the shard
+``shards.shard_of(request_id, n)`` names. Each shard has its own subscription (opened when a
+waiter first needs it) and its own pool; ``max_connections`` bounds each shard's.
 """
 
 from __future__ import annotations
@@ -32,21 +37,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..core import keys, lua, wire
+from ..core import connections, keys, lua, wire
 from ..core.config import Settings
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, Reply
-from . import requests, tracing
+from . import requests, shards, tracing
 from .outcomes import OUTCOME_FIELDS, verdict
 from .rq_seam import layout as rq_layout
 from .subscriptions import ReplyRouter
@@ -63,14 +68,18 @@ class AsyncClient:
     All of ``request``, ``submit``, ``wait`` and ``fork`` are coroutines (``request`` does no I/O).
     """
 
-    def __init__(self, redis: Redis, settings: Settings | None = None, *,
+    def __init__(self, redis: Redis | Sequence[Redis], settings: Settings | None = None, *,
                  new_id: Callable[[], str] = new_request_id, recheck_every: float = 1.0) -> None:
-        self.redis = redis
+        self.shards = [redis] if isinstance(redis, Redis) else list(redis)
+        if not self.shards:
+            raise ValueError("an AsyncClient needs at least one queue server")
         self.settings = settings or Settings()
-        self.replies = ReplyRouter(redis)
+        self.routers = [ReplyRouter(shard) for shard in self.shards]
+        self.redis, self.replies = self.shards[0], self.routers[0]
         self.recheck_every = recheck_every
         self._new_id = new_id
-        self._enqueue = redis.register_script(lua.source("enqueue.lua", __package__))
+        script = lua.source("enqueue.lua", __package__)
+        self._scripts = [shard.register_script(script) for shard in self.shards]
         self._queue_key = rq_layout.queue_key(self.settings.queue)
 
     @classmethod
@@ -78,9 +87,26 @@ class AsyncClient:
                  new_id: Callable[[], str] = new_request_id, recheck_every: float = 1.0,
                  **connection_kwargs: Any) -> AsyncClient:
         """A client that never holds more than ``max_connections`` connections (2 at least: the
-        subscription and one for commands); ``connection_kwargs`` go to the connection pool."""
-        pool = BlockingConnectionPool.from_url(url, max_connections=max(max_connections - 1, 1), **connection_kwargs)
+        subscription and one for commands); ``connection_kwargs`` go to the connection pool. A
+        ``redis+sentinel://`` URL follows its primary's promotions."""
+        pool = connections.async_pool(url, max_connections=max(max_connections - 1, 1), **connection_kwargs)
         return cls(Redis.from_pool(pool), settings, new_id=new_id, recheck_every=recheck_every)
+
+    @classmethod
+    def from_urls(cls, urls: str | Sequence[str], settings: Settings | None = None, *, max_connections: int = 4,
+                  new_id: Callable[[], str] = new_request_id, recheck_every: float = 1.0,
+                  **connection_kwargs: Any) -> AsyncClient:
+        """A client of the queue servers at ``urls`` (a list, or one comma-separated string), in
+        shard order; ``max_connections`` and ``connection_kwargs`` apply to each shard as in
+        ``from_url``."""
+        listed = urls.split(",") if isinstance(urls, str) else list(urls)
+        pools = [connections.async_pool(url.strip(), max_connections=max(max_connections - 1, 1),
+                                        **connection_kwargs) for url in listed]
+        return cls([Redis.from_pool(pool) for pool in pools], settings, new_id=new_id, recheck_every=recheck_every)
+
+    def shard_of(self, request_id: str) -> int:
+        """The shard (index into ``shards``) that holds ``request_id``."""
+        return shards.shard_of(request_id, len(self.shards))
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -90,9 +116,10 @@ class AsyncClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Drop the subscription and close the connections."""
-        await self.replies.aclose()
-        await self.redis.aclose()
+        """Drop the subscriptions and close the connections."""
+        for router, redis in zip(self.routers, self.shards, strict=True):
+            await router.aclose()
+            await redis.aclose()
 
     async def request(self, source: str | LiveHandle, *, session_id: str | None = None,
                       session_ids: list[str] | None = None, count: int | None = None,
@@ -112,7 +139,8 @@ class AsyncClient:
         assert isinstance(request.request_id, str)
         job_keys = self._job_keys(request.request_id)
         deadline = asyncio.get_running_loop().time() + SUBMIT_RETRY_FOR
-        await _again(lambda: self._enqueue(keys=job_keys, args=args), deadline)
+        enqueue = self._scripts[self.shard_of(request.request_id)]
+        await _again(lambda: enqueue(keys=job_keys, args=args), deadline)
         return request.request_id
 
     async def wait(self, request: ForkRequest, timeout: float) -> Reply:
@@ -124,7 +152,8 @@ class AsyncClient:
         """
         assert isinstance(request.request_id, str), "submit() the request first"
         deadline = asyncio.get_running_loop().time() + timeout
-        async with self.replies.expect(request.request_id, self._channel(request), deadline) as woken:
+        router = self.routers[self.shard_of(request.request_id)]
+        async with router.expect(request.request_id, self._channel(request), deadline) as woken:
             return await self._answer(request, woken, None, deadline, timeout)
 
     async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
@@ -138,21 +167,24 @@ class AsyncClient:
         request, args = self._job(request)
         assert isinstance(request.request_id, str)
         deadline = asyncio.get_running_loop().time() + timeout
-        async with self.replies.expect(request.request_id, self._channel(request), deadline) as woken:
+        router = self.routers[self.shard_of(request.request_id)]
+        async with router.expect(request.request_id, self._channel(request), deadline) as woken:
             first = await _again(lambda: self._enqueue_and_read(request.request_id, args), deadline)
             return await self._answer(request, woken, first, deadline, timeout)
 
     async def _enqueue_and_read(self, request_id: Any, args: list[Any]) -> list[Any]:
         """The enqueue script and the first read of the stored outcome, in one round trip."""
         job_keys = self._job_keys(request_id)
+        shard = self.shard_of(request_id)
+        redis, enqueue = self.shards[shard], self._scripts[shard]
         for attempt in (1, 2):
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.evalsha(self._enqueue.sha, len(job_keys), *job_keys, *args)
+            pipe = redis.pipeline(transaction=False)
+            pipe.evalsha(enqueue.sha, len(job_keys), *job_keys, *args)
             pipe.hmget(keys.request(request_id), list(OUTCOME_FIELDS))
             enqueued, first = await pipe.execute(raise_on_error=False)
             if not isinstance(enqueued, NoScriptError) or attempt == 2:
                 break
-            self._enqueue.sha = await self.redis.script_load(self._enqueue.script)
+            enqueue.sha = await redis.script_load(enqueue.script)
         for result in (enqueued, first):
             if isinstance(result, Exception):
                 raise result
@@ -179,12 +211,13 @@ class AsyncClient:
         dropped connection) is sent again soon, until the deadline."""
         assert isinstance(request.request_id, str)
         rid, digest = request.request_id, wire.digest(request)
+        redis = self.shards[self.shard_of(rid)]
         loop = asyncio.get_running_loop()
         stored, retry_in = first, _RETRY_FIRST
         while True:
             if stored is None:
                 try:
-                    stored = await self.redis.hmget(keys.request(rid), list(OUTCOME_FIELDS))
+                    stored = await redis.hmget(keys.request(rid), list(OUTCOME_FIELDS))
                 except RETRYABLE as exc:
                     log.info("reading the outcome of %s failed (%s); reading it again", rid, exc)
             if stored is not None:

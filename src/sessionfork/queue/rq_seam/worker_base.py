@@ -152,7 +152,11 @@ class SeamWorker(SimpleWorker):
             job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
             self._cleanup_execution(job, pipe, execution)
             super().set_state(WorkerStatus.IDLE, pipeline=pipe)
-            pipe.execute()
+            try:
+                pipe.execute()
+            except BaseException:
+                self.execution = execution  # not cleaned up after all: a retried finish needs it
+                raise
 
     def fail(self, job: Job, queue: Queue, exc_string: str, *, exc_info: Any = None, retry: bool = True) -> None:
         """RQ's failure path: exception handlers (with ``exc_info``), then retried when the job has

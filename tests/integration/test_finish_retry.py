@@ -1,0 +1,57 @@
+"""A worker whose success bookkeeping fails mid-way (the primary died with the pipeline in flight,
+and the promoted replica lacks the job's execution record, as in a Sentinel failover) runs it
+again and goes on; it used to drop the job's execution on the first try and quit on the retry."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from rq.job import Job
+
+from sessionfork import NewEvent, Registry
+from sessionfork.core.config import Settings
+from sessionfork.queue import jobs
+from sessionfork.queue.client import Client
+from sessionfork.queue.outcomes import Outcomes
+from sessionfork.queue.requests import Limits
+from sessionfork.queue.service import ForkService
+from sessionfork.queue.worker import ForkWorker
+
+
+class PrimaryDiesInFinish(ForkWorker):
+    """The first success pipeline fails after the execution's clean-up was queued in it."""
+
+    failed_finishes = 0
+
+    def _cleanup_execution(self, job: Job, pipe: Any, execution: Any) -> None:
+        super()._cleanup_execution(job, pipe, execution)
+        if self.failed_finishes:
+            return
+
+        def primary_dies() -> None:
+            self.failed_finishes += 1
+            # The promoted replica never got the start's writes: RQ 3's worker then has no
+            # execution to fall back on but the one it holds.
+            self.connection.delete(self.executions_key)
+            raise RedisConnectionError("the primary went away with the pipeline in flight")
+
+        pipe.execute = primary_dies
+
+
+def test_a_finish_that_failed_mid_pipeline_is_run_again_and_the_worker_goes_on(redis: Redis,
+                                                                              registry: Registry) -> None:
+    registry.append(registry.create("src"), [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
+    client = Client(redis)
+    ids = [client.submit(client.request("src", session_id=f"c{i}")) for i in range(2)]
+    service = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
+                          limits=Limits(max_fanout=16))
+    worker = PrimaryDiesInFinish([jobs.make_queue(redis, Settings())], service=service, connection=redis,
+                                 abandoned_after=30)
+    assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
+    assert worker.failed_finishes == 1  # the failure happened
+    assert [Job.fetch(r, connection=redis, serializer=jobs.JSONSerializer).get_status() for r in ids] == \
+        ["finished", "finished"]
+    assert [service.outcomes.get(r).ok for r in ids] == [True, True]  # type: ignore[union-attr]
+    assert jobs.make_queue(redis, Settings()).started_job_registry.count == 0  # nothing left started

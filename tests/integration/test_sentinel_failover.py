@@ -1,0 +1,185 @@
+"""Sentinel: two workers and a scheduler reach one server through ``redis+sentinel://``; its
+primary is SIGKILLed mid-load; the sentinels promote the replica, and everyone follows without a
+restart. Every request submitted before the kill, during the election and after the promotion ends
+with exactly one outcome, no child is created twice, and a waiter that waited across the failover
+gets its reply.
+
+With asynchronous replication, the last writes the dead primary acknowledged may be missing on the
+new one (docs/guarantees.md): a scheduler that has no outcome for a request resubmits it under the
+same request id, which is a no-op for any request the new primary still knows. The test does what
+that scheduler does and counts the resubmissions that were needed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections import Counter
+
+import pytest
+import redis_sentinel_url
+from helpers import SETTINGS, clean_environ, cli_args, outcome_entries, stop, turn, wait_registered, worker_name
+from redis import Redis
+from rq.job import Job
+
+from sessionfork.core import keys
+from sessionfork.core.connections import TRANSIENT, queue_client
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import ForkRequest, ForkResult, Reply
+from sessionfork.embedded import EmbeddedSentinel, wait_until
+from sessionfork.queue.client import Client
+
+TIMEOUT = 60.0
+AFTER = 30  # requests submitted after the promotion
+BURST = 40  # requests submitted just before the kill
+
+
+class Submitter(threading.Thread):
+    """A scheduler submitting a steady stream of forks of ``src`` until stopped; each request is
+    stamped with the phase it was submitted in (a submit failing while no primary answers is
+    retried with the same request id)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.client = Client(queue_client(SETTINGS, url), SETTINGS)
+        self.phase = "before"
+        self.ids: dict[str, str] = {}  # request id -> phase at the start of its submit
+        self.retried = 0
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            phase = self.phase
+            request = self.client.request("src")
+            self.retried += submit_through(self.client, request)
+            assert isinstance(request.request_id, str)
+            self.ids[request.request_id] = phase
+            self.stopping.wait(0.01)  # pacing: a steady load, not synchronisation
+
+    def in_phase(self, phase: str) -> list[str]:
+        return [r for r, p in list(self.ids.items()) if p == phase]
+
+
+def submit_through(client: Client, request: ForkRequest) -> int:
+    """Submit ``request``, again with the same request id while no primary answers; returns the
+    number of failed tries."""
+    for tries in range(1000):
+        try:
+            client.submit(request)
+            return tries
+        except TRANSIENT:
+            continue
+    raise AssertionError("no primary answered 1,000 submits")
+
+
+def missing(reader: Redis, ids: list[str]) -> list[str]:
+    pipe = reader.pipeline(transaction=False)
+    for r in ids:
+        pipe.hexists(keys.request(r), "outcome")
+    return [r for r, done in zip(ids, pipe.execute(), strict=True) if not done]
+
+
+@pytest.mark.slow
+def test_workers_and_clients_follow_a_sentinel_promotion_with_exactly_one_outcome_each() -> None:
+    started = time.monotonic()
+    with EmbeddedSentinel(replicas=1, sentinels=3) as setup:
+        url = setup.url
+        old_primary, replica = setup.primary.port, setup.replicas[0].port
+        assert setup.primary_port() == old_primary
+        reader = queue_client(SETTINGS, url)  # the test's own view, through the sentinels too
+        registry = Registry(reader)
+        registry.append(registry.create("src"), turn(1))
+        names = [worker_name("sentinel") for _ in range(2)]
+        workers = [subprocess.Popen(cli_args(url, "worker", "--name", n, "--log-level", "WARNING"),
+                                    env=clean_environ(), stdin=subprocess.DEVNULL) for n in names]
+        submitter = Submitter(url)
+        _, dashboard = redis_sentinel_url.connect(url)  # how rq-dashboard connects, with the same URL
+        waiter_client = Client(queue_client(SETTINGS, url), SETTINGS)
+        waited: ForkRequest = waiter_client.request("src")
+        answer: list[Reply | BaseException] = []
+
+        def wait_across_the_failover() -> None:
+            try:
+                answer.append(waiter_client.wait(waited, TIMEOUT))
+            except BaseException as exc:  # reported by the main thread
+                answer.append(exc)
+
+        waiter = threading.Thread(target=wait_across_the_failover, daemon=True)
+        try:
+            for name in names:
+                wait_registered(reader, name, TIMEOUT)
+            submitter.start()
+            wait_until(lambda: reader.xlen(keys.OUTCOME_STREAM) >= 30, TIMEOUT, "the workers to be busy")
+            waiter.start()
+            direct = setup.primary.client()
+            wait_until(lambda: direct.pubsub_numsub(SETTINGS.reply_channel)[0][1] >= 1, TIMEOUT,
+                       "the waiter to listen")
+            # Where the kill lands: a burst just queued, so requests are queued or running on the
+            # primary that dies.
+            for _ in range(BURST):
+                submitter.ids[waiter_client.submit(waiter_client.request("src"))] = "before"
+            outstanding = missing(direct, submitter.in_phase("before"))
+            direct.close()
+            setup.primary.kill()
+            submitter.phase = "during"
+            killed_at = time.monotonic()
+            # One submit certainly starts while the sentinels still name the dead primary (they
+            # wait down-after-milliseconds before they even vote): it is held until the promotion.
+            assert setup.primary_port() == old_primary
+            during = waiter_client.request("src")
+            submit_through(waiter_client, during)
+            submitter.ids[str(during.request_id)] = "during"
+            wait_until(lambda: setup.primary_port() == replica, TIMEOUT, "the sentinels to promote the replica")
+            promoted_in = time.monotonic() - killed_at
+            submitter.phase = "after"
+            wait_until(lambda: len(submitter.in_phase("after")) >= AFTER, TIMEOUT, "submissions after the promotion")
+            submitter.stopping.set()
+            submitter.join(TIMEOUT)
+            waiter_client.submit(waited)  # the waiter has been listening since before the kill
+            waiter.join(TIMEOUT)
+            ids = [*submitter.ids, waited.request_id]
+            resubmitted: set[str] = set()
+
+            def every_request_has_an_outcome() -> bool:
+                lacking = missing(reader, ids)
+                for r in lacking:  # what a scheduler does with a request it has no outcome for
+                    if not Job.exists(r, connection=reader):  # its enqueue died with the primary
+                        resubmitted.add(r)
+                        submitter.client.submit(submitter.client.request("src", request_id=r))
+                return not lacking
+
+            wait_until(every_request_has_an_outcome, TIMEOUT, f"an outcome for each of {len(ids)} requests",
+                       interval=0.2)
+            assert all(w.poll() is None for w in workers), "a worker quit during the failover"
+        finally:
+            submitter.stopping.set()
+            codes = [stop(w, TIMEOUT) for w in workers]
+        assert codes == [0, 0]
+        # The kill landed mid-load, and the replica took over.
+        assert outstanding, "every request was answered before the kill: it did not land mid-load"
+        assert setup.primary_port() == replica != old_primary
+        with setup.replicas[0].client() as promoted:
+            assert promoted.info("replication")["role"] == "master"
+        phases = Counter(submitter.ids.values())
+        assert phases["before"] and phases["during"] and phases["after"] >= AFTER, phases
+        # rq-dashboard's connection, opened before the kill, reads the new primary.
+        assert dashboard.info("server")["tcp_port"] == replica
+        assert dashboard.hexists(keys.request(waited.request_id), "outcome")
+        dashboard.close()
+        # Exactly one outcome each, all successes, and one child per request, never two.
+        entries = outcome_entries(reader)
+        per_request = Counter(e.request for e in entries)
+        assert {r: per_request[r] for r in ids} == dict.fromkeys(ids, 1)
+        replies = {e.request: e.reply for e in entries}
+        failed = {r: replies[r] for r in ids if not (isinstance(replies[r], ForkResult) and replies[r].ok)}
+        assert not failed
+        children = [replies[r].session.id for r in ids]  # type: ignore[union-attr]
+        assert len(set(children)) == len(ids)
+        assert reader.smembers(keys.session_children("src")) == {c.encode() for c in children}
+        # The waiter got the one outcome of its request.
+        assert len(answer) == 1 and answer[0] == replies[waited.request_id], answer
+        reader.close()
+    print(f"\nsentinel failover: {len(ids)} requests ({dict(phases)}), {len(outstanding)} outstanding at "
+          f"the kill, promotion after {promoted_in:.1f}s, {submitter.retried} submit retries, "
+          f"{len(resubmitted)} resubmitted (lost enqueues), {time.monotonic() - started:.1f}s in all")
