@@ -98,12 +98,15 @@ def fork(obj: Context, source: str, instance: str | None, session_id: str | None
 @click.pass_obj
 @clean_errors
 def health(obj: Context) -> None:
-    """Exit 0 when a worker of the queue (of every shard, when sharded) has a fresh heartbeat, 1 otherwise."""
+    """Exit 0 when a worker of the queue (of every shard, when sharded; of the one SESSIONFORK_SHARD
+    names, when set) has a fresh heartbeat, 1 otherwise."""
     from ..queue.jobs import fresh_workers
 
     shards = obj.shard_redis()
     unhealthy = False
     for index, redis in enumerate(shards):
+        if obj.settings.shard is not None and index != obj.settings.shard:
+            continue  # a shard's worker container checks its own shard
         names = fresh_workers(redis, obj.settings)
         where = f"queue {obj.settings.queue!r}" + (f" of shard {index}" if len(shards) > 1 else "")
         if names:

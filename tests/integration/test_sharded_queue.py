@@ -160,6 +160,9 @@ def test_a_sharded_queue_routes_every_request_to_one_shard_and_a_dead_shard_stal
         events = [json.loads(line) for line in lines]
         assert sorted(e["requestId"] for e in events) == sorted(everything)
         assert all(e["shard"] == shard_of(e["requestId"], SHARDS) for e in events)
+        forked = run_cli(cluster, servers, "fork", "src", "--session-id", "child-cli-1", "--request-id", "cli-1")
+        assert forked.returncode == 0 and json.loads(forked.stdout)["ok"], forked.stderr
+        check_one_outcome_each_on_its_shard(servers, ["cli-1"])
 
         # -- one shard's server dies in the middle of a backlog ------------------------------------
         victim, others = 1, [0, 2]
@@ -227,6 +230,21 @@ def test_a_worker_refuses_a_shard_out_of_range_or_a_shard_list_that_disagrees() 
         out = worker([a.url, b.url, "redis://127.0.0.1:1/0"], "--shard", "0")  # three shards now
         assert out.returncode == 2 and "given shard 0/3" in out.stderr, out.stderr
         assert worker([a.url, b.url], "--shard", "1").returncode == 0
+
+        name = worker_name("only0")
+        env = clean_environ(SESSIONFORK_QUEUE_URLS=f"{a.url},{b.url}")
+        proc = subprocess.Popen(cli_args(a.url, "worker", "--shard", "0", "--name", name, "--log-level", "WARNING"),
+                                env=env, stdin=subprocess.DEVNULL)
+        try:
+            with a.client() as redis:
+                wait_registered(redis, name, TIMEOUT)
+            health = subprocess.run(cli_args(a.url, "health"), env=env, capture_output=True, text=True,
+                                    timeout=TIMEOUT, check=False)
+        finally:
+            assert stop(proc, TIMEOUT) == 0
+        assert health.returncode == 1, health
+        assert f"ok: queue 'sessionfork' of shard 0: 1 worker(s): {name}" in health.stdout
+        assert "unhealthy: no worker with a fresh heartbeat on queue 'sessionfork' of shard 1" in health.stderr
 
 
 def test_both_clients_enqueue_and_wait_for_each_request_on_its_own_shard() -> None:
