@@ -2,7 +2,8 @@
 primary is SIGKILLed mid-load; the sentinels promote the replica, and everyone follows without a
 restart. Every request submitted before the kill, during the election and after the promotion ends
 with exactly one outcome, no child is created twice, and a waiter that waited across the failover
-gets its reply.
+gets its reply. An ``AsyncClient.from_url`` client used before the kill forks again after the
+promotion, the CLI forks through it, and rq-dashboard's connection (the same URL) reads it.
 
 With asynchronous replication, the last writes the dead primary acknowledged may be missing on the
 new one (docs/guarantees.md): a scheduler that has no outcome for a request resubmits it under the
@@ -12,6 +13,7 @@ that scheduler does and counts the resubmissions that were needed.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import threading
 import time
@@ -28,6 +30,7 @@ from sessionfork.core.connections import TRANSIENT, queue_client
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkRequest, ForkResult, Reply
 from sessionfork.embedded import EmbeddedSentinel, wait_until
+from sessionfork.queue.aio import AsyncClient
 from sessionfork.queue.client import Client
 
 TIMEOUT = 60.0
@@ -62,15 +65,60 @@ class Submitter(threading.Thread):
 
 
 def submit_through(client: Client, request: ForkRequest) -> int:
-    """Submit ``request``, again with the same request id while no primary answers; returns the
-    number of failed tries."""
-    for tries in range(1000):
+    """Submit ``request``, again with the same request id while no primary answers (for up to
+    ``TIMEOUT`` seconds); returns the number of failed tries."""
+    deadline = time.monotonic() + TIMEOUT
+    tries = 0
+    while True:
         try:
             client.submit(request)
             return tries
         except TRANSIENT:
-            continue
-    raise AssertionError("no primary answered 1,000 submits")
+            tries += 1
+            if time.monotonic() > deadline:
+                raise
+
+
+class AsyncScheduler(threading.Thread):
+    """An ``AsyncClient.from_url(<Sentinel URL>)`` that forks once before the kill and once
+    after the promotion, with the same client."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.used = threading.Event()  # forked once
+        self.promoted = threading.Event()
+        self.requests: list[ForkRequest] = []
+        self.replies: list[Reply] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except BaseException as exc:  # reported by the main thread
+            self.error = exc
+
+    async def _run(self) -> None:
+        async with AsyncClient.from_url(self.url, SETTINGS, socket_timeout=SETTINGS.socket_timeout,
+                                        socket_connect_timeout=SETTINGS.connect_timeout) as client:
+            first = await client.request("src")
+            await client.submit(first)
+            self.requests.append(first)
+            self.replies.append(await client.wait(first, TIMEOUT))
+            self.used.set()
+            await asyncio.to_thread(self.promoted.wait, TIMEOUT)
+            # The same client (its pool, its reply subscription) after the promotion.
+            later = await client.request("src")
+            self.requests.append(later)
+            deadline = time.monotonic() + TIMEOUT
+            while True:
+                try:
+                    await client.submit(later)
+                    break
+                except TRANSIENT:
+                    if time.monotonic() > deadline:
+                        raise
+            self.replies.append(await client.wait(later, TIMEOUT))
 
 
 def missing(reader: Redis, ids: list[str]) -> list[str]:
@@ -94,7 +142,8 @@ def test_workers_and_clients_follow_a_sentinel_promotion_with_exactly_one_outcom
         workers = [subprocess.Popen(cli_args(url, "worker", "--name", n, "--log-level", "WARNING"),
                                     env=clean_environ(), stdin=subprocess.DEVNULL) for n in names]
         submitter = Submitter(url)
-        _, dashboard = redis_sentinel_url.connect(url)  # how rq-dashboard connects, with the same URL
+        async_scheduler = AsyncScheduler(url)
+        dashboard_sentinels, dashboard = redis_sentinel_url.connect(url)  # rq-dashboard's way, same URL
         waiter_client = Client(queue_client(SETTINGS, url), SETTINGS)
         waited: ForkRequest = waiter_client.request("src")
         answer: list[Reply | BaseException] = []
@@ -110,6 +159,9 @@ def test_workers_and_clients_follow_a_sentinel_promotion_with_exactly_one_outcom
             for name in names:
                 wait_registered(reader, name, TIMEOUT)
             submitter.start()
+            async_scheduler.start()
+            wait_until(lambda: async_scheduler.used.is_set() or async_scheduler.error is not None, TIMEOUT,
+                       "the asyncio client's first fork")
             wait_until(lambda: reader.xlen(keys.OUTCOME_STREAM) >= 30, TIMEOUT, "the workers to be busy")
             waiter.start()
             direct = setup.primary.client()
@@ -132,13 +184,21 @@ def test_workers_and_clients_follow_a_sentinel_promotion_with_exactly_one_outcom
             submitter.ids[str(during.request_id)] = "during"
             wait_until(lambda: setup.primary_port() == replica, TIMEOUT, "the sentinels to promote the replica")
             promoted_in = time.monotonic() - killed_at
+            async_scheduler.promoted.set()
             submitter.phase = "after"
             wait_until(lambda: len(submitter.in_phase("after")) >= AFTER, TIMEOUT, "submissions after the promotion")
             submitter.stopping.set()
             submitter.join(TIMEOUT)
             waiter_client.submit(waited)  # the waiter has been listening since before the kill
             waiter.join(TIMEOUT)
-            ids = [*submitter.ids, waited.request_id]
+            async_scheduler.join(TIMEOUT)
+            assert async_scheduler.error is None, async_scheduler.error
+            # The CLI, given the same URL, forks through the promoted primary.
+            cli = subprocess.run(cli_args(url, "fork", "src", "--request-id", "cli-after", "--wait", str(TIMEOUT)),
+                                 env=clean_environ(), capture_output=True, timeout=TIMEOUT, check=False)
+            assert cli.returncode == 0 and b'"ok":true' in cli.stdout.replace(b" ", b""), cli
+            ids = [*submitter.ids, waited.request_id, *(str(r.request_id) for r in async_scheduler.requests),
+                   "cli-after"]
             resubmitted: set[str] = set()
 
             def every_request_has_an_outcome() -> bool:
@@ -166,7 +226,9 @@ def test_workers_and_clients_follow_a_sentinel_promotion_with_exactly_one_outcom
         # rq-dashboard's connection, opened before the kill, reads the new primary.
         assert dashboard.info("server")["tcp_port"] == replica
         assert dashboard.hexists(keys.request(waited.request_id), "outcome")
-        dashboard.close()
+        dashboard.connection_pool.disconnect()
+        for sentinel in dashboard_sentinels.sentinels:
+            sentinel.close()
         # Exactly one outcome each, all successes, and one child per request, never two.
         entries = outcome_entries(reader)
         per_request = Counter(e.request for e in entries)
@@ -177,9 +239,11 @@ def test_workers_and_clients_follow_a_sentinel_promotion_with_exactly_one_outcom
         children = [replies[r].session.id for r in ids]  # type: ignore[union-attr]
         assert len(set(children)) == len(ids)
         assert reader.smembers(keys.session_children("src")) == {c.encode() for c in children}
-        # The waiter got the one outcome of its request.
+        # The waiter got the one outcome of its request; so did the asyncio client, twice.
         assert len(answer) == 1 and answer[0] == replies[waited.request_id], answer
-        reader.close()
+        assert async_scheduler.replies == [replies[str(r.request_id)] for r in async_scheduler.requests]
+        for client in (reader, submitter.client.redis, waiter_client.redis):
+            client.close()
     print(f"\nsentinel failover: {len(ids)} requests ({dict(phases)}), {len(outstanding)} outstanding at "
           f"the kill, promotion after {promoted_in:.1f}s, {submitter.retried} submit retries, "
           f"{len(resubmitted)} resubmitted (lost enqueues), {time.monotonic() - started:.1f}s in all")

@@ -110,3 +110,40 @@ def test_the_asyncio_sentinel_pool_blocks_at_its_bound() -> None:
     assert pool.connection_kwargs["socket_timeout"] == 2.0
     for s in pool.sentinel_manager.sentinels:  # type: ignore[attr-defined]
         assert s.connection_pool.connection_kwargs["socket_timeout"] == 2.0
+
+
+def test_a_cluster_registry_client_refuses_a_sentinel_url() -> None:
+    from sessionfork.core import connections
+
+    with pytest.raises(ConfigError, match="Cluster"):
+        connections.registry_client(config.Settings(cluster=True), "redis+sentinel://a:1/svc")
+
+
+def test_closing_a_sentinel_client_closes_the_sentinels_connections_too() -> None:
+    """Sync ``close`` and asyncio ``aclose`` close the sentinels' clients (redis-py's leave them
+    open); the idle-only disconnect of a primary change does not."""
+    import asyncio
+
+    from sessionfork.core import connections
+
+    client = connections.queue_client(config.Settings(), "redis+sentinel://a:1,b:2/svc")
+    closed: list[object] = []
+    sentinels = client.connection_pool.sentinel_manager.sentinels  # type: ignore[attr-defined]
+    for s in sentinels:
+        s.close = lambda s=s: closed.append(s)
+    client.close()
+    assert closed == sentinels
+
+    async def aclose() -> list[object]:
+        pool = connections.async_pool("redis+sentinel://a:1,b:2/svc", max_connections=2)
+        done: list[object] = []
+        for s in pool.sentinel_manager.sentinels:  # type: ignore[attr-defined]
+            async def record(s: object = s) -> None:
+                done.append(s)
+            s.aclose = record
+        await pool.disconnect(inuse_connections=False)  # a primary change: the sentinels stay
+        assert done == []
+        await pool.disconnect()
+        return done
+
+    assert len(asyncio.run(aclose())) == 2

@@ -86,18 +86,36 @@ def _node_kwargs(parsed: SentinelURL) -> dict[str, Any]:
     return {"db": parsed.db, "username": parsed.username, "password": parsed.password, "ssl": parsed.tls}
 
 
+class _SentinelRedis(Redis):
+    """A ``Redis`` on a Sentinel-managed primary whose ``close`` closes every connection it opened:
+    the primary's and the sentinels' (redis-py's ``master_for`` client closes neither)."""
+
+    def close(self) -> None:
+        super().close()
+        self.connection_pool.disconnect()
+        for sentinel in getattr(self.connection_pool, "sentinel_manager").sentinels:  # noqa: B009
+            sentinel.close()
+
+
 def sentinel_client(settings: Settings, url: str) -> Redis:
     """A ``Redis`` on the current primary of the Sentinel ``url``, following its promotions."""
     parsed = parse_sentinel_url(url)
     sentinel = Sentinel(list(parsed.sentinels), sentinel_kwargs=_sentinel_kwargs(settings))  # type: ignore[no-untyped-call]
     client: Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-        parsed.service, **_options(url, settings), **_node_kwargs(parsed))
+        parsed.service, redis_class=_SentinelRedis, **_options(url, settings), **_node_kwargs(parsed))
     return client
 
 
 class _AsyncBlockingSentinelPool(AsyncSentinelPool, AsyncBlockingPool):
     """The asyncio Sentinel pool that waits for a free connection at ``max_connections`` (as
-    ``BlockingConnectionPool``) instead of failing."""
+    ``BlockingConnectionPool``) instead of failing, and whose full disconnect (the client's
+    ``aclose``) closes the sentinels' connections too."""
+
+    async def disconnect(self, inuse_connections: bool = True) -> None:
+        await super().disconnect(inuse_connections)
+        if inuse_connections:  # not the idle-only disconnect of a primary change
+            for sentinel in self.sentinel_manager.sentinels:
+                await sentinel.aclose()
 
 
 def async_pool(url: str, *, max_connections: int, **connection_kwargs: Any) -> AsyncBlockingPool:
