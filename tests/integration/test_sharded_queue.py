@@ -29,8 +29,8 @@ from redis.cluster import RedisCluster
 
 from sessionfork.core import keys
 from sessionfork.core.registry import Registry
-from sessionfork.core.wire import ForkResult, Reply
-from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
+from sessionfork.core.wire import ForkFailure, ForkResult, Reply
+from sessionfork.embedded import EmbeddedCluster, EmbeddedSentinel, EmbeddedServer
 from sessionfork.queue.aio import AsyncClient
 from sessionfork.queue.client import Client
 from sessionfork.queue.shards import shard_of
@@ -276,3 +276,31 @@ def test_both_clients_enqueue_and_wait_for_each_request_on_its_own_shard() -> No
             reply = b'{"type":"fork/result","requestId":"%s","ok":true,"sessions":[]}' % rid.encode()
             redis.hset(keys.request(rid), mapping={"outcome": reply})
         assert client.wait(client.request("src", request_id=rid), 5).request_id == rid
+
+
+def test_a_shard_behind_sentinel_is_served_and_reached_through_its_sentinel_url() -> None:
+    with EmbeddedSentinel(replicas=0, sentinels=1) as sentinel, EmbeddedServer() as plain:
+        urls = [sentinel.url, plain.url]
+        sync_ids, async_ids = [f"st-s-{i}" for i in range(20)], [f"st-a-{i}" for i in range(20)]
+        client = Client.from_urls(urls, SETTINGS)
+        for rid in sync_ids:
+            client.submit(client.request("src", request_id=rid))
+
+        async def submit() -> None:
+            async with AsyncClient.from_urls(",".join(urls), SETTINGS) as aio:
+                for rid in async_ids:
+                    await aio.submit(await aio.request("src", request_id=rid))
+
+        asyncio.run(submit())
+        on_sentinel = [rid for rid in [*sync_ids, *async_ids] if shard_of(rid, 2) == 0]
+        with sentinel.primary.client() as redis:
+            assert {q.decode() for q in redis.lrange("rq:queue:sessionfork", 0, -1)} == set(on_sentinel)
+        env = clean_environ(SESSIONFORK_QUEUE_URLS=",".join(urls))
+        done = subprocess.run(cli_args(plain.url, "worker", "--burst", "--shard", "0"), env=env, capture_output=True,
+                              text=True, timeout=TIMEOUT, check=False)
+        assert done.returncode == 0, done.stderr
+        with sentinel.primary.client() as redis:  # no source "src": each its one SESSION_NOT_FOUND outcome
+            assert sorted(e.request for e in outcome_entries(redis)) == sorted(on_sentinel)
+            assert redis.get(keys.SHARD_MARKER) == b"0/2"
+        reply = client.wait(client.request("src", request_id=on_sentinel[0]), 5)
+        assert isinstance(reply, ForkFailure) and reply.code == "SESSION_NOT_FOUND"
