@@ -31,6 +31,7 @@ from sessionfork.core import keys
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult, Reply
 from sessionfork.embedded import EmbeddedCluster, EmbeddedSentinel, EmbeddedServer
+from sessionfork.ops.stats import read_sharded
 from sessionfork.queue.aio import AsyncClient
 from sessionfork.queue.client import Client
 from sessionfork.queue.shards import shard_of
@@ -160,9 +161,18 @@ def test_a_sharded_queue_routes_every_request_to_one_shard_and_a_dead_shard_stal
         events = [json.loads(line) for line in lines]
         assert sorted(e["requestId"] for e in events) == sorted(everything)
         assert all(e["shard"] == shard_of(e["requestId"], SHARDS) for e in events)
+        text = run_cli(cluster, servers, "stats").stdout
+        assert all(f"shard {i}: {n} outcomes" in text for i, n in enumerate(per_shard)), text
+        follow = read_sharded([s.client() for s in servers], start="$", follow=True, block_ms=300)
         forked = run_cli(cluster, servers, "fork", "src", "--session-id", "child-cli-1", "--request-id", "cli-1")
         assert forked.returncode == 0 and json.loads(forked.stdout)["ok"], forked.stderr
         check_one_outcome_each_on_its_shard(servers, ["cli-1"])
+        followed = [ids_on(shard, "follow", 1)[0] for shard in range(SHARDS)]
+        sync_forks(client, followed)
+        seen = [next(follow) for _ in range(1 + SHARDS)]  # new outcomes only, from every shard, tagged
+        assert sorted((o.request_id, o.shard) for o in seen) == sorted(
+            (rid, shard_of(rid, SHARDS)) for rid in ["cli-1", *followed])
+        everything += ["cli-1", *followed]
 
         # -- one shard's server dies in the middle of a backlog ------------------------------------
         victim, others = 1, [0, 2]

@@ -66,12 +66,19 @@ def read_sharded(shards: Sequence[Any], *, start: str = "-", follow: bool = Fals
                  block_ms: int = 1000, batch: int = 500) -> Iterator[Outcome]:
     """``read_outcomes`` over every shard's stream (clients in shard order), merged by entry time
     and tagged with their ``shard``; one server: exactly ``read_outcomes``. Following, the shards
-    are read in turn, each blocking at most ``block_ms / len(shards)``."""
+    are read in turn, each blocking at most ``block_ms / len(shards)``. ``start="$"`` means the
+    outcomes stored after this call (each stream's newest entry is read now, not at the first
+    ``next``)."""
     if len(shards) == 1:
-        yield from read_outcomes(shards[0], start=start, follow=follow, block_ms=block_ms, batch=batch)
-        return
-    if start == "$":
-        last = [_newest(redis) for redis in shards]
+        return read_outcomes(shards[0], start=start, follow=follow, block_ms=block_ms, batch=batch)
+    newest = [_newest(redis) for redis in shards] if start == "$" else None
+    return _merged(shards, start, newest, follow, max(1, block_ms // len(shards)), batch)
+
+
+def _merged(shards: Sequence[Any], start: str, newest: list[str] | None, follow: bool, block: int,
+            batch: int) -> Iterator[Outcome]:
+    if newest is not None:
+        last = newest
     else:
         last = ["0-0"] * len(shards)
         tagged = [_tagged(read_outcomes(redis, start=start, batch=batch), i) for i, redis in enumerate(shards)]
@@ -79,7 +86,6 @@ def read_sharded(shards: Sequence[Any], *, start: str = "-", follow: bool = Fals
             assert isinstance(outcome.shard, int)
             last[outcome.shard] = outcome.id
             yield outcome
-    block = max(1, block_ms // len(shards))
     while follow:
         for i, redis in enumerate(shards):
             for _, entries in redis.xread({keys.OUTCOME_STREAM: last[i]}, block=block, count=batch) or []:
