@@ -110,7 +110,8 @@ def health(obj: Context) -> None:
         names = fresh_workers(redis, obj.settings)
         where = f"queue {obj.settings.queue!r}" + (f" of shard {index}" if len(shards) > 1 else "")
         if names:
-            click.echo(f"ok: {where}: {len(names)} worker(s): {', '.join(sorted(names))}")
+            shown = f"{where}: " if len(shards) > 1 else ""  # one server: the line as before sharding
+            click.echo(f"ok: {shown}{len(names)} worker(s): {', '.join(sorted(names))}")
         else:
             click.echo(f"unhealthy: no worker with a fresh heartbeat on {where}", err=True)
             unhealthy = True
