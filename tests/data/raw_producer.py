@@ -1,20 +1,35 @@
 """A producer in "any language": only raw Redis commands, no rq or sessionfork import.
 
-Usage: python raw_producer.py PORT SOURCE CHILD REQUEST_ID [RESULT_TTL [BOUNDARY [ROUTE]]]  -> prints the reply.
+Usage: python raw_producer.py PORT[,PORT...] SOURCE CHILD REQUEST_ID [RESULT_TTL [BOUNDARY [ROUTE]]]
+(prints the reply).
 It follows the README's "Any-language enqueue" recipe step by step; ENQUEUE is the README's script
 (``src/sessionfork/queue/scripts/enqueue.lua``, a test checks they are the same text). ROUTE ``eval``
-(default) sends it with EVAL; ``fcall`` calls the loaded library's ``sf_enqueue`` instead.
+(default) sends it with EVAL; ``fcall`` calls the loaded library's ``sf_enqueue`` instead. Several
+ports: a sharded queue, the servers in shard order; the request goes to (and is awaited on) the
+shard the recipe's routing function names, computed here without sessionfork.
 """
 
 import json
 import sys
 import time
+import zlib
 
 import redis
 
-port, source, child, request_id = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+
+def shard_of(request_id: str, n: int) -> int:
+    """Step 0 of the recipe: jump consistent hash of the CRC-32 of the id's UTF-8 bytes."""
+    key, b, j = zlib.crc32(request_id.encode("utf-8")), -1, 0
+    while j < n:
+        b = j
+        key = (key * 2862933555777941757 + 1) % 2**64
+        j = int((b + 1) * (float(1 << 31) / float((key >> 33) + 1)))
+    return b
+
+
+ports, source, child, request_id = sys.argv[1].split(","), sys.argv[2], sys.argv[3], sys.argv[4]
 result_ttl = sys.argv[5] if len(sys.argv) > 5 else "604800"
-r = redis.Redis(port=int(port))
+r = redis.Redis(port=int(ports[shard_of(request_id, len(ports))]))
 fields = {"requestId": request_id, "source": source, "sessionId": child}
 if len(sys.argv) > 6 and sys.argv[6]:
     fields["boundary"] = int(sys.argv[6])  # fork at this event seq (an integer)

@@ -10,6 +10,7 @@ import sys
 import urllib.request
 
 import pytest
+from prometheus_client import generate_latest
 from redis import Redis
 
 from sessionfork import NewEvent, Registry
@@ -95,6 +96,18 @@ def test_metrics_count_outcomes_by_code(redis: Redis, registry: Registry) -> Non
     assert "sessionfork_queue_depth 7.0" in text
     assert "sessionfork_fork_duration_seconds_count 4.0" in text
     assert "sessionfork_children_per_request_sum 1.0" in text
+
+
+def test_a_shard_workers_metrics_carry_its_shard_label(redis: Redis, registry: Registry) -> None:
+    observer = Observer(queue_depth=lambda: 3, shard=2)
+    for i, reply in enumerate(outcomes(redis, registry)):
+        observer(f"r{i}", '{"source":"src"}', reply, 0.002)
+    text = generate_latest(observer.registry).decode()
+    assert 'sessionfork_forks_total{code="OK",shard="2"} 1.0' in text
+    assert 'sessionfork_queue_depth{shard="2"} 3.0' in text
+    assert 'sessionfork_fork_duration_seconds_count{shard="2"} 4.0' in text
+    assert 'sessionfork_children_per_request_sum{shard="2"} 1.0' in text
+    assert 'sessionfork_seed_length_count{shard="2"} 1.0' in text
 
 
 def test_outcome_log_line_is_json_with_fields(redis: Redis, registry: Registry,

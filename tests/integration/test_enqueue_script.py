@@ -68,7 +68,7 @@ def test_the_python_clients_see_a_conflict_with_a_raw_producers_job(redis: Redis
     assert raw(redis, {"requestId": "rw-1", "source": "sa"}, rid="rw-1") == 1
     client = make_client(redis)
     request = client.request("sb", request_id="rw-1")
-    assert client._enqueue(*enqueue_module.job_call("rw-1", wire.encode(request), client.settings,
+    assert client._enqueuers[0](*enqueue_module.job_call("rw-1", wire.encode(request), client.settings,
                                                     __import__("datetime").datetime.now())) == -1
 
 

@@ -80,3 +80,25 @@ def test_compose_sentinel_variant_points_workers_and_dashboard_at_the_monitored_
     assert dashboard[dashboard.index("--redis-url") + 1] == url
     assert set(base["dashboard"]["command"]) - {base["dashboard"]["command"][2]} <= set(dashboard)
     assert "redis" in base and "worker" in base  # the override adds to the base file's services
+
+
+def test_compose_sharded_variant_gives_each_worker_its_shard_of_one_list() -> None:
+    """docker-compose.sharded.yml: every worker lists the same queue servers in the same order,
+    serves its own shard (SESSIONFORK_SHARD, which its healthcheck reads too) and waits for that
+    shard's server; the settings parse; the dashboard shows every shard in shard order."""
+    from sessionfork.core import config
+
+    services = yaml.safe_load((ROOT / "docker-compose.sharded.yml").read_text())["services"]
+    queues = sorted(name for name in services if name.startswith("queue-"))
+    workers = sorted(name for name in services if name.startswith("worker-"))
+    urls = [f"redis://{name}:6379/0" for name in queues]
+    assert len(queues) == len(workers) == 3
+    for index, name in enumerate(workers):
+        worker = services[name]
+        settings = config.from_environ(worker["environment"])
+        assert settings.queue_urls == tuple(urls) and settings.shard == index
+        assert worker["depends_on"][queues[index]]["condition"] == "service_healthy"
+        assert worker["command"] == ["sessionfork", "worker"]
+        assert worker["healthcheck"]["test"] == ["CMD", "sessionfork", "health"]
+    command = services["dashboard"]["command"]
+    assert [command[i + 1] for i, arg in enumerate(command) if arg == "--redis-url"] == urls

@@ -47,6 +47,10 @@ def test_outcome_stream() -> None:
     assert keys.OUTCOME_STREAM == "sf:outcomes"
 
 
+def test_shard_marker() -> None:
+    assert keys.SHARD_MARKER == "sf:shard"
+
+
 def test_lifecycle_stream() -> None:
     assert keys.LIFECYCLE_STREAM == "sf:lifecycle"
 

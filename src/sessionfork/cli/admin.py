@@ -148,11 +148,11 @@ def gc(obj: Context, dry_run: bool, older_than: int | None, as_json: bool) -> No
 @clean_errors
 def events(obj: Context, follow: bool, only_new: bool, as_json: bool) -> None:
     """Print the outcome stream, one line per outcome (code coloured on a terminal)."""
-    from ..ops.stats import format_line, read_outcomes
+    from ..ops.stats import format_line, read_sharded
 
     style = click.style if sys.stdout.isatty() and not as_json else None
     with contextlib.suppress(KeyboardInterrupt):
-        for outcome in read_outcomes(obj.queue_redis(), start="$" if only_new else "-", follow=follow or only_new):
+        for outcome in read_sharded(obj.shard_redis(), start="$" if only_new else "-", follow=follow or only_new):
             click.echo(wire.encode(outcome).decode() if as_json else format_line(outcome, style))
 
 
@@ -167,7 +167,7 @@ def stats(obj: Context, window: int, as_json: bool) -> None:
     from ..core.factories import now_ms
     from ..ops.stats import compute_stats, render_stats
 
-    result = compute_stats(obj.queue_redis(), window, now_ms())
+    result = compute_stats(obj.shard_redis(), window, now_ms())
     click.echo(wire.encode(result).decode() if as_json else render_stats(result))
 
 

@@ -31,18 +31,40 @@ class Context:
         self.settings = settings
         self._queue: Any = None
         self._registry: Any = None
+        self._shards: list[Any] | None = None
 
     @property
     def registry_url(self) -> str:
         return self.settings.redis_url or "redis://127.0.0.1:6379/0"
 
     @property
+    def queue_urls(self) -> list[str]:
+        """Every queue server, in shard order (one without ``SESSIONFORK_QUEUE_URLS``)."""
+        return list(self.settings.queue_urls or [self.settings.queue_url or self.registry_url])
+
+    @property
     def queue_url(self) -> str:
-        return self.settings.queue_url or self.registry_url
+        """The one queue server a command uses: the shard ``SESSIONFORK_SHARD`` names, when the
+        queue is sharded (``ConfigError`` without it)."""
+        urls, shard = self.queue_urls, self.settings.shard
+        if shard is None and len(urls) > 1:
+            raise config.ConfigError(f"{config.ENV['queue_urls']} lists {len(urls)} shards: give the shard to "
+                                     f"serve (--shard or {config.ENV['shard']}, 0 to {len(urls) - 1})")
+        return urls[shard or 0]
+
+    def shard_redis(self) -> list[Any]:
+        """A client per queue server, in shard order (the served one's is ``queue_redis()``)."""
+        if len(self.queue_urls) == 1:
+            return [self.queue_redis()]
+        if self._shards is None:
+            self._shards = [connections.queue_client(self.settings, url) for url in self.queue_urls]
+        return self._shards
 
     def registry(self) -> Registry:
         if self._registry is None:
-            shared = not self.settings.cluster and self.queue_url == self.registry_url
+            urls, shard = self.queue_urls, self.settings.shard
+            served = urls[0] if len(urls) == 1 else (None if shard is None else urls[shard])
+            shared = not self.settings.cluster and served == self.registry_url
             client = self.queue_redis() if shared else connections.registry_client(self.settings, self.registry_url)
             self._registry = Registry.from_settings(client, self.settings)
         return self._registry  # type: ignore[no-any-return]
@@ -105,17 +127,20 @@ class OneLineGroup(click.Group):
 @click.group(cls=OneLineGroup)
 @click.option("--redis-url", help="Registry server URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0).")
 @click.option("--queue-url", help="Queue server URL (default: $SESSIONFORK_QUEUE_URL, else the registry's).")
+@click.option("--queue-urls", help="Sharded queue: comma-separated queue server URLs, in shard order "
+                                   "(default: $SESSIONFORK_QUEUE_URLS).")
 @click.option("--cluster/--no-cluster", default=None, help="The registry is a Redis Cluster.")
 @click.option("--tls-ca-file", help="CA bundle for rediss:// URLs.")
 @click.option("--queue", "queue_name", help="RQ queue name (default: sessionfork).")
 @click.option("--reply-channel", help="Default reply channel (default: sf:replies).")
 @click.pass_context
-def cli(ctx: click.Context, redis_url: str | None, queue_url: str | None, cluster: bool | None,
-        tls_ca_file: str | None, queue_name: str | None, reply_channel: str | None) -> None:
+def cli(ctx: click.Context, redis_url: str | None, queue_url: str | None, queue_urls: str | None,
+        cluster: bool | None, tls_ca_file: str | None, queue_name: str | None, reply_channel: str | None) -> None:
     """Fork live AI-agent sessions from a Redis queue."""
     environ = ctx.obj if isinstance(ctx.obj, dict) else {}
     try:
-        settings = config.from_environ(environ, redis_url=redis_url, queue_url=queue_url, cluster=cluster,
+        settings = config.from_environ(environ, redis_url=redis_url, queue_url=queue_url,
+                                       queue_urls=queue_urls, cluster=cluster,
                                        tls_ca_file=tls_ca_file, queue=queue_name, reply_channel=reply_channel)
     except config.ConfigError as exc:
         raise click.UsageError(str(exc)) from None  # one ``error:`` line, exit status 2

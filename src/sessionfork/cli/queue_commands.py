@@ -7,7 +7,7 @@ import sys
 import click
 import msgspec
 
-from ..core import wire
+from ..core import config, wire
 from ..queue import jobs
 from ..queue.client import Client
 from .app import LOG_LEVELS, Context, clean_errors, cli
@@ -29,21 +29,25 @@ def _check_wait(ctx: click.Context, param: click.Parameter, value: float) -> flo
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one object per line, with request id, source, child, code, duration.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve Prometheus metrics on this port.")
+@click.option("--shard", type=int, help="Sharded queue: the shard to serve, 0-based (default: $SESSIONFORK_SHARD).")
 @click.pass_obj
 @clean_errors
 def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, log_level: str,
-           log_format: str, metrics_port: int | None) -> None:
+           log_format: str, metrics_port: int | None, shard: int | None) -> None:
     """Run a fork worker until SIGTERM (finishes the fork in hand, then exits 0)."""
     from ..ops.metrics import Observer, configure_logging
+    from ..queue.shard_check import check_shard
     from ..queue.worker import ForkWorker
 
     configure_logging(log_format, log_level.upper())
-    s = obj.settings
+    obj.settings = s = config.with_shard(obj.settings, shard)
+    url, count = obj.queue_url, len(obj.queue_urls)
     service = obj.service()
     queue_redis = service.outcomes.redis
     queue_redis.ping()
+    check_shard(queue_redis, s.shard or 0, count, url)
     queue = jobs.make_queue(queue_redis, s)
-    observer = Observer(queue_depth=lambda: queue.count)
+    observer = Observer(queue_depth=lambda: queue.count, shard=None if count == 1 else s.shard)
     if metrics_port is not None:
         observer.serve(metrics_port)
     fork_worker = ForkWorker([queue], service=service, connection=queue_redis, on_outcome=observer,
@@ -77,7 +81,7 @@ def fork(obj: Context, source: str, instance: str | None, session_id: str | None
          count: int | None, boundary: int | None, request_id: str | None, reply_to: str | None,
          wait_s: float) -> None:
     """Enqueue a fork of SOURCE and print the reply event as JSON (exit 1 on an error code)."""
-    client = Client(obj.queue_redis(), obj.settings)
+    client = Client(obj.shard_redis(), obj.settings)
     src: str | wire.LiveHandle = wire.LiveHandle(source, instance) if instance else source
     request = client.request(src, session_id=session_id, count=count, request_id=request_id, reply_to=reply_to,
                              session_ids=session_ids.split(",") if session_ids else None, boundary=boundary)
@@ -94,14 +98,25 @@ def fork(obj: Context, source: str, instance: str | None, session_id: str | None
 @click.pass_obj
 @clean_errors
 def health(obj: Context) -> None:
-    """Exit 0 when a worker of the queue has a fresh heartbeat, 1 otherwise."""
+    """Exit 0 when a worker of the queue (of every shard, when sharded; of the one SESSIONFORK_SHARD
+    names, when set) has a fresh heartbeat, 1 otherwise."""
     from ..queue.jobs import fresh_workers
 
-    names = fresh_workers(obj.queue_redis(), obj.settings)
-    if not names:
-        click.echo(f"unhealthy: no worker with a fresh heartbeat on queue {obj.settings.queue!r}", err=True)
+    shards = obj.shard_redis()
+    unhealthy = False
+    for index, redis in enumerate(shards):
+        if obj.settings.shard is not None and index != obj.settings.shard:
+            continue  # a shard's worker container checks its own shard
+        names = fresh_workers(redis, obj.settings)
+        where = f"queue {obj.settings.queue!r}" + (f" of shard {index}" if len(shards) > 1 else "")
+        if names:
+            shown = f"{where}: " if len(shards) > 1 else ""  # one server: the line as before sharding
+            click.echo(f"ok: {shown}{len(names)} worker(s): {', '.join(sorted(names))}")
+        else:
+            click.echo(f"unhealthy: no worker with a fresh heartbeat on {where}", err=True)
+            unhealthy = True
+    if unhealthy:
         sys.exit(1)
-    click.echo(f"ok: {len(names)} worker(s): {', '.join(sorted(names))}")
 
 
 @cli.command()

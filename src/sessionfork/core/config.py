@@ -23,6 +23,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     queue_url: str | None = None
     """Queue server for RQ, outcomes and replies (``SESSIONFORK_QUEUE_URL``, any URL form of
     ``redis_url``); default: redis_url."""
+    queue_urls: tuple[str, ...] | None = None
+    """Sharded queue: one independent queue server per shard, in shard order
+    (``SESSIONFORK_QUEUE_URLS``, comma-separated; each any URL form of ``redis_url``). A request
+    lives on shard ``queue.shards.shard_of(request_id, len(queue_urls))``. Excludes ``queue_url``."""
+    shard: int | None = None
+    """The shard a worker serves, 0-based (``SESSIONFORK_SHARD``); required by a worker when
+    ``queue_urls`` lists more than one server."""
     cluster: bool = False
     """Registry is a Redis Cluster (``SESSIONFORK_CLUSTER=1``)."""
     tls_ca_file: str | None = None
@@ -81,6 +88,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
 ENV: Mapping[str, str] = {
     "redis_url": "REDIS_URL",
     "queue_url": "SESSIONFORK_QUEUE_URL",
+    "queue_urls": "SESSIONFORK_QUEUE_URLS",
+    "shard": "SESSIONFORK_SHARD",
     "cluster": "SESSIONFORK_CLUSTER",
     "tls_ca_file": "SESSIONFORK_TLS_CA_FILE",
     "queue": "SESSIONFORK_QUEUE",
@@ -145,6 +154,8 @@ def from_environ(environ: Mapping[str, str], **overrides: Any) -> Settings:
         if environ.get(var):
             raw[field] = environ[var]
     raw.update({k: v for k, v in overrides.items() if v is not None})
+    if isinstance(raw.get("queue_urls"), str):
+        raw["queue_urls"] = [part.strip() for part in raw["queue_urls"].split(",")]
     try:
         settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
@@ -165,6 +176,7 @@ def from_environ(environ: Mapping[str, str], **overrides: Any) -> Settings:
             check_url(url, ENV[field])
     if settings.enqueue not in ENQUEUE_MODES:
         raise ConfigError(f"{ENV['enqueue']} must be one of {', '.join(ENQUEUE_MODES)}, got {settings.enqueue!r}")
+    _check_shards(settings)
     if settings.cluster and settings.redis_url and settings.redis_url.partition("://")[0] in SENTINEL_SCHEMES:
         raise ConfigError(f"{ENV['cluster']} and a Sentinel {ENV['redis_url']} exclude each other: a cluster "
                           "fails over by itself")
@@ -174,6 +186,33 @@ def from_environ(environ: Mapping[str, str], **overrides: Any) -> Settings:
             raise ConfigError(f"{ENV[field]} must be 1-{NAME_MAX_LENGTH} printable ASCII characters without "
                               f"spaces, got {name!r}")
     return settings
+
+
+def with_shard(settings: Settings, shard: int | None) -> Settings:
+    """``settings`` serving ``shard`` (``None``: unchanged), checked as ``from_environ`` checks it."""
+    if shard is None:
+        return settings
+    settings = msgspec.structs.replace(settings, shard=shard)
+    _check_shards(settings)
+    return settings
+
+
+def _check_shards(settings: Settings) -> None:
+    urls, shard = settings.queue_urls, settings.shard
+    if urls is not None:
+        if settings.queue_url is not None:
+            raise ConfigError(f"{ENV['queue_url']} and {ENV['queue_urls']} exclude each other: give one")
+        if not urls or any(not url for url in urls):
+            raise ConfigError(f"{ENV['queue_urls']} must list one or more queue server URLs, comma-separated, "
+                              "without empty entries")
+        for url in urls:
+            check_url(url, ENV["queue_urls"])
+        if len(set(urls)) != len(urls):
+            raise ConfigError(f"{ENV['queue_urls']} lists a server twice: each shard needs its own server")
+    count = len(urls) if urls else 1
+    if shard is not None and not 0 <= shard < count:
+        raise ConfigError(f"{ENV['shard']} must be between 0 and {count - 1} ({ENV['queue_urls']} lists "
+                          f"{count} server(s)), got {shard}")
 
 
 class SentinelURL(msgspec.Struct, frozen=True, kw_only=True):
@@ -200,7 +239,7 @@ def parse_sentinel_url(url: str, what: str = "URL") -> SentinelURL:
     """
     scheme, sep, rest = url.partition("://")
     if not sep or scheme not in SENTINEL_SCHEMES:
-        raise ConfigError(f"{what} must be a redis+sentinel:// or rediss+sentinel:// URL, got {_redacted(url)!r}")
+        raise ConfigError(f"{what} must be a redis+sentinel:// or rediss+sentinel:// URL, got {redacted(url)!r}")
     netloc, _, path = rest.partition("/")
     netloc, _, _query = netloc.partition("?")
     userinfo, at, hosts = netloc.rpartition("@")
@@ -213,11 +252,11 @@ def parse_sentinel_url(url: str, what: str = "URL") -> SentinelURL:
     sentinels = tuple(_sentinel_address(part, what, url) for part in hosts.split(","))
     service, _, db = path.split("?")[0].partition("/")
     if not service:
-        raise ConfigError(f"{what} must name the Sentinel service after the hosts (…/mymaster), got {_redacted(url)!r}")
+        raise ConfigError(f"{what} must name the Sentinel service after the hosts (…/mymaster), got {redacted(url)!r}")
     if db.endswith("/"):
         db = db[:-1]
     if db and not (db.isascii() and db.isdigit()):
-        raise ConfigError(f"{what} must end in /<service> or /<service>/<db number>, got {_redacted(url)!r}")
+        raise ConfigError(f"{what} must end in /<service> or /<service>/<db number>, got {redacted(url)!r}")
     return SentinelURL(sentinels=sentinels, service=unquote(service), db=int(db or 0), username=username,
                        password=password, tls=scheme == "rediss+sentinel")
 
@@ -227,14 +266,14 @@ def _sentinel_address(part: str, what: str, url: str) -> tuple[str, int]:
     if part.startswith("["):  # [IPv6]:port
         host, bracket, tail = part[1:].partition("]")
         if not bracket or (tail and not tail.startswith(":")):
-            raise ConfigError(f"{what} has a malformed IPv6 host {part!r}: {_redacted(url)!r}")
+            raise ConfigError(f"{what} has a malformed IPv6 host {part!r}: {redacted(url)!r}")
         port = tail[1:]
     elif ":" in part:
         host, _, port = part.rpartition(":")
     if not host or (":" in host and not part.startswith("[")):
-        raise ConfigError(f"{what} must list sentinels as host:port[,host:port...], got {_redacted(url)!r}")
+        raise ConfigError(f"{what} must list sentinels as host:port[,host:port...], got {redacted(url)!r}")
     if part.endswith(":") or (port and not (port.isascii() and port.isdigit() and 1 <= int(port) <= 65535)):
-        raise ConfigError(f"{what} has a sentinel port outside 1-65535 ({port!r}): {_redacted(url)!r}")
+        raise ConfigError(f"{what} has a sentinel port outside 1-65535 ({port!r}): {redacted(url)!r}")
     return host, int(port) if port else SENTINEL_PORT
 
 
@@ -249,17 +288,17 @@ def check_url(url: str, what: str) -> str:
         parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise ConfigError(f"{what} is not a usable Redis URL ({exc}): {_redacted(url)!r}") from None
+        raise ConfigError(f"{what} is not a usable Redis URL ({exc}): {redacted(url)!r}") from None
     if parts.scheme not in URL_SCHEMES:
-        raise ConfigError(f"{what} must be a {', '.join(s + '://' for s in URL_SCHEMES)} URL, got {_redacted(url)!r}")
+        raise ConfigError(f"{what} must be a {', '.join(s + '://' for s in URL_SCHEMES)} URL, got {redacted(url)!r}")
     if parts.scheme != "unix":
         db = parts.path.lstrip("/")
         if not parts.hostname or port == 0 or (db and not db.isdigit()):
-            raise ConfigError(f"{what} must name a host, a port 1-65535 and a database number, got {_redacted(url)!r}")
+            raise ConfigError(f"{what} must name a host, a port 1-65535 and a database number, got {redacted(url)!r}")
     return url
 
 
-def _redacted(url: str) -> str:
+def redacted(url: str) -> str:
     """``url`` without its password (error messages end up in logs)."""
     head, at, tail = url.rpartition("@")
     return f"{head.rpartition(':')[0] or head}:***@{tail}" if at else url

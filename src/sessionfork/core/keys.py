@@ -42,12 +42,15 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
     sf:disposed            zset   retention index: disposed session ids, scored by disposal time
                                   (epoch ms); one key (on a cluster, written right after dispose)
 
-Queue side (one Redis primary, the one RQ uses; never a cluster)::
+Queue side (one Redis primary, the one RQ uses; never a cluster; a sharded queue: every shard's
+server holds these for the request ids routed to it)::
 
     sf:req:<request id>    hash   idempotency record: digest, request (its identity JSON), planned
                                   child ids, outcome JSON
     sf:outcomes            stream every outcome, capped (XADD MAXLEN ~)
     sf:replies             channel default reply channel (requests may name their own)
+    sf:shard               string "<index>/<count>" on each server of a sharded queue: which shard
+                                  it is, written by its first worker (``queue.shard_check``)
     sessionfork            RQ queue name; RQ derives its own keys from it (rq:queue:sessionfork,
                                   rq:job:<request id>, rq:queues ...), named for sessionfork's own
                                   use only in queue/rq_seam/layout.py
@@ -61,6 +64,7 @@ DEFAULT_REPLY_CHANNEL = f"{PREFIX}:replies"
 OUTCOME_STREAM = f"{PREFIX}:outcomes"
 LIFECYCLE_STREAM = f"{PREFIX}:lifecycle"
 DISPOSED_INDEX = f"{PREFIX}:disposed"
+SHARD_MARKER = f"{PREFIX}:shard"
 
 
 def session(session_id: str) -> str:

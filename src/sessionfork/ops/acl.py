@@ -38,7 +38,8 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
       ``sessionfork health`` (which reads the worker registry) runs as this user too.
     * sessionfork: ``sf:req:*`` and ``sf:outcomes`` (claim and record scripts), ``PUBLISH`` to the
       reply channel and its ``<reply>:`` prefix, ``sf:s:*`` and ``sf:lifecycle`` (fork scripts,
-      children index); ``WAIT`` when ``wait_replicas`` is set.
+      children index), ``sf:shard`` (the shard marker, read at start, written by a sharded queue's
+      first worker); ``WAIT`` when ``wait_replicas`` is set.
     * no admin or dangerous command. ``CLIENT LIST`` is not granted on purpose: it shows every
       connection of the server; RQ 2 only uses it to learn its own address, and without it records
       ``ip_address = "unknown"`` (logging a warning at start-up).
@@ -165,7 +166,8 @@ def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
     worker = _line(
         WORKER, passwords[WORKER],
         [f"~{rq['all']}", f"~{keys.PREFIX}:req:*", f"~{_glob(keys.OUTCOME_STREAM)}",
-         f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}", f"~{_glob(keys.DISPOSED_INDEX)}"],
+         f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}", f"~{_glob(keys.DISPOSED_INDEX)}",
+         f"~{_glob(keys.SHARD_MARKER)}"],
         [rq["worker_channels"], *replies], (*_WORKER_COMMANDS, *cluster, *wait))
     host = _line(HOST, passwords[HOST], sessions, (), (*_HOST_COMMANDS, *cluster))
     # XREADGROUP and XACK write the group's state, so the stream needs write access too.

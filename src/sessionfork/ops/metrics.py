@@ -23,18 +23,30 @@ _request_source = msgspec.json.Decoder(dict[str, Any])
 class Observer:
     """Counts, times and logs every outcome a worker produces."""
 
-    def __init__(self, queue_depth: Callable[[], int] | None = None) -> None:
+    def __init__(self, queue_depth: Callable[[], int] | None = None, *, shard: int | None = None) -> None:
+        """``shard``: the shard the worker serves, on a sharded queue: every metric then carries a
+        ``shard`` label (its index), so a dashboard sums or splits the shards."""
         self.registry = CollectorRegistry()
-        self.forks = Counter("sessionfork_forks", "Fork requests by outcome code", ["code"], registry=self.registry)
+        self.shard = shard
+        labels = {} if shard is None else {"shard": str(shard)}
+        self.forks = Counter("sessionfork_forks", "Fork requests by outcome code", ["code", *labels],
+                             registry=self.registry)
         self.duration = Histogram("sessionfork_fork_duration_seconds", "Time to run one request to its outcome",
-                                  registry=self.registry,
+                                  list(labels), registry=self.registry,
                                   buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5))
         self.seed_length = Histogram("sessionfork_seed_length", "Events inherited by each child",
-                                     registry=self.registry,
+                                     list(labels), registry=self.registry,
                                      buckets=(0, 10, 100, 1_000, 10_000, 100_000, 1_000_000))
         self.children = Histogram("sessionfork_children_per_request", "Children created per request",
-                                  registry=self.registry, buckets=(0, 1, 2, 4, 8, 16, 64, 256, 1024))
-        self.depth = Gauge("sessionfork_queue_depth", "Requests waiting in the queue", registry=self.registry)
+                                  list(labels), registry=self.registry, buckets=(0, 1, 2, 4, 8, 16, 64, 256, 1024))
+        self.depth = Gauge("sessionfork_queue_depth", "Requests waiting in the queue", list(labels),
+                           registry=self.registry)
+        if labels:  # the children bound once: the hot path below stays as without shards
+            self.forks = _Bound(self.forks, labels)  # type: ignore[assignment]
+            self.duration = self.duration.labels(**labels)
+            self.seed_length = self.seed_length.labels(**labels)
+            self.children = self.children.labels(**labels)
+            self.depth = self.depth.labels(**labels)
         if queue_depth is not None:
             self.depth.set_function(queue_depth)
 
@@ -52,6 +64,16 @@ class Observer:
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=self.registry)
+
+
+class _Bound:
+    """``Counter.labels(code=...)`` with the shard label filled in."""
+
+    def __init__(self, counter: Counter, fixed: dict[str, str]) -> None:
+        self._counter, self._fixed = counter, fixed
+
+    def labels(self, **labels: str) -> Any:
+        return self._counter.labels(**labels, **self._fixed)
 
 
 def _children(reply: Reply) -> list[Any]:

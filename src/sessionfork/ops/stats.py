@@ -3,13 +3,17 @@
 Entries of ``sf:outcomes`` carry ``request``, ``code`` (``OK`` or an error code), ``us`` (time to
 run the request), ``lat`` (from enqueue to outcome; both microseconds, 0 when unknown) and
 ``reply`` (the reply event JSON).
+
+A sharded queue has one stream per shard: ``read_sharded`` merges them in time order and
+``compute_stats`` over several servers gives the whole and each shard (``shard`` is the index).
 """
 
 from __future__ import annotations
 
+import heapq
 import statistics
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,6 +36,8 @@ class Outcome(msgspec.Struct, rename="camel", kw_only=True):
     duration_us: int
     reply: wire.ForkResult | wire.ForkFailure
     latency_us: int = 0
+    shard: int | msgspec.UnsetType = msgspec.UNSET
+    """The shard whose stream holds it (a sharded queue only)."""
 
 
 def read_outcomes(redis: Any, *, start: str = "-", follow: bool = False, block_ms: int = 1000,
@@ -56,6 +62,53 @@ def read_outcomes(redis: Any, *, start: str = "-", follow: bool = False, block_m
                 yield _outcome(last, fields)
 
 
+def read_sharded(shards: Sequence[Any], *, start: str = "-", follow: bool = False,
+                 block_ms: int = 1000, batch: int = 500) -> Iterator[Outcome]:
+    """``read_outcomes`` over every shard's stream (clients in shard order), merged by entry time
+    and tagged with their ``shard``; one server: exactly ``read_outcomes``. Following, the shards
+    are read in turn, each blocking at most ``block_ms / len(shards)``. ``start="$"`` means the
+    outcomes stored after this call (each stream's newest entry is read now, not at the first
+    ``next``)."""
+    if len(shards) == 1:
+        return read_outcomes(shards[0], start=start, follow=follow, block_ms=block_ms, batch=batch)
+    newest = [_newest(redis) for redis in shards] if start == "$" else None
+    return _merged(shards, start, newest, follow, max(1, block_ms // len(shards)), batch)
+
+
+def _merged(shards: Sequence[Any], start: str, newest: list[str] | None, follow: bool, block: int,
+            batch: int) -> Iterator[Outcome]:
+    if newest is not None:
+        last = newest
+    else:
+        last = ["0-0"] * len(shards)
+        tagged = [_tagged(read_outcomes(redis, start=start, batch=batch), i) for i, redis in enumerate(shards)]
+        for outcome in heapq.merge(*tagged, key=_order):
+            assert isinstance(outcome.shard, int)
+            last[outcome.shard] = outcome.id
+            yield outcome
+    while follow:
+        for i, redis in enumerate(shards):
+            for _, entries in redis.xread({keys.OUTCOME_STREAM: last[i]}, block=block, count=batch) or []:
+                for entry_id, fields in entries:
+                    last[i] = wire.text(entry_id)
+                    yield msgspec.structs.replace(_outcome(last[i], fields), shard=i)
+
+
+def _tagged(outcomes: Iterator[Outcome], shard: int) -> Iterator[Outcome]:
+    for outcome in outcomes:
+        yield msgspec.structs.replace(outcome, shard=shard)
+
+
+def _order(outcome: Outcome) -> tuple[int, int, int]:
+    ms, _, seq = outcome.id.partition("-")
+    return int(ms), int(seq or 0), outcome.shard if isinstance(outcome.shard, int) else 0
+
+
+def _newest(redis: Any) -> str:
+    newest = redis.xrevrange(keys.OUTCOME_STREAM, count=1)
+    return wire.text(newest[0][0]) if newest else "0-0"
+
+
 def _outcome(entry_id: str, fields: dict[Any, Any]) -> Outcome:
     f = {wire.text(k): v for k, v in fields.items()}
     return Outcome(id=entry_id, time=int(entry_id.split("-")[0]), request_id=wire.text(f["request"]),
@@ -76,7 +129,8 @@ def format_line(outcome: Outcome, style: Any = None) -> str:
         detail = f"{len(reply.sessions)} children"
     else:
         detail = ""
-    return f"{when}  {code.ljust(22) if style is None else code}  {outcome.request_id}  " \
+    shard = "" if isinstance(outcome.shard, msgspec.UnsetType) else f"shard {outcome.shard}  "
+    return f"{when}  {shard}{code.ljust(22) if style is None else code}  {outcome.request_id}  " \
            f"{outcome.duration_us / 1000:.2f}ms  {detail}"
 
 
@@ -100,6 +154,8 @@ class Stats(msgspec.Struct, kw_only=True):
     codes: dict[str, int]
     run_time: Percentiles
     latency: Percentiles
+    shards: list[Stats] | msgspec.UnsetType = msgspec.UNSET
+    """A sharded queue: the same per shard, in shard order (the fields above are the whole)."""
 
 
 def _percentiles(samples: list[float]) -> Percentiles:
@@ -112,7 +168,23 @@ def _percentiles(samples: list[float]) -> Percentiles:
 
 
 def compute_stats(redis: Any, window_seconds: int, now_ms: int) -> Stats:
+    """Stats of the outcomes of the last ``window_seconds``; ``redis`` a queue server, or a list
+    of them (a sharded queue, in shard order: the whole, and ``shards`` one each)."""
     since = now_ms - window_seconds * 1000
+    if not isinstance(redis, list | tuple):
+        return _stats(window_seconds, *_samples(redis, since))
+    parts = [_samples(shard, since) for shard in redis]
+    if len(parts) == 1:
+        return _stats(window_seconds, *parts[0])
+    codes: Counter[str] = Counter()
+    for part in parts:
+        codes.update(part[0])
+    whole = _stats(window_seconds, codes, [t for p in parts for t in p[1]], [t for p in parts for t in p[2]])
+    whole.shards = [_stats(window_seconds, *part) for part in parts]
+    return whole
+
+
+def _samples(redis: Any, since: int) -> tuple[Counter[str], list[float], list[float]]:
     codes: Counter[str] = Counter()
     run_times: list[float] = []
     latencies: list[float] = []
@@ -122,6 +194,10 @@ def compute_stats(redis: Any, window_seconds: int, now_ms: int) -> Stats:
             run_times.append(outcome.duration_us / 1000)
         if outcome.latency_us:
             latencies.append(outcome.latency_us / 1000)
+    return codes, run_times, latencies
+
+
+def _stats(window_seconds: int, codes: Counter[str], run_times: list[float], latencies: list[float]) -> Stats:
     return Stats(window_seconds=window_seconds, total=sum(codes.values()), codes=dict(sorted(codes.items())),
                  run_time=_percentiles(run_times), latency=_percentiles(latencies))
 
@@ -136,4 +212,7 @@ def render_stats(stats: Stats) -> str:
 
     for label, p in (("run time", stats.run_time), ("enqueue→outcome", stats.latency)):
         lines.append(f"{label}: p50 {ms(p.p50_ms)}  p90 {ms(p.p90_ms)}  p99 {ms(p.p99_ms)}")
+    for index, shard in enumerate(stats.shards or []):
+        lines.append(f"shard {index}: {shard.total} outcomes  {' '.join(f'{c} {n}' for c, n in shard.codes.items())}  "
+                     f"enqueue→outcome p50 {ms(shard.latency.p50_ms)}  p99 {ms(shard.latency.p99_ms)}")
     return "\n".join(lines)

@@ -25,6 +25,11 @@ no waiter needs any more.
 Connections: the subscription has one connection of its own (same server and options as
 ``redis``'s pool) for the client's life; commands share ``redis``'s pool.
 ``AsyncClient.from_url(url, max_connections=4)`` never opens more than 4 (3 for commands).
+
+A sharded queue: give one ``redis`` per queue server, in shard order (``AsyncClient([r0, r1])`` or
+``AsyncClient.from_urls([...])``); a request is enqueued and awaited on the shard
+``shards.shard_of(request_id, n)`` names. Each shard has its own subscription (opened when a
+waiter first needs it) and its own pool; ``max_connections`` bounds each shard's.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeVar
@@ -45,7 +50,7 @@ from ..core import connections, keys, wire
 from ..core.config import Settings
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, Reply
-from . import requests, tracing
+from . import requests, shards, tracing
 from .enqueue import AsyncEnqueuer, job_call
 from .outcomes import OUTCOME_FIELDS, verdict
 from .subscriptions import ReplyRouter
@@ -62,14 +67,17 @@ class AsyncClient:
     All of ``request``, ``submit``, ``wait`` and ``fork`` are coroutines (``request`` does no I/O).
     """
 
-    def __init__(self, redis: Redis, settings: Settings | None = None, *,
+    def __init__(self, redis: Redis | Sequence[Redis], settings: Settings | None = None, *,
                  new_id: Callable[[], str] = new_request_id, recheck_every: float = 1.0) -> None:
-        self.redis = redis
+        self.shards = [redis] if isinstance(redis, Redis) else list(redis)
+        if not self.shards:
+            raise ValueError("an AsyncClient needs at least one queue server")
         self.settings = settings or Settings()
-        self.replies = ReplyRouter(redis)
+        self.routers = [ReplyRouter(shard) for shard in self.shards]
+        self.redis, self.replies = self.shards[0], self.routers[0]
         self.recheck_every = recheck_every
         self._new_id = new_id
-        self._enqueue = AsyncEnqueuer(redis, self.settings)
+        self._enqueuers = [AsyncEnqueuer(shard, self.settings) for shard in self.shards]
 
     @classmethod
     def from_url(cls, url: str, settings: Settings | None = None, *, max_connections: int = 4,
@@ -81,6 +89,22 @@ class AsyncClient:
         pool = connections.async_pool(url, max_connections=max(max_connections - 1, 1), **connection_kwargs)
         return cls(Redis.from_pool(pool), settings, new_id=new_id, recheck_every=recheck_every)
 
+    @classmethod
+    def from_urls(cls, urls: str | Sequence[str], settings: Settings | None = None, *, max_connections: int = 4,
+                  new_id: Callable[[], str] = new_request_id, recheck_every: float = 1.0,
+                  **connection_kwargs: Any) -> AsyncClient:
+        """A client of the queue servers at ``urls`` (a list, or one comma-separated string), in
+        shard order; ``max_connections`` and ``connection_kwargs`` apply to each shard as in
+        ``from_url``."""
+        listed = urls.split(",") if isinstance(urls, str) else list(urls)
+        pools = [connections.async_pool(url.strip(), max_connections=max(max_connections - 1, 1),
+                                        **connection_kwargs) for url in listed]
+        return cls([Redis.from_pool(pool) for pool in pools], settings, new_id=new_id, recheck_every=recheck_every)
+
+    def shard_of(self, request_id: str) -> int:
+        """The shard (index into ``shards``) that holds ``request_id``."""
+        return shards.shard_of(request_id, len(self.shards))
+
     async def __aenter__(self) -> AsyncClient:
         return self
 
@@ -89,9 +113,10 @@ class AsyncClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Drop the subscription and close the connections."""
-        await self.replies.aclose()
-        await self.redis.aclose()
+        """Drop the subscriptions and close the connections."""
+        for router, redis in zip(self.routers, self.shards, strict=True):
+            await router.aclose()
+            await redis.aclose()
 
     async def request(self, source: str | LiveHandle, *, session_id: str | None = None,
                       session_ids: list[str] | None = None, count: int | None = None,
@@ -110,7 +135,8 @@ class AsyncClient:
         request, call = self._job(request)
         assert isinstance(request.request_id, str)
         deadline = asyncio.get_running_loop().time() + SUBMIT_RETRY_FOR
-        await _again(lambda: self._enqueue(*call), deadline)
+        enqueue = self._enqueuers[self.shard_of(request.request_id)]
+        await _again(lambda: enqueue(*call), deadline)
         return request.request_id
 
     async def wait(self, request: ForkRequest, timeout: float) -> Reply:
@@ -122,7 +148,8 @@ class AsyncClient:
         """
         assert isinstance(request.request_id, str), "submit() the request first"
         deadline = asyncio.get_running_loop().time() + timeout
-        async with self.replies.expect(request.request_id, self._channel(request), deadline) as woken:
+        router = self.routers[self.shard_of(request.request_id)]
+        async with router.expect(request.request_id, self._channel(request), deadline) as woken:
             return await self._answer(request, woken, None, deadline, timeout)
 
     async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
@@ -137,13 +164,15 @@ class AsyncClient:
         rid = request.request_id
         assert isinstance(rid, str)
         deadline = asyncio.get_running_loop().time() + timeout
-        async with self.replies.expect(rid, self._channel(request), deadline) as woken:
+        router = self.routers[self.shard_of(rid)]
+        async with router.expect(rid, self._channel(request), deadline) as woken:
             first = await _again(lambda: self._enqueue_and_read(rid, call), deadline)
             return await self._answer(request, woken, first, deadline, timeout)
 
     async def _enqueue_and_read(self, request_id: str, call: tuple[list[str], list[Any]]) -> list[Any]:
         """The enqueue script and the first read of the stored outcome, in one round trip."""
-        _, first = await self._enqueue.with_read(*call, ("HMGET", keys.request(request_id), *OUTCOME_FIELDS))
+        enqueuer = self._enqueuers[self.shard_of(request_id)]
+        _, first = await enqueuer.with_read(*call, ("HMGET", keys.request(request_id), *OUTCOME_FIELDS))
         return list(first)
 
     # -- internals ---------------------------------------------------------------------------------
@@ -163,12 +192,13 @@ class AsyncClient:
         dropped connection) is sent again soon, until the deadline."""
         assert isinstance(request.request_id, str)
         rid, digest = request.request_id, wire.digest(request)
+        redis = self.shards[self.shard_of(rid)]
         loop = asyncio.get_running_loop()
         stored, retry_in = first, _RETRY_FIRST
         while True:
             if stored is None:
                 try:
-                    stored = await self.redis.hmget(keys.request(rid), list(OUTCOME_FIELDS))
+                    stored = await redis.hmget(keys.request(rid), list(OUTCOME_FIELDS))
                 except RETRYABLE as exc:
                     log.info("reading the outcome of %s failed (%s); reading it again", rid, exc)
             if stored is not None:

@@ -6,34 +6,55 @@
 
 A request id (given, or generated as ``req-<uuid4>``) makes a submission idempotent: submitting
 it again, or retrying after a time-out, never forks twice and always answers the first outcome.
+
+A sharded queue: give one client per queue server, in shard order (``Client([r0, r1, r2])`` or
+``Client.from_urls([...])``); each request is enqueued on, and waited for on, the shard
+``shards.shard_of(request_id, n)`` names, so a retry and a waiter find it again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 from redis import Redis
 
-from ..core import wire
+from ..core import connections, wire
 from ..core.config import Settings
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, Reply
-from . import jobs, requests, tracing
+from . import jobs, requests, shards, tracing
 from .enqueue import Enqueuer, job_call
 from .outcomes import wait_for_reply
 
 
 class Client:
-    """A scheduler's handle on the fork queue (``redis`` is the queue server)."""
+    """A scheduler's handle on the fork queue: ``redis`` is the queue server, or the queue servers
+    of a sharded queue in shard order (``redis`` and ``queue`` are then the first shard's)."""
 
-    def __init__(self, redis: Redis, settings: Settings | None = None, *,
+    def __init__(self, redis: Redis | Sequence[Redis], settings: Settings | None = None, *,
                  new_id: Callable[[], str] = new_request_id) -> None:
-        self.redis = redis
+        self.shards = [redis] if isinstance(redis, Redis) else list(redis)
+        if not self.shards:
+            raise ValueError("a Client needs at least one queue server")
         self.settings = settings or Settings()
-        self.queue = jobs.make_queue(redis, self.settings)
+        self.queues = [jobs.make_queue(shard, self.settings) for shard in self.shards]
+        self.redis, self.queue = self.shards[0], self.queues[0]
         self._new_id = new_id
-        self._enqueue = Enqueuer(redis, self.settings)
+        self._enqueuers = [Enqueuer(shard, self.settings) for shard in self.shards]
+
+    @classmethod
+    def from_urls(cls, urls: str | Sequence[str], settings: Settings | None = None, *,
+                  new_id: Callable[[], str] = new_request_id) -> Client:
+        """A client of the queue servers at ``urls`` (a list, or one comma-separated string), in
+        shard order; each URL any form ``SESSIONFORK_QUEUE_URL`` takes (Sentinel too)."""
+        settings = settings or Settings()
+        listed = urls.split(",") if isinstance(urls, str) else list(urls)
+        return cls([connections.queue_client(settings, url.strip()) for url in listed], settings, new_id=new_id)
+
+    def shard_of(self, request_id: str) -> int:
+        """The shard (index into ``shards``) that holds ``request_id``."""
+        return shards.shard_of(request_id, len(self.shards))
 
     def request(self, source: str | LiveHandle, *, session_id: str | None = None,
                 session_ids: list[str] | None = None, count: int | None = None,
@@ -51,7 +72,8 @@ class Client:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op."""
         request, payload = requests.prepare(request, self._new_id)
         assert isinstance(request.request_id, str)
-        self._enqueue(*job_call(request.request_id, payload, self.settings, datetime.now(UTC)))
+        shard = self.shard_of(request.request_id)
+        self._enqueuers[shard](*job_call(request.request_id, payload, self.settings, datetime.now(UTC)))
         return request.request_id
 
     def wait(self, request: ForkRequest, timeout: float) -> Reply:
@@ -63,7 +85,8 @@ class Client:
         """
         assert isinstance(request.request_id, str), "submit() the request first"
         channel = requests.reply_channel(request, self.settings.reply_channel)
-        reply = wait_for_reply(self.redis, request.request_id, channel, timeout, digest=wire.digest(request))
+        redis = self.shards[self.shard_of(request.request_id)]
+        reply = wait_for_reply(redis, request.request_id, channel, timeout, digest=wire.digest(request))
         if reply is None:
             raise TimeoutError(f"no reply to request {request.request_id} within {timeout}s")
         return reply

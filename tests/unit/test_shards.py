@@ -1,0 +1,113 @@
+"""The shard routing rule (``queue.shards``): jump consistent hash of CRC-32, pinned by the test
+vectors other languages check against (``tests/data/shard_vectors.json``, quoted in
+docs/any-language.md), and the settings that name the shards."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from sessionfork.core import config
+from sessionfork.queue import shards
+
+ROOT = Path(__file__).resolve().parents[2]
+VECTORS = json.loads((ROOT / "tests/data/shard_vectors.json").read_text())
+
+
+@pytest.mark.parametrize(("request_id", "n", "shard"), VECTORS["vectors"])
+def test_the_committed_vectors(request_id: str, n: int, shard: int) -> None:
+    assert shards.shard_of(request_id, n) == shard
+
+
+def test_the_crc32_of_the_vectors_is_ieee_crc32() -> None:
+    for request_id, crc in VECTORS["crc32"]:
+        assert zlib.crc32(request_id.encode("utf-8")) == crc
+
+
+def test_the_vectors_page_quotes_the_vectors_file() -> None:
+    page = (ROOT / "docs/any-language.md").read_text()
+    table = {(rid, n): shard for rid, n, shard in VECTORS["vectors"]}
+    columns = sorted({n for _, n in table})
+    quoted = [rid for rid, _ in VECTORS["crc32"] if len(rid) <= 40]
+    assert len(quoted) >= 9
+    for rid, crc in VECTORS["crc32"]:
+        if rid in quoted:
+            row = f"| `{rid}` | {crc} | " + " | ".join(str(table[rid, n]) for n in columns) + " |"
+            assert row in page, row
+
+
+REFERENCE = [  # (key, buckets, bucket) from the paper's C++ code, compiled with g++
+    (0, 10, 0), (0, 65536, 0), (1, 10, 6), (1, 100, 55), (1, 1000, 549), (1, 65536, 21134),
+    (3735928559, 10, 5), (3735928559, 100, 87), (3735928559, 1000, 285), (3735928559, 65536, 64244),
+    (4294967295, 10, 5), (4294967295, 100, 74), (4294967295, 1000, 875), (4294967295, 65536, 23215),
+    (2**64 - 1, 10, 9), (2**64 - 1, 100, 92), (2**64 - 1, 1000, 313), (2**64 - 1, 65536, 18311),
+]
+
+
+@pytest.mark.parametrize(("key", "buckets", "bucket"), REFERENCE)
+def test_jump_hash_of_the_paper(key: int, buckets: int, bucket: int) -> None:
+    assert shards.jump_hash(key, buckets) == bucket
+    assert shards.jump_hash(key, 1) == 0
+
+
+def test_an_id_moves_only_to_the_new_shard_when_one_is_added() -> None:
+    ids = [f"req-{i}" for i in range(5000)]
+    for n in (1, 2, 3, 7):
+        moved = [i for i in ids if shards.shard_of(i, n) != shards.shard_of(i, n + 1)]
+        assert all(shards.shard_of(i, n + 1) == n for i in moved)
+        assert abs(len(moved) / len(ids) - 1 / (n + 1)) < 0.03  # about 1/(n+1) move
+
+
+def test_the_shards_are_even() -> None:
+    counts = Counter(shards.shard_of(f"req-{i:08x}", 3) for i in range(30000))
+    assert all(abs(c - 10000) < 500 for c in counts.values()), counts
+
+
+def test_the_id_is_hashed_as_utf8() -> None:
+    rid = "réq-ü"
+    assert shards.shard_of(rid, 1000) == shards.jump_hash(zlib.crc32(rid.encode("utf-8")), 1000)
+    assert shards.shard_of(rid, 1000) != shards.jump_hash(zlib.crc32(rid.encode("latin-1")), 1000)
+
+
+def test_zero_buckets_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        shards.jump_hash(1, 0)
+
+
+def test_pick_one_item_per_shard() -> None:
+    assert shards.pick(["only"], "anything") == "only"
+    assert shards.pick(["a", "b", "c"], "a") == "abc"[shards.shard_of("a", 3)]
+
+
+# -- settings ------------------------------------------------------------------------------------
+
+def test_queue_urls_are_comma_separated() -> None:
+    s = config.from_environ({"SESSIONFORK_QUEUE_URLS": "redis://a:1/0, redis://b:1/0", "SESSIONFORK_SHARD": "1"})
+    assert s.queue_urls == ("redis://a:1/0", "redis://b:1/0") and s.shard == 1
+
+
+@pytest.mark.parametrize(("env", "match"), [
+    ({"SESSIONFORK_QUEUE_URLS": "redis://a:1/0,redis://b:1/0", "SESSIONFORK_SHARD": "2"},
+     r"SESSIONFORK_SHARD must be between 0 and 1 \(SESSIONFORK_QUEUE_URLS lists 2"),
+    ({"SESSIONFORK_QUEUE_URLS": "redis://a:1/0,redis://b:1/0", "SESSIONFORK_SHARD": "-1"}, "SESSIONFORK_SHARD"),
+    ({"SESSIONFORK_SHARD": "1"}, "SESSIONFORK_SHARD must be between 0 and 0"),
+    ({"SESSIONFORK_QUEUE_URLS": "redis://a:1/0,,redis://b:1/0"}, "without empty entries"),
+    ({"SESSIONFORK_QUEUE_URLS": "redis://a:1/0,redis://a:1/0"}, "lists a server twice"),
+    ({"SESSIONFORK_QUEUE_URLS": "redis://a:1/0,http://b"}, "SESSIONFORK_QUEUE_URLS must be a"),
+    ({"SESSIONFORK_QUEUE_URLS": "redis://a:1/0", "SESSIONFORK_QUEUE_URL": "redis://b:1/0"}, "exclude each other"),
+])
+def test_bad_shard_settings_are_refused(env: dict[str, str], match: str) -> None:
+    with pytest.raises(config.ConfigError, match=match):
+        config.from_environ(env)
+
+
+def test_a_flag_shard_is_checked_like_the_variable() -> None:
+    s = config.from_environ({"SESSIONFORK_QUEUE_URLS": "redis://a:1/0,redis://b:1/0"})
+    assert config.with_shard(s, 1).shard == 1
+    assert config.with_shard(s, None) is s
+    with pytest.raises(config.ConfigError, match="between 0 and 1"):
+        config.with_shard(s, 5)
