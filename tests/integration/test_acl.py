@@ -25,6 +25,7 @@ from sessionfork.core.wire import ForkResult, Header, NewEvent, Reply
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.ops import acl
 from sessionfork.ops.persist import JsonlBackend
+from sessionfork.queue import enqueue as enqueue_module
 from sessionfork.queue.rq_seam.worker_base import RQ_MAJOR
 
 PASSWORDS = {acl.SCHEDULER: "scheduler-secret", acl.WORKER: "worker-secret", acl.HOST: "host-secret",
@@ -57,6 +58,9 @@ def acl_server() -> Iterator[EmbeddedServer]:
         for line in acl.acl_rules(SETTINGS, PASSWORDS):
             admin.execute_command(*shlex.split(line))  # type: ignore[no-untyped-call]
         admin.close()
+        # the operator's step: load the enqueue library (FCALL sf_enqueue), as an admin
+        subprocess.run(cli_args(srv.url, "load-functions"), env=clean_environ(), check=True, timeout=60,
+                       capture_output=True)
         yield srv
 
 
@@ -201,6 +205,11 @@ def test_flow_meets_no_acl_denial_but_the_deliberate_client_list(flow: Flow) -> 
     assert flow.denials == EXPECTED_DENIALS
 
 
+def test_the_scheduler_enqueues_with_fcall_never_a_script(flow: Flow, admin: Redis) -> None:
+    stats: Any = admin.info("commandstats")
+    assert stats["cmdstat_fcall"]["calls"] >= 3  # the flow's three forks; an EVALSHA would be a denial
+
+
 def test_host_reads_back_the_session_it_wrote(flow: Flow, host: Redis) -> None:
     assert [e.type for e in Registry(host).events("a")] == [e.type for e in turn(1)]
 
@@ -308,25 +317,53 @@ def test_persistence_backend_writes_only_its_marks(acl_server: EmbeddedServer) -
             client.delete(keys.session("x"))
 
 
-def test_the_scheduler_runs_the_any_language_enqueue_script_but_cannot_write_a_request_record(
+def test_the_scheduler_runs_the_enqueue_function_but_cannot_write_a_request_record(
         flow: Flow, scheduler: Redis, admin: Redis) -> None:
-    from sessionfork.core import lua
-
-    sha = scheduler.script_load(lua.source("enqueue.lua", "sessionfork.queue"))
-
     def enqueue(rid: str, source: str) -> int:
         request = msgspec.json.encode({"requestId": rid, "source": source, "sessionId": f"{rid}-c"})
-        return int(scheduler.evalsha(sha, 3, f"rq:job:{rid}", f"rq:queue:{SETTINGS.queue}", keys.request(rid),
-                                     rid, request, "origin", SETTINGS.queue, "status", "queued"))
+        return int(scheduler.fcall(enqueue_module.FUNCTION, 4, f"rq:job:{rid}", f"rq:queue:{SETTINGS.queue}",
+                                   keys.request(rid), "rq:queues", rid, request, "origin", SETTINGS.queue,
+                                   "status", "queued"))
 
     rid = f"raw-{uuid.uuid4().hex[:8]}"
     assert (enqueue(rid, "a"), enqueue(rid, "a"), enqueue(rid, "b")) == (1, 0, -1)  # queued: the job compared
     wait_until(lambda: scheduler.hmget(keys.request(rid), ["outcome"])[0] is not None, 10, "the sf-worker's outcome")
+    assert b'"ok":true' in (scheduler.hget(keys.request(rid), "outcome") or b"")  # served by the worker
     admin.delete(f"rq:job:{rid}")  # as with result_ttl 0: the worker's record alone remembers the request
     assert (enqueue(rid, "a"), enqueue(rid, "b")) == (0, -1)
     with pytest.raises(NoPermissionError):
         scheduler.hset(keys.request(rid), "outcome", "forged")
-    forge = "return redis.call('HSET', KEYS[3], 'outcome', 'forged')"
-    with pytest.raises(Exception, match=r"NOPERM|permission"):
-        scheduler.eval(forge, 3, f"rq:job:{rid}", f"rq:queue:{SETTINGS.queue}", keys.request(rid))
     assert b"forged" not in (admin.hget(keys.request(rid), "outcome") or b"")
+
+
+LOOP = "local n = 0 while true do n = n + 1 end"
+
+
+@pytest.mark.parametrize("command", [
+    ("EVAL", LOOP, "0"), ("EVALSHA", hashlib.sha1(LOOP.encode()).hexdigest(), "0"), ("SCRIPT", "LOAD", LOOP),
+    ("EVAL_RO", LOOP, "0"),
+    ("FUNCTION", "LOAD", f"#!lua name=loop\nredis.register_function('loop', function() {LOOP} end)"),
+    ("FUNCTION", "DELETE", "sessionfork"), ("FUNCTION", "FLUSH"),
+    ("EVAL", "return redis.call('HSET', KEYS[3], 'outcome', 'forged')", "3", "rq:job:x", "rq:queue:sessionfork",
+     "sf:req:x"),
+])
+def test_the_scheduler_can_run_no_code_of_its_own(flow: Flow, scheduler: Redis, admin: Redis,
+                                                   command: tuple[str, ...]) -> None:
+    with pytest.raises(NoPermissionError):
+        scheduler.execute_command(*command)  # type: ignore[no-untyped-call]
+    assert admin.ping() and admin.function_list(library="loop") == []
+    assert admin.function_list(library="sessionfork") != []
+
+
+def test_without_the_library_the_scheduler_is_told_to_load_it(flow: Flow, scheduler: Redis, admin: Redis) -> None:
+    admin.function_delete("sessionfork")
+    try:
+        client = make_client(scheduler)
+        with pytest.raises(NoPermissionError, match="sessionfork load-functions"):
+            client.submit(client.request("a", request_id="nolib-1"))
+        assert not admin.exists("rq:job:nolib-1")
+        enqueue_module.load_library(admin)  # the operator's fix: the same client works again
+        client.submit(client.request("a", request_id="nolib-1"))
+        assert admin.exists("rq:job:nolib-1")
+    finally:
+        enqueue_module.load_library(admin)

@@ -76,7 +76,7 @@ def test_job_hash_is_field_by_field_what_rq_writes(server: EmbeddedServer, redis
     payload_source = {"requestId": "hash-1", "source": "s" * 200}  # long: RQ truncates the description
     sync = make_client(redis)
     request = sync.request(payload_source["source"], request_id="hash-1", session_id="child-x")
-    sync.submit(request)
+    assert jobs.enqueue(jobs.make_queue(redis, SETTINGS), wire.encode(request), "hash-1", SETTINGS)  # RQ's own
     by_rq = redis.hgetall(rq_layout.job_key("hash-1"))
     queue_by_rq = redis.lrange(rq_layout.queue_key(SETTINGS.queue), 0, -1)
     queues_by_rq = redis.smembers(rq_layout.QUEUES)
@@ -89,7 +89,7 @@ def test_job_hash_is_field_by_field_what_rq_writes(server: EmbeddedServer, redis
 
     run(main)
     ours = redis.hgetall(rq_layout.job_key("hash-1"))
-    assert set(ours) == set(by_rq)
+    assert set(ours) == {*by_rq, b"sf_identity"}  # and the request's identity, for the enqueue script
     for name in by_rq:
         if name in (b"created_at", b"enqueued_at"):
             assert len(ours[name]) == len(by_rq[name]) and ours[name].endswith(b"Z")
@@ -97,6 +97,11 @@ def test_job_hash_is_field_by_field_what_rq_writes(server: EmbeddedServer, redis
             assert ours[name] == by_rq[name], name
     assert redis.lrange(rq_layout.queue_key(SETTINGS.queue), 0, -1) == queue_by_rq == [b"hash-1"]
     assert redis.smembers(rq_layout.QUEUES) == queues_by_rq
+    redis.delete(rq_layout.job_key("hash-1"), rq_layout.queue_key(SETTINGS.queue))
+    sync.submit(request)  # the sync client writes the same hash (one function: rq_layout.job_fields)
+    assert {k: v for k, v in redis.hgetall(rq_layout.job_key("hash-1")).items()
+            if k not in (b"created_at", b"enqueued_at")} == {k: v for k, v in ours.items()
+                                                             if k not in (b"created_at", b"enqueued_at")}
     job = Job.fetch("hash-1", connection=redis, serializer=jobs.JSONSerializer)
     assert job.func_name == jobs.JOB_FUNCTION and job.get_status() == "queued"
     assert wire.decode_request(job.args[0]) == request

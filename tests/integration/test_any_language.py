@@ -61,6 +61,17 @@ def test_raw_redis_producer_gets_its_fork_reply(server: EmbeddedServer, registry
     assert registry.header("raw-child").parent_session == "raw-src"
 
 
+def test_raw_producer_fcalls_the_loaded_library_and_gets_its_fork_reply(server: EmbeddedServer, registry: Registry,
+                                                                        redis: Redis, worker: None) -> None:
+    from sessionfork.queue.enqueue import load_library
+
+    load_library(redis)
+    add_source(registry, "fc-src")
+    reply = produce(server, "fc-src", "fc-child", "fc-1", "604800", "", "fcall")
+    assert (reply["ok"], reply["session"]["parentSession"]) == (True, "fc-src")  # type: ignore[index]
+    assert redis.function_list(library="sessionfork") != []
+
+
 def test_raw_producer_forks_a_running_session_at_a_boundary(server: EmbeddedServer, registry: Registry,
                                                             worker: None) -> None:
     running = registry.create("raw-running")
@@ -70,6 +81,30 @@ def test_raw_producer_forks_a_running_session_at_a_boundary(server: EmbeddedServ
     assert reply == {"type": "fork/result", "requestId": "raw-2", "ok": True,
                      "session": {**reply["session"], "id": "raw-at", "parentSession": "raw-running",  # type: ignore[dict-item]
                                  "seedLength": 2}}
+
+
+def test_raw_producer_guards_edits_and_variants(server: EmbeddedServer, registry: Registry, worker: None) -> None:
+    add_source(registry, "rc-src")  # 2 events
+    guarded = produce(server, "rc-src", "rc-1", "rc-g", "604800", "", "", json.dumps({"ifLength": 5}))
+    assert (guarded["code"], guarded["message"]) == ("PRECONDITION_FAILED", 'session "rc-src" has 2 events, not 5')
+    edits = [{"type": "turn/start", "data": {"turn": 2}}, {"type": "user/message", "data": "retry", "surfaceOp": "s"}]
+    edited = produce(server, "rc-src", "rc-1", "rc-e", "604800", "", "", json.dumps({"ifLength": 2, "edits": edits}))
+    assert edited["ok"] is True and edited["session"]["seedLength"] == 2  # type: ignore[index]
+    assert [wire_event(e) for e in registry.events("rc-1")[2:]] == [
+        {"type": "turn/start", "data": {"turn": 2}}, {"type": "user/message", "data": "retry", "surfaceOp": "s"}]
+    other = produce(server, "rc-src", "rc-1", "rc-e", "604800", "", "", json.dumps({"ifLength": 2, "edits": edits[:1]}))
+    assert other["code"] == "IDEMPOTENCY_CONFLICT"
+    fields = {"variants": [{"sessionId": "rv-1", "edits": edits[1:]}, {"sessionId": "rv-2"}]}
+    fan = produce(server, "rc-src", "-", "rc-v", "604800", "", "", json.dumps(fields))
+    assert [h["id"] for h in fan["sessions"]] == ["rv-1", "rv-2"]  # type: ignore[attr-defined]
+    assert registry.length("rv-1") == 3 and registry.length("rv-2") == 2
+
+
+def wire_event(event: object) -> dict[str, object]:
+    from sessionfork.core import wire
+
+    body = wire.event_to_builtins(event)  # type: ignore[arg-type]
+    return {k: v for k, v in body.items() if k not in ("seq", "time")}
 
 
 @pytest.mark.parametrize("result_ttl", ["604800", "0"])
@@ -101,7 +136,8 @@ def test_a_python_submit_reusing_a_deleted_jobs_id_is_a_conflict_announced_nowhe
         pubsub.subscribe(client.settings.reply_channel)
         reply = client.fork("sb", session_id="b2", request_id="rC", timeout=10)
         assert (reply.ok, getattr(reply, "code", None)) == (False, "IDEMPOTENCY_CONFLICT")
-        wait_job_done(redis, "rC")  # the worker ran the conflicting job
+        # the clients enqueue with the script too: it saw the kept request, so nothing was queued
+        assert not redis.exists("rq:job:rC") and redis.llen("rq:queue:sessionfork") == 0
         published = [m for m in iter(lambda: pubsub.get_message(timeout=0.2), None) if b'"rC"' in m["data"]]
     assert published == []  # the only announcement of rC was the first one, before we listened
     assert [e.code for e in outcome_entries(redis) if e.request == "rC"] == ["OK"]

@@ -35,7 +35,7 @@ from redis import Redis
 from redis.client import PubSub
 from rq.job import Job, JobStatus
 
-from sessionfork.core import keys
+from sessionfork.core import keys, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ChildError, ForkFailure, ForkResult, LiveHandle, Reply
@@ -383,8 +383,12 @@ def test_rerun_job_of_a_finished_request_answers_its_first_outcome_and_creates_n
     Job.fetch("rerun-1", connection=redis, serializer=jobs.JSONSerializer).delete()  # RQ forgot the job
     registry.append(source, turn(2)[:2])
 
-    again = client.fork(source, count=2, request_id="rerun-1", timeout=TIMEOUT)
+    request = client.request(source, count=2, request_id="rerun-1")
+    client.submit(request)  # the enqueue script sees the kept request: nothing queued
+    assert not redis.exists("rq:job:rerun-1")
+    assert jobs.enqueue(client.queue, wire.encode(request), "rerun-1", client.settings)  # RQ's own enqueue does
     wait_job_status(redis, "rerun-1", JobStatus.FINISHED)  # the worker ran the new job
+    again = client.wait(request, TIMEOUT)
 
     assert again == first
     rerun = Job.fetch("rerun-1", connection=redis, serializer=jobs.JSONSerializer)
@@ -431,7 +435,8 @@ def test_worker_ends_a_reused_request_id_as_a_conflict_and_announces_nothing(
 
     with subscribed(redis, keys.DEFAULT_REPLY_CHANNEL) as pubsub:
         request = client.request(source, session_id="c2", request_id="dup-job")
-        client.submit(request)
+        # RQ's own enqueue (the clients' enqueue script would refuse it: -1, nothing queued)
+        assert jobs.enqueue(client.queue, wire.encode(request), "dup-job", client.settings)
         wait_job_status(redis, "dup-job", JobStatus.FINISHED)  # the worker ran it...
         published = pubsub.get_message(timeout=0.5)
 

@@ -1,4 +1,5 @@
-"""The operators' commands: tree, diff, repair, delete, gc, events, stats, persist, acl (on ``cli``)."""
+"""The operators' commands: tree, diff, repair, delete, gc, events, stats, persist, acl, load-functions
+(on ``cli``)."""
 
 from __future__ import annotations
 
@@ -219,3 +220,16 @@ def acl(obj: Context, passwords: tuple[str, ...]) -> None:
             given[user] = secrets.token_urlsafe(24)
             click.echo(f"# generated password for {user}: {given[user]}", err=True)
     click.echo(rules.render(rules.acl_rules(obj.settings, given)), nl=False)
+
+
+@cli.command("load-functions")
+@click.pass_obj
+@clean_errors
+def load_functions(obj: Context) -> None:
+    """Load (or replace) the enqueue library on the queue server (FUNCTION LOAD REPLACE): then
+    schedulers enqueue with FCALL sf_enqueue, the one thing the sf-scheduler ACL role may run.
+    Run it as an admin user after each upgrade (and after the server lost its data)."""
+    from ..queue.enqueue import FUNCTION, load_library
+
+    name = load_library(obj.queue_redis())
+    click.echo(f"loaded library {name} (function {FUNCTION}) on the queue server")

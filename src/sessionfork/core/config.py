@@ -70,6 +70,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     ``socket_timeout``. RQ raises it on the worker's own connection to cover its blocking dequeue."""
     connect_timeout: float = 3.0
     """Seconds a connection to Redis may take to open (TCP and TLS handshake)."""
+    enqueue: str = "auto"
+    """How the clients run the enqueue script (``SESSIONFORK_ENQUEUE``): ``auto`` = ``FCALL`` of the
+    loaded ``sessionfork`` library, else ``EVALSHA``; ``fcall`` = the library only; ``eval`` = never
+    the library (``queue.enqueue``)."""
 
 
 ENV: Mapping[str, str] = {
@@ -97,6 +101,7 @@ ENV: Mapping[str, str] = {
     "wait_timeout_ms": "SESSIONFORK_WAIT_TIMEOUT_MS",
     "socket_timeout": "SESSIONFORK_SOCKET_TIMEOUT",
     "connect_timeout": "SESSIONFORK_CONNECT_TIMEOUT",
+    "enqueue": "SESSIONFORK_ENQUEUE",
 }
 
 _DAY = 24 * 3600
@@ -122,6 +127,7 @@ BOUNDS: Mapping[str, tuple[float, float]] = {
 """The range of every numeric setting, inclusive; any value outside it is a ``ConfigError``."""
 URL_SCHEMES = ("redis", "rediss", "unix")
 NAME_MAX_LENGTH = 256
+ENQUEUE_MODES = ("auto", "fcall", "eval")
 
 
 class ConfigError(ValueError):
@@ -153,6 +159,8 @@ def from_environ(environ: Mapping[str, str], **overrides: Any) -> Settings:
         url = getattr(settings, field)
         if url is not None:
             check_url(url, ENV[field])
+    if settings.enqueue not in ENQUEUE_MODES:
+        raise ConfigError(f"{ENV['enqueue']} must be one of {', '.join(ENQUEUE_MODES)}, got {settings.enqueue!r}")
     for field in ("queue", "reply_channel"):
         name = getattr(settings, field)
         if not 0 < len(name) <= NAME_MAX_LENGTH or not name.isascii() or not name.isprintable() or " " in name:

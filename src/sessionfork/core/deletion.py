@@ -28,10 +28,11 @@ class DeletingStore(SessionStore):
         ``SESSION_NOT_FOUND`` when never created or deleted already.
         """
         sid = rules.check_id(session_id)
-        reply = self._delete(keys=[keys.session(sid), keys.session_log(sid), keys.session_children(sid),
-                                   keys.session_persisted(sid), keys.session_turns(sid), *self._lifecycle],
-                             args=[self._clock(), self.lifecycle_maxlen, sid, "1" if only_disposed else "0",
-                                   "1" if persisted_first else "0"])
+        reply = self._scripts("delete", record=keys.session(sid), log=keys.session_log(sid),
+                              children=keys.session_children(sid), persisted=keys.session_persisted(sid),
+                              turns=keys.session_turns(sid), lifecycle=self._lifecycle_key, now=self._clock(),
+                              maxlen=self.lifecycle_maxlen, session_id=sid, only_disposed="1" if only_disposed else "0",
+                              persisted_first="1" if persisted_first else "0")
         status = int(reply[0])
         if status == -1:
             raise errors.not_found(sid)
@@ -58,8 +59,10 @@ class DeletingStore(SessionStore):
         ``FLUSH_REASK_MS``: the persistence backend reads every entry of its consumer group, so
         one request is enough; the interval re-asks a backend that lost one. One round trip per
         server; returns the ids asked now."""
-        calls: list[lua.Call] = [(self._flush_once, [keys.session_flush_asked(sid), *self._lifecycle],
-                                  [FLUSH_REASK_MS, self.lifecycle_maxlen, sid, length]) for sid, length in sessions]
+        calls: list[lua.Call] = [
+            self._scripts.op("flush", asked=keys.session_flush_asked(sid), lifecycle=self._lifecycle_key,
+                             interval=FLUSH_REASK_MS, maxlen=self.lifecycle_maxlen, session_id=sid, length=length)
+            for sid, length in sessions]
         asked = [(sid, length) for (sid, length), reply in zip(sessions, lua.eval_many(self.redis, calls), strict=True)
                  if int(reply)]
         if asked and self._cluster:  # the stream is in another slot: right after the marks
@@ -86,8 +89,9 @@ class DeletingStore(SessionStore):
         # ``child`` is gone for good: unpin it from ``parent``, and go up the lineage while that
         # frees a deleted ancestor's log (each step one script on one slot).
         while parent:
-            result = self._release(keys=[keys.session(parent), keys.session_log(parent),
-                                         keys.session_children(parent), keys.session_turns(parent)], args=[child])
+            result = self._scripts("release", record=keys.session(parent), log=keys.session_log(parent),
+                                   children=keys.session_children(parent), turns=keys.session_turns(parent),
+                                   child=child)
             if result is None:
                 return
             parent, child = wire.text(result), parent

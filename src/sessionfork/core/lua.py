@@ -1,6 +1,9 @@
 """The Lua scripts (``scripts/*.lua``), registered once per client, and how to run them in bulk.
 
-Scripts take key names only from ``KEYS``. ``run`` sends script calls and plain commands in one
+``SCRIPTS`` is the one table of scripts, by name: each ``Spec`` names its ``KEYS`` and ``ARGV`` in
+order, and ``Scripts(redis).op(name, **named)`` (or calling it) builds them from keyword
+arguments, so no call site spells an argument by position. Scripts take key names only from
+``KEYS``. ``run`` sends script calls and plain commands in one
 pipelined round trip: EVALSHA, without redis-py's per-pipeline SCRIPT EXISTS round trip. This is
 sessionfork's one NOSCRIPT strategy: a NOSCRIPT (the server restarted or was flushed) loads the
 script and re-runs the calls that got it (they did not run). ``eval_many`` runs script calls on a
@@ -13,10 +16,11 @@ script it misses, itself).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, Final
 
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
@@ -29,6 +33,97 @@ Call = tuple[Script, Sequence[str], Sequence[Any]]
 Op = Call | tuple[str, ...]
 """A script call, or a plain command as its words (``("HMGET", key, "header")``)."""
 _REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
+
+
+_QUEUE: Final = "sessionfork.queue"
+
+
+@dataclass(frozen=True, slots=True)
+class Spec:
+    """A script's calling contract: ``scripts/<name>.lua`` of ``package``, its KEYS and ARGV by name.
+
+    A name ending in ``?`` is optional (``None``: left out; only trailing ones may be left out,
+    since Lua reads them by position); one ending in ``*`` (the last argument) takes a sequence.
+    """
+
+    name: str
+    keys: tuple[str, ...]
+    args: tuple[str, ...]
+    package: str | None = None
+
+    def build(self, named: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
+        """The script's KEYS and ARGV from ``named`` (bare names); ``TypeError`` for a missing,
+        unknown or misplaced one (a programming error)."""
+        unknown = set(named) - {n.rstrip("?*") for n in (*self.keys, *self.args)}
+        if unknown:
+            raise TypeError(f"{self.name}.lua takes no {', '.join(sorted(unknown))}")
+        return self._fill(self.keys, named), self._fill(self.args, named)
+
+    def _fill(self, names: tuple[str, ...], named: Mapping[str, Any]) -> list[Any]:
+        out: list[Any] = []
+        left_out = ""
+        for name in names:
+            bare = name.rstrip("?*")
+            value = named.get(bare)
+            if value is None:
+                if not name.endswith(("?", "*")):
+                    raise TypeError(f"{self.name}.lua needs {bare}")
+                left_out = bare
+                continue
+            if left_out:
+                raise TypeError(f"{self.name}.lua: {bare} given after {left_out} was left out")
+            if name.endswith("*"):
+                out.extend(value)
+            else:
+                out.append(value)
+        return out
+
+
+SCRIPTS: Final[Mapping[str, Spec]] = {spec.name: spec for spec in (
+    Spec("append", ("record", "log", "turns", "lifecycle?"),
+         ("instance", "last_type", "expect_length", "flush", "maxlen", "session_id", "call_id", "markers", "events*")),
+    Spec("create", ("record", "log", "turns", "lifecycle?", "parent_children?", "parent?"),
+         ("header", "instance", "length", "seed_length", "seed", "last_type", "request_id", "maxlen", "session_id",
+          "seed_end", "parent_header", "last_end", "markers", "edits*")),
+    Spec("delete", ("record", "log", "children", "persisted", "turns", "lifecycle?"),
+         ("now", "maxlen", "session_id", "only_disposed", "persisted_first")),
+    Spec("dispose", ("record", "lifecycle?", "disposed?"), ("instance", "maxlen", "session_id", "now")),
+    Spec("flush", ("asked", "lifecycle?"), ("interval", "maxlen", "session_id", "length")),
+    Spec("pin", ("record", "children"), ("child_ids*",)),
+    Spec("release", ("record", "log", "children", "turns"), ("child",)),
+    Spec("settle", ("record",), ("seed",)),
+    Spec("snapshot", ("record", "turns", "log"), ("instance", "boundary", "if_length")),
+    Spec("turn", ("record", "turns", "log"), ("seq",)),
+    Spec("claim", ("record",), ("digest", "children", "ttl", "identity"), _QUEUE),
+    Spec("record", ("record", "stream"),
+         ("outcome", "channel", "ttl", "maxlen", "digest", "request_id", "code", "run_us", "latency_us"), _QUEUE),
+    Spec("enqueue", ("job", "queue", "record", "queues?"), ("request_id", "request", "fields*"), _QUEUE),
+)}
+"""Every Lua script of the project, by name (``queue.enqueue`` sends ``enqueue`` as FCALL or EVALSHA)."""
+
+
+class Scripts:
+    """The scripts of ``SCRIPTS`` for one client (``redis``): registered on first use, called by name."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+        self._registered: dict[str, Script] = {}
+
+    def script(self, name: str) -> Script:
+        if name not in self._registered:
+            spec = SCRIPTS[name]
+            self._registered[name] = register(self.redis, f"{spec.name}.lua", spec.package)
+        return self._registered[name]
+
+    def op(self, name: str, /, **named: Any) -> Call:
+        """The call of script ``name`` with ``named`` keys and arguments, for ``run``/``eval_many``."""
+        call_keys, args = SCRIPTS[name].build(named)
+        return self.script(name), call_keys, args
+
+    def __call__(self, name: str, /, **named: Any) -> Any:
+        """Run script ``name`` now (EVALSHA, loading it on NOSCRIPT) with ``named`` keys and arguments."""
+        script, call_keys, args = self.op(name, **named)
+        return script(keys=list(call_keys), args=list(args))
 
 
 def source(name: str, package: str | None = None) -> str:

@@ -81,22 +81,12 @@ class SessionStore:
         # a cluster the stream lives in another slot, so the registry appends them right after.
         self._cluster = isinstance(redis, RedisCluster)
         self._lineages: OrderedDict[str, tuple[int, tuple[tuple[str, int, int], ...]]] = OrderedDict()
-        self._lifecycle = [] if self._cluster else [keys.LIFECYCLE_STREAM]
-        self._disposed = [] if self._cluster else [keys.DISPOSED_INDEX]
+        self._lifecycle_key = None if self._cluster else keys.LIFECYCLE_STREAM  # an optional script key
         self._clock = clock
         self._new_id = new_id
         self._new_token = new_token
         self._new_call_id = new_call_id
-        self._create = lua.register(redis, "create.lua")
-        self._append = lua.register(redis, "append.lua")
-        self._snapshot = lua.register(redis, "snapshot.lua")
-        self._dispose = lua.register(redis, "dispose.lua")
-        self._turn = lua.register(redis, "turn.lua")  # boundary checks on an ancestor (registry)
-        self._delete = lua.register(redis, "delete.lua")
-        self._release = lua.register(redis, "release.lua")
-        self._pin = lua.register(redis, "pin.lua")
-        self._settle = lua.register(redis, "settle.lua")
-        self._flush_once = lua.register(redis, "flush.lua")  # deletion waiting for the backend
+        self._scripts = lua.Scripts(redis)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -112,8 +102,11 @@ class SessionStore:
                         cwd=UNSET if cwd is None else cwd)
         token = self._new_token()
         raw = wire.encode_header(header)
-        created = self._create(keys=[keys.session(sid), *self._lifecycle],
-                               args=[raw, token, 0, 0, "[]", "", "", self.lifecycle_maxlen, sid, -1])
+        created = self._scripts("create", record=keys.session(sid), log=keys.session_log(sid),
+                                turns=keys.session_turns(sid), lifecycle=self._lifecycle_key,
+                                header=raw, instance=token, length=0, seed_length=0, seed="[]", last_type="",
+                                request_id="", maxlen=self.lifecycle_maxlen, session_id=sid, seed_end=-1,
+                                parent_header="", last_end="", markers="", edits=())
         if created is None:
             raise errors.already_exists(sid)
         if self._cluster:
@@ -142,22 +135,30 @@ class SessionStore:
                 raise errors.not_live(sid)
             return []
         ts = self._clock() if time_ms is None else time_ms
-        payload = [wire.encode_stored_event(e, ts) for e in events]
-        for i, raw in enumerate(payload):
-            if len(raw) > self.max_event_bytes:
-                raise errors.invalid(f"event {i} is {len(raw)} bytes, over the limit of {self.max_event_bytes}")
+        payload = self.encode_events(events, ts)
         flush = any(e.type == rules.TURN_END for e in events)
         markers = " ".join(map(str, rules.batch_markers([e.type for e in events])))
-        first = int(self._append(
-            keys=[keys.session(sid), keys.session_log(sid), keys.session_turns(sid), *self._lifecycle],
-            args=[instance, events[-1].type, "" if expect_length is None else expect_length,
-                  "1" if flush else "0", self.lifecycle_maxlen, sid, self._new_call_id(), markers, *payload]))
+        first = int(self._scripts(
+            "append", record=keys.session(sid), log=keys.session_log(sid), turns=keys.session_turns(sid),
+            lifecycle=self._lifecycle_key, instance=instance, last_type=events[-1].type,
+            expect_length="" if expect_length is None else expect_length, flush="1" if flush else "0",
+            maxlen=self.lifecycle_maxlen, session_id=sid, call_id=self._new_call_id(), markers=markers,
+            events=payload))
         if first == -3:
             raise LengthMoved(sid)
         self._raise_for(first, sid)
         if flush and self._cluster:
             self._emit(self.redis, "session/flush", sid, first + len(events))
         return [Event(e.type, first + i, ts, e.data, dict(e.extra)) for i, e in enumerate(events)]
+
+    def encode_events(self, events: Sequence[NewEvent], time_ms: int) -> list[bytes]:
+        """The stored JSON of ``events`` at ``time_ms``: ``INVALID_REQUEST`` for an event that is
+        not JSON that reads back identically, or over ``max_event_bytes`` (``append``'s rules)."""
+        payload = [wire.encode_stored_event(e, time_ms) for e in events]
+        for i, raw in enumerate(payload):
+            if len(raw) > self.max_event_bytes:
+                raise errors.invalid(f"event {i} is {len(raw)} bytes, over the limit of {self.max_event_bytes}")
+        return payload
 
     def dispose(self, session: SessionRef) -> None:
         """End the live incarnation; header and events stay readable, the id is never reused.
@@ -166,8 +167,9 @@ class SessionStore:
         """
         sid, instance = split_ref(session)
         now = self._clock()
-        status = int(self._dispose(keys=[keys.session(sid), *self._lifecycle, *self._disposed],
-                                   args=[instance, self.lifecycle_maxlen, sid, now]))
+        status = int(self._scripts("dispose", record=keys.session(sid), lifecycle=self._lifecycle_key,
+                                   disposed=None if self._cluster else keys.DISPOSED_INDEX, instance=instance,
+                                   maxlen=self.lifecycle_maxlen, session_id=sid, now=now))
         self._raise_for(status, sid)
         if self._cluster:  # the index and the stream live in other slots: right after the change
             self.redis.zadd(keys.DISPOSED_INDEX, {sid: now})

@@ -9,24 +9,25 @@ never in clear. The command sets were derived by running the whole flow (host, w
 refused jobs, retries, maintenance, shutdown) under these users until no ACL denial was logged.
 
 ``sf-scheduler`` (enqueues requests and reads replies; the queue server)
-    * RQ's unique enqueue: ``EVALSHA``/``SCRIPT LOAD`` of RQ's script, which runs ``EXISTS`` and
-      ``HSET`` on ``rq:job:*`` and ``RPUSH`` on ``rq:queue:<queue>``; ``SADD rq:queues`` (a
-      write-only key) in a ``MULTI``/``EXEC``; ``INFO`` for the server version (RQ stores it in the job).
+    * enqueue: ``FCALL sf_enqueue`` only (the project's enqueue script as a Redis Functions
+      library, loaded by an admin with ``sessionfork load-functions``; ``queue.enqueue``): a
+      selector grants ``FCALL`` declaring ``rq:job:*``, ``rq:queue:<queue>``, ``sf:req:*`` and
+      ``rq:queues`` (a declared key needs read and write access); the function's own commands
+      (``TYPE``, ``EXISTS``, ``HGET``/``HMGET``, ``HSET``, ``RPUSH``, ``SADD``) are checked against
+      the root rules, so ``sf:req:*`` stays read-only. No ``EVAL``, ``EVALSHA``, ``SCRIPT`` or
+      ``FUNCTION``: the role cannot run code of its own (a long script would make the server
+      answer ``BUSY`` to everyone).
     * replies: ``SUBSCRIBE`` to the reply channel ``<reply>`` and to per-request reply channels
       under the prefix ``<reply>:`` (a request's ``replyTo`` must use that prefix when schedulers
-      run under this user); read-only ``HMGET`` of ``sf:req:*``; read-only ``XRANGE``/``XREAD`` of
-      ``sf:outcomes`` (``sessionfork events`` and ``stats``).
-    * the any-language enqueue script (``queue/scripts/enqueue.lua``): a selector grants
-      ``EVAL``/``EVALSHA`` declaring ``rq:job:*``, ``rq:queue:<queue>`` and ``sf:req:*`` (a declared
-      key needs write access); the script's own commands are checked against the rules above, so
-      ``sf:req:*`` stays read-only.
+      run under this user); read-only ``HGET``/``HMGET`` of ``sf:req:*``; read-only
+      ``XRANGE``/``XREAD`` of ``sf:outcomes`` (``sessionfork events`` and ``stats``).
     * nothing else: no ``DEL``/``EXPIRE`` (it cannot delete or expire a job), no session key
       (``sf:s:*``), no registry script effect, no admin command.
     * residual (what key patterns cannot separate): it may ``HSET`` or ``HMGET`` any ``rq:job:*``
-      hash, because RQ's script needs ``EXISTS`` and ``HSET`` there. A worker refuses every job but
-      a fork request, so a rewritten job can at worst be another fork request; webhooks and
-      callbacks written into a job hash are dropped when a worker loads it, and a job hash RQ
-      cannot parse is refused (``INVALID_REQUEST``) without stopping the worker.
+      hash and ``RPUSH`` to the queue (the function runs with the caller's permissions). A worker
+      refuses every job but a fork request, so a rewritten job can at worst be another fork
+      request; webhooks and callbacks written into a job hash are dropped when a worker loads it,
+      and a job hash RQ cannot parse is refused (``INVALID_REQUEST``) without stopping the worker.
 
 ``sf-worker`` (``sessionfork worker``; the queue server and the registry)
     * RQ bookkeeping on ``rq:*``: job hashes, queue and intermediate queue (``BLMOVE``/``LMOVE``,
@@ -87,8 +88,8 @@ _TRANSACTIONS = ("multi", "exec", "discard")
 _CLUSTER = ("cluster|slots", "command")  # what redis-py's RedisCluster asks to learn the topology
 
 _SCHEDULER_COMMANDS = (
-    *_CONNECTION, *_SCRIPTS, *_TRANSACTIONS, "info",
-    "exists", "hset", "rpush", "sadd",  # RQ's unique enqueue (its script and its pipeline)
+    *_CONNECTION,
+    "type", "exists", "hget", "hset", "rpush", "sadd",  # what the enqueue function runs
     "hmget", "subscribe", "unsubscribe",  # replies
     "xrange", "xread",  # the outcome stream
 )
@@ -152,13 +153,13 @@ def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
     # so keys passed to a script (rq:queue:<queue>, sf:lifecycle) cannot be write-only.
     sessions = (f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}", f"~{_glob(keys.DISPOSED_INDEX)}")
     rq = rq_layout.key_patterns(queue)
-    # The any-language enqueue script declares sf:req:<id> (it reads the request kept there), and
-    # a script's declared keys need write access: a selector grants it for scripts only, whose
+    # The enqueue function declares sf:req:<id> (it reads the request kept there), and a
+    # function's declared keys need write access: a selector grants it for FCALL only, whose
     # commands are checked against the root rules (read-only there): no HSET of an outcome.
-    enqueue = f"(~{rq['jobs']} ~{rq['queue']} ~{keys.PREFIX}:req:* +evalsha +eval)"
+    enqueue = f"(~{rq['jobs']} ~{rq['queue']} ~{keys.PREFIX}:req:* ~{rq['queues']} +fcall)"
     scheduler = _line(
         SCHEDULER, passwords[SCHEDULER],
-        [f"~{rq['jobs']}", f"~{rq['queue']}", f"%W~{rq['queues']}",
+        [f"~{rq['jobs']}", f"~{rq['queue']}", f"~{rq['queues']}",
          f"%R~{keys.PREFIX}:req:*", f"%R~{_glob(keys.OUTCOME_STREAM)}", enqueue],
         replies, _SCHEDULER_COMMANDS)
     worker = _line(

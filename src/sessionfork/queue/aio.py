@@ -9,8 +9,8 @@ outcome), a request id reused for a different request answers ``IDEMPOTENCY_CONF
 ``wait`` raises ``TimeoutError`` when no reply comes in time.
 
 RQ has no asyncio API: a request is enqueued by ``scripts/enqueue.lua`` (the README's any-language
-recipe) with the job hash RQ's own enqueue writes (``rq_seam.layout``). Importing this module imports
-no RQ.
+recipe; ``FCALL sf_enqueue`` when its library is loaded, see ``queue.enqueue``) with the job hash
+RQ's own enqueue writes (``rq_seam.layout``). Importing this module imports no RQ.
 
 One subscription per client (``ReplyRouter``) serves every waiter: a message wakes the waiters of
 the request id it names, and the answer is the stored outcome read then (a message is never the
@@ -32,23 +32,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..core import keys, lua, wire
+from ..core import keys, wire
 from ..core.config import Settings
 from ..core.factories import new_request_id
-from ..core.wire import ForkRequest, LiveHandle, Reply
+from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply
 from . import requests, tracing
+from .enqueue import AsyncEnqueuer, job_call
 from .outcomes import OUTCOME_FIELDS, verdict
-from .rq_seam import layout as rq_layout
+from .requests import Variant
 from .subscriptions import ReplyRouter
 
 T = TypeVar("T")
@@ -70,8 +70,7 @@ class AsyncClient:
         self.replies = ReplyRouter(redis)
         self.recheck_every = recheck_every
         self._new_id = new_id
-        self._enqueue = redis.register_script(lua.source("enqueue.lua", __package__))
-        self._queue_key = rq_layout.queue_key(self.settings.queue)
+        self._enqueue = AsyncEnqueuer(redis, self.settings)
 
     @classmethod
     def from_url(cls, url: str, settings: Settings | None = None, *, max_connections: int = 4,
@@ -97,22 +96,23 @@ class AsyncClient:
     async def request(self, source: str | LiveHandle, *, session_id: str | None = None,
                       session_ids: list[str] | None = None, count: int | None = None,
                       request_id: str | None = None, reply_to: str | None = None,
-                      boundary: int | None = None) -> ForkRequest:
+                      boundary: int | None = None, if_length: int | None = None,
+                      edits: Sequence[NewEvent] | None = None,
+                      variants: Sequence[Variant] | None = None) -> ForkRequest:
         """Build a request (no I/O): as ``Client.request``; ``INVALID_REQUEST`` for a bad request id.
-        ``boundary``: fork at that inclusive event seq. With OpenTelemetry installed, it carries the
-        current trace context (``traceparent``)."""
+        ``boundary``, ``if_length``, ``edits``, ``variants``: as for ``Client.request``. With
+        OpenTelemetry installed, it carries the current trace context (``traceparent``)."""
         return requests.build(source, request_id or self._new_id(), session_id=session_id, session_ids=session_ids,
-                              count=count, reply_to=reply_to, boundary=boundary,
-                              traceparent=tracing.current_traceparent())
+                              count=count, reply_to=reply_to, boundary=boundary, if_length=if_length,
+                              edits=edits, variants=variants, traceparent=tracing.current_traceparent())
 
     async def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op.
         Sent again for up to ``SUBMIT_RETRY_FOR`` seconds while its reply is lost."""
-        request, args = self._job(request)
+        request, call = self._job(request)
         assert isinstance(request.request_id, str)
-        job_keys = self._job_keys(request.request_id)
         deadline = asyncio.get_running_loop().time() + SUBMIT_RETRY_FOR
-        await _again(lambda: self._enqueue(keys=job_keys, args=args), deadline)
+        await _again(lambda: self._enqueue(*call), deadline)
         return request.request_id
 
     async def wait(self, request: ForkRequest, timeout: float) -> Reply:
@@ -130,47 +130,30 @@ class AsyncClient:
     async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
                    session_ids: list[str] | None = None, count: int | None = None,
                    request_id: str | None = None, reply_to: str | None = None,
-                   boundary: int | None = None) -> Reply:
+                   boundary: int | None = None, if_length: int | None = None,
+                   edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None) -> Reply:
         """Submit a fork request and wait for its reply (subscribed first; enqueue and the first
         read of the stored outcome in one round trip, sent again when its reply is lost)."""
         request = await self.request(source, session_id=session_id, session_ids=session_ids, count=count,
-                                     request_id=request_id, reply_to=reply_to, boundary=boundary)
-        request, args = self._job(request)
+                                     request_id=request_id, reply_to=reply_to, boundary=boundary,
+                                     if_length=if_length, edits=edits, variants=variants)
+        request, call = self._job(request)
         assert isinstance(request.request_id, str)
         deadline = asyncio.get_running_loop().time() + timeout
         async with self.replies.expect(request.request_id, self._channel(request), deadline) as woken:
-            first = await _again(lambda: self._enqueue_and_read(request.request_id, args), deadline)
-            return await self._answer(request, woken, first, deadline, timeout)
-
-    async def _enqueue_and_read(self, request_id: Any, args: list[Any]) -> list[Any]:
-        """The enqueue script and the first read of the stored outcome, in one round trip."""
-        job_keys = self._job_keys(request_id)
-        for attempt in (1, 2):
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.evalsha(self._enqueue.sha, len(job_keys), *job_keys, *args)
-            pipe.hmget(keys.request(request_id), list(OUTCOME_FIELDS))
-            enqueued, first = await pipe.execute(raise_on_error=False)
-            if not isinstance(enqueued, NoScriptError) or attempt == 2:
-                break
-            self._enqueue.sha = await self.redis.script_load(self._enqueue.script)
-        for result in (enqueued, first):
-            if isinstance(result, Exception):
-                raise result
-        return list(first)
+            read = ("HMGET", keys.request(request.request_id), *OUTCOME_FIELDS)
+            _, first = await _again(lambda: self._enqueue.with_read(*call, read), deadline)
+            return await self._answer(request, woken, list(first), deadline, timeout)
 
     # -- internals ---------------------------------------------------------------------------------
-
-    def _job_keys(self, request_id: str) -> list[str]:
-        """The enqueue script's keys: RQ's job hash and queue, the request's record, RQ's queue set."""
-        return [rq_layout.job_key(request_id), self._queue_key, keys.request(request_id), rq_layout.QUEUES]
 
     def _channel(self, request: ForkRequest) -> str:
         return requests.reply_channel(request, self.settings.reply_channel)
 
-    def _job(self, request: ForkRequest) -> tuple[ForkRequest, list[Any]]:
+    def _job(self, request: ForkRequest) -> tuple[ForkRequest, tuple[list[Any], list[Any]]]:
         request, payload = requests.prepare(request, self._new_id)
-        fields = rq_layout.job_fields(payload, self.settings, datetime.now(UTC))
-        return request, [request.request_id, payload, *fields]
+        assert isinstance(request.request_id, str)
+        return request, job_call(request.request_id, payload, self.settings, datetime.now(UTC))
 
     async def _answer(self, request: ForkRequest, woken: asyncio.Event, first: list[Any] | None,
                       deadline: float, timeout: float) -> Reply:

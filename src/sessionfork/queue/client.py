@@ -10,16 +10,19 @@ it again, or retrying after a time-out, never forks twice and always answers the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 
 from redis import Redis
 
 from ..core import wire
 from ..core.config import Settings
 from ..core.factories import new_request_id
-from ..core.wire import ForkRequest, LiveHandle, Reply
+from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply
 from . import jobs, requests, tracing
+from .enqueue import Enqueuer, job_call
 from .outcomes import wait_for_reply
+from .requests import Variant
 
 
 class Client:
@@ -31,24 +34,30 @@ class Client:
         self.settings = settings or Settings()
         self.queue = jobs.make_queue(redis, self.settings)
         self._new_id = new_id
+        self._enqueue = Enqueuer(redis, self.settings)
 
     def request(self, source: str | LiveHandle, *, session_id: str | None = None,
                 session_ids: list[str] | None = None, count: int | None = None,
                 request_id: str | None = None, reply_to: str | None = None,
-                boundary: int | None = None) -> ForkRequest:
+                boundary: int | None = None, if_length: int | None = None,
+                edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None) -> ForkRequest:
         """Build a request (a generated request id when none is given); ``INVALID_REQUEST`` for a
         request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id). ``boundary``: fork at
-        that inclusive event seq (the child's seed is events ``[0, boundary]``). With OpenTelemetry
-        installed, it carries the current trace context (``traceparent``)."""
+        that inclusive event seq (the child's seed is events ``[0, boundary]``). ``if_length``: fork
+        only if the source's log has exactly that many events (``PRECONDITION_FAILED``). ``edits``:
+        events appended to every child right after its seed, in the step that creates it.
+        ``variants`` (``Variant(session_id=None, edits=())``): one snapshot, each child its own id
+        and edits (exclusive with ``session_id``, ``session_ids``, ``count`` and ``edits``). With
+        OpenTelemetry installed, it carries the current trace context (``traceparent``)."""
         return requests.build(source, request_id or self._new_id(), session_id=session_id, session_ids=session_ids,
-                              count=count, reply_to=reply_to, boundary=boundary,
-                              traceparent=tracing.current_traceparent())
+                              count=count, reply_to=reply_to, boundary=boundary, if_length=if_length,
+                              edits=edits, variants=variants, traceparent=tracing.current_traceparent())
 
     def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op."""
         request, payload = requests.prepare(request, self._new_id)
         assert isinstance(request.request_id, str)
-        jobs.enqueue(self.queue, payload, request.request_id, self.settings)
+        self._enqueue(*job_call(request.request_id, payload, self.settings, datetime.now(UTC)))
         return request.request_id
 
     def wait(self, request: ForkRequest, timeout: float) -> Reply:
@@ -68,9 +77,11 @@ class Client:
     def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
              session_ids: list[str] | None = None, count: int | None = None,
              request_id: str | None = None, reply_to: str | None = None,
-             boundary: int | None = None) -> Reply:
+             boundary: int | None = None, if_length: int | None = None,
+             edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None) -> Reply:
         """Submit a fork request and wait for its reply."""
         request = self.request(source, session_id=session_id, session_ids=session_ids, count=count,
-                               request_id=request_id, reply_to=reply_to, boundary=boundary)
+                               request_id=request_id, reply_to=reply_to, boundary=boundary,
+                               if_length=if_length, edits=edits, variants=variants)
         self.submit(request)
         return self.wait(request, timeout)

@@ -37,10 +37,12 @@ def make_queue(redis: Any, settings: Settings, job_class: type[Job] = Job) -> Qu
 
 
 def enqueue(queue: Queue, payload: bytes, request_id: str, settings: Settings) -> bool:
-    """Enqueue one request as a unique job (the job id is the request id).
+    """Enqueue one request as a unique job with RQ's own API (the job id is the request id).
 
-    Returns False when a job with that id exists already (RQ's unique enqueue): the request is
-    queued or done, and its one outcome answers this submission too.
+    Returns False when a job with that id exists already (RQ's unique enqueue). The clients do not
+    use it: they enqueue with the enqueue script (``queue.enqueue``), which also refuses a request
+    id kept for a different request and keeps the request's identity in the job hash; this is the
+    reference the job hash is checked against, and a way to reach the worker's own conflict check.
     """
     try:
         queue.enqueue_call(

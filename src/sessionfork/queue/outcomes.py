@@ -74,16 +74,14 @@ class Outcomes:
         self.redis = redis
         self.ttl = ttl
         self.stream_maxlen = stream_maxlen
-        self._claim = lua.register(redis, "claim.lua", __package__)
-        self._record = lua.register(redis, "record.lua", __package__)
+        self._scripts = lua.Scripts(redis)
 
     def claim_op(self, request_id: str, request: wire.ForkRequest, children: Sequence[str]) -> lua.Op:
         """The claim of ``request_id`` for ``request`` (its digest and identity, kept for the
         any-language enqueue's conflict check), planning ``children`` if new, as an op for
         ``lua.run``; ``claim_of`` reads its result."""
-        return (self._claim, [keys.request(request_id)],
-                [short_digest(wire.digest(request)), wire.encode(list(children)), self.ttl,
-                 wire.identity(request)])
+        return self._scripts.op("claim", record=keys.request(request_id), digest=short_digest(wire.digest(request)),
+                                children=wire.encode(list(children)), ttl=self.ttl, identity=wire.identity(request))
 
     @staticmethod
     def claim_of(reply: list[Any]) -> Claim:
@@ -124,11 +122,10 @@ class Outcomes:
         it from the store.
         """
         raw = wire.encode(reply)
-        stored, outcome, *refused = self._record(
-            keys=[keys.request(reply.request_id) if key is None else key, keys.OUTCOME_STREAM],
-            args=[raw, channel, self.ttl, self.stream_maxlen, short_digest(digest), reply.request_id,
-                  code_of(reply), duration_us, latency_us],
-        )
+        stored, outcome, *refused = self._scripts(
+            "record", record=keys.request(reply.request_id) if key is None else key, stream=keys.OUTCOME_STREAM,
+            outcome=raw, channel=channel, ttl=self.ttl, maxlen=self.stream_maxlen, digest=short_digest(digest),
+            request_id=reply.request_id, code=code_of(reply), run_us=duration_us, latency_us=latency_us)
         if refused:
             log.warning("outcome of request %s stored but not published on %r: %s", reply.request_id,
                         channel, wire.text(refused[0]))

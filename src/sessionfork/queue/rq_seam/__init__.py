@@ -47,7 +47,7 @@ RQ names used here, and why:
   ``release_maintenance_lock``: maintenance, plus requeueing a job stranded in the intermediate
   queue by a killed worker after ``abandoned_after`` seconds (RQ waits minutes, then fails it).
 * RQ's key layout (``layout``): ``rq:job:<id>``, ``rq:queue:<name>``, ``rq:queues`` for the
-  asyncio client's enqueue script, and the patterns of the ACL rules (``rq:job:*``, ``rq:*``,
+  clients' enqueue script, and the patterns of the ACL rules (``rq:job:*``, ``rq:*``,
   ``rq:pubsub:*``). ``tests/integration/test_aio.py`` pins them against RQ's ``Job.key_for``,
   ``Queue.key`` and ``Queue.redis_queues_keys``.
 * RQ's job hash fields (``layout.job_fields``): what RQ's unique enqueue writes (``data`` as
