@@ -164,3 +164,15 @@ def test_variants_share_one_snapshot_each_with_its_own_edits(registry: Registry,
         assert registry.events(f"v{i}")[:8] == registry.events(src)
         assert [e.data for e in registry.events(f"v{i}")[8:]] == [{"turn": 3}, {"text": f"p{i}"}]
     assert registry.length("v3") == 8
+
+
+def test_deleting_the_parent_or_the_edited_child_keeps_every_byte_or_frees_every_key(
+        redis: Redis, registry: Registry, src: str) -> None:
+    forks.fork(registry, src, "c", boundary=3, edits=RETRY)
+    before = [wire.event_to_builtins(e) for e in registry.events("c")]
+    registry.delete(src)
+    assert [wire.event_to_builtins(e) for e in registry.events("c")] == before
+    registry.delete("c")
+    left = {k.decode() for k in redis.keys("sf:s:*")}
+    assert not any("{c}" in k and not k.endswith("}") for k in left if k != keys.session("c")), left
+    assert not redis.exists(keys.session_log("c"), keys.session_turns("c"), keys.session_log(src))
