@@ -9,6 +9,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import msgspec
 import pytest
 from helpers import turn
 from redis import Redis
@@ -176,3 +177,19 @@ def test_deleting_the_parent_or_the_edited_child_keeps_every_byte_or_frees_every
     left = {k.decode() for k in redis.keys("sf:s:*")}
     assert not any("{c}" in k and not k.endswith("}") for k in left if k != keys.session("c")), left
     assert not redis.exists(keys.session_log("c"), keys.session_turns("c"), keys.session_log(src))
+
+
+def test_lineage_shows_each_childs_edits_count(registry: Registry, src: str) -> None:
+    from sessionfork.ops import lineage, lineage_html
+
+    forks.fork(registry, src, "edited", boundary=3, edits=RETRY)
+    forks.fork(registry, src, "plain")
+    tree = lineage.lineage(registry, src)
+    assert [(n.id, n.seed_length, n.edits) for n in tree.root.children] == [
+        ("edited", 4, 2), ("plain", 8, msgspec.UNSET)]
+    text = lineage.render_text(tree)
+    assert "edited  seed=4  edits=2  live" in text and "plain  seed=8  live" in text
+    assert "-->|seed 4 + 2 edits|" in lineage.render_mermaid(tree)
+    assert "seed 4 + 2 edits" in lineage_html.render_html(tree)
+    assert lineage.lineage(registry, "edited").root.edits == 2
+    assert '"edits":2' in wire.encode(tree).decode() and wire.encode(tree).decode().count('"edits"') == 1

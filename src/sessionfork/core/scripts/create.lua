@@ -51,6 +51,7 @@ if ARGV[10] ~= '' then
 end
 local first = 14
 if #ARGV >= first then
+  redis.call('HSET', KEYS[1], 'edits', #ARGV - first + 1)  -- how many events the fork appended (lineage)
   for i = first, #ARGV, 4000 do
     redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 3999, #ARGV)))
   end
