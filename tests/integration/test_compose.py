@@ -193,3 +193,38 @@ def test_lineage_shows_each_childs_edits_count(registry: Registry, src: str) -> 
     assert "seed 4 + 2 edits" in lineage_html.render_html(tree)
     assert lineage.lineage(registry, "edited").root.edits == 2
     assert '"edits":2' in wire.encode(tree).decode() and wire.encode(tree).decode().count('"edits"') == 1
+
+
+def test_a_variant_fan_out_resumed_after_a_crash_gives_each_child_its_own_edits_once(
+        redis: Redis, registry: Registry, src: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first attempt dies after creating the first child; the source moves on (the guard
+    would now fail); the retry creates the rest from the stored snapshot, each with its own edits,
+    and the first child keeps its edits once."""
+    from sessionfork.queue.outcomes import Outcomes
+    from sessionfork.queue.requests import Limits
+    from sessionfork.queue.service import ForkService
+
+    svc = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
+                      limits=Limits(max_fanout=16))
+    real = registry.create_children
+
+    def dies_after_one(snap: object, ids: list[str], **kwargs: object) -> object:
+        real(snap, ids[:1], **kwargs)  # type: ignore[arg-type]
+        raise RuntimeError("worker killed")
+
+    payload = ('{"source": "src", "ifLength": 8, "variants": ['
+               '{"sessionId": "v1", "edits": [{"type": "user/message", "data": 1}]}, {},'
+               '{"sessionId": "v3", "edits": [{"type": "user/message", "data": 3}, {"type": "x"}]}]}')
+    monkeypatch.setattr(registry, "create_children", dies_after_one)
+    with pytest.raises(RuntimeError):
+        svc.handle(payload, "resume-1", final_attempt=False)
+    monkeypatch.setattr(registry, "create_children", real)
+    assert registry.length("v1") == 9 and not registry.exists("v3")
+    registry.append(src, turn(3))  # the source moves on: the stored snapshot still decides
+    reply = svc.handle(payload, "resume-1", final_attempt=True)
+    assert reply.ok and isinstance(reply, wire.ForkResult), reply
+    ids = [h.id for h in reply.sessions or []]
+    assert ids[0] == "v1" and ids[2] == "v3" and len(ids) == 3
+    assert [registry.length(c) for c in ids] == [9, 8, 10]
+    assert [e.data for e in registry.events("v3")[8:]] == [3, None]
+    assert [e.data for e in registry.events("v1")[8:]] == [1]
