@@ -165,6 +165,9 @@ def test_variants_share_one_snapshot_each_with_its_own_edits(registry: Registry,
         assert registry.events(f"v{i}")[:8] == registry.events(src)
         assert [e.data for e in registry.events(f"v{i}")[8:]] == [{"turn": 3}, {"text": f"p{i}"}]
     assert registry.length("v3") == 8
+    with pytest.raises(ForkError, match="edits name 'v9', which is not one of the child ids"):
+        forks.fork_many(registry, src, ["w1"], edits={"v9": RETRY})
+    assert not registry.exists("w1")
 
 
 def test_deleting_the_parent_or_the_edited_child_keeps_every_byte_or_frees_every_key(

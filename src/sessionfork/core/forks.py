@@ -105,6 +105,9 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     if len(set(ids)) != len(ids):
         raise errors.invalid("child session ids must be distinct")
     if isinstance(edits, Mapping):
+        stray = sorted(set(edits) - set(ids), key=str)
+        if stray:
+            raise errors.invalid(f"edits name {rules.echo(stray[0])}, which is not one of the child ids")
         own = {cid: check_edits(registry, edits[cid]) for cid in ids if cid in edits}
     else:
         same = check_edits(registry, edits)

@@ -1,6 +1,7 @@
 """One fork request, from its bytes to its one outcome, top to bottom:
 
-1. ``requests.parse``: decode and validate at the edge (each id checked once);
+1. ``requests.parse``: decode and validate at the edge (each id checked once), and the edits
+   against ``append``'s rules (``forks.check_edits``: the event size limit is the registry's);
 2. claim the request id and run the source step (``forks.source_step``: one round trip on a shared
    server);
 3. create the children (``forks.child_step``; a fan-out first keeps its snapshot for retries);
@@ -8,7 +9,7 @@
 
 ``ForkService.handle`` is what a worker runs per job. Its guarantees:
 
-* bad input (size, JSON, schema, ids, limits) ends as ``INVALID_REQUEST`` before any work;
+* bad input (size, JSON, schema, ids, limits, edits) ends as ``INVALID_REQUEST`` before any work;
 * a request id forks at most once: a replay returns the first outcome and creates nothing;
 * the outcome is stored before it is announced, and announced exactly once;
 * an unexpected exception is re-raised for RQ to retry; on the last attempt it is first recorded
@@ -80,6 +81,9 @@ class ForkService:
         started = self._monotonic()
         try:
             request = requests.parse(payload, job_id, self.limits)
+            edits = requests.edits_of(request)
+            for events in edits:  # append's rules (event size, JSON), refused as parse refuses
+                forks.check_edits(self.registry, events)
         except ForkError as exc:
             raw = payload.encode() if isinstance(payload, str) else payload
             failure = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
@@ -87,9 +91,6 @@ class ForkService:
                                         digest=requests.invalid_digest(raw))
         channel = requests.reply_channel(request, self.reply_channel)
         try:
-            edits = requests.edits_of(request)
-            for events in edits:  # append's rules (size, JSON), before any work
-                forks.check_edits(self.registry, events)
             claim, plan = self._claim(request, job_id)
             if claim.outcome is not None:
                 return claim.outcome
