@@ -173,6 +173,9 @@ def test_an_edit_over_the_workers_event_limit_is_invalid_request_before_any_work
         code, message = failure(reply)
         assert code == "INVALID_REQUEST" and "over the limit of 200" in message, message
         assert not registry.exists("big")
+        # Refused before any work: never claimed (no kept request), digested as an invalid request.
+        record = redis.hgetall(keys.request(reply.request_id))
+        assert b"request" not in record and record[b"digest"].startswith(b"invalid:"), record
         assert small.fork(src, session_id="fits", edits=[NewEvent("x", "y")], timeout=TIMEOUT).ok
     finally:
         stop(proc)
