@@ -132,11 +132,17 @@ def test_the_asyncio_client_sends_the_same_fields(server: EmbeddedServer, worker
         async with AsyncClient.from_url(server.url, SETTINGS) as aio:
             guarded = await aio.fork(src, session_id="x", if_length=2, timeout=TIMEOUT)
             assert failure(guarded)[0] == "PRECONDITION_FAILED"
+            first = await aio.fork(src, session_id="a0", edits=RETRY, request_id="aio-ed", timeout=TIMEOUT)
+            assert first.ok
+            other = await aio.fork(src, session_id="a0", edits=RETRY[:1], request_id="aio-ed", timeout=TIMEOUT)
+            assert failure(other) == ("IDEMPOTENCY_CONFLICT", 'request id "aio-ed" was already used for a different '
+                                      "request")
+            assert await aio.fork(src, session_id="a0", edits=RETRY, request_id="aio-ed", timeout=TIMEOUT) == first
             return await aio.fork(src, variants=[Variant("a1", RETRY), Variant("a2")], if_length=8, timeout=TIMEOUT)
 
     reply = asyncio.run(main())
     assert reply.ok and [e.type for e in registry.events("a1")[8:]] == ["turn/start", "user/message"]
-    assert registry.length("a2") == 8
+    assert registry.length("a2") == 8 and registry.length("a0") == 10
 
 
 @pytest.mark.parametrize(("body", "words"), [
