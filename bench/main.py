@@ -19,6 +19,7 @@ from typing import Any
 
 import rq
 
+from bench.compose import edit_fork_cost
 from bench.measure import (
     async_vs_sync,
     boundary_fork_costs,
@@ -90,9 +91,18 @@ def main(argv: list[str] | None = None) -> int:
             at = f"boundary fork at {fraction:.0%} of a {sizes[-1]}-event parent"
             rows.append((f"{at}, µs", us, f"fork µs, {sizes[0]}-event parent", base_us, "≤ 1.5"))
             rows.append((f"{at}, Redis bytes/child", mem, "limit bytes", 2048.0, "≤ 1"))
+        edit_us, edit_mem = step(f"fork with 2 edits, {sizes[0]}-event parent",
+                                 lambda: edit_fork_cost(server, sizes[0], kids))
+        rows.append((f"fork with 2 edits µs, {sizes[0]}-event parent", edit_us, f"fork µs, {sizes[0]}-event parent",
+                     base_us, "≤ 1.5"))
+        rows.append(("Redis bytes/child with 2 edits, less the edits' own bytes", edit_mem, "limit bytes", 2048.0,
+                     "≤ 1"))
         fan_requests = 5 if q else 100
         fan = step("fan-out 64", lambda: fork_throughput(server, fan_requests, count=64)) * 64
         rows.append(("fan-out children/s (64 per request)", fan, "target children/s", 10_000.0, "≥ 1"))
+        varied = step("variants 64", lambda: fork_throughput(server, fan_requests, variants=64)) * 64
+        rows.append(("variant fan-out children/s (64 variants, one edit each)", varied,
+                     "fan-out children/s (64 per request)", fan, "≥ 0.5"))
         mem = step("bytes retained per request", lambda: request_memory(server, 300 if q else 1000))
         print(mem.render(), file=sys.stderr)
         rows.append(("Redis bytes retained per completed request", mem.retained, "limit bytes", 1536.0, "≤ 1"))

@@ -27,6 +27,7 @@ from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.queue.client import Client
+from sessionfork.queue.requests import Variant
 
 
 def noop() -> None:
@@ -114,8 +115,10 @@ def _fork_workers(server: EmbeddedServer, n: int) -> tuple[list[subprocess.Popen
     return procs, redis
 
 
-def fork_throughput(server: EmbeddedServer, requests: int, workers: int = 1, count: int | None = None) -> float:
-    """Fork requests per second, enqueue → every reply read by the scheduler."""
+def fork_throughput(server: EmbeddedServer, requests: int, workers: int = 1, count: int | None = None,
+                    variants: int | None = None) -> float:
+    """Fork requests per second, enqueue → every reply read by the scheduler. ``variants``: each
+    request is a variant fan-out of that many children, one edit each."""
     _fresh(server)
     registry = Registry(server.client())
     _session_with(registry, "bench-src", 12)
@@ -138,6 +141,10 @@ def fork_throughput(server: EmbeddedServer, requests: int, workers: int = 1, cou
         listener.start()
         began = time.perf_counter()
         for i in range(requests):
+            if variants:
+                client.submit(client.request("bench-src", variants=[
+                    Variant(edits=[NewEvent("user/message", {"text": f"variant {v}"})]) for v in range(variants)]))
+                continue
             client.submit(client.request("bench-src", session_id=None if count else f"c-{i}", count=count))
         if not done.wait(300):
             raise TimeoutError("benchmark replies did not all arrive")

@@ -4,5 +4,6 @@ Importing it loads no RQ (the client enqueues RQ jobs with a script of its own) 
 """
 
 from .queue.aio import AsyncClient
+from .queue.requests import Variant
 
-__all__ = ["AsyncClient"]
+__all__ = ["AsyncClient", "Variant"]

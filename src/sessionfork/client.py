@@ -4,5 +4,6 @@ Importing it loads the queue side's client only: no worker, no fork service.
 """
 
 from .queue.client import Client
+from .queue.requests import Variant
 
-__all__ = ["Client"]
+__all__ = ["Client", "Variant"]

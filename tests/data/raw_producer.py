@@ -1,7 +1,9 @@
 """A producer in "any language": only raw Redis commands, no rq or sessionfork import.
 
-Usage: python raw_producer.py PORT[,PORT...] SOURCE CHILD REQUEST_ID [RESULT_TTL [BOUNDARY [ROUTE]]]
+Usage: python raw_producer.py PORT[,PORT...] SOURCE CHILD REQUEST_ID [RESULT_TTL [BOUNDARY [ROUTE [FIELDS]]]]
 (prints the reply).
+FIELDS: a JSON object of more request fields (``ifLength``, ``edits``, ``variants``) merged into the
+request; with ``variants`` the CHILD argument is ignored (a variant fan-out names its children).
 It follows the README's "Any-language enqueue" recipe step by step; ENQUEUE is the README's script
 (``src/sessionfork/queue/scripts/enqueue.lua``, a test checks they are the same text). ROUTE ``eval``
 (default) sends it with EVAL; ``fcall`` calls the loaded library's ``sf_enqueue`` instead. Several
@@ -33,7 +35,11 @@ r = redis.Redis(port=int(ports[shard_of(request_id, len(ports))]))
 fields = {"requestId": request_id, "source": source, "sessionId": child}
 if len(sys.argv) > 6 and sys.argv[6]:
     fields["boundary"] = int(sys.argv[6])  # fork at this event seq (an integer)
-route = sys.argv[7] if len(sys.argv) > 7 else "eval"
+route = sys.argv[7] if len(sys.argv) > 7 and sys.argv[7] else "eval"
+if len(sys.argv) > 8:
+    fields.update(json.loads(sys.argv[8]))  # e.g. {"ifLength": 8, "edits": [{"type": ..., "data": ...}]}
+    if "variants" in fields:
+        del fields["sessionId"]
 request = json.dumps(fields)
 now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
 
@@ -45,13 +51,16 @@ ENQUEUE = r"""-- Enqueue a fork request as an RQ job, once per request id, from 
 --           (origin, status, created_at, enqueued_at, timeout, retries_left, result_ttl, ...);
 --           without a "data" field, data is the JSON job [sessionfork.jobs.fork, null, [request], {}]
 -- Returns  1 enqueued;
---          0 the same request (same source, sessionId, count, sessionIds and boundary; replyTo may
---            differ) is queued or done: its one outcome answers this submission too;
+--          0 the same request (same source, sessionId, count, sessionIds, boundary, ifLength, edits
+--            and variants; replyTo may differ) is queued or done: its one outcome answers this
+--            submission too;
 --         -1 the request id was used for a different request: IDEMPOTENCY_CONFLICT, nothing
 --            enqueued (and nothing will be announced for this submission);
 --         an error (nothing written) for malformed arguments or keys of the wrong type.
 -- The job hash keeps the request's identity digest in field sf_identity, whatever its serializer.
-local FIELDS = {'source', 'sessionId', 'count', 'sessionIds', 'boundary'}  -- core/wire.py IDENTITY
+local FIELDS = {'source', 'sessionId', 'count', 'sessionIds', 'boundary',  -- core/wire.py IDENTITY
+  'ifLength', 'edits', 'variants'}
+local KEPT = 4  -- later fields count only up to the last one given: older digests stay as they were
 local function canon(s)  -- JSON text -> {kind, value}: canonical text per value, numbers exact
   local i = 1
   local function ws() i = string.find(s, '[^ \t\r\n]', i) or #s + 1 end
@@ -162,6 +171,8 @@ local function identity(text, stored)  -- a digest: equal digests, same request
     if not ok then return redis.sha1hex('raw:' .. text) end
     for n, name in ipairs(FIELDS) do parts[n] = fields[stored and n or cjson.encode(name)] or 'n' end
   end
+  local n = #FIELDS
+  while n > KEPT + 1 and (parts[n] == nil or parts[n] == 'n') do parts[n] = nil n = n - 1 end
   return redis.sha1hex(table.concat(parts, '\n'))
 end
 -- Validate everything before writing anything: a malformed call leaves no trace.

@@ -83,6 +83,30 @@ def test_raw_producer_forks_a_running_session_at_a_boundary(server: EmbeddedServ
                                  "seedLength": 2}}
 
 
+def test_raw_producer_guards_edits_and_variants(server: EmbeddedServer, registry: Registry, worker: None) -> None:
+    add_source(registry, "rc-src")  # 2 events
+    guarded = produce(server, "rc-src", "rc-1", "rc-g", "604800", "", "", json.dumps({"ifLength": 5}))
+    assert (guarded["code"], guarded["message"]) == ("PRECONDITION_FAILED", 'session "rc-src" has 2 events, not 5')
+    edits = [{"type": "turn/start", "data": {"turn": 2}}, {"type": "user/message", "data": "retry", "surfaceOp": "s"}]
+    edited = produce(server, "rc-src", "rc-1", "rc-e", "604800", "", "", json.dumps({"ifLength": 2, "edits": edits}))
+    assert edited["ok"] is True and edited["session"]["seedLength"] == 2  # type: ignore[index]
+    assert [wire_event(e) for e in registry.events("rc-1")[2:]] == [
+        {"type": "turn/start", "data": {"turn": 2}}, {"type": "user/message", "data": "retry", "surfaceOp": "s"}]
+    other = produce(server, "rc-src", "rc-1", "rc-e", "604800", "", "", json.dumps({"ifLength": 2, "edits": edits[:1]}))
+    assert other["code"] == "IDEMPOTENCY_CONFLICT"
+    fields = {"variants": [{"sessionId": "rv-1", "edits": edits[1:]}, {"sessionId": "rv-2"}]}
+    fan = produce(server, "rc-src", "-", "rc-v", "604800", "", "", json.dumps(fields))
+    assert [h["id"] for h in fan["sessions"]] == ["rv-1", "rv-2"]  # type: ignore[attr-defined]
+    assert registry.length("rv-1") == 3 and registry.length("rv-2") == 2
+
+
+def wire_event(event: object) -> dict[str, object]:
+    from sessionfork.core import wire
+
+    body = wire.event_to_builtins(event)  # type: ignore[arg-type]
+    return {k: v for k, v in body.items() if k not in ("seq", "time")}
+
+
 @pytest.mark.parametrize("result_ttl", ["604800", "0"])
 def test_a_raw_producer_reusing_a_request_id_gets_a_conflict_and_never_two_outcomes(
         server: EmbeddedServer, redis: Redis, registry: Registry, worker: None, result_ttl: str) -> None:

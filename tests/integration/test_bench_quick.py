@@ -24,6 +24,8 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
     boundary = {f"boundary fork at {p} of a 2000-event parent, {what}"
                 for p in ("10%", "50%", "100%") for what in ("µs", "Redis bytes/child")}
     assert boundary <= names
+    assert {"fork with 2 edits µs, 10-event parent", "Redis bytes/child with 2 edits, less the edits' own bytes",
+            "variant fan-out children/s (64 variants, one edit each)"} <= names
 
 
 @pytest.mark.slow

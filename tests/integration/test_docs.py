@@ -116,9 +116,9 @@ def test_the_promised_messages_are_checked() -> None:
 
 def test_every_command_in_the_cli_table_exists() -> None:
     table = page("cli.md")
-    documented = set(re.findall(r"^\| `([a-z]+)", table, flags=re.M))
+    documented = set(re.findall(r"^\| `([a-z-]+)", table, flags=re.M))
     listed = CliRunner().invoke(cli, ["--help"]).output
-    commands = set(re.findall(r"^  ([a-z]+) ", listed[listed.index("Commands:"):], flags=re.M))
+    commands = set(re.findall(r"^  ([a-z-]+) ", listed[listed.index("Commands:"):], flags=re.M))
     assert documented == commands
 
 

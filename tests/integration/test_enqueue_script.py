@@ -128,6 +128,12 @@ handles = st.builds(wire.LiveHandle, id=ids, instance=st.text("xy", min_size=1, 
 numbers = st.one_of(st.integers(0, 3), st.integers(2**53 - 1, 2**53 + 2), st.integers(2**63 - 2, 2**64 - 1))
 
 
+values = st.recursive(st.one_of(st.none(), st.booleans(), numbers, ids, st.sampled_from([1.5, -0.0, 1e300, 2.0])),
+                      lambda inner: st.one_of(st.lists(inner, max_size=2), st.dictionaries(ids, inner, max_size=2)),
+                      max_leaves=4)
+edits = st.fixed_dictionaries({"type": ids}, optional={"data": values, "surfaceOp": values, "a\u00e9": values})
+
+
 @st.composite
 def requests(draw: st.DrawFn) -> wire.ForkRequest:
     kind = draw(st.sampled_from(["one", "id", "ids", "count"]))
@@ -140,6 +146,16 @@ def requests(draw: st.DrawFn) -> wire.ForkRequest:
         extra["count"] = draw(numbers)
     if draw(st.booleans()):
         extra["boundary"] = draw(numbers)
+    if draw(st.booleans()):
+        extra["if_length"] = draw(numbers)
+    if kind != "id" and draw(st.booleans()):  # variants: exclusive with the child fields and edits
+        extra.pop("session_ids", None)
+        extra.pop("count", None)
+        extra["variants"] = draw(st.lists(st.builds(
+            wire.Variant, session_id=st.one_of(st.just(msgspec.UNSET), ids),
+            edits=st.one_of(st.just(msgspec.UNSET), st.lists(edits, min_size=1, max_size=2))), min_size=1, max_size=2))
+    elif draw(st.booleans()):
+        extra["edits"] = draw(st.lists(edits, min_size=1, max_size=2))
     if draw(st.booleans()):
         extra["reply_to"] = draw(st.sampled_from(["sf:replies", "sf:replies:1.5e3", "sf:replies:12345678901234567"]))
     return wire.ForkRequest(source=draw(st.one_of(ids, handles)), request_id="prop", **extra)

@@ -447,3 +447,16 @@ def test_sigkilled_backend_catches_up_without_duplicates_or_gaps(registry: Regis
         assert [e["seq"] for e in events] == list(range(registry.length(sid)))  # contiguous, no duplicates
         assert events == [wire.event_to_builtins(e) for e in registry.events(sid)]
     assert sorted(p.name for p in root.rglob("*.jsonl")) == sorted(f"{sid}.jsonl" for sid in writer.sessions)
+
+
+def test_a_child_with_edits_is_written_with_its_header_and_every_event(registry: Registry, root: Path,
+                                                                      make_backend: Factory) -> None:
+    from sessionfork.core import forks
+
+    parent = session_with_turns(registry, 2)
+    edits = [NewEvent("turn/start", {"turn": 9}), NewEvent("user/message", {"text": "retry"}, {"k": 1})]
+    child = forks.fork(registry, parent, "edited", boundary=3, edits=edits).id
+    drain(make_backend())
+    lines = file_lines(file_of(registry, root, child))
+    assert lines == expected_lines(registry, child)
+    assert (lines[0]["seedLength"], [e["type"] for e in lines[5:]]) == (4, ["turn/start", "user/message"])

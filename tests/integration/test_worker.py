@@ -649,7 +649,8 @@ def test_demo_walks_through_every_outcome() -> None:
     assert done.returncode == 0, done.stderr
     for expected in ("OPEN_TURN", "SESSION_NOT_FOUND", "SESSION_NOT_LIVE", "SESSION_ALREADY_EXISTS",
                      "INVALID_REQUEST", "idempotent retry", "└──", "INVALID_BOUNDARY",
-                     "at its last completed turn (boundary) -> ok"):
+                     "at its last completed turn (boundary) -> ok", "edit and retry", "8:turn/start, 9:user/message",
+                     "(ifLength) -> PRECONDITION_FAILED", "variants: one snapshot, a different next prompt each -> ok"):
         assert expected in done.stdout, expected
     assert "Traceback" not in done.stdout + done.stderr
 

@@ -24,6 +24,7 @@ from ..core.wire import LiveHandle, NewEvent
 from ..embedded import EmbeddedServer, wait_until
 from ..ops import lineage
 from ..queue.client import Client
+from ..queue.requests import Variant
 
 Echo = Callable[[str], None]
 
@@ -120,11 +121,32 @@ def run_demo(settings: Settings, *, echo: Echo) -> None:
                 raise DemoFailed("idempotent retry returned a different outcome")
             echo("  (same child as the first attempt: nothing new was created)")
             show("fan-out: 3 children from one snapshot", "ok", client.fork(sid("child"), count=3))
+            _compose(client, registry, sid, show, echo)
 
         echo("\n# lineage of " + sid("parent"))
         echo(lineage.render_text(lineage.lineage(registry, sid("parent"))))
         if settings.redis_url:
             echo(f"\n(the demo sessions stay in {settings.redis_url}: ids start with demo-{tag}-)")
+
+
+def _compose(client: Client, registry: Registry, sid: Callable[[str], str],
+             show: Callable[[str, str, wire.Reply], wire.Reply], echo: Echo) -> None:
+    """Composed forks: an edit-and-retry under a guard, a stale guard, a variant fan-out."""
+    source = sid("running")
+    length = registry.length(source)
+    last = registry.last_turn_end(source)
+    echo(f"\n({source} has {length} events; turn 3 is going wrong: retry it with another prompt)")
+    retry = [NewEvent("turn/start", {"turn": 3, "trigger": "user"}),
+             NewEvent("user/message", {"text": "question 3, asked differently"})]
+    show("edit and retry: fork at turn 2's end, the new prompt in the same atomic step", "ok",
+         client.fork(source, session_id=sid("retry"), boundary=last, if_length=length, edits=retry))
+    echo("  " + ", ".join(f"{e.seq}:{e.type}" for e in registry.events(sid("retry"))[-3:]))
+    show("guarded fork of a source that moved on (ifLength)", "PRECONDITION_FAILED",
+         client.fork(source, boundary=last, if_length=length - 1))
+    prompts = ["plan first", "write the test first", "ask a question"]
+    show("variants: one snapshot, a different next prompt each", "ok", client.fork(source, boundary=last, variants=[
+        Variant(sid(f"try-{i}"), [NewEvent("turn/start", {"turn": 3}), NewEvent("user/message", {"text": text})])
+        for i, text in enumerate(prompts)]))
 
 
 def _worker_up(client: Client, settings: Settings) -> bool:

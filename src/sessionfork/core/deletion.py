@@ -59,9 +59,10 @@ class DeletingStore(SessionStore):
         ``FLUSH_REASK_MS``: the persistence backend reads every entry of its consumer group, so
         one request is enough; the interval re-asks a backend that lost one. One round trip per
         server; returns the ids asked now."""
-        calls = [self._scripts.op("flush", asked=keys.session_flush_asked(sid), lifecycle=self._lifecycle_key,
-                                  interval=FLUSH_REASK_MS, maxlen=self.lifecycle_maxlen, session_id=sid, length=length)
-                 for sid, length in sessions]
+        calls: list[lua.Call] = [
+            self._scripts.op("flush", asked=keys.session_flush_asked(sid), lifecycle=self._lifecycle_key,
+                             interval=FLUSH_REASK_MS, maxlen=self.lifecycle_maxlen, session_id=sid, length=length)
+            for sid, length in sessions]
         asked = [(sid, length) for (sid, length), reply in zip(sessions, lua.eval_many(self.redis, calls), strict=True)
                  if int(reply)]
         if asked and self._cluster:  # the stream is in another slot: right after the marks

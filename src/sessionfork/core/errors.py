@@ -22,6 +22,7 @@ class ErrorCode(StrEnum):
     SESSION_ALREADY_EXISTS = "SESSION_ALREADY_EXISTS"
     OPEN_TURN = "OPEN_TURN"
     INVALID_BOUNDARY = "INVALID_BOUNDARY"
+    PRECONDITION_FAILED = "PRECONDITION_FAILED"
     INVALID_REQUEST = "INVALID_REQUEST"
     IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
     INTERNAL = "INTERNAL"
@@ -81,6 +82,11 @@ def boundary_inside_turn(session_id: str, boundary: int, turn_start: int) -> For
         ErrorCode.INVALID_BOUNDARY,
         f'cannot fork session "{session_id}" at boundary {boundary}: inside the turn opened at seq {turn_start}',
     )
+
+
+def precondition_failed(session_id: str, length: int, expected: int) -> ForkError:
+    """A guarded fork (``ifLength``) whose source's log does not have the expected length."""
+    return ForkError(ErrorCode.PRECONDITION_FAILED, f'session "{session_id}" has {length} events, not {expected}')
 
 
 def invalid(message: str) -> ForkError:

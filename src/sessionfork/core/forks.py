@@ -5,14 +5,15 @@ child's slot (create if absent). Between the two nothing can go wrong for the ch
 a reference to an immutable prefix of the source's log, so appends to the source after the source
 step never show in the child.
 
-This module is the queue side's only way into the session core: a request runs ``source_step``
-(its claim riding along), then ``child_step``; ``created_by`` says what a failed one left. No
+This module is the queue side's only way into the session core: a request checks its edits
+(``check_edits``), runs ``source_step`` (its claim riding along), then ``child_step``;
+``created_by`` says what a failed one left. No
 module of ``queue/`` calls the registry's fork steps itself (a layering test checks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,47 +21,58 @@ from ..core import errors, lua, rules
 from .registry import Registry, SessionRef
 from .snapshots import ForkPlan, Snapshot
 from .store import split_ref
-from .wire import Event, Header, SeedMeta
+from .wire import Event, Header, NewEvent, SeedMeta
 
 
-def snapshot(registry: Registry, source: SessionRef, *,
-             boundary: int | None = None) -> tuple[list[Event], SeedMeta]:
+def snapshot(registry: Registry, source: SessionRef, *, boundary: int | None = None,
+             if_length: int | None = None) -> tuple[list[Event], SeedMeta]:
     """The source's events at a turn boundary, and the lineage a child of them records.
 
     Without ``boundary``: the whole log, which must be empty or end with ``turn/end``. With it:
     events ``[0, boundary]``. Raises ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, then
+    ``PRECONDITION_FAILED`` (``if_length``: the log must have exactly that many events), then
     ``INVALID_BOUNDARY`` or ``OPEN_TURN``. The events are fresh objects: mutating them never
     changes the source.
     """
-    snap = registry.take_snapshot(source, boundary)
+    snap = registry.take_snapshot(source, _checked(boundary), if_length=_guard(if_length))
     return registry.read_snapshot(snap), snap.meta
 
 
 def fork(registry: Registry, source: SessionRef, session_id: str | None = None, *,
-         boundary: int | None = None, request_id: str = "") -> Header:
+         boundary: int | None = None, request_id: str = "", if_length: int | None = None,
+         edits: Sequence[NewEvent] = ()) -> Header:
     """Create a live child of ``source`` whose log starts as the source's log; return its header.
 
     With ``boundary`` (an inclusive seq) the child's seed is events ``[0, boundary]`` and its
     ``seedLength`` is ``boundary + 1``: valid when ``0 <= boundary < length`` and no turn is open
     at it (``rules.boundary_error``), whatever the state of the source's last turn.
-    Errors in this order: ``SESSION_NOT_FOUND`` / ``SESSION_NOT_LIVE``, ``SESSION_ALREADY_EXISTS``
-    for a used ``session_id``, then ``INVALID_BOUNDARY`` or ``OPEN_TURN``. With ``request_id``, a
-    retried call returns the child it already created, even if the source has moved on or been
-    disposed since.
+    ``if_length``: fork only if the source's log has exactly that many events, checked in the
+    source's atomic step (``PRECONDITION_FAILED`` otherwise). ``edits`` (1 to ``rules.MAX_EDITS``
+    events, validated as ``append`` validates; empty: none) are appended to the child right after
+    its seed in the atomic step that creates it: seqs ``seedLength…``, the fork's time.
+    Errors in this order: ``SESSION_NOT_FOUND`` / ``SESSION_NOT_LIVE``, ``PRECONDITION_FAILED``,
+    ``SESSION_ALREADY_EXISTS`` for a used ``session_id``, then ``INVALID_BOUNDARY`` or
+    ``OPEN_TURN``. With ``request_id``, a retried call returns the child it already created (its
+    edits once), even if the source has moved on or been disposed since.
     """
     if not isinstance(request_id, str):
         raise errors.invalid(f"invalid request id {rules.echo(request_id)}: expected a str")
     if session_id is None:
         if request_id:
             raise errors.invalid("request_id needs an explicit session_id: a generated id cannot be replayed")
-        return registry.create_child(registry.take_snapshot(source, _checked(boundary)))
-    result = fork_many(registry, source, [session_id], request_id=request_id, boundary=boundary)
+        own = check_edits(registry, edits)
+        snap = registry.take_snapshot(source, _checked(boundary), if_length=_guard(if_length))
+        return registry.create_child(snap, edits=own)
+    result = fork_many(registry, source, [session_id], request_id=request_id, boundary=boundary,
+                       if_length=if_length, edits=edits)
     if result.failed:
         raise result.failed[0][1]
     return result.created[0]
 
 
 _SOURCE_ERRORS = (errors.ErrorCode.SESSION_NOT_FOUND, errors.ErrorCode.SESSION_NOT_LIVE)
+_BEFORE_IDS = (*_SOURCE_ERRORS, errors.ErrorCode.PRECONDITION_FAILED)
+"""The source step's errors that come before ``SESSION_ALREADY_EXISTS`` (the error order)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +84,8 @@ class FanOut:
 
 
 def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], *,
-              request_id: str = "", boundary: int | None = None) -> FanOut:
+              request_id: str = "", boundary: int | None = None, if_length: int | None = None,
+              edits: Sequence[NewEvent] | Mapping[str, Sequence[NewEvent]] = ()) -> FanOut:
     """Fork ``child_ids`` from **one** snapshot: every child gets exactly the same seed.
 
     Ids that exist already are reported per id (``SESSION_ALREADY_EXISTS``); the others are
@@ -81,6 +94,8 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     earlier call with it created are returned as they are. ``boundary`` as for ``fork``: every
     child's seed is events ``[0, boundary]``. A source deleted while the children are created:
     those created before stay and are returned, the rest fail ``SESSION_NOT_FOUND`` (``create``).
+    ``if_length`` as for ``fork``; ``edits``: the same events for every child, or a mapping from
+    child id to that child's own (a variant fan-out: one snapshot, each child its own edits).
     """
     if not isinstance(child_ids, Sequence) or isinstance(child_ids, str | bytes):
         raise errors.invalid(f"child ids must be a sequence of ids, got {type(child_ids).__name__}")
@@ -89,12 +104,22 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
         rules.check_request_id(request_id, "request id")
     if len(set(ids)) != len(ids):
         raise errors.invalid("child session ids must be distinct")
-    plan = registry.prepare_fork(source, ids, request_id=request_id, boundary=_checked(boundary))
-    return create(registry, plan, ids, request_id=request_id)
+    if isinstance(edits, Mapping):
+        stray = sorted(set(edits) - set(ids), key=str)
+        if stray:
+            raise errors.invalid(f"edits name {rules.echo(stray[0])}, which is not one of the child ids")
+        own = {cid: check_edits(registry, edits[cid]) for cid in ids if cid in edits}
+    else:
+        same = check_edits(registry, edits)
+        own = dict.fromkeys(ids, same) if same else {}
+    plan = registry.prepare_fork(source, ids, request_id=request_id, boundary=_checked(boundary),
+                                 if_length=_guard(if_length))
+    return create(registry, plan, ids, request_id=request_id, edits=own)
 
 
 def source_step(registry: Registry, source: SessionRef, child_ids: Sequence[str], *, request_id: str = "",
-                boundary: int | None = None, rider: tuple[Any, lua.Op] | None = None) -> tuple[Any, ForkPlan | None]:
+                boundary: int | None = None, if_length: int | None = None,
+                rider: tuple[Any, lua.Op] | None = None) -> tuple[Any, ForkPlan | None]:
     """The source step of a request's fork, with ``rider`` (``(redis, op)``: the queue side's claim
     of the request id) in the same round trip when it runs on the registry's own single server.
 
@@ -104,32 +129,35 @@ def source_step(registry: Registry, source: SessionRef, child_ids: Sequence[str]
     source step only reads, so a caller whose claim says the request is not new drops the plan.
     """
     if rider is None:
-        return None, registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary)
+        return None, registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary,
+                                           if_length=if_length)
     redis, op = rider
     if redis is not registry.redis or registry.is_cluster:
         return lua.run(redis, [op])[0], None
     sid, instance = split_ref(source)
-    look = registry.look_ops(sid, instance, child_ids, boundary)
+    look = registry.look_ops(sid, instance, child_ids, boundary, if_length)
     first, *results = lua.run(redis, [op, *look])
-    return first, registry.plan_of(sid, child_ids, request_id, boundary, results)
+    return first, registry.plan_of(sid, child_ids, request_id, boundary, results, if_length)
 
 
 def child_step(registry: Registry, source: SessionRef, child_ids: Sequence[str], *, request_id: str = "",
-               boundary: int | None = None, plan: ForkPlan | None = None, snapshot: Snapshot | None = None,
-               keep: Callable[[Snapshot], Snapshot] | None = None) -> FanOut:
+               boundary: int | None = None, if_length: int | None = None, plan: ForkPlan | None = None,
+               snapshot: Snapshot | None = None, keep: Callable[[Snapshot], Snapshot] | None = None,
+               edits: Mapping[str, Sequence[NewEvent]] | None = None) -> FanOut:
     """The child step of a request's fork: ``create`` from ``plan`` (``source_step``'s; ``None``:
     the source step runs now, as for a resumed request whose children an earlier attempt planned).
 
     ``snapshot`` is the one the request stored already (all its children share it); without one,
     ``keep`` (a fan-out's) stores the plan's snapshot before any child exists and returns the
     stored one (the first stored wins when attempts race), so a retry after a crash creates the
-    rest from the same seed.
+    rest from the same seed. ``edits``: each child's own (validated by the caller).
     """
     if plan is None:
-        plan = registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary)
+        plan = registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary,
+                                     if_length=if_length)
     if snapshot is None and keep is not None and plan.snapshot is not None:
         snapshot = keep(plan.snapshot)
-    return create(registry, plan, child_ids, request_id=request_id, snapshot=snapshot)
+    return create(registry, plan, child_ids, request_id=request_id, snapshot=snapshot, edits=edits)
 
 
 def created_by(registry: Registry, source: SessionRef, child_ids: Sequence[str], request_id: str, *,
@@ -141,7 +169,7 @@ def created_by(registry: Registry, source: SessionRef, child_ids: Sequence[str],
 
 
 def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, request_id: str = "",
-           snapshot: Snapshot | None = None) -> FanOut:
+           snapshot: Snapshot | None = None, edits: Mapping[str, Sequence[NewEvent]] | None = None) -> FanOut:
     """The child step of a prepared fork: create ``child_ids`` (checked, distinct) from ``plan``.
 
     ``plan`` is ``registry.prepare_fork``'s for exactly these ids; ``snapshot``, when given,
@@ -151,11 +179,12 @@ def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, requ
     errors and before the boundary rules. No hidden partial state: when the source is deleted
     while (or before a replay of) a fan-out that created some of its children, those children are
     returned in ``created`` and every other id is in ``failed`` with ``SESSION_NOT_FOUND``; the
-    source's error is raised only when this request created no child at all.
+    source's error is raised only when this request created no child at all. ``edits``: the
+    events each child gets right after its seed, in its create step.
     """
     if plan.existing and len(plan.existing) == len(child_ids):
-        # Error order: the source's own state, then the child id, then the boundary rules.
-        if plan.error is not None and plan.error.code in _SOURCE_ERRORS:
+        # Error order: the source's own state and the guard, then the child id, then the boundary rules.
+        if plan.error is not None and plan.error.code in _BEFORE_IDS:
             raise plan.error
         raise errors.already_exists(plan.existing[0])
     snap = snapshot or plan.snapshot
@@ -170,7 +199,7 @@ def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, requ
         # in place of each child it did not create (no hidden partial state).
         made = dict.fromkeys(todo, error)
     else:
-        made = dict(zip(todo, registry.create_children(snap, todo, request_id=request_id), strict=True))
+        made = dict(zip(todo, registry.create_children(snap, todo, request_id=request_id, edits=edits), strict=True))
     lost = [e for e in made.values() if isinstance(e, errors.ForkError) and e.code in _SOURCE_ERRORS]
     if lost and not plan.replayed and not any(isinstance(h, Header) for h in made.values()):
         raise lost[0]  # nothing of this request exists: the source's error is the outcome
@@ -190,6 +219,23 @@ def _settle(ids: Sequence[str], made: dict[str, Header | errors.ForkError],
         else:
             failed.append((cid, outcome))
     return FanOut(created, failed)
+
+
+def check_edits(registry: Registry, edits: Sequence[NewEvent]) -> Sequence[NewEvent]:
+    """``edits`` (empty: none) validated exactly as ``append`` validates its events, and their
+    count (at most ``rules.MAX_EDITS``): ``INVALID_REQUEST`` before any Redis call."""
+    if not isinstance(edits, Sequence) or isinstance(edits, str | bytes):
+        raise errors.invalid(f"edits must be a sequence of NewEvent, got {type(edits).__name__}")
+    if len(edits) > rules.MAX_EDITS:
+        raise errors.invalid(f"invalid edits: expected 1 to {rules.MAX_EDITS} events, got {len(edits)}")
+    registry.encode_events(edits, 0)
+    return edits
+
+
+def _guard(if_length: int | None) -> int | None:
+    if if_length is not None and (isinstance(if_length, bool) or not isinstance(if_length, int) or if_length < 0):
+        raise errors.invalid(f"invalid ifLength {rules.echo(if_length)}: expected an integer >= 0")
+    return if_length
 
 
 def _checked(boundary: int | None) -> int | None:

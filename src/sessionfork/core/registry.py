@@ -8,7 +8,7 @@ sessions, so forks run unchanged on a Redis Cluster.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from msgspec import UNSET
@@ -17,9 +17,9 @@ from redis.commands.core import Script
 from ..core import errors, keys, lua, rules, wire
 from .config import Settings
 from .deletion import DELETED, LIVE, UNPERSISTED, DeletingStore
-from .snapshots import ForkPlan, Snapshot, parse_snapshot
+from .snapshots import ForkPlan, Snapshot, edit_fields, parse_snapshot
 from .store import SessionRef, split_ref
-from .wire import Event, Header
+from .wire import Event, Header, NewEvent
 
 __all__ = ["DELETED", "LIVE", "UNPERSISTED", "Registry", "SessionRef"]
 
@@ -36,37 +36,41 @@ class Registry(DeletingStore):
 
     # -- the two atomic steps of a fork ----------------------------------------------------------
 
-    def take_snapshot(self, source: SessionRef, boundary: int | None = None) -> Snapshot:
-        """The source step alone: ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, then
-        ``INVALID_BOUNDARY`` (with ``boundary``) or ``OPEN_TURN`` (without)."""
-        plan = self.prepare_fork(source, boundary=boundary)
+    def take_snapshot(self, source: SessionRef, boundary: int | None = None, *,
+                      if_length: int | None = None) -> Snapshot:
+        """The source step alone: ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, ``PRECONDITION_FAILED``
+        (with ``if_length``), then ``INVALID_BOUNDARY`` (with ``boundary``) or ``OPEN_TURN`` (without)."""
+        plan = self.prepare_fork(source, boundary=boundary, if_length=if_length)
         if plan.error is not None:
             raise plan.error
         assert plan.snapshot is not None
         return plan.snapshot
 
     def prepare_fork(self, source: SessionRef, child_ids: Sequence[str] = (), *,
-                     request_id: str = "", boundary: int | None = None) -> ForkPlan:
+                     request_id: str = "", boundary: int | None = None,
+                     if_length: int | None = None) -> ForkPlan:
         """The source step, plus a look at the children-to-be, in one round trip.
 
         The source step is one script on the source's slot: live? instance? boundary? length?
         Each child id that exists lands in ``existing``, or in ``replayed`` when ``request_id``
-        created it (a replay after a crash). Ids are checked here, before any Redis call. A
+        created it (a replay after a crash). With ``if_length``, a source whose log does not have
+        exactly that many events is ``PRECONDITION_FAILED``, checked in the same script, right after
+        live/instance and before the boundary. Ids are checked here, before any Redis call. A
         ``boundary`` inside the source's inherited seed is checked by one more read on the ancestor
         that holds that event (its events up to there never change, so the check needs no
         atomicity with the source step).
         """
         sid, instance = split_ref(source)
         child_ids = [rules.check_id(c) for c in child_ids]
-        ops = self.look_ops(sid, instance, child_ids, boundary)
+        ops = self.look_ops(sid, instance, child_ids, boundary, if_length)
         if not self._cluster:
-            return self.plan_of(sid, child_ids, request_id, boundary, lua.run(self.redis, ops))
+            return self.plan_of(sid, child_ids, request_id, boundary, lua.run(self.redis, ops), if_length)
         # A cluster pipeline cannot carry scripts, and the children live on several nodes.
         pipe = self.redis.pipeline(transaction=False)
         for op in ops[:-1]:
             pipe.execute_command(*op)
         taken = pipe.execute() if child_ids else []
-        return self.plan_of(sid, child_ids, request_id, boundary, [*taken, self._call(ops[-1])])
+        return self.plan_of(sid, child_ids, request_id, boundary, [*taken, self._call(ops[-1])], if_length)
 
     def _call(self, op: lua.Op) -> Any:
         """One script call: pipelined on a server; on a cluster through the cluster client, which
@@ -78,12 +82,13 @@ class Registry(DeletingStore):
         return script(keys=list(script_keys), args=list(args))
 
     def look_ops(self, sid: str, instance: str, child_ids: Sequence[str],
-                 boundary: int | None = None) -> list[lua.Op]:
+                 boundary: int | None = None, if_length: int | None = None) -> list[lua.Op]:
         """The read-only commands of ``prepare_fork`` (the source step last), for ``lua.run``."""
         ops: list[lua.Op] = [("HMGET", keys.session(child), "header", "req") for child in child_ids]
         ops.append(self._scripts.op("snapshot", record=keys.session(sid), turns=keys.session_turns(sid),
                                     log=keys.session_log(sid), instance=instance,
-                                    boundary="" if boundary is None else boundary))
+                                    boundary="" if boundary is None else boundary,
+                                    if_length="" if if_length is None else if_length))
         return ops
 
     def _check_seed(self, sid: str, snap: Snapshot, boundary: int) -> Snapshot:
@@ -107,7 +112,7 @@ class Registry(DeletingStore):
         return dataclasses.replace(snap, seed_end=ends[-1] if ends else -1, last_type=types[-1])
 
     def plan_of(self, sid: str, child_ids: Sequence[str], request_id: str, boundary: int | None,
-                results: Sequence[Any]) -> ForkPlan:
+                results: Sequence[Any], if_length: int | None = None) -> ForkPlan:
         """The ``ForkPlan`` that the results of ``look_ops`` describe."""
         *taken, reply = results
         existing: list[str] = []
@@ -120,7 +125,7 @@ class Registry(DeletingStore):
             else:
                 existing.append(child)
         try:
-            snap, unchecked = parse_snapshot(sid, reply, boundary)
+            snap, unchecked = parse_snapshot(sid, reply, boundary, if_length)
             if unchecked and boundary is not None:
                 snap = self._check_seed(sid, snap, boundary)
             return ForkPlan(snap, None, existing, replayed)
@@ -136,12 +141,12 @@ class Registry(DeletingStore):
         return self._read(snap.source.id, self.resolve(snap.source.id, snap.segments), snap.seed_length, 0,
                           snap.length)
 
-    def child_header(self, snap: Snapshot, child_id: str) -> Header:
-        return Header(version=wire.HEADER_VERSION, id=child_id, created_at=self._clock(),
+    def child_header(self, snap: Snapshot, child_id: str, now: int | None = None) -> Header:
+        return Header(version=wire.HEADER_VERSION, id=child_id, created_at=self._clock() if now is None else now,
                       cwd=snap.source.cwd, parent_session=snap.source.id, seed_length=snap.length)
 
-    def create_children(self, snap: Snapshot, child_ids: Sequence[str], *,
-                        request_id: str = "") -> list[Header | errors.ForkError]:
+    def create_children(self, snap: Snapshot, child_ids: Sequence[str], *, request_id: str = "",
+                        edits: Mapping[str, Sequence[NewEvent]] | None = None) -> list[Header | errors.ForkError]:
         """The child step for each id: create it from ``snap``, atomically on its own slot.
 
         One pipelined round trip for all children, which also indexes them under the parent (on
@@ -153,8 +158,16 @@ class Registry(DeletingStore):
         taken from, or is shorter (its server restarted empty), raises ``SESSION_NOT_FOUND`` and
         leaves no child: none may name a seed that cannot be read. ``child_ids`` are checked by
         the caller.
+
+        ``edits`` (by child id; checked by ``forks.check_edits``) are appended to that child right after
+        its seed, in the script that creates it: seqs ``snap.length…``, the fork's time (its
+        header's ``createdAt``); ``last``, ``lastend`` and the turn index follow them. A replay
+        returns the child as it is, never appending them again.
         """
         source_id = snap.source.id
+        now = self._clock()
+        own = {cid: edit_fields(snap, self.encode_events(events, now), [e.type for e in events])
+               for cid, events in (edits or {}).items() if events}
         if any(lo < 0 for _, lo, _ in snap.segments):
             # The source's seed holds a reference: store it by value first (once per source), so
             # that its children's reference to it is one level deep whatever the lineage depth.
@@ -177,12 +190,15 @@ class Registry(DeletingStore):
                 "pin", record=keys.session(source_id), children=keys.session_children(source_id),
                 child_ids=list(child_ids)):
             raise errors.not_found(source_id)
+        plain = {"length": snap.length, "last_type": last, "last_end": "", "markers": "", "edits": ()}
         calls: list[lua.Call] = [
-            self._scripts.op("create", record=keys.session(cid), lifecycle=self._lifecycle_key, **index,
-                             header=wire.encode_header(self.child_header(snap, cid)), instance=self._new_token(),
-                             length=snap.length, seed_length=snap.length, seed=segments, last_type=last,
-                             request_id=request_id, maxlen=self.lifecycle_maxlen, session_id=cid,
-                             seed_end="" if snap.seed_end is None else snap.seed_end, parent_header=parent)
+            self._scripts.op("create", record=keys.session(cid), log=keys.session_log(cid),
+                             turns=keys.session_turns(cid), lifecycle=self._lifecycle_key, **index,
+                             header=wire.encode_header(self.child_header(snap, cid, now)), instance=self._new_token(),
+                             seed_length=snap.length, seed=segments, request_id=request_id,
+                             maxlen=self.lifecycle_maxlen, session_id=cid,
+                             seed_end="" if snap.seed_end is None else snap.seed_end, parent_header=parent,
+                             **own.get(cid, plain))
             for cid in child_ids
         ]
         replies = lua.eval_many(self.redis, calls, replicas=self.wait_replicas, wait_ms=self.wait_timeout_ms)
@@ -204,7 +220,7 @@ class Registry(DeletingStore):
             if created:  # pinned already; repeated for records indexed before pins existed
                 pipe.sadd(keys.session_children(source_id), *created)
             for cid in created:
-                self._emit(pipe, "session/created", cid, snap.length)
+                self._emit(pipe, "session/created", cid, snap.length + len((edits or {}).get(cid, ())))
             refused = [cid for cid, r in zip(child_ids, results, strict=True) if not isinstance(r, Header)]
             stale = self._not_children(source_id, refused)
             pipe.execute()
@@ -245,7 +261,7 @@ class Registry(DeletingStore):
         lost writes): delete what this call created, whose seed cannot be read, and report the
         source as not found. A retry of the request answers from what the registry holds now."""
         for cid in created:  # only records created from ``snap`` now: no one holds their tokens yet
-            self.redis.delete(keys.session(cid), keys.session_log(cid))
+            self.redis.delete(keys.session(cid), keys.session_log(cid), keys.session_turns(cid))
             # And its pin in the parent's index, through release.lua: a parent deleted meanwhile
             # whose last pin this was has its log freed now (a plain SREM would leak it forever).
             self._release_up(snap.source.id, cid)
@@ -277,11 +293,11 @@ class Registry(DeletingStore):
             lua.wait_for_replicas(self.redis, [*(keys.session(c.id) for c in replayed), *indexes],
                                   self.wait_replicas, self.wait_timeout_ms)
 
-    def create_child(self, snap: Snapshot, child_id: str | None = None, *,
-                     request_id: str = "") -> Header:
+    def create_child(self, snap: Snapshot, child_id: str | None = None, *, request_id: str = "",
+                     edits: Sequence[NewEvent] = ()) -> Header:
         """``create_children`` for one child (generated id by default); raises on failure."""
         cid = self._new_id() if child_id is None else rules.check_id(child_id)
-        (result,) = self.create_children(snap, [cid], request_id=request_id)
+        (result,) = self.create_children(snap, [cid], request_id=request_id, edits={cid: edits})
         if isinstance(result, errors.ForkError):
             raise result
         return result

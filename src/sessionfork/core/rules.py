@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from ..core import errors
 
@@ -188,6 +188,10 @@ def open_turn_start(types: Sequence[str]) -> int | None:
     ``turn/start``), or ``None``: exactly when its last event is not a valid fork boundary."""
     newest = newest_marker(types, len(types) - 1)
     return newest[1] if newest is not None and newest[0] == TURN_START else None
+
+
+MAX_EDITS: Final = 256
+"""The most events a fork may append to a child right after its seed (``edits``)."""
 
 
 def batch_markers(types: Sequence[str]) -> list[int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -79,7 +80,8 @@ def prefix(segments: Segments, n: int) -> list[tuple[str, int, int]]:
     return out
 
 
-def parse_snapshot(sid: str, reply: list[Any], boundary: int | None = None) -> tuple[Snapshot, bool]:
+def parse_snapshot(sid: str, reply: list[Any], boundary: int | None = None,
+                   if_length: int | None = None) -> tuple[Snapshot, bool]:
     """The snapshot.lua reply as a snapshot, and whether its boundary still needs checking
     against the ancestor that holds it (``SEED``); raises the source step's errors."""
     status = wire.text(reply[0])
@@ -87,6 +89,9 @@ def parse_snapshot(sid: str, reply: list[Any], boundary: int | None = None) -> t
         raise errors.not_found(sid)
     if status == "NOT_LIVE":
         raise errors.not_live(sid)
+    if status == "PRECONDITION":
+        assert if_length is not None
+        raise errors.precondition_failed(sid, int(reply[1]), if_length)
     if status == "OPEN_TURN":
         raise errors.open_turn(sid, wire.text(reply[1]))
     if status in ("RANGE", "INSIDE"):
@@ -101,3 +106,16 @@ def parse_snapshot(sid: str, reply: list[Any], boundary: int | None = None) -> t
     snap = Snapshot(wire.decode_header(header), int(length), int(seed_length), decode_segments(seed), end,
                     wire.text(last))
     return snap, status == "SEED"
+
+
+def edit_fields(snap: Snapshot, payload: list[bytes], types: Sequence[str]) -> dict[str, Any]:
+    """The create script's arguments for a child of ``snap`` whose log goes on with edits of
+    ``types`` stored as ``payload``: its length, last type, newest ``turn/end`` and turn-index
+    entries follow them (no turn index for a seed without one: ``seed_end`` unknown)."""
+    base = snap.length
+    ends = [base + i for i, t in enumerate(types) if t == rules.TURN_END]
+    known = snap.seed_end is not None
+    last_end: int | str = "" if snap.seed_end is None else (ends[-1] if ends else snap.seed_end)
+    markers = " ".join(str(2 * base + m) for m in rules.batch_markers(types)) if known else ""
+    return {"length": base + len(types), "last_type": types[-1], "last_end": last_end, "markers": markers,
+            "edits": payload}

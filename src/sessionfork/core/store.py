@@ -102,9 +102,11 @@ class SessionStore:
                         cwd=UNSET if cwd is None else cwd)
         token = self._new_token()
         raw = wire.encode_header(header)
-        created = self._scripts("create", record=keys.session(sid), lifecycle=self._lifecycle_key,
+        created = self._scripts("create", record=keys.session(sid), log=keys.session_log(sid),
+                                turns=keys.session_turns(sid), lifecycle=self._lifecycle_key,
                                 header=raw, instance=token, length=0, seed_length=0, seed="[]", last_type="",
-                                request_id="", maxlen=self.lifecycle_maxlen, session_id=sid, seed_end=-1)
+                                request_id="", maxlen=self.lifecycle_maxlen, session_id=sid, seed_end=-1,
+                                parent_header="", last_end="", markers="", edits=())
         if created is None:
             raise errors.already_exists(sid)
         if self._cluster:
@@ -133,10 +135,7 @@ class SessionStore:
                 raise errors.not_live(sid)
             return []
         ts = self._clock() if time_ms is None else time_ms
-        payload = [wire.encode_stored_event(e, ts) for e in events]
-        for i, raw in enumerate(payload):
-            if len(raw) > self.max_event_bytes:
-                raise errors.invalid(f"event {i} is {len(raw)} bytes, over the limit of {self.max_event_bytes}")
+        payload = self.encode_events(events, ts)
         flush = any(e.type == rules.TURN_END for e in events)
         markers = " ".join(map(str, rules.batch_markers([e.type for e in events])))
         first = int(self._scripts(
@@ -151,6 +150,15 @@ class SessionStore:
         if flush and self._cluster:
             self._emit(self.redis, "session/flush", sid, first + len(events))
         return [Event(e.type, first + i, ts, e.data, dict(e.extra)) for i, e in enumerate(events)]
+
+    def encode_events(self, events: Sequence[NewEvent], time_ms: int) -> list[bytes]:
+        """The stored JSON of ``events`` at ``time_ms``: ``INVALID_REQUEST`` for an event that is
+        not JSON that reads back identically, or over ``max_event_bytes`` (``append``'s rules)."""
+        payload = [wire.encode_stored_event(e, time_ms) for e in events]
+        for i, raw in enumerate(payload):
+            if len(raw) > self.max_event_bytes:
+                raise errors.invalid(f"event {i} is {len(raw)} bytes, over the limit of {self.max_event_bytes}")
+        return payload
 
     def dispose(self, session: SessionRef) -> None:
         """End the live incarnation; header and events stay readable, the id is never reused.

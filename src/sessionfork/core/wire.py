@@ -147,6 +147,13 @@ def decode_header(raw: bytes | str) -> Header:
 # -- requests and replies (the queue's wire format) ---------------------------------------------
 
 
+class Variant(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    """One child of a variant fan-out: its id (generated when absent) and its own edits."""
+
+    session_id: str | UnsetType = UNSET
+    edits: list[dict[str, Any]] | UnsetType = UNSET
+
+
 class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True,
                   kw_only=True):
     """A fork request as schedulers enqueue it. Unknown fields are rejected.
@@ -166,6 +173,13 @@ class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, om
     """W3C trace context of the scheduler (set by the clients when OpenTelemetry is installed)."""
     boundary: int | UnsetType = UNSET
     """Fork at this inclusive event seq (the child's seed is events ``[0, boundary]``)."""
+    if_length: int | UnsetType = UNSET
+    """Fork only if the source's log has exactly this many events (``PRECONDITION_FAILED``)."""
+    edits: list[dict[str, Any]] | UnsetType = UNSET
+    """Events ``{"type", "data"?, ...extra}`` appended to every child right after its seed."""
+    variants: list[Variant] | UnsetType = UNSET
+    """A fan-out of one snapshot, each child with its own id and edits (exclusive with
+    ``session_id``, ``session_ids``, ``count`` and ``edits``)."""
 
     @property
     def source_id(self) -> str:
@@ -178,7 +192,7 @@ class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, om
 
     @property
     def fans_out(self) -> bool:
-        return self.count is not UNSET or self.session_ids is not UNSET
+        return self.count is not UNSET or self.session_ids is not UNSET or self.variants is not UNSET
 
 
 class ChildError(msgspec.Struct, rename="camel", kw_only=True):
@@ -228,7 +242,8 @@ def decode_reply(raw: bytes | str) -> Reply:
     return _reply_decoder.decode(raw)
 
 
-IDENTITY_FIELDS: Final = ("source", "sessionId", "count", "sessionIds", "boundary")
+IDENTITY_FIELDS: Final = ("source", "sessionId", "count", "sessionIds", "boundary", "ifLength", "edits",
+                          "variants")
 """The wire names of the fields that make two requests under one request id "the same", in order.
 ``queue/scripts/enqueue.lua`` lists the same names (``FIELDS``; a test pins the two, and a property
 test runs the script against ``identity`` on random requests)."""
@@ -236,19 +251,25 @@ _IDENTITY_ATTRS: Final = tuple(f.name for name in IDENTITY_FIELDS for f in msgsp
                                if f.encode_name == name)
 
 
+_IDENTITY_KEPT: Final = 4
+"""The identity fields always written; the later ones (``boundary`` on) only up to the last given."""
+_canonical = msgspec.json.Encoder(order="deterministic")  # object keys sorted: edits in any key order
+
+
 def identity(request: ForkRequest) -> bytes:
     """What makes two requests under one request id "the same", as JSON: the values of
-    ``IDENTITY_FIELDS`` (``null`` when absent), the last one (``boundary``) only when given (a
-    request without it keeps the identity it had before boundaries existed).
+    ``IDENTITY_FIELDS`` (``null`` when absent) with object keys sorted, trailing absent fields
+    after the first four left out (a request without ``boundary``, ``ifLength``, ``edits`` and
+    ``variants`` keeps the identity it had before they existed).
 
     ``requestId``, ``replyTo`` and ``traceparent`` are not part of it (a retry may listen
     elsewhere, or run in another trace). The worker keeps it in the request's record, where the
     enqueue script compares it.
     """
     fields = [getattr(request, attr) for attr in _IDENTITY_ATTRS]
-    if fields[-1] is UNSET:
+    while len(fields) > _IDENTITY_KEPT and fields[-1] is UNSET:
         fields.pop()
-    return _json.encode([None if f is UNSET else f for f in fields])
+    return _canonical.encode([None if f is UNSET else f for f in fields])
 
 
 def digest(request: ForkRequest) -> str:

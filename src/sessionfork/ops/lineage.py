@@ -25,6 +25,8 @@ class Node(msgspec.Struct, rename="camel", kw_only=True):
     live: bool
     created_at: int
     children: list[Node] = msgspec.field(default_factory=list)
+    edits: int | msgspec.UnsetType = UNSET
+    """How many events the fork appended right after the seed (``edits``); absent: none."""
 
 
 class Lineage(msgspec.Struct, rename="camel", kw_only=True):
@@ -49,9 +51,9 @@ def lineage(registry: Registry, session_id: str, *, max_nodes: int = 10_000) -> 
         except errors.ForkError:
             break  # a deleted ancestor: the walk ends there
 
-        ancestors.insert(0, _node(h, registry.instance(parent) is not None))
+        ancestors.insert(0, _node(h, registry.instance(parent) is not None, _edits_of(registry, parent)))
         parent = h.parent_session
-    root = _node(header, registry.instance(sid) is not None)
+    root = _node(header, registry.instance(sid) is not None, _edits_of(registry, sid))
     # (node the children attach to, session whose children index is read): the descendants of a
     # deleted session (a tombstone that still pins its log) attach to its nearest listed ancestor.
     frontier = [(root, root.id)]
@@ -65,14 +67,14 @@ def lineage(registry: Registry, session_id: str, *, max_nodes: int = 10_000) -> 
                for c in sorted(members)]
         pipe = registry.redis.pipeline(transaction=False)
         for _, cid in ids:
-            pipe.hmget(keys.session(cid), ["header", "instance", "deleted"])
+            pipe.hmget(keys.session(cid), ["header", "instance", "deleted", "edits"])
         next_frontier = []
-        for (node, cid), (raw, instance, deleted) in zip(ids, pipe.execute(), strict=True):
+        for (node, cid), (raw, instance, deleted, edits) in zip(ids, pipe.execute(), strict=True):
             if raw is None:
                 if deleted is not None:
                     next_frontier.append((node, cid))
                 continue
-            child = _node(wire.decode_header(raw), instance is not None)
+            child = _node(wire.decode_header(raw), instance is not None, edits)
             node.children.append(child)
             next_frontier.append((child, cid))
             count += 1
@@ -80,14 +82,26 @@ def lineage(registry: Registry, session_id: str, *, max_nodes: int = 10_000) -> 
     return Lineage(ancestors=ancestors, root=root)
 
 
-def _node(header: Header, live: bool) -> Node:
+def _edits_of(registry: Registry, sid: str) -> bytes | str | None:
+    raw: bytes | str | None = registry.redis.hget(keys.session(sid), "edits")
+    return raw
+
+
+def _node(header: Header, live: bool, edits: bytes | str | None = None) -> Node:
     seed = 0 if header.seed_length is UNSET else header.seed_length
-    return Node(id=header.id, seed_length=seed, live=live, created_at=header.created_at)
+    return Node(id=header.id, seed_length=seed, live=live, created_at=header.created_at,
+                edits=UNSET if edits is None else int(edits))
+
+
+def seed_text(node: Node) -> str:
+    """``seed 8``, or ``seed 8 + 2 edits`` for a child whose fork appended edits."""
+    return f"seed {node.seed_length}" + ("" if node.edits is UNSET else f" + {node.edits} edits")
 
 
 def _label(node: Node) -> str:
     when = datetime.fromtimestamp(node.created_at / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-    return f"{node.id}  seed={node.seed_length}  {'live' if node.live else 'disposed'}  {when}Z"
+    edits = "" if node.edits is UNSET else f"  edits={node.edits}"
+    return f"{node.id}  seed={node.seed_length}{edits}  {'live' if node.live else 'disposed'}  {when}Z"
 
 
 def render_text(tree: Lineage, mark: str = "*") -> str:
@@ -127,12 +141,12 @@ def render_mermaid(tree: Lineage) -> str:
     for node in nodes:
         declare(node)
     for a, b in itertools.pairwise(nodes):
-        out.append(f"    {name(a)} -->|seed {b.seed_length}| {name(b)}")
+        out.append(f"    {name(a)} -->|{seed_text(b)}| {name(b)}")
 
     def walk(node: Node) -> None:
         for child in node.children:
             declare(child)
-            out.append(f"    {name(node)} -->|seed {child.seed_length}| {name(child)}")
+            out.append(f"    {name(node)} -->|{seed_text(child)}| {name(child)}")
             walk(child)
 
     walk(tree.root)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from html import escape
 
-from .lineage import Lineage, Node
+from .lineage import Lineage, Node, seed_text
 
 _STYLE = """
 :root { color-scheme: light; --line: #b8c2cc; --live: #1a7f37; --gone: #8c959f; --mark: #bf3989; }
@@ -56,7 +56,7 @@ def _card(node: Node, role: str) -> str:
     kids = f'<span class="kids">{n} {"child" if n == 1 else "children"}</span>' if n and role != "ancestor" else ""
     return (f'<li class="node {role} {state}" data-id="{escape(node.id)}"><div class="card">'
             f'<span class="id">{escape(node.id)}</span><span class="state {state}">{state}</span>'
-            f'<span class="seed">seed {node.seed_length}</span><time datetime="{iso}">{shown}Z</time>{kids}{mark}'
+            f'<span class="seed">{seed_text(node)}</span><time datetime="{iso}">{shown}Z</time>{kids}{mark}'
             "</div>")
 
 

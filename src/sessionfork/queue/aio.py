@@ -49,10 +49,11 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..core import connections, keys, wire
 from ..core.config import Settings
 from ..core.factories import new_request_id
-from ..core.wire import ForkRequest, LiveHandle, Reply
+from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply
 from . import requests, shards, tracing
 from .enqueue import AsyncEnqueuer, job_call
 from .outcomes import OUTCOME_FIELDS, verdict
+from .requests import Variant
 from .subscriptions import ReplyRouter
 
 T = TypeVar("T")
@@ -121,13 +122,15 @@ class AsyncClient:
     async def request(self, source: str | LiveHandle, *, session_id: str | None = None,
                       session_ids: list[str] | None = None, count: int | None = None,
                       request_id: str | None = None, reply_to: str | None = None,
-                      boundary: int | None = None) -> ForkRequest:
+                      boundary: int | None = None, if_length: int | None = None,
+                      edits: Sequence[NewEvent] | None = None,
+                      variants: Sequence[Variant] | None = None) -> ForkRequest:
         """Build a request (no I/O): as ``Client.request``; ``INVALID_REQUEST`` for a bad request id.
-        ``boundary``: fork at that inclusive event seq. With OpenTelemetry installed, it carries the
-        current trace context (``traceparent``)."""
+        ``boundary``, ``if_length``, ``edits``, ``variants``: as for ``Client.request``. With
+        OpenTelemetry installed, it carries the current trace context (``traceparent``)."""
         return requests.build(source, request_id or self._new_id(), session_id=session_id, session_ids=session_ids,
-                              count=count, reply_to=reply_to, boundary=boundary,
-                              traceparent=tracing.current_traceparent())
+                              count=count, reply_to=reply_to, boundary=boundary, if_length=if_length,
+                              edits=edits, variants=variants, traceparent=tracing.current_traceparent())
 
     async def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op.
@@ -155,11 +158,13 @@ class AsyncClient:
     async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
                    session_ids: list[str] | None = None, count: int | None = None,
                    request_id: str | None = None, reply_to: str | None = None,
-                   boundary: int | None = None) -> Reply:
+                   boundary: int | None = None, if_length: int | None = None,
+                   edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None) -> Reply:
         """Submit a fork request and wait for its reply (subscribed first; enqueue and the first
         read of the stored outcome in one round trip, sent again when its reply is lost)."""
         request = await self.request(source, session_id=session_id, session_ids=session_ids, count=count,
-                                     request_id=request_id, reply_to=reply_to, boundary=boundary)
+                                     request_id=request_id, reply_to=reply_to, boundary=boundary,
+                                     if_length=if_length, edits=edits, variants=variants)
         request, call = self._job(request)
         rid = request.request_id
         assert isinstance(rid, str)
@@ -180,7 +185,7 @@ class AsyncClient:
     def _channel(self, request: ForkRequest) -> str:
         return requests.reply_channel(request, self.settings.reply_channel)
 
-    def _job(self, request: ForkRequest) -> tuple[ForkRequest, tuple[list[str], list[Any]]]:
+    def _job(self, request: ForkRequest) -> tuple[ForkRequest, tuple[list[Any], list[Any]]]:
         request, payload = requests.prepare(request, self._new_id)
         assert isinstance(request.request_id, str)
         return request, job_call(request.request_id, payload, self.settings, datetime.now(UTC))

@@ -7,7 +7,7 @@ it returns is trusted downstream (the fork steps do not check the ids again).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +15,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from ..core import errors, rules, wire
-from ..core.wire import ForkRequest, LiveHandle
+from ..core.wire import ForkRequest, LiveHandle, NewEvent
 
 MAX_CHANNEL_LENGTH = 256
 
@@ -32,20 +32,51 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One child of a variant fan-out (``variants=``): its id (``None``: generated) and the events
+    appended to it right after the shared seed."""
+
+    session_id: str | None = None
+    edits: Sequence[NewEvent] = ()
+
+
+def edit_json(event: NewEvent) -> dict[str, Any]:
+    """An event as a request's ``edits`` carry it: ``{"type", "data", ...extra}``."""
+    if not isinstance(event, NewEvent):
+        raise errors.invalid(f"edits must be NewEvent objects, got {type(event).__name__}")
+    return {"type": event.type, "data": event.data, **event.extra}
+
+
+def _edits(edits: Sequence[NewEvent] | None) -> Any:
+    if edits is None or (isinstance(edits, Sequence) and not isinstance(edits, str | bytes) and not edits):
+        return UNSET
+    if not isinstance(edits, Sequence) or isinstance(edits, str | bytes):
+        raise errors.invalid(f"edits must be a sequence of NewEvent, got {type(edits).__name__}")
+    return [edit_json(e) for e in edits]
+
+
 def build(source: str | LiveHandle, request_id: str, *, session_id: str | None = None,
           session_ids: list[str] | None = None, count: int | None = None, reply_to: str | None = None,
-          boundary: int | None = None, traceparent: str | UnsetType = UNSET) -> ForkRequest:
-    """A request as the clients send it (``None``, ``UNSET``: the field is absent); ``INVALID_REQUEST`` for a
-    request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id). The rest is checked by
-    ``parse`` where the request is run."""
+          boundary: int | None = None, traceparent: str | UnsetType = UNSET, if_length: int | None = None,
+          edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None) -> ForkRequest:
+    """A request as the clients send it (``None``, ``UNSET``, no edits: the field is absent);
+    ``INVALID_REQUEST`` for a request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id) or
+    edits that are not ``NewEvent``. The rest is checked by ``parse`` where the request is run."""
     rules.check_request_id(request_id)
 
     def given(value: Any) -> Any:
         return UNSET if value is None else value
 
+    wire_variants: Any = UNSET
+    if variants is not None:
+        if not isinstance(variants, Sequence) or not all(isinstance(v, Variant) for v in variants):
+            raise errors.invalid("variants must be a sequence of sessionfork.client.Variant")
+        wire_variants = [wire.Variant(session_id=given(v.session_id), edits=_edits(v.edits)) for v in variants]
     return ForkRequest(source=source, request_id=request_id, session_id=given(session_id),
                        session_ids=given(session_ids), count=given(count), reply_to=given(reply_to),
-                       traceparent=traceparent, boundary=given(boundary))
+                       traceparent=traceparent, boundary=given(boundary), if_length=given(if_length),
+                       edits=_edits(edits), variants=wire_variants)
 
 
 def prepare(request: ForkRequest, new_id: Callable[[], str]) -> tuple[ForkRequest, bytes]:
@@ -87,7 +118,9 @@ def parse(payload: str | bytes, job_id: str, limits: Limits) -> ForkRequest:
     if request.session_id is not UNSET:
         rules.check_id(request.session_id, "sessionId")
     chosen = [name for name, value in (("sessionId", request.session_id), ("sessionIds", request.session_ids),
-                                       ("count", request.count)) if value is not UNSET]
+                                       ("count", request.count), ("variants", request.variants),
+                                       ("edits", request.edits if request.variants is not UNSET else UNSET))
+              if value is not UNSET]
     if len(chosen) > 1:
         raise errors.invalid(f"invalid request: {' and '.join(chosen)} are exclusive")
     if request.count is not UNSET and not 1 <= request.count <= limits.max_fanout:
@@ -100,9 +133,14 @@ def parse(payload: str | bytes, job_id: str, limits: Limits) -> ForkRequest:
             rules.check_id(cid, f"sessionIds[{i}]")
         if len(set(ids)) != len(ids):
             raise errors.invalid("invalid sessionIds: ids must be distinct")
+    if request.if_length is not UNSET and request.if_length < 0:
+        raise errors.invalid(f"invalid ifLength {request.if_length}: expected an integer >= 0")
+    edits_of(request)  # each edit's shape (type, reserved fields, JSON), before any work
+    variant_ids = _check_variants(request.variants, limits)
     named = [("requestId", job_id), ("source", request.source_id)]
     named += [("sessionId", request.session_id)] if request.session_id is not UNSET else []
     named += [(f"sessionIds[{i}]", c) for i, c in enumerate(request.session_ids or ())]
+    named += variant_ids
     for field, value in named:
         if len(value) > limits.max_id_length:
             raise errors.invalid(f"invalid {field}: {len(value)} characters, over the limit of {limits.max_id_length}")
@@ -112,6 +150,52 @@ def parse(payload: str | bytes, job_id: str, limits: Limits) -> ForkRequest:
         raise errors.invalid("invalid traceparent: expected a W3C traceparent "
                              "(version-traceid-parentid-flags, lowercase hex)")
     return request
+
+
+def _check_variants(variants: list[wire.Variant] | UnsetType, limits: Limits) -> list[tuple[str, str]]:
+    """The variants' count and ids (checked; distinct when given); returns them named by field."""
+    if variants is UNSET:
+        return []
+    if not 1 <= len(variants) <= limits.max_fanout:
+        raise errors.invalid(f"invalid variants: expected 1 to {limits.max_fanout} variants, got {len(variants)}")
+    named = [(f"variants[{i}].sessionId", v.session_id) for i, v in enumerate(variants) if v.session_id is not UNSET]
+    for field, cid in named:
+        rules.check_id(cid, field)
+    if len({cid for _, cid in named}) != len(named):
+        raise errors.invalid("invalid variants: session ids must be distinct")
+    return named
+
+
+def _new_events(edits: list[dict[str, Any]] | UnsetType, field: str) -> list[NewEvent]:
+    """A request's edits as ``NewEvent``: 1 to ``rules.MAX_EDITS`` objects with a non-empty
+    string ``type``; ``seq`` and ``time`` are the registry's (``INVALID_REQUEST`` naming ``field``)."""
+    if edits is UNSET:
+        return []
+    if not 1 <= len(edits) <= rules.MAX_EDITS:
+        raise errors.invalid(f"invalid {field}: expected 1 to {rules.MAX_EDITS} events, got {len(edits)}")
+    events = []
+    for i, body in enumerate(edits):
+        rest = dict(body)
+        kind = rest.pop("type", None)
+        if not isinstance(kind, str) or not kind:
+            raise errors.invalid(f"invalid {field}[{i}]: expected a non-empty string type")
+        data = rest.pop("data", None)
+        try:
+            events.append(NewEvent(kind, data, rest))
+        except errors.ForkError as exc:
+            raise errors.invalid(f"invalid {field}[{i}]: {exc.message}") from None
+        rules.check_json_value(data, f"{field}[{i}] data")
+        for name, value in rest.items():
+            rules.check_json_value(value, f"{field}[{i}] field {rules.echo(name)}")
+    return events
+
+
+def edits_of(request: ForkRequest) -> list[list[NewEvent]]:
+    """Each variant's edits (the one list of ``edits`` without variants), checked as ``parse``
+    checks them; ``[[]]`` for a request without edits."""
+    if request.variants is UNSET:
+        return [_new_events(request.edits, "edits")]
+    return [_new_events(v.edits, f"variants[{i}].edits") for i, v in enumerate(request.variants)]
 
 
 def is_valid_channel(name: str) -> bool:

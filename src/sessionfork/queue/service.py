@@ -1,6 +1,7 @@
 """One fork request, from its bytes to its one outcome, top to bottom:
 
-1. ``requests.parse``: decode and validate at the edge (each id checked once);
+1. ``requests.parse``: decode and validate at the edge (each id checked once), and the edits
+   against ``append``'s rules (``forks.check_edits``: the event size limit is the registry's);
 2. claim the request id and run the source step (``forks.source_step``: one round trip on a shared
    server);
 3. create the children (``forks.child_step``; a fan-out first keeps its snapshot for retries);
@@ -8,7 +9,7 @@
 
 ``ForkService.handle`` is what a worker runs per job. Its guarantees:
 
-* bad input (size, JSON, schema, ids, limits) ends as ``INVALID_REQUEST`` before any work;
+* bad input (size, JSON, schema, ids, limits, edits) ends as ``INVALID_REQUEST`` before any work;
 * a request id forks at most once: a replay returns the first outcome and creates nothing;
 * the outcome is stored before it is announced, and announced exactly once;
 * an unexpected exception is re-raised for RQ to retry; on the last attempt it is first recorded
@@ -29,7 +30,7 @@ from ..core.errors import ErrorCode, ForkError
 from ..core.factories import new_session_id, now_ms
 from ..core.registry import Registry
 from ..core.snapshots import ForkPlan
-from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, Reply
+from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, NewEvent, Reply
 from . import requests, tracing
 from .outages import is_outage
 from .outcomes import Claim, Outcomes
@@ -80,6 +81,9 @@ class ForkService:
         started = self._monotonic()
         try:
             request = requests.parse(payload, job_id, self.limits)
+            edits = requests.edits_of(request)
+            for events in edits:  # append's rules (event size, JSON), refused as parse refuses
+                forks.check_edits(self.registry, events)
         except ForkError as exc:
             raw = payload.encode() if isinstance(payload, str) else payload
             failure = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
@@ -97,7 +101,7 @@ class ForkService:
                 return ForkFailure(
                     request_id=job_id, code=ErrorCode.IDEMPOTENCY_CONFLICT.value,
                     message=f'request id "{job_id}" was already used for a different request')
-            reply = self._fork(request, job_id, claim, plan)
+            reply = self._fork(request, job_id, claim, plan, edits)
         except ForkError as exc:
             reply = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
         except Exception as exc:
@@ -121,19 +125,24 @@ class ForkService:
         were planned by an earlier attempt)."""
         planned = self._children_of(request)
         raw, plan = forks.source_step(self.registry, request.source, planned, request_id=request_id,
-                                      boundary=_boundary(request),
+                                      boundary=_boundary(request), if_length=_if_length(request),
                                       rider=(self.outcomes.redis, self.outcomes.claim_op(request_id, request, planned)))
         claim = self.outcomes.claim_of(raw)
         return claim, plan if claim.state == "NEW" else None
 
-    def _fork(self, request: ForkRequest, request_id: str, claim: Claim, plan: ForkPlan | None) -> Reply:
-        """The children of a claimed request, from one snapshot: the reply that reports them."""
+    def _fork(self, request: ForkRequest, request_id: str, claim: Claim, plan: ForkPlan | None,
+              edits: list[list[NewEvent]]) -> Reply:
+        """The children of a claimed request, from one snapshot, each with its edits (a variant's
+        own, by position, or the request's): the reply that reports them."""
         children = list(claim.children)
+        own = dict(zip(children, edits, strict=True)) if request.variants is not UNSET else \
+            dict.fromkeys(children, edits[0])
         # A fan-out keeps its snapshot before any child exists: a retry after a crash creates the
         # rest from the same one.
         keep = (lambda snap: self.outcomes.keep_snapshot(request_id, snap)) if len(children) > 1 else None
         result = forks.child_step(self.registry, request.source, children, request_id=request_id,
-                                  boundary=_boundary(request), plan=plan, snapshot=claim.snapshot, keep=keep)
+                                  boundary=_boundary(request), if_length=_if_length(request), plan=plan,
+                                  snapshot=claim.snapshot, keep=keep, edits=own)
         if not request.fans_out:
             if result.failed:
                 raise result.failed[0][1]
@@ -150,6 +159,8 @@ class ForkService:
             return list(request.session_ids)
         if request.count is not UNSET:
             return [self._new_id() for _ in range(request.count)]
+        if request.variants is not UNSET:
+            return [self._new_id() if v.session_id is UNSET else v.session_id for v in request.variants]
         return [self._new_id() if request.session_id is UNSET else request.session_id]
 
     def _created_by(self, request: ForkRequest, request_id: str) -> list[str]:
@@ -159,6 +170,10 @@ class ForkService:
                                     boundary=_boundary(request))
         except Exception:
             return []
+
+
+def _if_length(request: ForkRequest) -> int | None:
+    return None if request.if_length is UNSET else request.if_length
 
 
 def _boundary(request: ForkRequest) -> int | None:

@@ -1,20 +1,27 @@
--- Create a session record if its id is free: a new session (len 0) or a forked child.
+-- Create a session record if its id is free: a new session (len 0) or a forked child, with the
+-- child's edits (events appended right after its seed) in the same atomic step.
 -- KEYS[1] = sf:s:{<id>}      (the new session's record)
--- KEYS[2] = sf:lifecycle, KEYS[3] = the parent's sf:s:{<parent>}:children
+-- KEYS[2] = sf:s:{<id>}:log, KEYS[3] = sf:s:{<id>}:turns   (the new session's own events and turn
+--           index: written only for edits)
+-- KEYS[4] = sf:lifecycle, KEYS[5] = the parent's sf:s:{<parent>}:children
 --           (both optional: given only when they share the server, i.e. not on a cluster, where
 --           the registry pins the child under its parent first (pin.lua) and emits the event after)
--- KEYS[4] = the parent's record sf:s:{<parent>}   (optional, with KEYS[3]: a forked child on one server)
--- ARGV    = header JSON, instance token, len, seedlen, seed JSON, last type, request id ("" = none),
---           lifecycle stream MAXLEN, session id, seed end: seq of the newest turn/end of the seed
---           (-1: none; "": unknown, the record gets no turn index, as one written before it existed),
---           and with KEYS[4]: the parent's header JSON as the source step read it
+-- KEYS[6] = the parent's record sf:s:{<parent>}   (optional, with KEYS[5]: a forked child on one server)
+-- ARGV    = header JSON, instance token, len (seed + edits), seedlen, seed JSON, last type, request
+--           id ("" = none), lifecycle stream MAXLEN, session id, seed end: seq of the newest
+--           turn/end of the seed (-1: none; "": unknown, the record gets no turn index, as one
+--           written before it existed), the parent's header JSON as the source step read it (used
+--           with KEYS[6]), last end: seq of the newest turn/end of seed + edits ("" = the seed
+--           end), the edits' turn-index entries ("2*seq + (1 for turn/end)", space-separated),
+--           then the edits' stored JSON (none for a plain child)
 -- Returns the header JSON of the record now under KEYS[1] when it is ours (created now, created
 -- earlier by the same request id: a replay, or by this very call: a client's retry after a lost
 -- reply, recognised by the fresh instance token), false when another owner has the id, or -1 when
 -- the parent is not the session the source step read, or is shorter than the seed (the server
 -- restarted empty, or lost writes in a failover): the seed could not be read, so no child.
 -- A deleted parent (a tombstone: no header) is not the session read either: the fork fails
--- SESSION_NOT_FOUND, and a deleted log is never a new child's seed.
+-- SESSION_NOT_FOUND, and a deleted log is never a new child's seed. A replay never appends the
+-- edits again: they exist only together with the record.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   local mine = redis.call('HMGET', KEYS[1], 'req', 'instance', 'header')
   if (ARGV[7] ~= '' and mine[1] == ARGV[7]) or mine[2] == ARGV[2] then
@@ -22,9 +29,9 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   end
   return false
 end
-if KEYS[4] then
-  local parent = redis.call('HMGET', KEYS[4], 'header', 'len')
-  if parent[1] ~= ARGV[11] or tonumber(parent[2]) < tonumber(ARGV[3]) then return -1 end
+if KEYS[6] then
+  local parent = redis.call('HMGET', KEYS[6], 'header', 'len')
+  if parent[1] ~= ARGV[11] or tonumber(parent[2]) < tonumber(ARGV[4]) then return -1 end
 end
 -- "seedlen" and "seedend" are stored only once they differ from "len" and "lastend" (append.lua
 -- writes them before it moves those): two fields fewer in every record never appended to (most
@@ -42,11 +49,26 @@ if ARGV[10] ~= '' then
   -- empty: boundaries inside the seed are checked against the ancestors' own indexes.
   redis.call('HSET', KEYS[1], 'lastend', ARGV[10])
 end
-if KEYS[2] then
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[8], '*', 'type', 'session/created', 'id', ARGV[9],
+local first = 14
+if #ARGV >= first then
+  redis.call('HSET', KEYS[1], 'edits', #ARGV - first + 1)  -- how many events the fork appended (lineage)
+  for i = first, #ARGV, 4000 do
+    redis.call('RPUSH', KEYS[2], unpack(ARGV, i, math.min(i + 3999, #ARGV)))
+  end
+  if ARGV[10] ~= '' then
+    local marks = {}
+    for tok in string.gmatch(ARGV[13], '%S+') do marks[#marks + 1] = tok end
+    if #marks > 0 then redis.call('RPUSH', KEYS[3], unpack(marks)) end
+    if ARGV[12] ~= ARGV[10] then
+      redis.call('HSET', KEYS[1], 'seedend', ARGV[10], 'lastend', ARGV[12])
+    end
+  end
+end
+if KEYS[4] then
+  redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[8], '*', 'type', 'session/created', 'id', ARGV[9],
     'len', ARGV[3])
 end
-if KEYS[3] then
-  redis.call('SADD', KEYS[3], ARGV[9])
+if KEYS[5] then
+  redis.call('SADD', KEYS[5], ARGV[9])
 end
 return ARGV[1]

@@ -1,7 +1,9 @@
 -- The source step of a fork: live? instance? boundary? length - in one atomic read.
 -- KEYS[1] = sf:s:{<id>}, KEYS[2] = sf:s:{<id>}:turns, KEYS[3] = sf:s:{<id>}:log   (one slot)
--- ARGV[1] = instance token ("" = any live instance), ARGV[2] = boundary ("" = none: the whole log)
--- Returns {"NOT_FOUND"} / {"NOT_LIVE"} / {"OPEN_TURN", last} (no boundary) /
+-- ARGV[1] = instance token ("" = any live instance), ARGV[2] = boundary ("" = none: the whole log),
+-- ARGV[3] = the length the log must have (ifLength; "" or absent = any)
+-- Returns {"NOT_FOUND"} / {"NOT_LIVE"} / {"PRECONDITION", len} (the guard, checked next) /
+--   {"OPEN_TURN", last} (no boundary) /
 --   {"RANGE", len} (boundary outside [0, len)) / {"INSIDE", seq of the turn/start} /
 --   {"OK", seed length, header, seed, seedlen, seed end, last type} where seed end is the seq of the
 --   newest turn/end of the child's seed (-1 none, "" unknown: the source has no turn index) and
@@ -15,6 +17,7 @@ if not r[1] then return {'NOT_FOUND'} end
 r[6] = r[6] or r[2]  -- absent until the first append: the seed is the whole log (create.lua)
 r[8] = r[8] or r[7]  -- absent until an append moves lastend
 if ARGV[1] ~= '' and r[1] ~= ARGV[1] then return {'NOT_LIVE'} end
+if ARGV[3] and ARGV[3] ~= '' and r[2] ~= ARGV[3] then return {'PRECONDITION', r[2]} end
 if ARGV[2] == '' then
   if r[2] ~= '0' and r[3] ~= 'turn/end' then return {'OPEN_TURN', r[3]} end
   return {'OK', r[2], r[4], r[5], r[6], r[7] or '', r[3]}

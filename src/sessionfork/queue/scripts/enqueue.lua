@@ -6,13 +6,16 @@
 --           (origin, status, created_at, enqueued_at, timeout, retries_left, result_ttl, ...);
 --           without a "data" field, data is the JSON job [sessionfork.jobs.fork, null, [request], {}]
 -- Returns  1 enqueued;
---          0 the same request (same source, sessionId, count, sessionIds and boundary; replyTo may
---            differ) is queued or done: its one outcome answers this submission too;
+--          0 the same request (same source, sessionId, count, sessionIds, boundary, ifLength, edits
+--            and variants; replyTo may differ) is queued or done: its one outcome answers this
+--            submission too;
 --         -1 the request id was used for a different request: IDEMPOTENCY_CONFLICT, nothing
 --            enqueued (and nothing will be announced for this submission);
 --         an error (nothing written) for malformed arguments or keys of the wrong type.
 -- The job hash keeps the request's identity digest in field sf_identity, whatever its serializer.
-local FIELDS = {'source', 'sessionId', 'count', 'sessionIds', 'boundary'}  -- core/wire.py IDENTITY
+local FIELDS = {'source', 'sessionId', 'count', 'sessionIds', 'boundary',  -- core/wire.py IDENTITY
+  'ifLength', 'edits', 'variants'}
+local KEPT = 4  -- later fields count only up to the last one given: older digests stay as they were
 local function canon(s)  -- JSON text -> {kind, value}: canonical text per value, numbers exact
   local i = 1
   local function ws() i = string.find(s, '[^ \t\r\n]', i) or #s + 1 end
@@ -123,6 +126,8 @@ local function identity(text, stored)  -- a digest: equal digests, same request
     if not ok then return redis.sha1hex('raw:' .. text) end
     for n, name in ipairs(FIELDS) do parts[n] = fields[stored and n or cjson.encode(name)] or 'n' end
   end
+  local n = #FIELDS
+  while n > KEPT + 1 and (parts[n] == nil or parts[n] == 'n') do parts[n] = nil n = n - 1 end
   return redis.sha1hex(table.concat(parts, '\n'))
 end
 -- Validate everything before writing anything: a malformed call leaves no trace.

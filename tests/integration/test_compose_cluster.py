@@ -1,0 +1,115 @@
+"""Composed forks on a Redis Cluster (3 primaries, 1 replica each): the guard, edits on a child
+whose slot is on another node than its parent, variants, a worker with a cluster registry, and,
+last, no CROSSSLOT on any node."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
+    cluster_client_fixture,
+    cluster_fixture,
+    cluster_registry_fixture,
+)
+from helpers import clean_environ, cli_args, make_client, stop, turn, wait_registered, worker_name
+from redis.cluster import RedisCluster
+
+from sessionfork.client import Client, Variant
+from sessionfork.core import forks, keys
+from sessionfork.core.errors import ErrorCode, ForkError
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import ForkResult, NewEvent
+from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
+
+TIMEOUT = 30.0
+RETRY = [NewEvent("turn/start", {"turn": 3}), NewEvent("user/message", {"text": "again"})]
+
+
+def node_of(client: RedisCluster, sid: str) -> str:
+    return str(client.get_node_from_key(keys.session(sid)).name)  # type: ignore[no-untyped-call]
+
+
+def test_guard_and_edits_across_nodes(cluster_registry: Registry, cluster_client: RedisCluster) -> None:
+    cluster_registry.append(cluster_registry.create("root"), [*turn(1), *turn(2)])  # 8 events
+    home = node_of(cluster_client, "root")
+    kid_id = next(f"kid{i}" for i in range(100) if node_of(cluster_client, f"kid{i}") != home)  # another node
+    with pytest.raises(ForkError) as info:
+        forks.fork(cluster_registry, "root", kid_id, if_length=7, edits=RETRY)
+    assert (info.value.code, info.value.message) == (ErrorCode.PRECONDITION_FAILED,
+                                                     'session "root" has 8 events, not 7')
+    assert not cluster_registry.exists(kid_id)
+    kid = forks.fork(cluster_registry, "root", kid_id, if_length=8, boundary=3, edits=RETRY)
+    assert kid.seed_length == 4 and cluster_registry.length(kid_id) == 6
+    assert cluster_registry.events(kid_id)[:4] == cluster_registry.events("root", 0, 4)
+    assert [e.seq for e in cluster_registry.events(kid_id)] == list(range(6))
+    cluster_registry.append(kid_id, [NewEvent("turn/end", {"turn": 3})])
+    assert cluster_registry.last_turn_end(kid_id) == 6
+    grand = forks.fork(cluster_registry, kid_id, "grand", edits=RETRY[:1])
+    assert grand.seed_length == 7 and [e.type for e in cluster_registry.events("grand")][4:] == [
+        "turn/start", "user/message", "turn/end", "turn/start"]
+    with pytest.raises(ForkError) as inside:
+        forks.fork(cluster_registry, kid_id, "x", boundary=5)
+    assert inside.value.message == f'cannot fork session "{kid_id}" at boundary 5: inside the turn opened at seq 4'
+    result = forks.fork_many(cluster_registry, "root", ["v1", "v2", "v3"], if_length=8,
+                             edits={"v1": RETRY, "v3": RETRY[:1]})
+    assert [cluster_registry.length(v) for v in ("v1", "v2", "v3")] == [10, 8, 9] and not result.failed
+    assert sorted(cluster_registry.children("root")) == sorted([kid_id, "v1", "v2", "v3"])
+
+
+@pytest.fixture(scope="module")
+def queue_server() -> Iterator[EmbeddedServer]:
+    with EmbeddedServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cluster_worker(cluster: EmbeddedCluster, queue_server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
+    name = worker_name("ccluster")
+    proc = subprocess.Popen(
+        cli_args(cluster.url, "--queue-url", queue_server.url, "--cluster", "worker", "--name", name,
+                 "--log-level", "WARNING"),
+        env=clean_environ(), stdin=subprocess.DEVNULL)
+    try:
+        with queue_server.client() as probe:
+            wait_registered(probe, name, TIMEOUT)
+        yield proc
+    finally:
+        assert stop(proc) == 0
+
+
+@pytest.fixture
+def queue_client(queue_server: EmbeddedServer, cluster_worker: subprocess.Popen[bytes]) -> Iterator[Client]:
+    redis = queue_server.client()
+    yield make_client(redis)
+    redis.close()
+
+
+def test_a_worker_with_a_cluster_registry_runs_guarded_variants(cluster_registry: Registry,
+                                                                queue_client: Client) -> None:
+    cluster_registry.append(cluster_registry.create("src"), turn(1))
+    rid = f"req-{uuid.uuid4().hex[:12]}"
+    stale = queue_client.fork("src", if_length=1, variants=[Variant("a")], request_id=f"{rid}-s", timeout=TIMEOUT)
+    assert not stale.ok and getattr(stale, "code", "") == "PRECONDITION_FAILED"
+    reply = queue_client.fork("src", if_length=4, request_id=rid, timeout=TIMEOUT,
+                              variants=[Variant("a", RETRY), Variant("b")])
+    assert isinstance(reply, ForkResult) and reply.ok and [h.id for h in reply.sessions or []] == ["a", "b"]
+    assert [e.type for e in cluster_registry.events("a")][4:] == ["turn/start", "user/message"]
+    assert queue_client.fork("src", if_length=4, request_id=rid, timeout=TIMEOUT,
+                             variants=[Variant("a", RETRY), Variant("b")]) == reply
+    assert cluster_registry.length("a") == 6
+
+
+def test_no_node_answered_crossslot_to_a_composed_fork(cluster: EmbeddedCluster, cluster_registry: Registry) -> None:
+    cluster_registry.append(cluster_registry.create("a"), [*turn(1), *turn(2)])
+    forks.fork(cluster_registry, "a", "b", boundary=3, edits=RETRY, if_length=8, request_id="r1")
+    forks.fork(cluster_registry, "a", "b", boundary=3, edits=RETRY, if_length=8, request_id="r1")
+    forks.fork_many(cluster_registry, "b", ["c", "d"], boundary=3, edits={"c": RETRY})
+    with pytest.raises(ForkError):
+        forks.fork(cluster_registry, "a", "e", if_length=1)
+    for node in cluster.nodes:
+        with node.client() as c:
+            errors = c.info("errorstats")
+        assert "errorstat_CROSSSLOT" not in errors, (node.port, errors)
