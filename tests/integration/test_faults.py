@@ -250,6 +250,31 @@ def test_sigkill_storm_leaves_one_outcome_per_request_and_no_orphan(
     assert survivor.poll() is None
 
 
+
+def test_a_job_killed_on_its_last_attempt_still_gets_its_one_outcome(
+        own_server: EmbeddedServer, rds: Redis, procs: list[subprocess.Popen[bytes]]) -> None:
+    """No retry left: RQ fails the abandoned job (``AbandonedJobError``), and the worker that finds
+    it runs its request once more, so the request still gets its one outcome."""
+    add_sources(rds, 1)
+    client = make_client(rds, retries=0)
+    rid = client.submit(client.request("src-0", count=BIG, request_id="last-big"))
+    victim = start_worker(own_server.url, worker_name("last"), **FAULT_ENV)
+    procs.append(victim)
+    wait_until(lambda: rds.hget(keys.request(rid), "children") is not None, 30, "the request's plan")
+    first = msgspec.json.decode(rds.hget(keys.request(rid), "children") or b"", type=list[str])[0]
+    wait_until(lambda: rds.exists(keys.session(first)), 30, "its first child", interval=0.001)
+    kill(victim)
+    assert stored_outcome(rds, rid) is None  # the kill landed mid-job: some children, no outcome
+    assert not Job.fetch(rid, connection=rds, serializer=jobs.JSONSerializer).retries_left  # its last attempt
+
+    procs.append(start_worker(own_server.url, worker_name("finisher"), **FAULT_ENV))
+    wait_all_outcomes(rds, [rid], timeout=20)  # abandoned after 2 s, a pass a second
+    reply = msgspec.json.decode(stored_outcome(rds, rid) or b"", type=ForkResult)
+    assert len(children_of(reply)) == BIG and children_of(reply)[0].id == first  # finished, same children
+    assert len({h.seed_length for h in children_of(reply)}) == 1
+    wait_until(lambda: rid in FailedJobRegistry(queue=jobs.make_queue(rds, SETTINGS)).get_job_ids(cleanup=False),
+               10, "RQ to fail the abandoned job")  # the outcome came by the abandoned-job path
+
 def append_turns(registry: Registry, source: str, stop_: threading.Event) -> None:
     """Append whole turns to ``source`` (one batch each) until ``stop_`` is set."""
     n = 100

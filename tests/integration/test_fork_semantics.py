@@ -625,6 +625,20 @@ def test_fork_replay_with_same_request_id_returns_the_same_child(registry: Regis
     assert state(redis) == before
 
 
+
+def test_a_replay_whose_first_attempt_made_the_child_after_its_source_step_gets_that_child(
+        registry: Registry, redis: Redis) -> None:
+    # The replay's source step runs before the first attempt's child step lands (a crashed worker's
+    # pipeline still executing): only the child step can tell the child is this request's.
+    completed_source(registry)
+    plan = registry.prepare_fork("src", ["child"], request_id="req-1")
+    assert not plan.replayed and not plan.existing  # the interleaving: the child was not there yet
+    first = forks.fork(registry, "src", "child", request_id="req-1")
+    before = state(redis)
+    again = forks.create(registry, plan, ["child"], request_id="req-1")
+    assert again.created == [first] and again.failed == []
+    assert state(redis) == before
+
 def test_fork_replay_succeeds_after_source_moved_into_an_open_turn(registry: Registry) -> None:
     handle = completed_source(registry)
     first = forks.fork(registry, handle, "child", request_id="req-1")

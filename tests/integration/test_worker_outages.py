@@ -117,6 +117,7 @@ def test_a_long_script_makes_the_worker_back_off_not_die(busy_server: EmbeddedSe
 @pytest.mark.parametrize("reply", [
     "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.",
     "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+    "LOADING Redis is loading the dataset in memory",  # a restarting server reading its RDB
 ])
 def test_a_busy_server_on_the_last_attempt_is_retried_not_reported(
         redis: Redis, registry: Registry, monkeypatch: pytest.MonkeyPatch, reply: str) -> None:

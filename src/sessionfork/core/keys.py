@@ -74,28 +74,28 @@ def session(session_id: str) -> str:
 
 def session_log(session_id: str) -> str:
     """The session's own events (list)."""
-    return f"{PREFIX}:s:{{{session_id}}}:log"
+    return f"{session(session_id)}:log"
 
 
 def session_children(session_id: str) -> str:
     """Ids of the sessions forked from this one (set)."""
-    return f"{PREFIX}:s:{{{session_id}}}:children"
+    return f"{session(session_id)}:children"
 
 
 def session_persisted(session_id: str) -> str:
     """How many of the session's events the persistence backend holds durably (string)."""
-    return f"{PREFIX}:s:{{{session_id}}}:persisted"
+    return f"{session(session_id)}:persisted"
 
 
 def session_flush_asked(session_id: str) -> str:
     """Set while a ``session/flush`` asked by a deletion that waits for the backend is recent
     (string with a TTL): such flushes are asked once per interval, not once per attempt."""
-    return f"{PREFIX}:s:{{{session_id}}}:flushasked"
+    return f"{session(session_id)}:flushasked"
 
 
 def session_turns(session_id: str) -> str:
     """Turn index of the session's own events (list of ``2 * seq + (1 for turn/end)``)."""
-    return f"{PREFIX}:s:{{{session_id}}}:turns"
+    return f"{session(session_id)}:turns"
 
 
 def request(request_id: str) -> str:
