@@ -81,7 +81,7 @@ def test_keep_from_is_checked_against_the_ancestor_holding_it(registry: Registry
     registry.append("mid", turn(4))
     with pytest.raises(ForkError, match="event 5 is inside the turn opened at seq 4"):
         forks.fork(registry, "mid", "c", summary=S(keep_from=6, data=1))
-    assert forks.fork(registry, "mid", "c", summary=S(keep_from=8, data=1)).seed_length == 9
+    assert forks.fork(registry, "mid", "c", summary=S(keep_from=8, data=1)).seed_length == 10
     assert [e.data for e in registry.events("c")[1:]] == [e.data for e in registry.events("mid")[8:]]
 
 
