@@ -6,16 +6,21 @@ any-language path: ``test_summary_queue``; on a cluster: ``test_compose_cluster`
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from helpers import turn
 from msgspec import UNSET
 from redis import Redis
 
 import sessionfork
-from sessionfork.core import forks, keys
+from sessionfork.core import forks, keys, wire
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import Event, NewEvent
+from sessionfork.ops.jsonl import path_for
+from sessionfork.ops.persist import JsonlBackend
 
 S = sessionfork.Summary
 
@@ -137,3 +142,15 @@ def test_summary_fanout_and_bad_input(registry: Registry, src: str) -> None:
             forks.fork(registry, src, "z", summary=bad)  # type: ignore[arg-type]
         assert info.value.code == code
     assert not registry.exists("z")
+
+
+def test_persistence_writes_the_summary_childs_header_and_log(registry: Registry, src: str, tmp_path: Path) -> None:
+    forks.fork(registry, src, "c", summary=S(keep_from=9, data={"text": "s"}))
+    backend = JsonlBackend(registry, tmp_path, consumer="c1", block_ms=10)
+    assert backend.sync("c") == 5
+    lines = [json.loads(line) for line in path_for(tmp_path, registry.header("c")).read_bytes().splitlines()]
+    assert lines[0] == {"type": "session", "version": lines[0]["version"], "id": "c",
+                        "createdAt": lines[0]["createdAt"], "cwd": "/w", "parentSession": "src", "seedLength": 5,
+                        "keptFrom": 9}
+    assert lines[1:] == [wire.event_to_builtins(e) for e in registry.events("c")]
+    assert [line["seq"] for line in lines[1:]] == list(range(5)) and lines[1]["type"] == "session/summary"
