@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 from helpers import turn
 from msgspec import UNSET
@@ -154,3 +155,18 @@ def test_persistence_writes_the_summary_childs_header_and_log(registry: Registry
                         "keptFrom": 9}
     assert lines[1:] == [wire.event_to_builtins(e) for e in registry.events("c")]
     assert [line["seq"] for line in lines[1:]] == list(range(5)) and lines[1]["type"] == "session/summary"
+
+
+def test_lineage_shows_the_summary_range(registry: Registry, src: str) -> None:
+    from sessionfork.ops import lineage, lineage_html
+
+    forks.fork(registry, src, "c", summary=S(keep_from=9, data="s"), edits=turn(4)[:1])
+    forks.fork(registry, "c", "g", boundary=4)
+    tree = lineage.lineage(registry, src)
+    (node,) = tree.root.children
+    assert (node.id, node.seed_length, node.kept_from, node.edits) == ("c", 5, 9, 1)
+    assert node.children[0].kept_from is UNSET
+    assert "c  seed=5  edits=1  summary=0-8  live" in lineage.render_text(tree)
+    assert "-->|seed 5 + 1 edits (summary of 0-8)|" in lineage.render_mermaid(tree)
+    assert "seed 5 + 1 edits (summary of 0-8)" in lineage_html.render_html(tree)
+    assert b'"keptFrom":9' in msgspec.json.encode(tree)
