@@ -170,3 +170,22 @@ def test_lineage_shows_the_summary_range(registry: Registry, src: str) -> None:
     assert "-->|seed 5 + 1 edits (summary of 0-8)|" in lineage.render_mermaid(tree)
     assert "seed 5 + 1 edits (summary of 0-8)" in lineage_html.render_html(tree)
     assert b'"keptFrom":9' in msgspec.json.encode(tree)
+
+
+def test_diff_maps_the_kept_range(registry: Registry, src: str) -> None:
+    from sessionfork.ops import diff
+
+    forks.fork(registry, src, "c", summary=S(keep_from=9, data="s"))
+    registry.append("c", turn(5))
+    registry.append(src, turn(4))  # the parent goes on: its seqs 9-12 are still the child's 1-4
+    found = diff.diff(registry, "c", src)
+    assert found.kept == diff.Kept(session="c", from_seq=9, count=4)
+    assert (found.shared, found.ancestor, len(found.a.events), len(found.b.events)) == (0, "src", 9, 17)
+    assert diff.diff(registry, src, "c").kept == found.kept
+    assert "summary child c: its seq 1-4 are the other's seq 9-12 (its seq 0 summarises 0-8)" in \
+        diff.render_text(found)
+    # a summary child that kept nothing maps nothing; plain diffs have no "kept" in their JSON
+    forks.fork(registry, src, "e", boundary=12, summary=S(keep_from=13, data="s"))
+    assert diff.diff(registry, "e", src).kept is UNSET
+    forks.fork(registry, src, "p")
+    assert b"kept" not in msgspec.json.encode(diff.diff(registry, "p", src))
