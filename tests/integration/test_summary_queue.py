@@ -12,7 +12,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import SETTINGS, make_client, start_worker, stop, turn, wait_registered, worker_name
+from helpers import (
+    SETTINGS,
+    clean_environ,
+    cli_args,
+    make_client,
+    start_worker,
+    stop,
+    turn,
+    wait_registered,
+    worker_name,
+)
 from redis import Redis
 
 from sessionfork import Summary
@@ -126,3 +136,27 @@ def test_the_raw_producer_sends_a_summary(server: EmbeddedServer, registry: Regi
     bad = produce(server, src, "raw-d", "raw-bad", {"summary": {"keepFrom": 0, "data": 1}})
     assert (bad["code"], bad["message"]) == ("INVALID_BOUNDARY", 'cannot summarise session "src" before keepFrom 0: '
                                                                  "expected 1 to 12 (the snapshot's 12 events)")
+
+
+def run_cli(url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cli_args(url, "fork", *args, "--wait", str(TIMEOUT)), env=clean_environ(), input=stdin,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_cli_fork_with_a_summary(server: EmbeddedServer, client: Client, registry: Registry, src: str,
+                                 tmp_path: Path) -> None:
+    done = run_cli(server.url, src, "--session-id", "cs", "--boundary", "7", "--summary", "-",
+                   stdin='{"keepFrom": 4, "data": {"text": "turn 1"}}')
+    assert done.returncode == 0, done.stderr
+    session = json.loads(done.stdout)["session"]
+    assert (session["seedLength"], session["keptFrom"]) == (5, 4)
+    assert registry.events("cs")[0].data == {"summary": {"text": "turn 1"},
+                                             "summarizes": {"session": "src", "fromSeq": 0, "toSeq": 3}}
+    path = tmp_path / "summary.json"
+    path.write_text('{"keepFrom": 5}')
+    bad = run_cli(server.url, src, "--summary", str(path))
+    assert bad.returncode == 1 and json.loads(bad.stdout)["code"] == "INVALID_BOUNDARY"
+    for stdin, words in (("[]", "--summary"), ('{"keepFrom": "1"}', "integer"), ('{"data": 1}', "keepFrom"),
+                         ('{"keepFrom": 1, "x": 2}', "--summary"), ("nope", "not JSON")):
+        usage = run_cli(server.url, src, "--summary", "-", stdin=stdin)
+        assert usage.returncode == 2 and words in usage.stderr, usage.stderr
