@@ -67,7 +67,8 @@ def fork(registry: Registry, source: SessionRef, session_id: str | None = None, 
             raise errors.invalid("request_id needs an explicit session_id: a generated id cannot be replayed")
         own = check_edits(registry, edits)
         check_summary(registry, summary)
-        snap = registry.take_snapshot(source, _checked(boundary), if_length=_guard(if_length))
+        snap = registry.take_snapshot(source, _checked(boundary), if_length=_guard(if_length),
+                                      keep_from=keep_of(summary))
         return registry.create_child(snap, edits=own, summary=summary)
     result = fork_many(registry, source, [session_id], request_id=request_id, boundary=boundary,
                        if_length=if_length, edits=edits, summary=summary)
@@ -122,13 +123,13 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
         own = dict.fromkeys(ids, same) if same else {}
     check_summary(registry, summary)
     plan = registry.prepare_fork(source, ids, request_id=request_id, boundary=_checked(boundary),
-                                 if_length=_guard(if_length))
+                                 if_length=_guard(if_length), keep_from=keep_of(summary))
     return create(registry, plan, ids, request_id=request_id, edits=own, summary=summary)
 
 
 def source_step(registry: Registry, source: SessionRef, child_ids: Sequence[str], *, request_id: str = "",
                 boundary: int | None = None, if_length: int | None = None,
-                rider: tuple[Any, lua.Op] | None = None) -> tuple[Any, ForkPlan | None]:
+                rider: tuple[Any, lua.Op] | None = None, keep_from: int | None = None) -> tuple[Any, ForkPlan | None]:
     """The source step of a request's fork, with ``rider`` (``(redis, op)``: the queue side's claim
     of the request id) in the same round trip when it runs on the registry's own single server.
 
@@ -136,17 +137,18 @@ def source_step(registry: Registry, source: SessionRef, child_ids: Sequence[str]
     ids trusted: checked by the caller), or ``None`` for the plan when the rider ran alone, on
     another server or beside a cluster: ``child_step`` then runs the source step itself. The
     source step only reads, so a caller whose claim says the request is not new drops the plan.
+    ``keep_from``: a summary's, checked in the source step where it can be (``prepare_fork``).
     """
     if rider is None:
         return None, registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary,
-                                           if_length=if_length)
+                                           if_length=if_length, keep_from=keep_from)
     redis, op = rider
     if redis is not registry.redis or registry.is_cluster:
         return lua.run(redis, [op])[0], None
     sid, instance = split_ref(source)
-    look = registry.look_ops(sid, instance, child_ids, boundary, if_length)
+    look = registry.look_ops(sid, instance, child_ids, boundary, if_length, keep_from)
     first, *results = lua.run(redis, [op, *look])
-    return first, registry.plan_of(sid, child_ids, request_id, boundary, results, if_length)
+    return first, registry.plan_of(sid, child_ids, request_id, boundary, results, if_length, keep_from)
 
 
 def child_step(registry: Registry, source: SessionRef, child_ids: Sequence[str], *, request_id: str = "",
@@ -165,7 +167,7 @@ def child_step(registry: Registry, source: SessionRef, child_ids: Sequence[str],
     """
     if plan is None:
         plan = registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary,
-                                     if_length=if_length)
+                                     if_length=if_length, keep_from=keep_of(summary))
     if snapshot is None and keep is not None and plan.snapshot is not None:
         snapshot = keep(plan.snapshot)
     return create(registry, plan, child_ids, request_id=request_id, snapshot=snapshot, edits=edits,
@@ -245,6 +247,11 @@ def check_edits(registry: Registry, edits: Sequence[NewEvent]) -> Sequence[NewEv
         raise errors.invalid(f"invalid edits: expected 1 to {rules.MAX_EDITS} events, got {len(edits)}")
     registry.encode_events(edits, 0)
     return edits
+
+
+def keep_of(summary: Summary | None) -> int | None:
+    """The ``keep_from`` of a (checked) summary, ``None`` without one."""
+    return None if summary is None else summary.keep_from
 
 
 def check_summary(registry: Registry, summary: Summary | None) -> None:

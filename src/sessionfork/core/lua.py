@@ -92,7 +92,7 @@ SCRIPTS: Final[Mapping[str, Spec]] = {spec.name: spec for spec in (
     Spec("pin", ("record", "children"), ("child_ids*",)),
     Spec("release", ("record", "log", "children", "turns"), ("child",)),
     Spec("settle", ("record",), ("seed",)),
-    Spec("snapshot", ("record", "turns", "log"), ("instance", "boundary", "if_length")),
+    Spec("snapshot", ("record", "turns", "log"), ("instance", "boundary", "if_length", "keep")),
     Spec("turn", ("record", "turns", "log"), ("index",)),
     Spec("claim", ("record",), ("digest", "children", "ttl", "identity"), _QUEUE),
     Spec("record", ("record", "stream"),

@@ -46,10 +46,10 @@ class Registry(DeletingStore):
     # -- the two atomic steps of a fork ----------------------------------------------------------
 
     def take_snapshot(self, source: SessionRef, boundary: int | None = None, *,
-                      if_length: int | None = None) -> Snapshot:
+                      if_length: int | None = None, keep_from: int | None = None) -> Snapshot:
         """The source step alone: ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, ``PRECONDITION_FAILED``
         (with ``if_length``), then ``INVALID_BOUNDARY`` (with ``boundary``) or ``OPEN_TURN`` (without)."""
-        plan = self.prepare_fork(source, boundary=boundary, if_length=if_length)
+        plan = self.prepare_fork(source, boundary=boundary, if_length=if_length, keep_from=keep_from)
         if plan.error is not None:
             raise plan.error
         assert plan.snapshot is not None
@@ -57,7 +57,7 @@ class Registry(DeletingStore):
 
     def prepare_fork(self, source: SessionRef, child_ids: Sequence[str] = (), *,
                      request_id: str = "", boundary: int | None = None,
-                     if_length: int | None = None) -> ForkPlan:
+                     if_length: int | None = None, keep_from: int | None = None) -> ForkPlan:
         """The source step, plus a look at the children-to-be, in one round trip.
 
         The source step is one script on the source's slot: live? instance? boundary? length?
@@ -67,19 +67,22 @@ class Registry(DeletingStore):
         live/instance and before the boundary. Ids are checked here, before any Redis call. A
         ``boundary`` inside the source's inherited seed is checked by one more read on the ancestor
         that holds that event (its events up to there never change, so the check needs no
-        atomicity with the source step).
+        atomicity with the source step). ``keep_from`` (a summary's): its ``keepFrom - 1`` is checked
+        between turns in the same script when it falls in the source's own events (one round trip
+        saved), ``INVALID_BOUNDARY`` otherwise; elsewhere ``create_children`` checks it.
         """
         sid, instance = split_ref(source)
         child_ids = [rules.check_id(c) for c in child_ids]
-        ops = self.look_ops(sid, instance, child_ids, boundary, if_length)
+        ops = self.look_ops(sid, instance, child_ids, boundary, if_length, keep_from)
         if not self._cluster:
-            return self.plan_of(sid, child_ids, request_id, boundary, lua.run(self.redis, ops), if_length)
+            return self.plan_of(sid, child_ids, request_id, boundary, lua.run(self.redis, ops), if_length, keep_from)
         # A cluster pipeline cannot carry scripts, and the children live on several nodes.
         pipe = self.redis.pipeline(transaction=False)
         for op in ops[:-1]:
             pipe.execute_command(*op)
         taken = pipe.execute() if child_ids else []
-        return self.plan_of(sid, child_ids, request_id, boundary, [*taken, self._call(ops[-1])], if_length)
+        return self.plan_of(sid, child_ids, request_id, boundary, [*taken, self._call(ops[-1])], if_length,
+                            keep_from)
 
     def _call(self, op: lua.Op) -> Any:
         """One script call: pipelined on a server; on a cluster through the cluster client, which
@@ -91,13 +94,15 @@ class Registry(DeletingStore):
         return script(keys=list(script_keys), args=list(args))
 
     def look_ops(self, sid: str, instance: str, child_ids: Sequence[str],
-                 boundary: int | None = None, if_length: int | None = None) -> list[lua.Op]:
+                 boundary: int | None = None, if_length: int | None = None,
+                 keep_from: int | None = None) -> list[lua.Op]:
         """The read-only commands of ``prepare_fork`` (the source step last), for ``lua.run``."""
         ops: list[lua.Op] = [("HMGET", keys.session(child), "header", "req") for child in child_ids]
         ops.append(self._scripts.op("snapshot", record=keys.session(sid), turns=keys.session_turns(sid),
                                     log=keys.session_log(sid), instance=instance,
                                     boundary="" if boundary is None else boundary,
-                                    if_length="" if if_length is None else if_length))
+                                    if_length="" if if_length is None else if_length,
+                                    keep="" if keep_from is None else keep_from - 1))
         return ops
 
     def _check_seed(self, sid: str, snap: Snapshot, boundary: int) -> Snapshot:
@@ -141,7 +146,7 @@ class Registry(DeletingStore):
         return ends[-1] if ends else -1, types[-1]
 
     def plan_of(self, sid: str, child_ids: Sequence[str], request_id: str, boundary: int | None,
-                results: Sequence[Any], if_length: int | None = None) -> ForkPlan:
+                results: Sequence[Any], if_length: int | None = None, keep_from: int | None = None) -> ForkPlan:
         """The ``ForkPlan`` that the results of ``look_ops`` describe."""
         *taken, reply = results
         existing: list[str] = []
@@ -154,7 +159,7 @@ class Registry(DeletingStore):
             else:
                 existing.append(child)
         try:
-            snap, unchecked = parse_snapshot(sid, reply, boundary, if_length)
+            snap, unchecked = parse_snapshot(sid, reply, boundary, if_length, keep_from)
             if unchecked and boundary is not None:
                 snap = self._check_seed(sid, snap, boundary)
             return ForkPlan(snap, None, existing, replayed)
@@ -185,6 +190,8 @@ class Registry(DeletingStore):
         if not 1 <= keep_from <= snap.length:
             raise errors.invalid_keep_from(sid, keep_from, f"expected 1 to {snap.length} (the snapshot's "
                                            f"{snap.length} events)")
+        if snap.between_turns == keep_from - 1:
+            return  # the source step checked it
         self.turn_at(sid, snap, keep_from - 1,
                      lambda start: errors.invalid_keep_from(sid, keep_from, f"event {keep_from - 1} is inside "
                                                             f"the turn opened at seq {start}"))

@@ -32,6 +32,8 @@ class Snapshot:
     segments: tuple[tuple[str, int, int], ...]
     seed_end: int | None = None
     last_type: str | None = None
+    between_turns: int | None = None
+    """A seq the source step found between turns (a summary's ``keepFrom - 1``): not checked again."""
 
     @property
     def last(self) -> str:
@@ -90,7 +92,7 @@ def window(segments: Segments, a: int, b: int) -> list[tuple[str, int, int]]:
 
 
 def parse_snapshot(sid: str, reply: list[Any], boundary: int | None = None,
-                   if_length: int | None = None) -> tuple[Snapshot, bool]:
+                   if_length: int | None = None, keep_from: int | None = None) -> tuple[Snapshot, bool]:
     """The snapshot.lua reply as a snapshot, and whether its boundary still needs checking
     against the ancestor that holds it (``SEED``); raises the source step's errors."""
     status = wire.text(reply[0])
@@ -110,10 +112,14 @@ def parse_snapshot(sid: str, reply: list[Any], boundary: int | None = None,
         error = rules.boundary_error(sid, boundary, int(reply[1]), None)
         assert error is not None
         raise error
-    _, length, header, seed, seed_length, seed_end, last = reply
+    if status == "KEEP_INSIDE":
+        assert keep_from is not None
+        raise errors.invalid_keep_from(sid, keep_from, f"event {keep_from - 1} is inside the turn opened at seq "
+                                                       f"{int(reply[1])}")
+    _, length, header, seed, seed_length, seed_end, last, *checked = reply
     end = None if seed_end in (b"", "") else int(seed_end)
     snap = Snapshot(wire.decode_header(header), int(length), int(seed_length), decode_segments(seed), end,
-                    wire.text(last))
+                    wire.text(last), keep_from - 1 if checked and keep_from is not None else None)
     return snap, status == "SEED"
 
 

@@ -127,6 +127,7 @@ class ForkService:
         planned = self._children_of(request)
         raw, plan = forks.source_step(self.registry, request.source, planned, request_id=request_id,
                                       boundary=_boundary(request), if_length=_if_length(request),
+                                      keep_from=None if request.summary is UNSET else request.summary.keep_from,
                                       rider=(self.outcomes.redis, self.outcomes.claim_op(request_id, request, planned)))
         claim = self.outcomes.claim_of(raw)
         return claim, plan if claim.state == "NEW" else None
