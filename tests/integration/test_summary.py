@@ -121,6 +121,22 @@ def test_forks_of_a_summary_child_never_bring_summarised_events_back(registry: R
     assert [e.data for e in s4[1:]] == [e.data for e in child_log[1:5]]
 
 
+def test_a_boundary_in_a_summary_childs_seed_is_checked_on_the_owner_by_index(registry: Registry, src: str) -> None:
+    """The kept events live in the own log of a forked session ("mid": seedlen 13), whose seqs are
+    not the summary child's nor the index in that log: turn.lua maps them."""
+    forks.fork(registry, src, "mid")
+    registry.append("mid", [*turn(4), *turn(5)])  # mid's own events: seqs 13-20
+    forks.fork(registry, "mid", "c", summary=S(keep_from=17, data="four turns"))
+    assert [e.data for e in registry.events("c")[1:]] == [e.data for e in registry.events("mid")[17:]]
+    with pytest.raises(ForkError) as info:
+        forks.fork(registry, "c", "x", boundary=2)
+    assert info.value.message == 'cannot fork session "c" at boundary 2: inside the turn opened at seq 1'
+    at_end = forks.fork(registry, "c", "y", boundary=4)
+    assert at_end.seed_length == 5 and registry.last_turn_end("y") == 4
+    registry.append("c", turn(6))
+    assert forks.fork(registry, "c", "z", boundary=0).seed_length == 1 and registry.last_turn_end("z") is None
+
+
 def test_deleting_the_source_keeps_the_childs_bytes(registry: Registry, redis: Redis, src: str) -> None:
     forks.fork(registry, src, "c", summary=S(keep_from=4, data="sum"))
     forks.fork(registry, "c", "g")
