@@ -20,7 +20,7 @@ _EVENT_KEYS: Final = frozenset({"type", "seq", "time", "data"})
 
 
 class Header(msgspec.Struct, rename="camel", frozen=True):
-    """A session header: ``{version, id, createdAt, cwd?, parentSession?, seedLength?}``."""
+    """A session header: ``{version, id, createdAt, cwd?, parentSession?, seedLength?, keptFrom?}``."""
 
     version: int
     id: str
