@@ -19,7 +19,7 @@ from typing import Any
 
 import rq
 
-from bench.compose import edit_fork_cost
+from bench.compose import edit_fork_cost, summary_fork_cost
 from bench.measure import (
     async_vs_sync,
     boundary_fork_costs,
@@ -97,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
                      base_us, "≤ 1.5"))
         rows.append(("Redis bytes/child with 2 edits, less the edits' own bytes", edit_mem, "limit bytes", 2048.0,
                      "≤ 1"))
+        summary_us, summary_mem = step(f"summary fork keeping the last turn, {sizes[-1]}-event parent",
+                                       lambda: summary_fork_cost(server, sizes[-1], kids))
+        rows.append((f"summary fork keeping the last turn µs, {sizes[-1]}-event parent", summary_us,
+                     f"fork µs, {sizes[0]}-event parent", base_us, "≤ 1.5"))
+        rows.append(("Redis bytes/child of a summary fork, less its summary event", summary_mem, "limit bytes",
+                     2048.0, "≤ 1"))
         fan_requests = 5 if q else 100
         fan = step("fan-out 64", lambda: fork_throughput(server, fan_requests, count=64)) * 64
         rows.append(("fan-out children/s (64 per request)", fan, "target children/s", 10_000.0, "≥ 1"))

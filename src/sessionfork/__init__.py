@@ -7,7 +7,7 @@ from .core.errors import ErrorCode, ForkError
 from .core.forks import fork, snapshot
 from .core.registry import Registry
 from .core.snapshots import Snapshot
-from .core.wire import Event, Header, LiveHandle, NewEvent, SeedMeta
+from .core.wire import Event, Header, LiveHandle, NewEvent, SeedMeta, Summary
 
 __all__ = [
     "ErrorCode",
@@ -19,6 +19,7 @@ __all__ = [
     "Registry",
     "SeedMeta",
     "Snapshot",
+    "Summary",
     "fork",
     "snapshot",
 ]

@@ -51,15 +51,15 @@ ENQUEUE = r"""-- Enqueue a fork request as an RQ job, once per request id, from 
 --           (origin, status, created_at, enqueued_at, timeout, retries_left, result_ttl, ...);
 --           without a "data" field, data is the JSON job [sessionfork.jobs.fork, null, [request], {}]
 -- Returns  1 enqueued;
---          0 the same request (same source, sessionId, count, sessionIds, boundary, ifLength, edits
---            and variants; replyTo may differ) is queued or done: its one outcome answers this
+--          0 the same request (same source, sessionId, count, sessionIds, boundary, ifLength, edits,
+--            variants and summary; replyTo may differ) is queued or done: its one outcome answers this
 --            submission too;
 --         -1 the request id was used for a different request: IDEMPOTENCY_CONFLICT, nothing
 --            enqueued (and nothing will be announced for this submission);
 --         an error (nothing written) for malformed arguments or keys of the wrong type.
 -- The job hash keeps the request's identity digest in field sf_identity, whatever its serializer.
 local FIELDS = {'source', 'sessionId', 'count', 'sessionIds', 'boundary',  -- core/wire.py IDENTITY
-  'ifLength', 'edits', 'variants'}
+  'ifLength', 'edits', 'variants', 'summary'}
 local KEPT = 4  -- later fields count only up to the last one given: older digests stay as they were
 local function canon(s)  -- JSON text -> {kind, value}: canonical text per value, numbers exact
   local i = 1

@@ -17,6 +17,7 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their 
 from helpers import clean_environ, cli_args, make_client, stop, turn, wait_registered, worker_name
 from redis.cluster import RedisCluster
 
+from sessionfork import Summary
 from sessionfork.client import Client, Variant
 from sessionfork.core import forks, keys
 from sessionfork.core.errors import ErrorCode, ForkError
@@ -102,11 +103,44 @@ def test_a_worker_with_a_cluster_registry_runs_guarded_variants(cluster_registry
     assert cluster_registry.length("a") == 6
 
 
+def test_summary_forks_across_nodes(cluster_registry: Registry, cluster_client: RedisCluster,
+                                    queue_client: Client) -> None:
+    """A summary child, its own children and their boundary checks with the parent, the child and
+    the grandchild on different nodes; the worker's summary fork; deleting the source and the
+    summary child never changes the grandchild."""
+    cluster_registry.append(cluster_registry.create("sroot"), [*turn(1), *turn(2), *turn(3)])  # 12 events
+    home = node_of(cluster_client, "sroot")
+    kid = next(f"skid{i}" for i in range(100) if node_of(cluster_client, f"skid{i}") != home)
+    grand = next(f"sg{i}" for i in range(100) if node_of(cluster_client, f"sg{i}") not in (home, node_of(
+        cluster_client, kid)))
+    with pytest.raises(ForkError) as info:
+        forks.fork(cluster_registry, "sroot", kid, summary=Summary(keep_from=5, data="x"))
+    assert info.value.code == ErrorCode.INVALID_BOUNDARY and not cluster_registry.exists(kid)
+    header = forks.fork(cluster_registry, "sroot", kid, summary=Summary(keep_from=4, data="two"), edits=RETRY)
+    assert (header.seed_length, header.kept_from, cluster_registry.length(kid)) == (9, 4, 11)
+    log = cluster_registry.events(kid)
+    assert [e.type for e in log[1:9]] == [e.type for e in cluster_registry.events("sroot")[4:]]
+    assert log[0].type == "session/summary" and [e.seq for e in log] == list(range(11))
+    cluster_registry.append(kid, [NewEvent("turn/end", {"turn": 3})])
+    assert forks.fork(cluster_registry, kid, grand, boundary=4).seed_length == 5  # checked on "sroot"
+    with pytest.raises(ForkError, match="inside the turn opened at seq 5"):
+        forks.fork(cluster_registry, kid, "x", boundary=6)
+    assert cluster_registry.events(grand) == log[:5]
+    cluster_registry.delete("sroot")
+    cluster_registry.delete(kid)
+    assert cluster_registry.events(grand) == log[:5]
+    reply = queue_client.fork(grand, session_id="sq", summary=Summary(keep_from=1, data="w"), timeout=TIMEOUT)
+    assert isinstance(reply, ForkResult) and reply.session is not None and reply.session.kept_from == 1
+    assert cluster_registry.events("sq")[1:] == log[1:5]
+
+
 def test_no_node_answered_crossslot_to_a_composed_fork(cluster: EmbeddedCluster, cluster_registry: Registry) -> None:
     cluster_registry.append(cluster_registry.create("a"), [*turn(1), *turn(2)])
     forks.fork(cluster_registry, "a", "b", boundary=3, edits=RETRY, if_length=8, request_id="r1")
     forks.fork(cluster_registry, "a", "b", boundary=3, edits=RETRY, if_length=8, request_id="r1")
     forks.fork_many(cluster_registry, "b", ["c", "d"], boundary=3, edits={"c": RETRY})
+    forks.fork_many(cluster_registry, "a", ["s1", "s2"], summary=Summary(keep_from=4, data=1))
+    forks.fork(cluster_registry, "s1", "s3", boundary=4, summary=Summary(keep_from=1, data=2))
     with pytest.raises(ForkError):
         forks.fork(cluster_registry, "a", "e", if_length=1)
     for node in cluster.nodes:

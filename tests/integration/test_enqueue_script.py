@@ -157,6 +157,8 @@ def requests(draw: st.DrawFn) -> wire.ForkRequest:
     elif draw(st.booleans()):
         extra["edits"] = draw(st.lists(edits, min_size=1, max_size=2))
     if draw(st.booleans()):
+        extra["summary"] = wire.Summary(keep_from=draw(numbers), data=draw(values))
+    if draw(st.booleans()):
         extra["reply_to"] = draw(st.sampled_from(["sf:replies", "sf:replies:1.5e3", "sf:replies:12345678901234567"]))
     return wire.ForkRequest(source=draw(st.one_of(ids, handles)), request_id="prop", **extra)
 

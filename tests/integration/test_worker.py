@@ -650,7 +650,9 @@ def test_demo_walks_through_every_outcome() -> None:
     for expected in ("OPEN_TURN", "SESSION_NOT_FOUND", "SESSION_NOT_LIVE", "SESSION_ALREADY_EXISTS",
                      "INVALID_REQUEST", "idempotent retry", "└──", "INVALID_BOUNDARY",
                      "at its last completed turn (boundary) -> ok", "edit and retry", "8:turn/start, 9:user/message",
-                     "(ifLength) -> PRECONDITION_FAILED", "variants: one snapshot, a different next prompt each -> ok"):
+                     "(ifLength) -> PRECONDITION_FAILED", "variants: one snapshot, a different next prompt each -> ok",
+                     "summary fork: events 0-3 replaced by one summary, the last turn kept -> ok",
+                     "0:session/summary, 1:turn/start"):
         assert expected in done.stdout, expected
     assert "Traceback" not in done.stdout + done.stderr
 

@@ -79,7 +79,10 @@ def test_child_segments_of_a_boundary_on_the_border_of_the_parents_seed() -> Non
 
 def test_owner_of_a_seq_is_the_segment_that_holds_it() -> None:
     segments = [["g", 0, 4], ["f", 0, 2]]
-    assert [rules.owner_of(segments, seq) for seq in range(6)] == ["g"] * 4 + ["f"] * 2
+    assert [rules.owner_of(segments, seq)[0] for seq in range(6)] == ["g"] * 4 + ["f"] * 2
+    # the index in the owner's own log: seqs are positions (a summary child renumbers its slices)
+    assert [rules.owner_of([["@c", 0, 1], ["p", 3, 6]], seq) for seq in range(4)] == \
+        [("@c", 0), ("p", 3), ("p", 4), ("p", 5)]
     with pytest.raises(ValueError, match="past the seed"):
         rules.owner_of(segments, 6)
 

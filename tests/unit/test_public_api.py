@@ -6,7 +6,7 @@ import sessionfork
 def test_all_is_pinned() -> None:
     assert sessionfork.__all__ == [
         "ErrorCode", "Event", "ForkError", "Header", "LiveHandle", "NewEvent", "Registry", "SeedMeta",
-        "Snapshot", "fork", "snapshot",
+        "Snapshot", "Summary", "fork", "snapshot",
     ]
 
 

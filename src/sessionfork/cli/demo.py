@@ -20,7 +20,7 @@ from ..core import wire
 from ..core.config import Settings
 from ..core.connections import queue_client, registry_client
 from ..core.registry import Registry
-from ..core.wire import LiveHandle, NewEvent
+from ..core.wire import LiveHandle, NewEvent, Summary
 from ..embedded import EmbeddedServer, wait_until
 from ..ops import lineage
 from ..queue.client import Client
@@ -131,7 +131,7 @@ def run_demo(settings: Settings, *, echo: Echo) -> None:
 
 def _compose(client: Client, registry: Registry, sid: Callable[[str], str],
              show: Callable[[str, str, wire.Reply], wire.Reply], echo: Echo) -> None:
-    """Composed forks: an edit-and-retry under a guard, a stale guard, a variant fan-out."""
+    """Composed forks: an edit-and-retry under a guard, a stale guard, a variant fan-out, a summary fork."""
     source = sid("running")
     length = registry.length(source)
     last = registry.last_turn_end(source)
@@ -147,6 +147,12 @@ def _compose(client: Client, registry: Registry, sid: Callable[[str], str],
     show("variants: one snapshot, a different next prompt each", "ok", client.fork(source, boundary=last, variants=[
         Variant(sid(f"try-{i}"), [NewEvent("turn/start", {"turn": 3}), NewEvent("user/message", {"text": text})])
         for i, text in enumerate(prompts)]))
+    ends = [e.seq for e in registry.events(source, 0, (last or 0) + 1) if e.type == "turn/end"]
+    keep = ends[-2] + 1 if len(ends) > 1 else 1
+    show(f"summary fork: events 0-{keep - 1} replaced by one summary, the last turn kept", "ok",
+         client.fork(source, session_id=sid("compact"), boundary=last,
+                     summary=Summary(keep_from=keep, data={"text": f"the first {len(ends) - 1} turn(s), summarised"})))
+    echo("  " + ", ".join(f"{e.seq}:{e.type}" for e in registry.events(sid("compact"))))
 
 
 def _worker_up(client: Client, settings: Settings) -> bool:

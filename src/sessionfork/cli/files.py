@@ -1,4 +1,4 @@
-"""The JSON files of ``sessionfork fork``: ``--edits`` and ``--variants``, in the wire shapes.
+"""The JSON files of ``sessionfork fork``: ``--edits``, ``--variants`` and ``--summary``, in the wire shapes.
 
 A file that is not JSON of the expected shape is a usage error (exit status 2) naming the option;
 the events' own rules (size, JSON values) are the worker's, as for any request.
@@ -12,7 +12,7 @@ import click
 import msgspec
 
 from ..core.errors import ForkError
-from ..core.wire import NewEvent
+from ..core.wire import NewEvent, Summary
 from ..queue.requests import Variant
 
 _json = msgspec.json.Decoder(Any)
@@ -61,3 +61,14 @@ def read_variants(stream: IO[bytes]) -> list[Variant]:
             raise click.BadParameter(f"variant {i}: sessionId must be a string", param_hint="--variants")
         out.append(Variant(sid, _events(body.get("edits", []), "--variants")))
     return out
+
+
+def read_summary(stream: IO[bytes]) -> Summary:
+    """The summary of a ``--summary`` file: ``{"keepFrom": K, "data": <any JSON>}``."""
+    value = _load(stream, "--summary")
+    if not isinstance(value, dict) or set(value) - {"keepFrom", "data"} or "keepFrom" not in value:
+        raise click.BadParameter('expected a JSON object {"keepFrom": K, "data": ...}', param_hint="--summary")
+    keep_from = value["keepFrom"]
+    if isinstance(keep_from, bool) or not isinstance(keep_from, int):
+        raise click.BadParameter("keepFrom must be an integer event seq", param_hint="--summary")
+    return Summary(keep_from=keep_from, data=value.get("data"))

@@ -12,7 +12,7 @@ from ..core import config, wire
 from ..queue import jobs
 from ..queue.client import Client
 from .app import LOG_LEVELS, Context, clean_errors, cli
-from .files import read_edits, read_variants
+from .files import read_edits, read_summary, read_variants
 
 MAX_WAIT = 86400
 
@@ -79,6 +79,9 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
               help='JSON file (- for stdin): events [{"type", "data", ...}] appended to each child after its seed.')
 @click.option("--variants", "variants_file", type=click.File("rb"),
               help='JSON file (- for stdin): [{"sessionId"?, "edits"?}], one child each, from one snapshot.')
+@click.option("--summary", "summary_file", type=click.File("rb"),
+              help='JSON file (- for stdin): {"keepFrom": K, "data": ...}: each child starts with a session/summary '
+                   "event, then SOURCE's events K... renumbered from 1.")
 @click.option("--request-id", help="Idempotency key (default: generated).")
 @click.option("--reply-to", help="Reply channel for this request.")
 @click.option("--wait", "wait_s", type=float, default=10.0, show_default=True, callback=_check_wait,
@@ -87,15 +90,17 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
 @clean_errors
 def fork(obj: Context, source: str, instance: str | None, session_id: str | None, session_ids: str | None,
          count: int | None, boundary: int | None, if_length: int | None, edits_file: IO[bytes] | None,
-         variants_file: IO[bytes] | None, request_id: str | None, reply_to: str | None, wait_s: float) -> None:
+         variants_file: IO[bytes] | None, summary_file: IO[bytes] | None, request_id: str | None,
+         reply_to: str | None, wait_s: float) -> None:
     """Enqueue a fork of SOURCE and print the reply event as JSON (exit 1 on an error code)."""
     edits = None if edits_file is None else read_edits(edits_file, "--edits")
     variants = None if variants_file is None else read_variants(variants_file)
+    summary = None if summary_file is None else read_summary(summary_file)
     client = Client(obj.shard_redis(), obj.settings)
     src: str | wire.LiveHandle = wire.LiveHandle(source, instance) if instance else source
     request = client.request(src, session_id=session_id, count=count, request_id=request_id, reply_to=reply_to,
                              session_ids=session_ids.split(",") if session_ids else None, boundary=boundary,
-                             if_length=if_length, edits=edits, variants=variants)
+                             if_length=if_length, edits=edits, variants=variants, summary=summary)
     request_id = client.submit(request)
     if wait_s == 0:
         click.echo(wire.encode({"requestId": request_id, "queued": True}).decode())

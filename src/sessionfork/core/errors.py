@@ -84,6 +84,12 @@ def boundary_inside_turn(session_id: str, boundary: int, turn_start: int) -> For
     )
 
 
+def invalid_keep_from(session_id: str, keep_from: object, why: str) -> ForkError:
+    """A summary fork whose ``keepFrom`` is out of range or not between turns."""
+    return ForkError(ErrorCode.INVALID_BOUNDARY,
+                     f'cannot summarise session "{session_id}" before keepFrom {keep_from}: {why}')
+
+
 def precondition_failed(session_id: str, length: int, expected: int) -> ForkError:
     """A guarded fork (``ifLength``) whose source's log does not have the expected length."""
     return ForkError(ErrorCode.PRECONDITION_FAILED, f'session "{session_id}" has {length} events, not {expected}')

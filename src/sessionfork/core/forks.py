@@ -21,7 +21,7 @@ from ..core import errors, lua, rules
 from .registry import Registry, SessionRef
 from .snapshots import ForkPlan, Snapshot
 from .store import split_ref
-from .wire import Event, Header, NewEvent, SeedMeta
+from .wire import Event, Header, NewEvent, SeedMeta, Summary
 
 
 def snapshot(registry: Registry, source: SessionRef, *, boundary: int | None = None,
@@ -40,7 +40,7 @@ def snapshot(registry: Registry, source: SessionRef, *, boundary: int | None = N
 
 def fork(registry: Registry, source: SessionRef, session_id: str | None = None, *,
          boundary: int | None = None, request_id: str = "", if_length: int | None = None,
-         edits: Sequence[NewEvent] = ()) -> Header:
+         edits: Sequence[NewEvent] = (), summary: Summary | None = None) -> Header:
     """Create a live child of ``source`` whose log starts as the source's log; return its header.
 
     With ``boundary`` (an inclusive seq) the child's seed is events ``[0, boundary]`` and its
@@ -50,7 +50,12 @@ def fork(registry: Registry, source: SessionRef, session_id: str | None = None, 
     source's atomic step (``PRECONDITION_FAILED`` otherwise). ``edits`` (1 to ``rules.MAX_EDITS``
     events, validated as ``append`` validates; empty: none) are appended to the child right after
     its seed in the atomic step that creates it: seqs ``seedLength…``, the fork's time.
-    Errors in this order: ``SESSION_NOT_FOUND`` / ``SESSION_NOT_LIVE``, ``PRECONDITION_FAILED``,
+    ``summary`` (``Summary(keep_from=K, data=...)``): the child's log is one ``session/summary``
+    event (``{"summary": data, "summarizes": {"session", "fromSeq": 0, "toSeq": K-1}}``) then the
+    source's events ``K…`` (to the boundary, or the whole log) renumbered from seq 1, by
+    reference; its header has ``keptFrom: K`` and ``seedLength`` 1 + the kept events. ``K`` must
+    be in ``[1, E+1]`` with ``K-1`` between turns (``INVALID_BOUNDARY`` otherwise, after the
+    boundary rules). Errors in this order: ``SESSION_NOT_FOUND`` / ``SESSION_NOT_LIVE``, ``PRECONDITION_FAILED``,
     ``SESSION_ALREADY_EXISTS`` for a used ``session_id``, then ``INVALID_BOUNDARY`` or
     ``OPEN_TURN``. With ``request_id``, a retried call returns the child it already created (its
     edits once), even if the source has moved on or been disposed since.
@@ -61,10 +66,12 @@ def fork(registry: Registry, source: SessionRef, session_id: str | None = None, 
         if request_id:
             raise errors.invalid("request_id needs an explicit session_id: a generated id cannot be replayed")
         own = check_edits(registry, edits)
-        snap = registry.take_snapshot(source, _checked(boundary), if_length=_guard(if_length))
-        return registry.create_child(snap, edits=own)
+        check_summary(registry, summary)
+        snap = registry.take_snapshot(source, _checked(boundary), if_length=_guard(if_length),
+                                      keep_from=keep_of(summary))
+        return registry.create_child(snap, edits=own, summary=summary)
     result = fork_many(registry, source, [session_id], request_id=request_id, boundary=boundary,
-                       if_length=if_length, edits=edits)
+                       if_length=if_length, edits=edits, summary=summary)
     if result.failed:
         raise result.failed[0][1]
     return result.created[0]
@@ -85,7 +92,8 @@ class FanOut:
 
 def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], *,
               request_id: str = "", boundary: int | None = None, if_length: int | None = None,
-              edits: Sequence[NewEvent] | Mapping[str, Sequence[NewEvent]] = ()) -> FanOut:
+              edits: Sequence[NewEvent] | Mapping[str, Sequence[NewEvent]] = (),
+              summary: Summary | None = None) -> FanOut:
     """Fork ``child_ids`` from **one** snapshot: every child gets exactly the same seed.
 
     Ids that exist already are reported per id (``SESSION_ALREADY_EXISTS``); the others are
@@ -96,6 +104,7 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     those created before stay and are returned, the rest fail ``SESSION_NOT_FOUND`` (``create``).
     ``if_length`` as for ``fork``; ``edits``: the same events for every child, or a mapping from
     child id to that child's own (a variant fan-out: one snapshot, each child its own edits).
+    ``summary`` as for ``fork``: every child a summary child of the same snapshot.
     """
     if not isinstance(child_ids, Sequence) or isinstance(child_ids, str | bytes):
         raise errors.invalid(f"child ids must be a sequence of ids, got {type(child_ids).__name__}")
@@ -112,14 +121,15 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     else:
         same = check_edits(registry, edits)
         own = dict.fromkeys(ids, same) if same else {}
+    check_summary(registry, summary)
     plan = registry.prepare_fork(source, ids, request_id=request_id, boundary=_checked(boundary),
-                                 if_length=_guard(if_length))
-    return create(registry, plan, ids, request_id=request_id, edits=own)
+                                 if_length=_guard(if_length), keep_from=keep_of(summary))
+    return create(registry, plan, ids, request_id=request_id, edits=own, summary=summary)
 
 
 def source_step(registry: Registry, source: SessionRef, child_ids: Sequence[str], *, request_id: str = "",
                 boundary: int | None = None, if_length: int | None = None,
-                rider: tuple[Any, lua.Op] | None = None) -> tuple[Any, ForkPlan | None]:
+                rider: tuple[Any, lua.Op] | None = None, keep_from: int | None = None) -> tuple[Any, ForkPlan | None]:
     """The source step of a request's fork, with ``rider`` (``(redis, op)``: the queue side's claim
     of the request id) in the same round trip when it runs on the registry's own single server.
 
@@ -127,37 +137,41 @@ def source_step(registry: Registry, source: SessionRef, child_ids: Sequence[str]
     ids trusted: checked by the caller), or ``None`` for the plan when the rider ran alone, on
     another server or beside a cluster: ``child_step`` then runs the source step itself. The
     source step only reads, so a caller whose claim says the request is not new drops the plan.
+    ``keep_from``: a summary's, checked in the source step where it can be (``prepare_fork``).
     """
     if rider is None:
         return None, registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary,
-                                           if_length=if_length)
+                                           if_length=if_length, keep_from=keep_from)
     redis, op = rider
     if redis is not registry.redis or registry.is_cluster:
         return lua.run(redis, [op])[0], None
     sid, instance = split_ref(source)
-    look = registry.look_ops(sid, instance, child_ids, boundary, if_length)
+    look = registry.look_ops(sid, instance, child_ids, boundary, if_length, keep_from)
     first, *results = lua.run(redis, [op, *look])
-    return first, registry.plan_of(sid, child_ids, request_id, boundary, results, if_length)
+    return first, registry.plan_of(sid, child_ids, request_id, boundary, results, if_length, keep_from)
 
 
 def child_step(registry: Registry, source: SessionRef, child_ids: Sequence[str], *, request_id: str = "",
                boundary: int | None = None, if_length: int | None = None, plan: ForkPlan | None = None,
                snapshot: Snapshot | None = None, keep: Callable[[Snapshot], Snapshot] | None = None,
-               edits: Mapping[str, Sequence[NewEvent]] | None = None) -> FanOut:
+               edits: Mapping[str, Sequence[NewEvent]] | None = None,
+               summary: Summary | None = None) -> FanOut:
     """The child step of a request's fork: ``create`` from ``plan`` (``source_step``'s; ``None``:
     the source step runs now, as for a resumed request whose children an earlier attempt planned).
 
     ``snapshot`` is the one the request stored already (all its children share it); without one,
     ``keep`` (a fan-out's) stores the plan's snapshot before any child exists and returns the
     stored one (the first stored wins when attempts race), so a retry after a crash creates the
-    rest from the same seed. ``edits``: each child's own (validated by the caller).
+    rest from the same seed. ``edits``: each child's own (validated by the caller); ``summary``:
+    as for ``fork`` (checked by the caller).
     """
     if plan is None:
         plan = registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary,
-                                     if_length=if_length)
+                                     if_length=if_length, keep_from=keep_of(summary))
     if snapshot is None and keep is not None and plan.snapshot is not None:
         snapshot = keep(plan.snapshot)
-    return create(registry, plan, child_ids, request_id=request_id, snapshot=snapshot, edits=edits)
+    return create(registry, plan, child_ids, request_id=request_id, snapshot=snapshot, edits=edits,
+                  summary=summary)
 
 
 def created_by(registry: Registry, source: SessionRef, child_ids: Sequence[str], request_id: str, *,
@@ -169,7 +183,8 @@ def created_by(registry: Registry, source: SessionRef, child_ids: Sequence[str],
 
 
 def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, request_id: str = "",
-           snapshot: Snapshot | None = None, edits: Mapping[str, Sequence[NewEvent]] | None = None) -> FanOut:
+           snapshot: Snapshot | None = None, edits: Mapping[str, Sequence[NewEvent]] | None = None,
+           summary: Summary | None = None) -> FanOut:
     """The child step of a prepared fork: create ``child_ids`` (checked, distinct) from ``plan``.
 
     ``plan`` is ``registry.prepare_fork``'s for exactly these ids; ``snapshot``, when given,
@@ -180,7 +195,8 @@ def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, requ
     while (or before a replay of) a fan-out that created some of its children, those children are
     returned in ``created`` and every other id is in ``failed`` with ``SESSION_NOT_FOUND``; the
     source's error is raised only when this request created no child at all. ``edits``: the
-    events each child gets right after its seed, in its create step.
+    events each child gets right after its seed, in its create step; ``summary``: each child a
+    summary child (``INVALID_BOUNDARY`` for a ``keepFrom`` outside the rule, before any child).
     """
     if plan.existing and len(plan.existing) == len(child_ids):
         # Error order: the source's own state and the guard, then the child id, then the boundary rules.
@@ -199,7 +215,8 @@ def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, requ
         # in place of each child it did not create (no hidden partial state).
         made = dict.fromkeys(todo, error)
     else:
-        made = dict(zip(todo, registry.create_children(snap, todo, request_id=request_id, edits=edits), strict=True))
+        made = dict(zip(todo, registry.create_children(snap, todo, request_id=request_id, edits=edits,
+                                                       summary=summary), strict=True))
     lost = [e for e in made.values() if isinstance(e, errors.ForkError) and e.code in _SOURCE_ERRORS]
     if lost and not plan.replayed and not any(isinstance(h, Header) for h in made.values()):
         raise lost[0]  # nothing of this request exists: the source's error is the outcome
@@ -230,6 +247,25 @@ def check_edits(registry: Registry, edits: Sequence[NewEvent]) -> Sequence[NewEv
         raise errors.invalid(f"invalid edits: expected 1 to {rules.MAX_EDITS} events, got {len(edits)}")
     registry.encode_events(edits, 0)
     return edits
+
+
+def keep_of(summary: Summary | None) -> int | None:
+    """The ``keep_from`` of a (checked) summary, ``None`` without one."""
+    return None if summary is None else summary.keep_from
+
+
+def check_summary(registry: Registry, summary: Summary | None) -> None:
+    """``summary`` (``None``: none) checked before any Redis call: a ``Summary`` whose ``keep_from``
+    is an integer (its range is the summary rule's: ``INVALID_BOUNDARY``) and whose ``data`` is
+    JSON that reads back identically, within the event size limit (``INVALID_REQUEST``)."""
+    if summary is None:
+        return
+    if not isinstance(summary, Summary):
+        raise errors.invalid(f"summary must be a sessionfork.Summary, got {type(summary).__name__}")
+    k = summary.keep_from
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise errors.invalid(f"invalid keepFrom {rules.echo(k)}: expected an integer event seq")
+    registry.summary_event("x", summary, 0)
 
 
 def _guard(if_length: int | None) -> int | None:

@@ -10,9 +10,12 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                     seedlen   events inherited from the parent (seedLength)
                                     seed      JSON list of [ancestor id, start, stop): list indexes
                                               into that ancestor's own log, oldest ancestor first;
-                                              [parent id, -n, 0] is a reference: the first n events
-                                              of the parent's seed (a child stores at most that and
-                                              one slice; a forked session stores its seed by value)
+                                              [parent id, -b, -a] is a reference: events [a, b) of
+                                              the parent's seed ([parent, -n, 0]: its first n; a
+                                              child stores at most one and one slice; a forked
+                                              session stores its seed by value); ["@<id>", 0, 1] is
+                                              summary child <id>'s seq 0, its field summary
+                                    summary   a summary child's session/summary event (stored JSON)
                                     last      type of the last event ("" for an empty log)
                                     lastend   seq of the newest turn/end, seed included (-1: none);
                                               absent on records written before turn indexes
@@ -22,8 +25,8 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                               (a retried append is recognised, never doubled)
                                   once deleted, a tombstone (the id is never reused):
                                     deleted   when (epoch ms)
-                                    parent, seed, seedlen, lastend, seedend  kept while
-                                              descendants pin the log (and the turn index)
+                                    parent, seed, seedlen, lastend, seedend, summary  kept
+                                              while descendants pin the log (and the turn index)
     sf:s:{<id>}:log        list   the session's own events (seq >= seedlen), JSON without "seq"
     sf:s:{<id>}:persisted  string how many events the persistence backend holds durably (written by
                                   it; deletion with persisted_first waits for it to reach len)

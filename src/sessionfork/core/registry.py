@@ -8,7 +8,7 @@ sessions, so forks run unchanged on a Redis Cluster.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from msgspec import UNSET
@@ -17,7 +17,16 @@ from redis.commands.core import Script
 from ..core import errors, keys, lua, rules, wire
 from .config import Settings
 from .deletion import DELETED, LIVE, UNPERSISTED, DeletingStore
-from .snapshots import ForkPlan, Snapshot, edit_fields, parse_snapshot
+from .snapshots import (
+    SUMMARY_MARK,
+    ChildSeed,
+    ForkPlan,
+    Snapshot,
+    edit_fields,
+    parse_snapshot,
+    plain_seed,
+    summary_seed,
+)
 from .store import SessionRef, split_ref
 from .wire import Event, Header, NewEvent
 
@@ -37,10 +46,10 @@ class Registry(DeletingStore):
     # -- the two atomic steps of a fork ----------------------------------------------------------
 
     def take_snapshot(self, source: SessionRef, boundary: int | None = None, *,
-                      if_length: int | None = None) -> Snapshot:
+                      if_length: int | None = None, keep_from: int | None = None) -> Snapshot:
         """The source step alone: ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, ``PRECONDITION_FAILED``
         (with ``if_length``), then ``INVALID_BOUNDARY`` (with ``boundary``) or ``OPEN_TURN`` (without)."""
-        plan = self.prepare_fork(source, boundary=boundary, if_length=if_length)
+        plan = self.prepare_fork(source, boundary=boundary, if_length=if_length, keep_from=keep_from)
         if plan.error is not None:
             raise plan.error
         assert plan.snapshot is not None
@@ -48,7 +57,7 @@ class Registry(DeletingStore):
 
     def prepare_fork(self, source: SessionRef, child_ids: Sequence[str] = (), *,
                      request_id: str = "", boundary: int | None = None,
-                     if_length: int | None = None) -> ForkPlan:
+                     if_length: int | None = None, keep_from: int | None = None) -> ForkPlan:
         """The source step, plus a look at the children-to-be, in one round trip.
 
         The source step is one script on the source's slot: live? instance? boundary? length?
@@ -58,19 +67,22 @@ class Registry(DeletingStore):
         live/instance and before the boundary. Ids are checked here, before any Redis call. A
         ``boundary`` inside the source's inherited seed is checked by one more read on the ancestor
         that holds that event (its events up to there never change, so the check needs no
-        atomicity with the source step).
+        atomicity with the source step). ``keep_from`` (a summary's): its ``keepFrom - 1`` is checked
+        between turns in the same script when it falls in the source's own events (one round trip
+        saved), ``INVALID_BOUNDARY`` otherwise; elsewhere ``create_children`` checks it.
         """
         sid, instance = split_ref(source)
         child_ids = [rules.check_id(c) for c in child_ids]
-        ops = self.look_ops(sid, instance, child_ids, boundary, if_length)
+        ops = self.look_ops(sid, instance, child_ids, boundary, if_length, keep_from)
         if not self._cluster:
-            return self.plan_of(sid, child_ids, request_id, boundary, lua.run(self.redis, ops), if_length)
+            return self.plan_of(sid, child_ids, request_id, boundary, lua.run(self.redis, ops), if_length, keep_from)
         # A cluster pipeline cannot carry scripts, and the children live on several nodes.
         pipe = self.redis.pipeline(transaction=False)
         for op in ops[:-1]:
             pipe.execute_command(*op)
         taken = pipe.execute() if child_ids else []
-        return self.plan_of(sid, child_ids, request_id, boundary, [*taken, self._call(ops[-1])], if_length)
+        return self.plan_of(sid, child_ids, request_id, boundary, [*taken, self._call(ops[-1])], if_length,
+                            keep_from)
 
     def _call(self, op: lua.Op) -> Any:
         """One script call: pipelined on a server; on a cluster through the cluster client, which
@@ -82,37 +94,59 @@ class Registry(DeletingStore):
         return script(keys=list(script_keys), args=list(args))
 
     def look_ops(self, sid: str, instance: str, child_ids: Sequence[str],
-                 boundary: int | None = None, if_length: int | None = None) -> list[lua.Op]:
+                 boundary: int | None = None, if_length: int | None = None,
+                 keep_from: int | None = None) -> list[lua.Op]:
         """The read-only commands of ``prepare_fork`` (the source step last), for ``lua.run``."""
         ops: list[lua.Op] = [("HMGET", keys.session(child), "header", "req") for child in child_ids]
         ops.append(self._scripts.op("snapshot", record=keys.session(sid), turns=keys.session_turns(sid),
                                     log=keys.session_log(sid), instance=instance,
                                     boundary="" if boundary is None else boundary,
-                                    if_length="" if if_length is None else if_length))
+                                    if_length="" if if_length is None else if_length,
+                                    keep="" if keep_from is None else keep_from - 1))
         return ops
 
     def _check_seed(self, sid: str, snap: Snapshot, boundary: int) -> Snapshot:
         """Finish the boundary rule for a boundary the source step could not check itself: one
         inside the source's inherited seed (checked on the ancestor that holds it), or on a record
         written before turn indexes (checked by reading the prefix)."""
+        seed_end, last = self.turn_at(sid, snap, boundary,
+                                      lambda start: errors.boundary_inside_turn(sid, boundary, start))
+        return dataclasses.replace(snap, seed_end=seed_end, last_type=last)
+
+    def turn_at(self, sid: str, snap: Snapshot, seq: int,
+                inside: Callable[[int], errors.ForkError]) -> tuple[int | None, str]:
+        """Where event ``seq < snap.length`` of ``snap``'s source stands: the seq of the newest
+        ``turn/end`` at or before it (-1: none) and its type; raises ``inside(seq of the turn/start)``
+        when it is inside a turn. One read on the log that holds it (events up to ``seq`` never
+        change: no atomicity with the source step needed), mapped to ``sid``'s numbering (a summary
+        child numbers the kept events of its source from 1)."""
         segments = self.resolve(sid, snap.segments)  # a reference names the parent, not the owner
-        owner = sid if boundary >= snap.seed_length else rules.owner_of(segments, boundary)
+        if seq >= snap.seed_length:
+            owner, index, summary_first = sid, seq - snap.seed_length, False
+        else:
+            owner, index = rules.owner_of(segments, seq)
+            summary_first = str(segments[0][0]).startswith(SUMMARY_MARK)
+        if owner.startswith(SUMMARY_MARK):
+            return -1, rules.SUMMARY  # seq 0 of a summary child: before any turn
         reply = self._call(self._scripts.op("turn", record=keys.session(owner), turns=keys.session_turns(owner),
-                                            log=keys.session_log(owner), seq=boundary))
+                                            log=keys.session_log(owner), index=index))
         status = wire.text(reply[0])
-        if status == "INSIDE":
-            raise errors.boundary_inside_turn(sid, boundary, int(reply[1]))
-        if status == "OK":
-            return dataclasses.replace(snap, seed_end=int(reply[1]), last_type=wire.text(reply[2]))
-        types = [e.type for e in self._read(sid, segments, snap.seed_length, 0, boundary + 1)]
-        error = rules.check_boundary_in(sid, types, boundary)
+        if status != "NOINDEX":
+            shift = int(reply[-1]) + index - seq  # owner's seq = sid's seq + shift
+            if status == "INSIDE":
+                raise inside(int(reply[1]) - shift)
+            end = int(reply[1]) - shift
+            return (end if int(reply[1]) >= 0 and end >= int(summary_first) else -1), wire.text(reply[2])
+        types = [e.type for e in self._read(sid, segments, snap.seed_length, 0, seq + 1)]
+        error = rules.check_boundary_in(sid, types, seq)
         if error is not None:
-            raise error
-        ends = [seq for seq, kind in enumerate(types) if kind == rules.TURN_END]
-        return dataclasses.replace(snap, seed_end=ends[-1] if ends else -1, last_type=types[-1])
+            starts = [i for i, kind in enumerate(types) if kind == rules.TURN_START]
+            raise inside(starts[-1]) if starts else error
+        ends = [i for i, kind in enumerate(types) if kind == rules.TURN_END]
+        return ends[-1] if ends else -1, types[-1]
 
     def plan_of(self, sid: str, child_ids: Sequence[str], request_id: str, boundary: int | None,
-                results: Sequence[Any], if_length: int | None = None) -> ForkPlan:
+                results: Sequence[Any], if_length: int | None = None, keep_from: int | None = None) -> ForkPlan:
         """The ``ForkPlan`` that the results of ``look_ops`` describe."""
         *taken, reply = results
         existing: list[str] = []
@@ -125,7 +159,7 @@ class Registry(DeletingStore):
             else:
                 existing.append(child)
         try:
-            snap, unchecked = parse_snapshot(sid, reply, boundary, if_length)
+            snap, unchecked = parse_snapshot(sid, reply, boundary, if_length, keep_from)
             if unchecked and boundary is not None:
                 snap = self._check_seed(sid, snap, boundary)
             return ForkPlan(snap, None, existing, replayed)
@@ -141,12 +175,36 @@ class Registry(DeletingStore):
         return self._read(snap.source.id, self.resolve(snap.source.id, snap.segments), snap.seed_length, 0,
                           snap.length)
 
-    def child_header(self, snap: Snapshot, child_id: str, now: int | None = None) -> Header:
+    def child_header(self, snap: Snapshot, child_id: str, now: int | None = None,
+                     seed: ChildSeed | None = None) -> Header:
+        seed = seed or ChildSeed(snap.length, [], None, "")
         return Header(version=wire.HEADER_VERSION, id=child_id, created_at=self._clock() if now is None else now,
-                      cwd=snap.source.cwd, parent_session=snap.source.id, seed_length=snap.length)
+                      cwd=snap.source.cwd, parent_session=snap.source.id, seed_length=seed.length,
+                      kept_from=UNSET if seed.kept_from is None else seed.kept_from)
+
+    def check_keep_from(self, snap: Snapshot, keep_from: int) -> None:
+        """The summary rule: ``1 <= keep_from <= E + 1`` (``E`` the snapshot's last seq) and event
+        ``keep_from - 1`` between turns, else ``INVALID_BOUNDARY`` naming the source and
+        ``keep_from``. One read on the log that holds that event (it never changes)."""
+        sid = snap.source.id
+        if not 1 <= keep_from <= snap.length:
+            raise errors.invalid_keep_from(sid, keep_from, f"expected 1 to {snap.length} (the snapshot's "
+                                           f"{snap.length} events)")
+        if snap.between_turns == keep_from - 1:
+            return  # the source step checked it
+        self.turn_at(sid, snap, keep_from - 1,
+                     lambda start: errors.invalid_keep_from(sid, keep_from, f"event {keep_from - 1} is inside "
+                                                            f"the turn opened at seq {start}"))
+
+    def summary_event(self, source_id: str, summary: wire.Summary, now: int) -> bytes:
+        """The stored JSON of a summary child's first event (``INVALID_REQUEST`` as ``append``)."""
+        data = {"summary": summary.data,
+                "summarizes": {"session": source_id, "fromSeq": 0, "toSeq": summary.keep_from - 1}}
+        return self.encode_events([NewEvent(rules.SUMMARY, data)], now)[0]
 
     def create_children(self, snap: Snapshot, child_ids: Sequence[str], *, request_id: str = "",
-                        edits: Mapping[str, Sequence[NewEvent]] | None = None) -> list[Header | errors.ForkError]:
+                        edits: Mapping[str, Sequence[NewEvent]] | None = None,
+                        summary: wire.Summary | None = None) -> list[Header | errors.ForkError]:
         """The child step for each id: create it from ``snap``, atomically on its own slot.
 
         One pipelined round trip for all children, which also indexes them under the parent (on
@@ -163,21 +221,29 @@ class Registry(DeletingStore):
         its seed, in the script that creates it: seqs ``snap.length…``, the fork's time (its
         header's ``createdAt``); ``last``, ``lastend`` and the turn index follow them. A replay
         returns the child as it is, never appending them again.
+
+        ``summary``: each child is a summary child (``snapshots.summary_seed``; ``keep_from``
+        checked first: ``INVALID_BOUNDARY``), whose edits follow its kept events.
         """
         source_id = snap.source.id
         now = self._clock()
-        own = {cid: edit_fields(snap, self.encode_events(events, now), [e.type for e in events])
-               for cid, events in (edits or {}).items() if events}
+        if summary is not None and child_ids:
+            self.check_keep_from(snap, summary.keep_from)
+            event = self.summary_event(source_id, summary, now)
+            seeds = {cid: summary_seed(snap, cid, summary.keep_from, event) for cid in child_ids}
+        else:
+            plain_one = plain_seed(snap)
+            seeds = dict.fromkeys(child_ids, plain_one)
+        own = {cid: edit_fields(seeds[cid], self.encode_events(events, now), [e.type for e in events])
+               for cid, events in (edits or {}).items() if events and cid in seeds}
         if any(lo < 0 for _, lo, _ in snap.segments):
             # The source's seed holds a reference: store it by value first (once per source), so
             # that its children's reference to it is one level deep whatever the lineage depth.
             resolved = self.resolve(source_id, snap.segments)
             self._scripts("settle", record=keys.session(source_id), seed=wire.encode([list(s) for s in resolved]))
-        segments = wire.encode(rules.by_reference(source_id, snap.child_segments()))
         # The child's "last" feeds the no-boundary rule only; a seed ends between turns, and a
         # boundary fork's seed may end with an event after its turn/end (todo/write): recorded as
         # such, so forking the child without a boundary keeps today's rule (its last event).
-        last = snap.last
         parent = wire.encode_header(snap.source)
         # On one server the script also indexes the child under its parent and checks that the
         # parent is still the session snapshotted (not deleted either), at least as long
@@ -190,16 +256,17 @@ class Registry(DeletingStore):
                 "pin", record=keys.session(source_id), children=keys.session_children(source_id),
                 child_ids=list(child_ids)):
             raise errors.not_found(source_id)
-        plain = {"length": snap.length, "last_type": last, "last_end": "", "markers": "", "edits": ()}
         calls: list[lua.Call] = [
             self._scripts.op("create", record=keys.session(cid), log=keys.session_log(cid),
                              turns=keys.session_turns(cid), lifecycle=self._lifecycle_key, **index,
-                             header=wire.encode_header(self.child_header(snap, cid, now)), instance=self._new_token(),
-                             seed_length=snap.length, seed=segments, request_id=request_id,
-                             maxlen=self.lifecycle_maxlen, session_id=cid,
-                             seed_end="" if snap.seed_end is None else snap.seed_end, parent_header=parent,
-                             **own.get(cid, plain))
-            for cid in child_ids
+                             header=wire.encode_header(self.child_header(snap, cid, now, seed)),
+                             instance=self._new_token(), seed_length=seed.length, seed=wire.encode(seed.segments),
+                             request_id=request_id, maxlen=self.lifecycle_maxlen, session_id=cid,
+                             seed_end="" if seed.seed_end is None else seed.seed_end, parent_header=parent,
+                             summary=seed.summary or "",
+                             **own.get(cid, {"length": seed.length, "last_type": seed.last_type, "last_end": "",
+                                             "markers": "", "edits": ()}))
+            for cid, seed in seeds.items()
         ]
         replies = lua.eval_many(self.redis, calls, replicas=self.wait_replicas, wait_ms=self.wait_timeout_ms)
         if any(raw == -1 for raw in replies) and not self._deleted(source_id):
@@ -220,7 +287,7 @@ class Registry(DeletingStore):
             if created:  # pinned already; repeated for records indexed before pins existed
                 pipe.sadd(keys.session_children(source_id), *created)
             for cid in created:
-                self._emit(pipe, "session/created", cid, snap.length + len((edits or {}).get(cid, ())))
+                self._emit(pipe, "session/created", cid, seeds[cid].length + len((edits or {}).get(cid, ())))
             refused = [cid for cid, r in zip(child_ids, results, strict=True) if not isinstance(r, Header)]
             stale = self._not_children(source_id, refused)
             pipe.execute()
@@ -294,10 +361,10 @@ class Registry(DeletingStore):
                                   self.wait_replicas, self.wait_timeout_ms)
 
     def create_child(self, snap: Snapshot, child_id: str | None = None, *, request_id: str = "",
-                     edits: Sequence[NewEvent] = ()) -> Header:
+                     edits: Sequence[NewEvent] = (), summary: wire.Summary | None = None) -> Header:
         """``create_children`` for one child (generated id by default); raises on failure."""
         cid = self._new_id() if child_id is None else rules.check_id(child_id)
-        (result,) = self.create_children(snap, [cid], request_id=request_id, edits={cid: edits})
+        (result,) = self.create_children(snap, [cid], request_id=request_id, edits={cid: edits}, summary=summary)
         if isinstance(result, errors.ForkError):
             raise result
         return result

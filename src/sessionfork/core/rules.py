@@ -10,6 +10,8 @@ from ..core import errors
 
 TURN_END = "turn/end"
 TURN_START = "turn/start"
+SUMMARY = "session/summary"
+"""The first event of a summary child (``Summary``): the summary of the events it replaced."""
 ID_MAX_LENGTH = 128
 MAX_DATA_DEPTH = 100
 """Most arrays/objects an event's ``data`` (or one of its extra fields) may nest: ``{}`` is 1.
@@ -215,16 +217,19 @@ def clip_segments(segments: Sequence[Sequence[Any]], length: int) -> list[list[o
     return out
 
 
-def owner_of(segments: Sequence[Sequence[Any]], seq: int) -> str:
-    """The ancestor whose own log holds event ``seq`` of a seed made of ``segments``.
+def owner_of(segments: Sequence[Sequence[Any]], seq: int) -> tuple[str, int]:
+    """The ancestor whose own log holds event ``seq`` of a seed made of (resolved) ``segments``,
+    and its index in that log.
 
-    Seqs are absolute along a lineage: that ancestor's own event at the same seq is this event.
+    Seqs are positions: through a summary child they differ from the owner's own seqs, so the
+    event is named by its index there (``turn.lua`` maps it back).
     """
     start = 0
     for owner, lo, hi in segments:
-        start += int(hi) - int(lo)
-        if seq < start:
-            return str(owner)
+        size = int(hi) - int(lo)
+        if seq < start + size:
+            return str(owner), int(lo) + seq - start
+        start += size
     raise ValueError(f"seq {seq} is past the seed")
 
 

@@ -32,6 +32,8 @@ class Snapshot:
     segments: tuple[tuple[str, int, int], ...]
     seed_end: int | None = None
     last_type: str | None = None
+    between_turns: int | None = None
+    """A seq the source step found between turns (a summary's ``keepFrom - 1``): not checked again."""
 
     @property
     def last(self) -> str:
@@ -69,19 +71,28 @@ def decode_segments(raw: bytes | str) -> Segments:
     return tuple(_segments.decode(raw))
 
 
-def prefix(segments: Segments, n: int) -> list[tuple[str, int, int]]:
-    """The slices that hold the first ``n`` events of (resolved) ``segments``."""
+SUMMARY_MARK = "@"
+"""A slice ``["@<id>", 0, 1]``: the summary event of summary child ``<id>`` (its seq 0), stored in
+its record (field ``summary``; ``@`` is never in a session id)."""
+
+
+def window(segments: Segments, a: int, b: int) -> list[tuple[str, int, int]]:
+    """The slices that hold events ``[a, b)`` of (resolved) ``segments``."""
     out = []
+    start = 0
     for owner, lo, hi in segments:
-        if n <= 0:
+        end = start + hi - lo
+        x, y = max(a, start), min(b, end)
+        if x < y:
+            out.append((owner, lo + x - start, lo + y - start))
+        start = end
+        if start >= b:
             break
-        out.append((owner, lo, min(hi, lo + n)))
-        n -= hi - lo
     return out
 
 
 def parse_snapshot(sid: str, reply: list[Any], boundary: int | None = None,
-                   if_length: int | None = None) -> tuple[Snapshot, bool]:
+                   if_length: int | None = None, keep_from: int | None = None) -> tuple[Snapshot, bool]:
     """The snapshot.lua reply as a snapshot, and whether its boundary still needs checking
     against the ancestor that holds it (``SEED``); raises the source step's errors."""
     status = wire.text(reply[0])
@@ -101,15 +112,57 @@ def parse_snapshot(sid: str, reply: list[Any], boundary: int | None = None,
         error = rules.boundary_error(sid, boundary, int(reply[1]), None)
         assert error is not None
         raise error
-    _, length, header, seed, seed_length, seed_end, last = reply
+    if status == "KEEP_INSIDE":
+        assert keep_from is not None
+        raise errors.invalid_keep_from(sid, keep_from, f"event {keep_from - 1} is inside the turn opened at seq "
+                                                       f"{int(reply[1])}")
+    _, length, header, seed, seed_length, seed_end, last, *checked = reply
     end = None if seed_end in (b"", "") else int(seed_end)
     snap = Snapshot(wire.decode_header(header), int(length), int(seed_length), decode_segments(seed), end,
-                    wire.text(last))
+                    wire.text(last), keep_from - 1 if checked and keep_from is not None else None)
     return snap, status == "SEED"
 
 
-def edit_fields(snap: Snapshot, payload: list[bytes], types: Sequence[str]) -> dict[str, Any]:
-    """The create script's arguments for a child of ``snap`` whose log goes on with edits of
+@dataclass(frozen=True, slots=True)
+class ChildSeed:
+    """What a child of a snapshot starts with: ``length`` events stored as ``segments`` (by
+    reference), the seq of their newest ``turn/end`` (-1 none, ``None`` unknown) and the type of
+    the last; for a summary child, ``kept_from`` and its ``session/summary`` event's stored JSON."""
+
+    length: int
+    segments: list[list[object]]
+    seed_end: int | None
+    last_type: str
+    kept_from: int | None = None
+    summary: bytes | None = None
+
+
+def plain_seed(snap: Snapshot) -> ChildSeed:
+    """The seed of a plain or boundary child: the snapshot's events, by reference."""
+    return ChildSeed(snap.length, rules.by_reference(snap.source.id, snap.child_segments()), snap.seed_end,
+                     snap.last)
+
+
+def summary_seed(snap: Snapshot, child_id: str, keep_from: int, event: bytes) -> ChildSeed:
+    """The seed of a summary child of ``snap`` (``keep_from`` checked by the caller): its summary
+    event (``event``, kept in its record: the slice ``[@child, 0, 1]``), then the source's events
+    ``[keep_from, snap.length)`` as at most two references: ``[source, -b, -a]`` (events ``[a, b)``
+    of the source's seed) and a slice of the source's own log. O(1) in the source's length and
+    lineage depth; seqs are positions, so the kept events read back renumbered from 1."""
+    src, sl, end = snap.source.id, snap.seed_length, snap.length
+    segments: list[list[object]] = [[SUMMARY_MARK + child_id, 0, 1]]
+    if keep_from < min(sl, end):
+        segments.append([src, -min(sl, end), -keep_from])
+    if end > max(keep_from, sl):
+        segments.append([src, max(keep_from, sl) - sl, end - sl])
+    shift = keep_from - 1  # source seq = child seq + shift, for the kept events
+    seed_end = None if snap.seed_end is None else (snap.seed_end - shift if snap.seed_end >= keep_from else -1)
+    last = snap.last if end > keep_from else rules.SUMMARY
+    return ChildSeed(1 + end - keep_from, segments, seed_end, last, keep_from, event)
+
+
+def edit_fields(snap: ChildSeed, payload: list[bytes], types: Sequence[str]) -> dict[str, Any]:
+    """The create script's arguments for a child of seed ``snap`` whose log goes on with edits of
     ``types`` stored as ``payload``: its length, last type, newest ``turn/end`` and turn-index
     entries follow them (no turn index for a seed without one: ``seed_end`` unknown)."""
     base = snap.length

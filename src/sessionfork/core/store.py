@@ -24,7 +24,7 @@ from redis.cluster import RedisCluster
 
 from ..core import errors, keys, lua, rules, wire
 from .factories import new_call_id, new_instance_token, new_session_id, now_ms
-from .snapshots import Segments, decode_segments, prefix
+from .snapshots import SUMMARY_MARK, Segments, decode_segments, window
 from .wire import Event, Header, LiveHandle, NewEvent
 
 SessionRef: TypeAlias = "str | LiveHandle"
@@ -106,7 +106,7 @@ class SessionStore:
                                 turns=keys.session_turns(sid), lifecycle=self._lifecycle_key,
                                 header=raw, instance=token, length=0, seed_length=0, seed="[]", last_type="",
                                 request_id="", maxlen=self.lifecycle_maxlen, session_id=sid, seed_end=-1,
-                                parent_header="", last_end="", markers="", edits=())
+                                parent_header="", last_end="", markers="", summary="", edits=())
         if created is None:
             raise errors.already_exists(sid)
         if self._cluster:
@@ -250,8 +250,9 @@ class SessionStore:
         return known
 
     def resolve(self, sid: str, segments: Segments) -> Segments:
-        """``segments`` of ``sid``'s seed with every reference (``[parent, -n, 0]``: the first ``n``
-        events of the parent's seed) replaced by the slices it stands for.
+        """``segments`` of ``sid``'s seed with every reference (``[parent, -b, -a]``: events
+        ``[a, b)`` of the parent's seed; ``[parent, -n, 0]`` its first ``n``) replaced by the slices
+        it stands for.
 
         A reference is one level deep (a fork stores its source's seed by value first), so this
         reads at most one record, and none when the parent's lineage is cached (it never changes).
@@ -272,7 +273,7 @@ class SessionStore:
                         raise RuntimeError(f"{sid!r} references the seed of {owner!r}, which is gone")
                     raise errors.not_found(sid)
                 known = self._remember(owner, int(seed_length), self.resolve(owner, decode_segments(seed)))
-            out.extend(prefix(known[1], hi - lo))
+            out.extend(window(known[1], -hi, -lo))
         return tuple(out)
 
     def children(self, session_id: str) -> list[str]:
@@ -307,13 +308,17 @@ class SessionStore:
             plan.append((sid, first - seed_length, -1 if stop is None else stop - seed_length - 1, first))
         pipe = self.redis.pipeline(transaction=False)
         for owner, first, last, _ in plan:
-            pipe.lrange(keys.session_log(owner), first, last)
+            if owner.startswith(SUMMARY_MARK):  # a summary child's seq 0, kept in its record
+                pipe.hget(keys.session(owner[1:]), "summary")
+            else:
+                pipe.lrange(keys.session_log(owner), first, last)
         # Last, in the same round trip: still there? (deleted: SESSION_NOT_FOUND, never a partial log)
         pipe.hexists(keys.session(sid), "header")
         *results, there = pipe.execute()
         out: list[Event] = []
         short = False
-        for (owner, first, last, first_seq), raws in zip(plan, results, strict=True):
+        for (owner, first, last, first_seq), got in zip(plan, results, strict=True):
+            raws = got if isinstance(got, list) else [] if got is None else [got]
             # An ancestor's log is freed only once no descendant is left, so a short ancestor
             # slice means this session was deleted meanwhile (on a cluster, nodes answer unordered).
             short = short or (owner != sid and len(raws) != last - first + 1)

@@ -20,7 +20,7 @@ _EVENT_KEYS: Final = frozenset({"type", "seq", "time", "data"})
 
 
 class Header(msgspec.Struct, rename="camel", frozen=True):
-    """A session header: ``{version, id, createdAt, cwd?, parentSession?, seedLength?}``."""
+    """A session header: ``{version, id, createdAt, cwd?, parentSession?, seedLength?, keptFrom?}``."""
 
     version: int
     id: str
@@ -28,6 +28,8 @@ class Header(msgspec.Struct, rename="camel", frozen=True):
     cwd: str | UnsetType = UNSET
     parent_session: str | UnsetType = UNSET
     seed_length: int | UnsetType = UNSET
+    kept_from: int | UnsetType = UNSET
+    """A summary child only: the seq of the source's first kept event (its seq 1 here)."""
 
 
 class LiveHandle(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -154,6 +156,14 @@ class Variant(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_d
     edits: list[dict[str, Any]] | UnsetType = UNSET
 
 
+class Summary(msgspec.Struct, rename="camel", forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """A summary seed: the child's log is one ``session/summary`` event holding ``data`` (any
+    JSON), then the source's events ``keep_from…`` renumbered from seq 1."""
+
+    keep_from: int
+    data: Any = None
+
+
 class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True,
                   kw_only=True):
     """A fork request as schedulers enqueue it. Unknown fields are rejected.
@@ -180,6 +190,8 @@ class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, om
     variants: list[Variant] | UnsetType = UNSET
     """A fan-out of one snapshot, each child with its own id and edits (exclusive with
     ``session_id``, ``session_ids``, ``count`` and ``edits``)."""
+    summary: Summary | UnsetType = UNSET
+    """Seed the children with a summary of the source's events before ``keepFrom`` (``Summary``)."""
 
     @property
     def source_id(self) -> str:
@@ -243,7 +255,7 @@ def decode_reply(raw: bytes | str) -> Reply:
 
 
 IDENTITY_FIELDS: Final = ("source", "sessionId", "count", "sessionIds", "boundary", "ifLength", "edits",
-                          "variants")
+                          "variants", "summary")
 """The wire names of the fields that make two requests under one request id "the same", in order.
 ``queue/scripts/enqueue.lua`` lists the same names (``FIELDS``; a test pins the two, and a property
 test runs the script against ``identity`` on random requests)."""

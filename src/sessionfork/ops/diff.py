@@ -21,7 +21,7 @@ from msgspec import UNSET
 
 from ..core import errors, keys, rules, wire
 from ..core.registry import Registry
-from ..core.snapshots import decode_segments
+from ..core.snapshots import decode_segments, window
 
 Piece = tuple[str, int, int]  # (log owner, first list index, end list index)
 
@@ -37,14 +37,28 @@ class Side(msgspec.Struct, rename="camel", kw_only=True):
     """Its events with ``seq >= shared``, in the harness's JSON shape."""
 
 
+class Kept(msgspec.Struct, rename="camel", kw_only=True):
+    """A summary child's kept range, mapped: its seqs ``1 .. count`` are the other side's seqs
+    ``from_seq .. from_seq + count - 1`` (the same events, found from the seed references)."""
+
+    session: str
+    """The summary child (``a`` or ``b``): seq 0 its summary, seq ``s >= 1`` the other's ``s - 1 + fromSeq``."""
+    from_seq: int
+    count: int
+
+
 class Diff(msgspec.Struct, rename="camel", kw_only=True):
-    """``sessionfork diff A B --json``. ``ancestor`` is absent when the sessions are unrelated."""
+    """``sessionfork diff A B --json``. ``ancestor`` is absent when the sessions are unrelated.
+
+    A summary child numbers its kept events from 1, so against its parent it shares no prefix
+    (``shared`` 0: both sides listed whole); ``kept`` then maps the range the two hold in common."""
 
     shared: int
     """Length of the common prefix (seq 0 .. shared-1): summarised, never listed."""
     a: Side
     b: Side
     ancestor: str | None = None
+    kept: Kept | msgspec.UnsetType = UNSET
 
 
 def shared_length(a: Sequence[Piece], b: Sequence[Piece]) -> int:
@@ -120,7 +134,19 @@ def diff(registry: Registry, a: str, b: str) -> Diff:
     except errors.ForkError:  # an ancestor gone for good (only after a data loss): they left at the split
         left_a = left_b = shared
     return Diff(shared=shared, ancestor=ancestor, a=_side(registry, a, len_a, left_a, shared),
-                b=_side(registry, b, len_b, left_b, shared))
+                b=_side(registry, b, len_b, left_b, shared),
+                kept=_kept(registry, a, pieces_a, pieces_b, len_b) or _kept(registry, b, pieces_b, pieces_a, len_a)
+                or UNSET)
+
+
+def _kept(registry: Registry, sid: str, mine: list[Piece], other: list[Piece], other_length: int) -> Kept | None:
+    """The kept range of ``sid`` (a summary child) in the other side, when they share it: its
+    seqs from 1 against the other's from ``keptFrom`` (no event read: same log, same index)."""
+    keep_from = registry.header(sid).kept_from
+    if keep_from is UNSET or not mine or keep_from > other_length:
+        return None
+    count = shared_length(mine[1:], window(tuple(other), keep_from, other_length))
+    return Kept(session=sid, from_seq=keep_from, count=count) if count else None
 
 
 def _side(registry: Registry, sid: str, length: int, left_at: int, shared: int) -> Side:
@@ -133,6 +159,10 @@ def render_text(found: Diff, width: int = 160) -> str:
     lines = [f"common ancestor: {found.ancestor}"]
     lines.append(f"shared prefix: {found.shared} event(s)" + (f" (seq 0-{found.shared - 1}), not shown"
                                                            if found.shared else ""))
+    if not isinstance(found.kept, msgspec.UnsetType):
+        k = found.kept
+        lines.append(f"summary child {k.session}: its seq 1-{k.count} are the other's seq "
+                     f"{k.from_seq}-{k.from_seq + k.count - 1} (its seq 0 summarises 0-{k.from_seq - 1})")
     for label, side in (("A", found.a), ("B", found.b)):
         lines.append("")
         lines.append(f"{label} {side.id}: left {found.ancestor} at seq {side.left_at}; length {side.length}; "

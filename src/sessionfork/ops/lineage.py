@@ -27,6 +27,8 @@ class Node(msgspec.Struct, rename="camel", kw_only=True):
     children: list[Node] = msgspec.field(default_factory=list)
     edits: int | msgspec.UnsetType = UNSET
     """How many events the fork appended right after the seed (``edits``); absent: none."""
+    kept_from: int | msgspec.UnsetType = UNSET
+    """A summary child: its seq 0 summarises its parent's seqs ``0 .. keptFrom-1``; absent: none."""
 
 
 class Lineage(msgspec.Struct, rename="camel", kw_only=True):
@@ -90,17 +92,20 @@ def _edits_of(registry: Registry, sid: str) -> bytes | str | None:
 def _node(header: Header, live: bool, edits: bytes | str | None = None) -> Node:
     seed = 0 if header.seed_length is UNSET else header.seed_length
     return Node(id=header.id, seed_length=seed, live=live, created_at=header.created_at,
-                edits=UNSET if edits is None else int(edits))
+                edits=UNSET if edits is None else int(edits), kept_from=header.kept_from)
 
 
 def seed_text(node: Node) -> str:
-    """``seed 8``, or ``seed 8 + 2 edits`` for a child whose fork appended edits."""
-    return f"seed {node.seed_length}" + ("" if node.edits is UNSET else f" + {node.edits} edits")
+    """``seed 8``, or ``seed 8 + 2 edits`` for a child whose fork appended edits, and
+    ``(summary of 0-6)`` for a summary child (the parent's seqs its first event replaced)."""
+    return f"seed {node.seed_length}" + ("" if node.edits is UNSET else f" + {node.edits} edits") + \
+        ("" if node.kept_from is UNSET else f" (summary of 0-{node.kept_from - 1})")
 
 
 def _label(node: Node) -> str:
     when = datetime.fromtimestamp(node.created_at / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
     edits = "" if node.edits is UNSET else f"  edits={node.edits}"
+    edits += "" if node.kept_from is UNSET else f"  summary=0-{node.kept_from - 1}"
     return f"{node.id}  seed={node.seed_length}{edits}  {'live' if node.live else 'disposed'}  {when}Z"
 
 

@@ -49,7 +49,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..core import connections, keys, wire
 from ..core.config import Settings
 from ..core.factories import new_request_id
-from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply
+from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply, Summary
 from . import requests, shards, tracing
 from .enqueue import AsyncEnqueuer, job_call
 from .outcomes import OUTCOME_FIELDS, verdict
@@ -124,13 +124,14 @@ class AsyncClient:
                       request_id: str | None = None, reply_to: str | None = None,
                       boundary: int | None = None, if_length: int | None = None,
                       edits: Sequence[NewEvent] | None = None,
-                      variants: Sequence[Variant] | None = None) -> ForkRequest:
+                      variants: Sequence[Variant] | None = None, summary: Summary | None = None) -> ForkRequest:
         """Build a request (no I/O): as ``Client.request``; ``INVALID_REQUEST`` for a bad request id.
-        ``boundary``, ``if_length``, ``edits``, ``variants``: as for ``Client.request``. With
+        ``boundary``, ``if_length``, ``edits``, ``variants``, ``summary``: as for ``Client.request``. With
         OpenTelemetry installed, it carries the current trace context (``traceparent``)."""
         return requests.build(source, request_id or self._new_id(), session_id=session_id, session_ids=session_ids,
                               count=count, reply_to=reply_to, boundary=boundary, if_length=if_length,
-                              edits=edits, variants=variants, traceparent=tracing.current_traceparent())
+                              edits=edits, variants=variants, summary=summary,
+                              traceparent=tracing.current_traceparent())
 
     async def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op.
@@ -159,12 +160,13 @@ class AsyncClient:
                    session_ids: list[str] | None = None, count: int | None = None,
                    request_id: str | None = None, reply_to: str | None = None,
                    boundary: int | None = None, if_length: int | None = None,
-                   edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None) -> Reply:
+                   edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None,
+             summary: Summary | None = None) -> Reply:
         """Submit a fork request and wait for its reply (subscribed first; enqueue and the first
         read of the stored outcome in one round trip, sent again when its reply is lost)."""
         request = await self.request(source, session_id=session_id, session_ids=session_ids, count=count,
                                      request_id=request_id, reply_to=reply_to, boundary=boundary,
-                                     if_length=if_length, edits=edits, variants=variants)
+                                     if_length=if_length, edits=edits, variants=variants, summary=summary)
         request, call = self._job(request)
         rid = request.request_id
         assert isinstance(rid, str)

@@ -22,7 +22,7 @@ from redis import Redis
 from ..core import connections, wire
 from ..core.config import Settings
 from ..core.factories import new_request_id
-from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply
+from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply, Summary
 from . import jobs, requests, shards, tracing
 from .enqueue import Enqueuer, job_call
 from .outcomes import wait_for_reply
@@ -61,18 +61,21 @@ class Client:
                 session_ids: list[str] | None = None, count: int | None = None,
                 request_id: str | None = None, reply_to: str | None = None,
                 boundary: int | None = None, if_length: int | None = None,
-                edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None) -> ForkRequest:
+                edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None,
+             summary: Summary | None = None) -> ForkRequest:
         """Build a request (a generated request id when none is given); ``INVALID_REQUEST`` for a
         request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id). ``boundary``: fork at
         that inclusive event seq (the child's seed is events ``[0, boundary]``). ``if_length``: fork
         only if the source's log has exactly that many events (``PRECONDITION_FAILED``). ``edits``:
         events appended to every child right after its seed, in the step that creates it.
         ``variants`` (``Variant(session_id=None, edits=())``): one snapshot, each child its own id
-        and edits (exclusive with ``session_id``, ``session_ids``, ``count`` and ``edits``). With
+        and edits (exclusive with ``session_id``, ``session_ids``, ``count`` and ``edits``).
+        ``summary`` (``sessionfork.Summary(keep_from=K, data=...)``): each child a summary child. With
         OpenTelemetry installed, it carries the current trace context (``traceparent``)."""
         return requests.build(source, request_id or self._new_id(), session_id=session_id, session_ids=session_ids,
                               count=count, reply_to=reply_to, boundary=boundary, if_length=if_length,
-                              edits=edits, variants=variants, traceparent=tracing.current_traceparent())
+                              edits=edits, variants=variants, summary=summary,
+                              traceparent=tracing.current_traceparent())
 
     def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op."""
@@ -101,10 +104,11 @@ class Client:
              session_ids: list[str] | None = None, count: int | None = None,
              request_id: str | None = None, reply_to: str | None = None,
              boundary: int | None = None, if_length: int | None = None,
-             edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None) -> Reply:
+             edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None,
+             summary: Summary | None = None) -> Reply:
         """Submit a fork request and wait for its reply."""
         request = self.request(source, session_id=session_id, session_ids=session_ids, count=count,
                                request_id=request_id, reply_to=reply_to, boundary=boundary,
-                               if_length=if_length, edits=edits, variants=variants)
+                               if_length=if_length, edits=edits, variants=variants, summary=summary)
         self.submit(request)
         return self.wait(request, timeout)

@@ -59,10 +59,12 @@ def _edits(edits: Sequence[NewEvent] | None) -> Any:
 def build(source: str | LiveHandle, request_id: str, *, session_id: str | None = None,
           session_ids: list[str] | None = None, count: int | None = None, reply_to: str | None = None,
           boundary: int | None = None, traceparent: str | UnsetType = UNSET, if_length: int | None = None,
-          edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None) -> ForkRequest:
+          edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None,
+          summary: wire.Summary | None = None) -> ForkRequest:
     """A request as the clients send it (``None``, ``UNSET``, no edits: the field is absent);
     ``INVALID_REQUEST`` for a request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id) or
-    edits that are not ``NewEvent``. The rest is checked by ``parse`` where the request is run."""
+    edits that are not ``NewEvent``, or a ``summary`` that is not a ``sessionfork.Summary``. The rest
+    is checked by ``parse`` where the request is run."""
     rules.check_request_id(request_id)
 
     def given(value: Any) -> Any:
@@ -73,10 +75,12 @@ def build(source: str | LiveHandle, request_id: str, *, session_id: str | None =
         if not isinstance(variants, Sequence) or not all(isinstance(v, Variant) for v in variants):
             raise errors.invalid("variants must be a sequence of sessionfork.client.Variant")
         wire_variants = [wire.Variant(session_id=given(v.session_id), edits=_edits(v.edits)) for v in variants]
+    if summary is not None and not isinstance(summary, wire.Summary):
+        raise errors.invalid(f"summary must be a sessionfork.Summary, got {type(summary).__name__}")
     return ForkRequest(source=source, request_id=request_id, session_id=given(session_id),
                        session_ids=given(session_ids), count=given(count), reply_to=given(reply_to),
                        traceparent=traceparent, boundary=given(boundary), if_length=given(if_length),
-                       edits=_edits(edits), variants=wire_variants)
+                       edits=_edits(edits), variants=wire_variants, summary=given(summary))
 
 
 def prepare(request: ForkRequest, new_id: Callable[[], str]) -> tuple[ForkRequest, bytes]:

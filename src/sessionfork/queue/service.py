@@ -30,7 +30,7 @@ from ..core.errors import ErrorCode, ForkError
 from ..core.factories import new_session_id, now_ms
 from ..core.registry import Registry
 from ..core.snapshots import ForkPlan
-from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, NewEvent, Reply
+from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, NewEvent, Reply, Summary
 from . import requests, tracing
 from .outages import is_outage
 from .outcomes import Claim, Outcomes
@@ -84,6 +84,7 @@ class ForkService:
             edits = requests.edits_of(request)
             for events in edits:  # append's rules (event size, JSON), refused as parse refuses
                 forks.check_edits(self.registry, events)
+            forks.check_summary(self.registry, _summary(request))
         except ForkError as exc:
             raw = payload.encode() if isinstance(payload, str) else payload
             failure = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
@@ -126,6 +127,7 @@ class ForkService:
         planned = self._children_of(request)
         raw, plan = forks.source_step(self.registry, request.source, planned, request_id=request_id,
                                       boundary=_boundary(request), if_length=_if_length(request),
+                                      keep_from=None if request.summary is UNSET else request.summary.keep_from,
                                       rider=(self.outcomes.redis, self.outcomes.claim_op(request_id, request, planned)))
         claim = self.outcomes.claim_of(raw)
         return claim, plan if claim.state == "NEW" else None
@@ -142,7 +144,7 @@ class ForkService:
         keep = (lambda snap: self.outcomes.keep_snapshot(request_id, snap)) if len(children) > 1 else None
         result = forks.child_step(self.registry, request.source, children, request_id=request_id,
                                   boundary=_boundary(request), if_length=_if_length(request), plan=plan,
-                                  snapshot=claim.snapshot, keep=keep, edits=own)
+                                  snapshot=claim.snapshot, keep=keep, edits=own, summary=_summary(request))
         if not request.fans_out:
             if result.failed:
                 raise result.failed[0][1]
@@ -170,6 +172,10 @@ class ForkService:
                                     boundary=_boundary(request))
         except Exception:
             return []
+
+
+def _summary(request: ForkRequest) -> Summary | None:
+    return None if request.summary is UNSET else request.summary
 
 
 def _if_length(request: ForkRequest) -> int | None:

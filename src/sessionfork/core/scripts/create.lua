@@ -13,6 +13,8 @@
 --           written before it existed), the parent's header JSON as the source step read it (used
 --           with KEYS[6]), last end: seq of the newest turn/end of seed + edits ("" = the seed
 --           end), the edits' turn-index entries ("2*seq + (1 for turn/end)", space-separated),
+--           the summary child's session/summary event (stored JSON, its seq 0; "" = not one: the
+--           seed's slice ["@<id>", 0, 1] reads it from field "summary"),
 --           then the edits' stored JSON (none for a plain child)
 -- Returns the header JSON of the record now under KEYS[1] when it is ours (created now, created
 -- earlier by the same request id: a replay, or by this very call: a client's retry after a lost
@@ -49,7 +51,10 @@ if ARGV[10] ~= '' then
   -- empty: boundaries inside the seed are checked against the ancestors' own indexes.
   redis.call('HSET', KEYS[1], 'lastend', ARGV[10])
 end
-local first = 14
+if ARGV[14] ~= '' then
+  redis.call('HSET', KEYS[1], 'summary', ARGV[14])
+end
+local first = 15
 if #ARGV >= first then
   redis.call('HSET', KEYS[1], 'edits', #ARGV - first + 1)  -- how many events the fork appended (lineage)
   for i = first, #ARGV, 4000 do

@@ -8,7 +8,8 @@
 --           "1" = only if the persistence backend holds the whole log (KEYS[4] >= len)
 -- Returns {1, parent id or "", descendants left, header} when deleted now; {-1} not found (never created,
 -- or deleted already); {-2} live and ARGV[4] is "1"; {-3, len, persisted} not persisted yet.
-local r = redis.call('HMGET', KEYS[1], 'header', 'instance', 'len', 'seed', 'seedlen', 'lastend', 'seedend')
+local r = redis.call('HMGET', KEYS[1], 'header', 'instance', 'len', 'seed', 'seedlen', 'lastend', 'seedend',
+  'summary')
 local persisted = redis.call('GET', KEYS[4])
 if not r[1] then return {-1} end
 r[5] = r[5] or r[3]  -- absent until the first append (create.lua)
@@ -28,6 +29,8 @@ if left > 0 then
   -- boundary in these events on the turn index (turn.lua), and the last descendant's release
   -- reaches the parent.
   redis.call('HSET', KEYS[1], 'seed', r[4], 'seedlen', r[5])
+  -- a summary child's seq 0: its descendants read it from here (the slice ["@<id>", 0, 1])
+  if r[8] then redis.call('HSET', KEYS[1], 'summary', r[8]) end
   if r[6] then redis.call('HSET', KEYS[1], 'lastend', r[6], 'seedend', r[7] or '-1') end
   if parent ~= '' then redis.call('HSET', KEYS[1], 'parent', parent) end
 end

@@ -11,5 +11,5 @@ if redis.call('HEXISTS', KEYS[1], 'deleted') == 0 or redis.call('SCARD', KEYS[3]
 end
 local parent = redis.call('HGET', KEYS[1], 'parent') or ''
 redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
-redis.call('HDEL', KEYS[1], 'parent', 'seed', 'seedlen', 'lastend', 'seedend')
+redis.call('HDEL', KEYS[1], 'parent', 'seed', 'seedlen', 'lastend', 'seedend', 'summary')
 return parent
