@@ -30,8 +30,9 @@ from bench.measure import (
     round_trips,
     rq_peer,
 )
-from bench.memory import child_bytes_at_depth, request_memory, steady_workload
+from bench.memory import bytes_held, child_bytes_at_depth, request_memory, steady_workload
 from bench.publish import table
+from sessionfork.core.config import Settings
 from sessionfork.embedded import EmbeddedServer
 
 __all__ = ["main", "noop"]
@@ -101,6 +102,16 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("  of which the child's record", mem.families["sf:s:{<child>} (child record)"], "limit bytes",
                      1536.0, ""))
         rows.append(("  plus capped streams (outcome, lifecycle entry)", mem.capped, "limit bytes", 1536.0, ""))
+        lean = step("bytes retained per request, hash-max-listpack-value 512",
+                    lambda: request_memory(server, 300 if q else 1000, listpack_value=512))
+        print(lean.render(), file=sys.stderr)
+        rows.append(("Redis bytes retained per completed request, hash-max-listpack-value 512", lean.retained,
+                     "limit bytes", 1024.0, "≤ 1"))
+        ttl = Settings().outcome_ttl
+        for rate in (100, 1000):
+            rows.append((f"GB a steady {rate} forks/s holds (default TTL {ttl // 3600} h)",
+                         bytes_held(mem.retained, rate, ttl) / 1e9, "GB at hash-max-listpack-value 512",
+                         bytes_held(lean.retained, rate, ttl) / 1e9, ""))
         depths = {d: step(f"bytes per child at depth {d}", lambda d=d: child_bytes_at_depth(server, d))  # type: ignore[misc]
                   for d in ((1, 10, 100) if q else (1, 100, 1000))}
         for d, per_child in depths.items():
