@@ -21,7 +21,7 @@ from rq import Queue
 from rq.registry import FinishedJobRegistry
 
 from sessionfork.aio import AsyncClient
-from sessionfork.core import forks
+from sessionfork.core import forks, keys
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
@@ -299,3 +299,70 @@ def ping(server: EmbeddedServer, n: int) -> float:
     for _ in range(n):
         redis.ping()
     return n / (time.perf_counter() - t)
+
+
+def redis_cpu_us(redis: Redis) -> float:
+    """The server's own CPU so far (``INFO cpu``: used_cpu_sys + used_cpu_user), in µs."""
+    info = redis.info("cpu")
+    return (float(info["used_cpu_sys"]) + float(info["used_cpu_user"])) * 1e6
+
+
+def redis_cpu_per_job(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
+    """Redis CPU (µs) per job, worker side: a ``ForkWorker`` fork job and a ``SimpleWorker`` no-op,
+    each a burst over ``jobs`` jobs enqueued beforehand (the enqueue's CPU is not counted).
+
+    ``INFO cpu`` deltas of the one server (queue and registry together here).
+    """
+    from rq import SimpleWorker
+
+    from sessionfork.cli.app import Context
+    from sessionfork.queue.worker import ForkWorker
+
+    redis = _fresh(server)
+    queue = Queue("peer", connection=redis)
+    for _ in range(jobs):
+        queue.enqueue("bench.measure.noop")
+    simple = SimpleWorker([queue], connection=redis)
+    before = redis_cpu_us(redis)
+    simple.work(burst=True, logging_level="ERROR")
+    noop_us = (redis_cpu_us(redis) - before) / jobs
+    settings = Settings(redis_url=server.url)
+    context = Context(settings)
+    _session_with(context.registry(), "bench-src", 12)
+    client = Client(context.queue_redis(), settings)
+    for i in range(jobs):
+        client.submit(client.request("bench-src", session_id=f"c-{i}"))
+    service = context.service()
+    worker = ForkWorker([client.queue], service=service, connection=service.outcomes.redis, abandoned_after=30)
+    before = redis_cpu_us(redis)
+    worker.work(burst=True, logging_level="ERROR")
+    return (redis_cpu_us(redis) - before) / jobs, noop_us
+
+
+def waiter_cpu_us(server: EmbeddedServer, requests: int) -> float:
+    """Redis CPU (µs) a sync scheduler that waits on each request (``Client.fork``) adds per request
+    over one that only submits (``Client.submit``): both with one worker process draining."""
+    _fresh(server)
+    _session_with(Registry(server.client()), "bench-src", 12)
+    procs, redis = _fork_workers(server, 1)
+    try:
+        client = Client(redis, Settings())
+
+        def per_request(wait: bool, tag: str) -> float:
+            before = redis_cpu_us(redis)
+            ids = []
+            for i in range(requests):
+                if wait:
+                    client.fork("bench-src", session_id=f"{tag}-{i}", timeout=30)
+                else:
+                    ids.append(client.submit(client.request("bench-src", session_id=f"{tag}-{i}")))
+            wait_until(lambda: all(redis.hexists(keys.request(r), "outcome") for r in ids[-1:]), 120,
+                       "the submitted requests to complete", interval=0.01)
+            wait_until(lambda: redis.llen(client.queue.key) == 0, 120, "the queue to drain", interval=0.01)
+            return (redis_cpu_us(redis) - before) / requests
+
+        submit_only = per_request(False, "s")
+        waiting = per_request(True, "w")
+        return waiting - submit_only
+    finally:
+        _stop(procs)

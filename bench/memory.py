@@ -125,10 +125,35 @@ def _run(client: Client, redis: Redis, n: int) -> None:
     wait_until(settled, 120, f"{n} requests to have outcomes", interval=0.05)
 
 
+LISTPACK_VALUE = "hash-max-listpack-value"
+"""The server setting that decides a hash's encoding: a hash with a value longer than it (default
+64 bytes) is a hashtable, ~40 % larger than a listpack. A completed request's outcome (~240 bytes)
+and a child's header (~150 bytes) are longer, so at the default both records are hashtables."""
+
+
 def request_memory(server: EmbeddedServer, requests: int, *, env: Mapping[str, str] = WORKER_ENV,
-                   expect_jobs_gone: bool = True, warmup: int = 20) -> MemoryReport:
-    """Bytes retained per completed single-fork request (see the module docstring)."""
+                   expect_jobs_gone: bool = True, warmup: int = 20, listpack_value: int | None = None) -> MemoryReport:
+    """Bytes retained per completed single-fork request (see the module docstring).
+
+    ``listpack_value``: the server's ``hash-max-listpack-value`` for this measure (restored after);
+    ``None`` measures at the server's setting (Redis's default: 64)."""
     redis = server.client()
+    old = str(redis.config_get(LISTPACK_VALUE)[LISTPACK_VALUE])
+    if listpack_value is not None:
+        redis.config_set(LISTPACK_VALUE, listpack_value)
+    try:
+        return _request_memory(server, redis, requests, env, expect_jobs_gone, warmup)
+    finally:
+        redis.config_set(LISTPACK_VALUE, old)
+
+
+def bytes_held(per_request: float, rate: float, ttl_s: int) -> float:
+    """What a steady ``rate`` of requests holds: bytes per request x rate x seconds kept."""
+    return per_request * rate * ttl_s
+
+
+def _request_memory(server: EmbeddedServer, redis: Redis, requests: int, env: Mapping[str, str],
+                    expect_jobs_gone: bool, warmup: int) -> MemoryReport:
     redis.execute_command("FLUSHALL", "SYNC")  # type: ignore[no-untyped-call]  # lazy would skew the figures
     registry = Registry(redis)
     handle = registry.create(SOURCE, cwd="/workspace")
@@ -247,3 +272,5 @@ if __name__ == "__main__":
             jobs_gone = "--keep-jobs" not in sys.argv
             print(request_memory(srv, 1000, expect_jobs_gone=jobs_gone,
                                  env=WORKER_ENV if jobs_gone else {}).render())
+            print(f"with {LISTPACK_VALUE} 512:")
+            print(request_memory(srv, 1000, listpack_value=512).render())

@@ -44,8 +44,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Largest single event accepted on append."""
     max_id_length: int = 128
     """Longest session or request id a request may name (1-128; the id rule allows 128)."""
-    outcome_ttl: int = 7 * 24 * 3600
-    """Seconds an outcome (and so the idempotency of its request id) is kept."""
+    outcome_ttl: int = 24 * 3600
+    """Seconds an outcome (and so the idempotency of its request id) is kept: 24 h by default, the
+    window payment APIs keep idempotency keys (Stripe), longer than any client's retry schedule."""
     outcome_stream_maxlen: int = 100_000
     """Approximate cap of the outcome stream (XADD MAXLEN ~)."""
     job_ttl: int = 600

@@ -257,6 +257,28 @@ def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
                 time.sleep(0.05)  # back off before reconnecting; not synchronisation
                 subscribed = False
     finally:
+        _release(pubsub)
+
+
+def _release(pubsub: Any, confirm_within: float = 1.0) -> None:
+    """End a wait: unsubscribe and give the connection back to its pool open, once the server has
+    confirmed the UNSUBSCRIBE (every message before it drained, so the next user reads only its
+    own replies). A new connection per wait costs the server more CPU than the wait itself.
+    Unconfirmed (or any connection error): the connection is closed, as ``PubSub.close`` does."""
+    conn = pubsub.connection
+    try:
+        if conn is not None and pubsub.subscribed:
+            pubsub.unsubscribe()
+            until = time.monotonic() + confirm_within
+            while pubsub.subscribed and (left := until - time.monotonic()) > 0:
+                pubsub.get_message(timeout=left)
+            if not pubsub.subscribed:
+                conn.deregister_connect_callback(pubsub.on_connect)
+                pubsub.connection = None
+                pubsub.connection_pool.release(conn)
+    except (RedisConnectionError, RedisTimeoutError):
+        pass  # closed below
+    finally:
         pubsub.close()
 
 
