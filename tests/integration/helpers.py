@@ -7,7 +7,8 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from rq import SimpleWorker
 from sessionfork.core import keys, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.wire import NewEvent, Reply
-from sessionfork.embedded import wait_until
+from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.queue.client import Client
 from sessionfork.queue.jobs import fresh_workers
 
@@ -65,6 +66,28 @@ def wait_registered(redis: Redis, name: str, timeout: float = 20.0) -> None:
         return state not in (None, b"started") and name in fresh_workers(redis, SETTINGS)
 
     wait_until(ready, timeout, f"worker {name} to register and enter its work loop")
+
+
+@contextmanager
+def registered_worker(server: EmbeddedServer, prefix: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A worker process on ``server``, registered before it is handed out, stopped after."""
+    name = worker_name(prefix)
+    proc = start_worker(server.url, name)
+    try:
+        probe = server.client()
+        try:
+            wait_registered(probe, name)
+        finally:
+            probe.close()
+        yield proc
+    finally:
+        stop(proc)
+
+
+def live_client(redis: Redis, worker: subprocess.Popen[bytes]) -> Client:
+    """A client of ``redis``, once ``worker`` (a module's worker) is seen still running."""
+    assert worker.poll() is None, f"the module's worker exited with {worker.returncode}"
+    return make_client(redis)
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 15.0) -> int:

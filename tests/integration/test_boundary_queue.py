@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import msgspec
 import pytest
-from helpers import clean_environ, cli_args, make_client, start_worker, stop, turn, wait_registered, worker_name
+from helpers import clean_environ, cli_args, live_client, registered_worker, turn
 from redis import Redis
 
 from sessionfork.core import keys, wire
@@ -27,23 +27,13 @@ OPEN = [NewEvent("turn/start", {"turn": 9}), NewEvent("tool/call", {"id": "t1"})
 
 @pytest.fixture(scope="module")
 def worker(server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
-    name = worker_name("boundary")
-    proc = start_worker(server.url, name)
-    try:
-        probe = server.client()
-        try:
-            wait_registered(probe, name)
-        finally:
-            probe.close()
+    with registered_worker(server, "boundary") as proc:
         yield proc
-    finally:
-        stop(proc)
 
 
 @pytest.fixture
 def client(redis: Redis, worker: subprocess.Popen[bytes]) -> Client:
-    assert worker.poll() is None, f"the module's worker exited with {worker.returncode}"
-    return make_client(redis)
+    return live_client(redis, worker)
 
 
 @pytest.fixture

@@ -17,11 +17,12 @@ from helpers import (
     SETTINGS,
     clean_environ,
     cli_args,
+    live_client,
     make_client,
+    registered_worker,
     start_worker,
     stop,
     turn,
-    wait_registered,
     worker_name,
 )
 from redis import Redis
@@ -41,23 +42,13 @@ RETRY = [NewEvent("turn/start", {"turn": 3}), NewEvent("user/message", {"text": 
 
 @pytest.fixture(scope="module")
 def worker(server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
-    name = worker_name("compose")
-    proc = start_worker(server.url, name)
-    try:
-        probe = server.client()
-        try:
-            wait_registered(probe, name)
-        finally:
-            probe.close()
+    with registered_worker(server, "compose") as proc:
         yield proc
-    finally:
-        stop(proc)
 
 
 @pytest.fixture
 def client(redis: Redis, worker: subprocess.Popen[bytes]) -> Client:
-    assert worker.poll() is None, f"the module's worker exited with {worker.returncode}"
-    return make_client(redis)
+    return live_client(redis, worker)
 
 
 @pytest.fixture

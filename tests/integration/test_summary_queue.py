@@ -16,12 +16,9 @@ from helpers import (
     SETTINGS,
     clean_environ,
     cli_args,
-    make_client,
-    start_worker,
-    stop,
+    live_client,
+    registered_worker,
     turn,
-    wait_registered,
-    worker_name,
 )
 from redis import Redis
 
@@ -38,23 +35,13 @@ PRODUCER = Path(__file__).parent.parent / "data" / "raw_producer.py"
 
 @pytest.fixture(scope="module")
 def worker(server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
-    name = worker_name("summary")
-    proc = start_worker(server.url, name)
-    try:
-        probe = server.client()
-        try:
-            wait_registered(probe, name)
-        finally:
-            probe.close()
+    with registered_worker(server, "summary") as proc:
         yield proc
-    finally:
-        stop(proc)
 
 
 @pytest.fixture
 def client(redis: Redis, worker: subprocess.Popen[bytes]) -> Client:
-    assert worker.poll() is None, f"the module's worker exited with {worker.returncode}"
-    return make_client(redis)
+    return live_client(redis, worker)
 
 
 @pytest.fixture

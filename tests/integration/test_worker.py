@@ -21,8 +21,10 @@ from helpers import (
     clean_environ,
     cli_args,
     count_session_keys,
+    live_client,
     make_client,
     outcome_entries,
+    registered_worker,
     start_worker,
     stop,
     stored_outcome,
@@ -54,23 +56,13 @@ ID_RULE = "expected 1-128 characters from [A-Za-z0-9._:-]"
 @pytest.fixture(scope="module")
 def worker(server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
     """One worker process for the module, on the session's server (which tests flush, not kill)."""
-    name = worker_name("module")
-    proc = start_worker(server.url, name)
-    try:
-        probe = server.client()
-        try:
-            wait_registered(probe, name)
-        finally:
-            probe.close()
+    with registered_worker(server, "module") as proc:
         yield proc
-    finally:
-        stop(proc)
 
 
 @pytest.fixture
 def client(redis: Redis, worker: subprocess.Popen[bytes]) -> Client:
-    assert worker.poll() is None, f"the module's worker exited with {worker.returncode}"
-    return make_client(redis)
+    return live_client(redis, worker)
 
 
 @pytest.fixture
