@@ -255,11 +255,6 @@ def round_trips(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
 
     Counted in-process, as commands (or pipelines) written to a socket during a burst.
     """
-    from rq import SimpleWorker
-
-    from sessionfork.cli.app import Context
-    from sessionfork.queue.worker import ForkWorker
-
     sent = {"n": 0}
     original = AbstractConnection.send_packed_command
 
@@ -276,21 +271,9 @@ def round_trips(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
             AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
         return sent["n"] / jobs
 
-    redis = _fresh(server)
-    queue = Queue("peer", connection=redis)
-    for _ in range(jobs):
-        queue.enqueue("bench.measure.noop")
-    simple = SimpleWorker([queue], connection=redis)
-    simple_rt = per_job(lambda: simple.work(burst=True, logging_level="ERROR"))
-    settings = Settings(redis_url=server.url)
-    context = Context(settings)
-    _session_with(context.registry(), "bench-src", 12)
-    client = Client(context.queue_redis(), settings)
-    for i in range(jobs):
-        client.submit(client.request("bench-src", session_id=f"c-{i}"))
-    service = context.service()
-    worker = ForkWorker([client.queue], service=service, connection=service.outcomes.redis, abandoned_after=30)
-    return per_job(lambda: worker.work(burst=True, logging_level="ERROR")), simple_rt
+    noop_burst, fork_burst = _worker_bursts(server, jobs)
+    simple_rt = per_job(noop_burst)
+    return per_job(fork_burst), simple_rt
 
 
 def ping(server: EmbeddedServer, n: int) -> float:
@@ -313,6 +296,23 @@ def redis_cpu_per_job(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
 
     ``INFO cpu`` deltas of the one server (queue and registry together here).
     """
+
+
+    noop_burst, fork_burst = _worker_bursts(server, jobs)
+    redis = server.client()
+
+    def cpu_per_job(burst: Callable[[], object]) -> float:
+        before = redis_cpu_us(redis)
+        burst()
+        return (redis_cpu_us(redis) - before) / jobs
+
+    noop_us = cpu_per_job(noop_burst)
+    return cpu_per_job(fork_burst), noop_us
+
+
+def _worker_bursts(server: EmbeddedServer, jobs: int) -> tuple[Callable[[], object], Callable[[], object]]:
+    """On a flushed ``server``: ``jobs`` RQ no-op jobs and ``jobs`` single-fork requests queued; returns
+    the bursts that work them off (a ``SimpleWorker``, then a ``ForkWorker``), each run once."""
     from rq import SimpleWorker
 
     from sessionfork.cli.app import Context
@@ -323,9 +323,6 @@ def redis_cpu_per_job(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
     for _ in range(jobs):
         queue.enqueue("bench.measure.noop")
     simple = SimpleWorker([queue], connection=redis)
-    before = redis_cpu_us(redis)
-    simple.work(burst=True, logging_level="ERROR")
-    noop_us = (redis_cpu_us(redis) - before) / jobs
     settings = Settings(redis_url=server.url)
     context = Context(settings)
     _session_with(context.registry(), "bench-src", 12)
@@ -334,9 +331,8 @@ def redis_cpu_per_job(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
         client.submit(client.request("bench-src", session_id=f"c-{i}"))
     service = context.service()
     worker = ForkWorker([client.queue], service=service, connection=service.outcomes.redis, abandoned_after=30)
-    before = redis_cpu_us(redis)
-    worker.work(burst=True, logging_level="ERROR")
-    return (redis_cpu_us(redis) - before) / jobs, noop_us
+    return (lambda: simple.work(burst=True, logging_level="ERROR"),
+            lambda: worker.work(burst=True, logging_level="ERROR"))
 
 
 def waiter_cpu_us(server: EmbeddedServer, requests: int) -> float:
