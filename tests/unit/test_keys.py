@@ -31,6 +31,10 @@ def test_session_turns_key() -> None:
     assert keys.session_turns("a") == "sf:s:{a}:turns"
 
 
+def test_session_needs_key() -> None:
+    assert keys.session_needs("a") == "sf:s:{a}:needs"
+
+
 def test_request_key_has_no_hash_tag() -> None:
     assert keys.request("r1") == "sf:req:r1"
 
@@ -60,6 +64,7 @@ def test_session_keys_keep_dots_colons_and_dashes_verbatim() -> None:
     assert keys.session_log("A.b_c:d-e") == "sf:s:{A.b_c:d-e}:log"
     assert keys.session_children("A.b_c:d-e") == "sf:s:{A.b_c:d-e}:children"
     assert keys.session_turns("A.b_c:d-e") == "sf:s:{A.b_c:d-e}:turns"
+    assert keys.session_needs("A.b_c:d-e") == "sf:s:{A.b_c:d-e}:needs"
 
 
 @pytest.mark.parametrize("session_id", IDS)
@@ -69,6 +74,7 @@ def test_all_keys_of_one_session_share_one_cluster_slot(session_id: str) -> None
         key_slot(keys.session_log(session_id).encode()),
         key_slot(keys.session_children(session_id).encode()),
         key_slot(keys.session_turns(session_id).encode()),
+        key_slot(keys.session_needs(session_id).encode()),
     }
     assert slots == {key_slot(session_id.encode())}
 

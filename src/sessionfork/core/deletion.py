@@ -50,7 +50,9 @@ class DeletingStore(SessionStore):
                                               "header": wire.text(reply[3])},
                       maxlen=self.lifecycle_maxlen, approximate=True)
         pipe.execute()
-        if not left:
+        if left:  # pinned: free what its descendants do not read (summary children: their kept range)
+            self._release_up(sid, "")
+        else:
             self._release_up(parent, sid)
         return DELETED
 
@@ -86,12 +88,14 @@ class DeletingStore(SessionStore):
             self.redis.delete(keys.session_persisted(sid))
 
     def _release_up(self, parent: str, child: str) -> None:
-        # ``child`` is gone for good: unpin it from ``parent``, and go up the lineage while that
-        # frees a deleted ancestor's log (each step one script on one slot).
+        # ``child`` reads nothing of ``parent``'s log any more (gone for good, or its descendants
+        # read only its own events; "": ``parent`` itself was just deleted): unpin it, free what
+        # ``parent``'s descendants no longer read if it is deleted, and go up the lineage while a
+        # deleted ancestor reads nothing of its own parent (each step one script on one slot).
         while parent:
             result = self._scripts("release", record=keys.session(parent), log=keys.session_log(parent),
                                    children=keys.session_children(parent), turns=keys.session_turns(parent),
-                                   child=child)
+                                   needs=keys.session_needs(parent), child=child)
             if result is None:
                 return
             parent, child = wire.text(result), parent

@@ -26,7 +26,11 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                   once deleted, a tombstone (the id is never reused):
                                     deleted   when (epoch ms)
                                     parent, seed, seedlen, lastend, seedend, summary  kept
-                                              while descendants pin the log (and the turn index)
+                                              while descendants pin the log (and the turn index);
+                                              summary dropped once no descendant reads seq 0
+                                    freed     own-log positions replaced by placeholders: the
+                                              prefix no descendant reads (summary children keep
+                                              only their kept range: ``session_needs``)
     sf:s:{<id>}:log        list   the session's own events (seq >= seedlen), JSON without "seq"
     sf:s:{<id>}:persisted  string how many events the persistence backend holds durably (written by
                                   it; deletion with persisted_first waits for it to reach len)
@@ -34,6 +38,13 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                   session/flush: asked once per interval, not per attempt
     sf:s:{<id>}:children   set    ids of the sessions forked from this one (lineage index); while
                                   it is not empty, the session's log is never freed (it pins it)
+    sf:s:{<id>}:needs      zset   the children of this session that read its log from a later seq
+                                  than 0 (summary children), scored by that first seq (keepFrom);
+                                  a child in ``children`` without an entry reads from seq 0. Once
+                                  the session is deleted, the minimum over its children (0 if any
+                                  has no entry) bounds what its descendants read: the own-log
+                                  positions before it are freed (``freed``), and at or past its
+                                  seedlen it is unpinned from its parent
     sf:s:{<id>}:turns      list   turn index of the session's own events: 2*seq + 1 for each
                                   turn/end, 2*seq for each turn/start, ascending (append-only), so
                                   the newest marker at or before a seq is a binary search
@@ -83,6 +94,12 @@ def session_log(session_id: str) -> str:
 def session_children(session_id: str) -> str:
     """Ids of the sessions forked from this one (set)."""
     return f"{session(session_id)}:children"
+
+
+def session_needs(session_id: str) -> str:
+    """The first seq of this session's log that each child reading less than all of it needs
+    (zset: child id scored by its ``keepFrom``; a child without an entry needs it all)."""
+    return f"{session(session_id)}:needs"
 
 
 def session_persisted(session_id: str) -> str:

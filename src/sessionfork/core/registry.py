@@ -251,10 +251,11 @@ class Registry(DeletingStore):
         # index first (pin.lua refuses a deleted parent: its log may be freed), and it is checked
         # right after they are created.
         index = {} if self._cluster else {"parent_children": keys.session_children(source_id),
-                                          "parent": keys.session(source_id)}
+                                          "parent": keys.session(source_id), "parent_needs": keys.session_needs(source_id)}
+        need = "" if summary is None else summary.keep_from  # a summary child reads the source from K on
         if self._cluster and child_ids and not self._scripts(
                 "pin", record=keys.session(source_id), children=keys.session_children(source_id),
-                child_ids=list(child_ids)):
+                needs=keys.session_needs(source_id), need=need, child_ids=list(child_ids)):
             raise errors.not_found(source_id)
         calls: list[lua.Call] = [
             self._scripts.op("create", record=keys.session(cid), log=keys.session_log(cid),
@@ -263,7 +264,7 @@ class Registry(DeletingStore):
                              instance=self._new_token(), seed_length=seed.length, seed=wire.encode(seed.segments),
                              request_id=request_id, maxlen=self.lifecycle_maxlen, session_id=cid,
                              seed_end="" if seed.seed_end is None else seed.seed_end, parent_header=parent,
-                             summary=seed.summary or "",
+                             summary=seed.summary or "", need=need,
                              **own.get(cid, {"length": seed.length, "last_type": seed.last_type, "last_end": "",
                                              "markers": "", "edits": ()}))
             for cid, seed in seeds.items()

@@ -106,7 +106,7 @@ class SessionStore:
                                 turns=keys.session_turns(sid), lifecycle=self._lifecycle_key,
                                 header=raw, instance=token, length=0, seed_length=0, seed="[]", last_type="",
                                 request_id="", maxlen=self.lifecycle_maxlen, session_id=sid, seed_end=-1,
-                                parent_header="", last_end="", markers="", summary="", edits=())
+                                parent_header="", last_end="", markers="", summary="", need="", edits=())
         if created is None:
             raise errors.already_exists(sid)
         if self._cluster:

@@ -6,7 +6,8 @@
 -- KEYS[4] = sf:lifecycle, KEYS[5] = the parent's sf:s:{<parent>}:children
 --           (both optional: given only when they share the server, i.e. not on a cluster, where
 --           the registry pins the child under its parent first (pin.lua) and emits the event after)
--- KEYS[6] = the parent's record sf:s:{<parent>}   (optional, with KEYS[5]: a forked child on one server)
+-- KEYS[6] = the parent's record sf:s:{<parent>}, KEYS[7] = the parent's sf:s:{<parent>}:needs
+--           (optional, with KEYS[5]: a forked child on one server)
 -- ARGV    = header JSON, instance token, len (seed + edits), seedlen, seed JSON, last type, request
 --           id ("" = none), lifecycle stream MAXLEN, session id, seed end: seq of the newest
 --           turn/end of the seed (-1: none; "": unknown, the record gets no turn index, as one
@@ -14,8 +15,9 @@
 --           with KEYS[6]), last end: seq of the newest turn/end of seed + edits ("" = the seed
 --           end), the edits' turn-index entries ("2*seq + (1 for turn/end)", space-separated),
 --           the summary child's session/summary event (stored JSON, its seq 0; "" = not one: the
---           seed's slice ["@<id>", 0, 1] reads it from field "summary"),
---           then the edits' stored JSON (none for a plain child)
+--           seed's slice ["@<id>", 0, 1] reads it from field "summary"), need: the first seq of
+--           the parent the child reads (a summary child's keepFrom, recorded in KEYS[7] with the
+--           pin; "" = 0, all), then the edits' stored JSON (none for a plain child)
 -- Returns the header JSON of the record now under KEYS[1] when it is ours (created now, created
 -- earlier by the same request id: a replay, or by this very call: a client's retry after a lost
 -- reply, recognised by the fresh instance token), false when another owner has the id, or -1 when
@@ -54,7 +56,7 @@ end
 if ARGV[14] ~= '' then
   redis.call('HSET', KEYS[1], 'summary', ARGV[14])
 end
-local first = 15
+local first = 16
 if #ARGV >= first then
   redis.call('HSET', KEYS[1], 'edits', #ARGV - first + 1)  -- how many events the fork appended (lineage)
   for i = first, #ARGV, 4000 do
@@ -75,5 +77,8 @@ if KEYS[4] then
 end
 if KEYS[5] then
   redis.call('SADD', KEYS[5], ARGV[9])
+  if KEYS[7] and ARGV[15] ~= '' then
+    redis.call('ZADD', KEYS[7], ARGV[15], ARGV[9])
+  end
 end
 return ARGV[1]
