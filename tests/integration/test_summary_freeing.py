@@ -1,0 +1,228 @@
+"""Deletion and retention keep a summary child's kept range and free what only the summarised part
+needed (issue 19 item 6), on one real server and on the 3-master cluster: the needs index records
+where each summary child starts reading its parent; a deleted, pinned session's own-log prefix that
+no descendant reads becomes placeholders (positions never move), and a session whose descendants
+read none of its seed is unpinned from its parent. Not one byte of any descendant changes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_registry_fixture  # noqa: F401
+from helpers import turn
+
+import sessionfork
+from sessionfork.core import forks, keys
+from sessionfork.core.errors import ForkError
+from sessionfork.core.factories import now_ms
+from sessionfork.core.registry import Registry
+from sessionfork.core.retention import sweep
+from sessionfork.core.wire import NewEvent
+from sessionfork.ops import diff
+from sessionfork.ops.persist import JsonlBackend
+
+S = sessionfork.Summary
+BIG = "x" * 1000  # large events: the freed prefix dominates the log's memory
+
+
+@pytest.fixture(params=["one-server", "cluster"])
+def reg(request: pytest.FixtureRequest) -> Registry:
+    name = "registry" if request.param == "one-server" else "cluster_registry"
+    registry: Registry = request.getfixturevalue(name)
+    return registry
+
+
+def big_turn(n: int) -> list[NewEvent]:
+    return [NewEvent(e.type, {**e.data, "blob": BIG}) for e in turn(n)]
+
+
+def source(registry: Registry, sid: str, turns: int, first: int = 1) -> str:
+    registry.append(registry.create(sid, cwd="/w"), [e for n in range(first, first + turns) for e in big_turn(n)])
+    return sid
+
+
+def raw(registry: Registry, sid: str) -> tuple[Any, ...]:
+    """Every byte of a session's record, own log, turn index and children/needs indexes."""
+    r = registry.redis
+    return (r.hgetall(keys.session(sid)), r.lrange(keys.session_log(sid), 0, -1),
+            r.lrange(keys.session_turns(sid), 0, -1), r.smembers(keys.session_children(sid)),
+            r.zrange(keys.session_needs(sid), 0, -1, withscores=True))
+
+
+def log_bytes(registry: Registry, sid: str) -> int:
+    return int(registry.redis.memory_usage(keys.session_log(sid), samples=0) or 0)
+
+
+def freed(registry: Registry, sid: str) -> int:
+    return int(registry.redis.hget(keys.session(sid), "freed") or 0)
+
+
+def gone_for_good(registry: Registry, sid: str) -> bool:
+    r = registry.redis
+    return (set(r.hkeys(keys.session(sid))) == {b"deleted"} and not r.exists(keys.session_log(sid))
+            and not r.exists(keys.session_needs(sid)) and not r.exists(keys.session_children(sid)))
+
+
+def boundary_answers(registry: Registry, sid: str) -> list[Any]:
+    """What the source step answers for every boundary and every keepFrom of ``sid`` (nothing created)."""
+    out: list[Any] = []
+    for b in range(registry.length(sid)):
+        try:
+            snap = registry.take_snapshot(sid, b)
+            out.append((snap.length, snap.seed_end, snap.last))
+        except ForkError as exc:
+            out.append(exc.message)
+    whole = registry.take_snapshot(sid)
+    for k in range(1, whole.length + 1):
+        try:
+            registry.check_keep_from(whole, k)
+            out.append(("keep", k))
+        except ForkError as exc:
+            out.append(exc.message)
+    return out
+
+
+def test_deleting_the_source_frees_all_but_the_kept_range(reg: Registry, tmp_path: Path) -> None:
+    src = source(reg, "src", 50)  # 200 events of ~1 KB
+    forks.fork(reg, src, "c", summary=S(keep_from=196, data="49 turns"))  # keeps the last turn
+    assert reg.redis.zscore(keys.session_needs(src), "c") == 196
+    forks.fork(reg, "c", "g", boundary=2 + 2)  # a descendant of the summary child, own events too
+    reg.append("g", turn(60))
+    before = {sid: (raw(reg, sid), Registry(reg.redis).events(sid)) for sid in ("c", "g")}
+    answers = boundary_answers(reg, "c")
+    full, length = log_bytes(reg, src), reg.redis.llen(keys.session_log(src))
+    reg.delete(src)
+    assert log_bytes(reg, src) < full // 10, (log_bytes(reg, src), full)  # the summarised part is freed
+    assert reg.redis.llen(keys.session_log(src)) == length and freed(reg, src) == 196  # positions kept
+    fresh = Registry(reg.redis)
+    for sid in ("c", "g"):
+        assert (raw(reg, sid), fresh.events(sid)) == before[sid]  # not one byte changed
+    assert boundary_answers(fresh, "c") == answers
+    # A fork of every kind of the summary child still works, and reads the kept events.
+    assert fresh.events(forks.fork(fresh, "c", "p").id) == before["c"][1]
+    assert fresh.events(forks.fork(fresh, "c", "b", boundary=4).id) == before["c"][1][:5]
+    s2 = forks.fork(fresh, "c", "s2", summary=S(keep_from=1, data="again")).id
+    assert [e.data for e in fresh.events(s2)[1:]] == [e.data for e in before["c"][1][1:]]
+    assert diff.diff(fresh, "c", "g").shared == 5
+    assert JsonlBackend(fresh, tmp_path, consumer="c1", block_ms=10).sync("c") == 5
+    for sid in ("c", "g", "p", "b", s2):
+        reg.delete(sid)
+    assert gone_for_good(reg, src) and gone_for_good(reg, "c")
+
+
+def test_a_plain_child_holds_the_whole_log_until_it_goes(reg: Registry) -> None:
+    src = source(reg, "src", 10)
+    forks.fork(reg, src, "plain")
+    forks.fork(reg, src, "c", summary=S(keep_from=36, data="s"))
+    kept = reg.events("c")
+    full = log_bytes(reg, src)
+    reg.delete(src)
+    assert freed(reg, src) == 0 and log_bytes(reg, src) == full  # "plain" reads it all
+    reg.delete("plain")
+    assert freed(reg, src) == 36 and log_bytes(reg, src) < full // 5
+    assert Registry(reg.redis).events("c") == kept
+
+
+def test_a_fan_out_of_summary_children_frees_up_to_the_least_need(reg: Registry) -> None:
+    src = source(reg, "src", 10)
+    for cid, k in (("k8", 8), ("k20", 20), ("k36", 36)):
+        forks.fork(reg, src, cid, summary=S(keep_from=k, data=cid))
+    logs = {cid: reg.events(cid) for cid in ("k8", "k20", "k36")}
+    reg.delete(src)
+    assert freed(reg, src) == 8  # the least need wins
+    reg.delete("k8")
+    assert freed(reg, src) == 20
+    reg.delete("k20")
+    assert freed(reg, src) == 36
+    assert Registry(reg.redis).events("k36") == logs["k36"]
+    reg.delete("k36")
+    assert gone_for_good(reg, src)
+
+
+def test_a_summary_child_of_a_summary_child_unpins_its_source(reg: Registry) -> None:
+    src = source(reg, "src", 5)  # 20 events
+    forks.fork(reg, src, "c", summary=S(keep_from=16, data="four turns"))  # c: summary + turn 5 = 5
+    reg.append("c", [e for n in (6, 7) for e in big_turn(n)])  # c's own events: seqs 5-12
+    forks.fork(reg, "c", "low", summary=S(keep_from=1, data="reads c's seed"))  # 1 < c's seedlen 5
+    forks.fork(reg, "c", "g", summary=S(keep_from=9, data="keeps turn 7"))  # 9 >= 5: c's own events only
+    logs = {sid: reg.events(sid) for sid in ("low", "g")}
+    reg.delete(src)
+    reg.delete("c")
+    assert freed(reg, "c") == 0 and freed(reg, src) == 16  # "low" reads c's seed, so src's events 18-19
+    assert reg.redis.hexists(keys.session("c"), "seed") and not reg.redis.hexists(keys.session("c"), "summary")
+    reg.delete("low")
+    assert freed(reg, "c") == 4  # c's own-log positions for its seqs 5-8: turn 6
+    assert gone_for_good(reg, src)  # c reads nothing of src now: unpinned, and src had no other pin
+    assert reg.redis.smembers(keys.session_children("c")) == {b"g"}
+    assert Registry(reg.redis).events("g") == logs["g"]
+    assert Registry(reg.redis).events(forks.fork(reg, "g", "gg", boundary=4).id) == logs["g"][:5]
+
+
+def test_a_deleted_grandparent_is_freed_when_its_only_child_reads_none_of_it(reg: Registry) -> None:
+    gp = source(reg, "gp", 3)
+    forks.fork(reg, gp, "mid")  # a plain child: reads all of gp
+    reg.append("mid", [e for n in (4, 5) for e in big_turn(n)])  # mid: seedlen 12, events 12-19
+    forks.fork(reg, "mid", "c", summary=S(keep_from=16, data="s"))
+    log = reg.events("c")
+    reg.delete(gp)
+    assert freed(reg, gp) == 0 and reg.redis.sismember(keys.session_children(gp), "mid")
+    reg.delete("mid")
+    assert freed(reg, "mid") == 4 and gone_for_good(reg, gp)
+    assert Registry(reg.redis).events("c") == log
+
+
+def test_retention_frees_the_summarised_part(reg: Registry) -> None:
+    src = source(reg, "src", 10)
+    forks.fork(reg, src, "c", summary=S(keep_from=36, data="s"))
+    kept = reg.events("c")
+    reg.dispose(src)
+    full = log_bytes(reg, src)
+    (swept,) = sweep(reg, now_ms=now_ms() + 1, older_than_ms=0)
+    assert swept.id == src and swept.log_kept
+    assert freed(reg, src) == 36 and log_bytes(reg, src) < full // 5
+    assert Registry(reg.redis).events("c") == kept
+
+
+def test_children_indexed_before_needs_existed_keep_the_whole_log(reg: Registry) -> None:
+    src = source(reg, "src", 10)
+    forks.fork(reg, src, "c", summary=S(keep_from=36, data="s"))
+    reg.redis.zrem(keys.session_needs(src), "c")  # the layout of a child indexed by the previous version
+    kept, full = reg.events("c"), log_bytes(reg, src)
+    reg.delete(src)
+    assert freed(reg, src) == 0 and log_bytes(reg, src) == full  # conservative: it may read from 0
+    assert Registry(reg.redis).events("c") == kept
+
+
+def test_freeing_is_idempotent_and_a_killed_step_is_resumed(reg: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    src = source(reg, "src", 10)
+    forks.fork(reg, src, "a", summary=S(keep_from=8, data="a"))
+    forks.fork(reg, src, "b", summary=S(keep_from=20, data="b"))
+    logs = {cid: reg.events(cid) for cid in ("a", "b")}
+    with monkeypatch.context() as m:  # killed right after delete.lua: no release step ran
+        m.setattr(Registry, "_release_up", lambda self, parent, child: None)
+        reg.delete(src)
+    assert freed(reg, src) == 0  # pinned longer than needed: memory, never data
+    reg.delete("a")  # the next release in the lineage resumes it
+    assert freed(reg, src) == 20
+    state = raw(reg, src)
+    reg._release_up(src, "")  # a step run again changes nothing
+    reg._release_up(src, "a")
+    assert raw(reg, src) == state and Registry(reg.redis).events("b") == logs["b"]
+
+
+def test_a_pin_keeps_the_least_need_of_its_attempts(cluster_registry: Registry) -> None:
+    """On a cluster the pin comes before the child: an attempt that pinned an id and never created
+    it must not leave a need above what the child that takes the id reads."""
+    reg = cluster_registry
+    src = source(reg, "src", 10)
+    reg._scripts("pin", record=keys.session(src), children=keys.session_children(src),
+                 needs=keys.session_needs(src), need=36, child_ids=["c", "p"])  # a crashed attempt
+    forks.fork(reg, src, "c", summary=S(keep_from=8, data="s"))
+    forks.fork(reg, src, "p")
+    assert reg.redis.zrange(keys.session_needs(src), 0, -1, withscores=True) == [(b"c", 8.0)]
+    kept = reg.events("c")
+    reg.delete("p")
+    reg.delete(src)
+    assert freed(reg, src) == 8 and Registry(reg.redis).events("c") == kept
