@@ -31,8 +31,14 @@ local seedlen = tonumber(redis.call('HGET', KEYS[1], 'seedlen'))
 if need >= 1 then
   redis.call('HDEL', KEYS[1], 'summary')  -- a summary child's seq 0: no descendant reads it now
 end
--- The turn index stays: small integers, and a boundary check of a kept event binary-searches it
--- for the newest marker at or before that event, which may be an earlier one.
+-- The turn index (sorted): a boundary check of a kept event (seq >= need) binary-searches it for
+-- the newest marker at or before that event, so the markers before need go but the last of them.
+local lo, hi = 0, redis.call('LLEN', KEYS[4])  -- the first marker at or past need: a binary search
+while lo < hi do
+  local mid = math.floor((lo + hi) / 2)
+  if math.floor(tonumber(redis.call('LINDEX', KEYS[4], mid)) / 2) < need then lo = mid + 1 else hi = mid end
+end
+if lo > 1 then redis.call('LTRIM', KEYS[4], lo - 1, -1) end
 local target = math.min(math.max(need - seedlen, 0), redis.call('LLEN', KEYS[2]))
 local freed = tonumber(redis.call('HGET', KEYS[1], 'freed') or '0')
 if target > freed then
