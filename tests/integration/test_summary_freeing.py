@@ -141,36 +141,56 @@ def test_a_fan_out_of_summary_children_frees_up_to_the_least_need(reg: Registry)
     assert gone_for_good(reg, src)
 
 
-def test_a_summary_child_of_a_summary_child_unpins_its_source(reg: Registry) -> None:
+def test_a_summary_child_of_a_summary_child_frees_its_source_in_steps(reg: Registry) -> None:
     src = source(reg, "src", 5)  # 20 events
-    forks.fork(reg, src, "c", summary=S(keep_from=16, data="four turns"))  # c: summary + turn 5 = 5
-    reg.append("c", [e for n in (6, 7) for e in big_turn(n)])  # c's own events: seqs 5-12
-    forks.fork(reg, "c", "low", summary=S(keep_from=1, data="reads c's seed"))  # 1 < c's seedlen 5
-    forks.fork(reg, "c", "g", summary=S(keep_from=9, data="keeps turn 7"))  # 9 >= 5: c's own events only
+    forks.fork(reg, src, "c", summary=S(keep_from=12, data="three turns"))  # c: summary + turns 4-5 = 9
+    reg.append("c", [e for n in (6, 7) for e in big_turn(n)])  # c's own events: seqs 9-16
+    forks.fork(reg, "c", "low", summary=S(keep_from=5, data="reads c's seed"))  # 5 < c's seedlen 9
+    forks.fork(reg, "c", "g", summary=S(keep_from=13, data="keeps turn 7"))  # 13 >= 9: c's own events
     logs = {sid: reg.events(sid) for sid in ("low", "g")}
+    answers = boundary_answers(reg, "low")
     reg.delete(src)
+    assert freed(reg, src) == 12
     reg.delete("c")
-    assert freed(reg, "c") == 0 and freed(reg, src) == 16  # "low" reads c's seed, so src's events 18-19
-    assert reg.redis.hexists(keys.session("c"), "seed") and not reg.redis.hexists(keys.session("c"), "summary")
+    # "low" reads c's seqs 5-8, which are src's 16-19: c's need in src is raised to 16.
+    assert freed(reg, "c") == 0 and reg.redis.zscore(keys.session_needs(src), "c") == 16
+    assert freed(reg, src) == 16 and not reg.redis.hexists(keys.session("c"), "summary")
+    assert Registry(reg.redis).events("low") == logs["low"] and boundary_answers(reg, "low") == answers
     reg.delete("low")
-    assert freed(reg, "c") == 4  # c's own-log positions for its seqs 5-8: turn 6
+    assert freed(reg, "c") == 4  # c's own-log positions for its seqs 9-12: turn 6
     assert gone_for_good(reg, src)  # c reads nothing of src now: unpinned, and src had no other pin
     assert reg.redis.smembers(keys.session_children("c")) == {b"g"}
     assert Registry(reg.redis).events("g") == logs["g"]
     assert Registry(reg.redis).events(forks.fork(reg, "g", "gg", boundary=4).id) == logs["g"][:5]
 
 
-def test_a_deleted_grandparent_is_freed_when_its_only_child_reads_none_of_it(reg: Registry) -> None:
+def test_a_deleted_grandparent_frees_what_its_grandchildren_do_not_read(reg: Registry) -> None:
     gp = source(reg, "gp", 3)
     forks.fork(reg, gp, "mid")  # a plain child: reads all of gp
     reg.append("mid", [e for n in (4, 5) for e in big_turn(n)])  # mid: seedlen 12, events 12-19
-    forks.fork(reg, "mid", "c", summary=S(keep_from=16, data="s"))
-    log = reg.events("c")
+    forks.fork(reg, "mid", "c8", summary=S(keep_from=8, data="reads gp's turn 3"))
+    forks.fork(reg, "mid", "c16", summary=S(keep_from=16, data="reads mid's turn 5"))
+    logs = {sid: reg.events(sid) for sid in ("c8", "c16")}
     reg.delete(gp)
     assert freed(reg, gp) == 0 and reg.redis.sismember(keys.session_children(gp), "mid")
     reg.delete("mid")
+    assert freed(reg, "mid") == 0 and freed(reg, gp) == 8  # mid's need in gp raised to 8
+    assert Registry(reg.redis).events("c8") == logs["c8"]
+    reg.delete("c8")
     assert freed(reg, "mid") == 4 and gone_for_good(reg, gp)
-    assert Registry(reg.redis).events("c") == log
+    assert Registry(reg.redis).events("c16") == logs["c16"]
+
+
+def test_a_kept_range_after_a_gap_between_turns_keeps_its_boundary_answers(reg: Registry) -> None:
+    """The kept range starts with an event outside any turn: its boundary checks find the turn/end
+    before it, which the freeing keeps (the last marker before what descendants read)."""
+    src = source(reg, "src", 3)
+    reg.append(src, [NewEvent("todo/write", {"t": 1}), *big_turn(4)])
+    forks.fork(reg, src, "c", summary=S(keep_from=12, data="s"))  # c's seq 1 is the first todo
+    answers = boundary_answers(reg, "c")
+    reg.delete(src)
+    assert freed(reg, src) == 12 and reg.redis.llen(keys.session_turns(src)) == 3
+    assert boundary_answers(reg, "c") == answers
 
 
 def test_retention_frees_the_summarised_part(reg: Registry) -> None:

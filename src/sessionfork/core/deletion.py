@@ -87,15 +87,17 @@ class DeletingStore(SessionStore):
             # these marks only.
             self.redis.delete(keys.session_persisted(sid))
 
-    def _release_up(self, parent: str, child: str) -> None:
-        # ``child`` reads nothing of ``parent``'s log any more (gone for good, or its descendants
-        # read only its own events; "": ``parent`` itself was just deleted): unpin it, free what
-        # ``parent``'s descendants no longer read if it is deleted, and go up the lineage while a
-        # deleted ancestor reads nothing of its own parent (each step one script on one slot).
+    def _release_up(self, parent: str, child: str, need: str = "") -> None:
+        # ``child`` reads nothing of ``parent``'s log any more (``need`` ""; gone for good, or its
+        # descendants read only its own events), or only from seq ``need`` on (its descendants read
+        # less of it); ``child`` "": ``parent`` itself was just deleted. Unpin it or raise its
+        # need, free what ``parent``'s descendants no longer read if it is deleted, and go up the
+        # lineage while that lets a deleted ancestor read less of its own parent (each step one
+        # script on one slot; a step run again changes nothing).
         while parent:
             result = self._scripts("release", record=keys.session(parent), log=keys.session_log(parent),
                                    children=keys.session_children(parent), turns=keys.session_turns(parent),
-                                   needs=keys.session_needs(parent), child=child)
+                                   needs=keys.session_needs(parent), child=child, need=need)
             if result is None:
                 return
-            parent, child = wire.text(result), parent
+            parent, child, need = wire.text(result[0]), parent, wire.text(result[1])

@@ -90,7 +90,7 @@ SCRIPTS: Final[Mapping[str, Spec]] = {spec.name: spec for spec in (
     Spec("dispose", ("record", "lifecycle?", "disposed?"), ("instance", "maxlen", "session_id", "now")),
     Spec("flush", ("asked", "lifecycle?"), ("interval", "maxlen", "session_id", "length")),
     Spec("pin", ("record", "children", "needs"), ("need", "child_ids*")),
-    Spec("release", ("record", "log", "children", "turns", "needs"), ("child",)),
+    Spec("release", ("record", "log", "children", "turns", "needs"), ("child", "need")),
     Spec("settle", ("record",), ("seed",)),
     Spec("snapshot", ("record", "turns", "log"), ("instance", "boundary", "if_length", "keep")),
     Spec("turn", ("record", "turns", "log"), ("index",)),

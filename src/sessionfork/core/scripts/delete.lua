@@ -1,6 +1,8 @@
 -- Delete a session: its record becomes a tombstone (the id is never reused), its own log is freed
 -- unless a descendant may still read it (its children index is not empty: then the log and the
--- seed references stay, and are freed by release.lua when the last descendant is gone).
+-- seed references stay, and are freed by release.lua when the last descendant is gone; the caller
+-- runs release.lua on it at once to free what no descendant reads, as summary children keep only
+-- their kept range).
 -- KEYS[1] = sf:s:{<id>}, KEYS[2] = sf:s:{<id>}:log, KEYS[3] = sf:s:{<id>}:children,
 -- KEYS[4] = sf:s:{<id>}:persisted, KEYS[5] = sf:s:{<id>}:turns   (one slot)
 -- KEYS[6] = sf:lifecycle   (optional: given only when it shares the server, i.e. not on a cluster)
@@ -16,7 +18,8 @@ r[5] = r[5] or r[3]  -- absent until the first append (create.lua)
 if r[6] then r[7] = r[7] or r[6] end
 if ARGV[4] == '1' and r[2] then return {-2} end
 if ARGV[5] == '1' and tonumber(persisted or '-1') < tonumber(r[3]) then return {-3, r[3], persisted or '-1'} end
-local parent = cjson.decode(r[1])['parentSession']
+local header = cjson.decode(r[1])
+local parent = header['parentSession']
 if type(parent) ~= 'string' then parent = '' end
 local left = redis.call('SCARD', KEYS[3])
 redis.call('DEL', KEYS[1], KEYS[4])
@@ -33,6 +36,8 @@ if left > 0 then
   if r[8] then redis.call('HSET', KEYS[1], 'summary', r[8]) end
   if r[6] then redis.call('HSET', KEYS[1], 'lastend', r[6], 'seedend', r[7] or '-1') end
   if parent ~= '' then redis.call('HSET', KEYS[1], 'parent', parent) end
+  -- a summary child's keepFrom: release.lua maps what its descendants read to its parent's seqs
+  if type(header['keptFrom']) == 'number' then redis.call('HSET', KEYS[1], 'keptfrom', header['keptFrom']) end
 end
 if KEYS[6] then
   redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[2], '*', 'type', 'session/deleted', 'id', ARGV[3],
