@@ -229,6 +229,7 @@ def test_freeing_is_idempotent_and_a_killed_step_is_resumed(reg: Registry, monke
     state = raw(reg, src)
     reg._release_up(src, "")  # a step run again changes nothing
     reg._release_up(src, "a")
+    reg._release_up(src, "stranger", "30")  # a late raise for a child unpinned meanwhile: no entry
     assert raw(reg, src) == state and Registry(reg.redis).events("b") == logs["b"]
 
 
