@@ -28,6 +28,8 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                     parent, seed, seedlen, lastend, seedend, summary  kept
                                               while descendants pin the log (and the turn index);
                                               summary dropped once no descendant reads seq 0
+                                    keptfrom  a summary child's keepFrom, kept while pinned (what
+                                              its descendants read, mapped to its parent's seqs)
                                     freed     own-log positions replaced by placeholders: the
                                               prefix no descendant reads (summary children keep
                                               only their kept range: ``session_needs``)
@@ -38,10 +40,12 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                   session/flush: asked once per interval, not per attempt
     sf:s:{<id>}:children   set    ids of the sessions forked from this one (lineage index); while
                                   it is not empty, the session's log is never freed (it pins it)
+                                  but for what no child reads (``needs``)
     sf:s:{<id>}:needs      zset   the children of this session that read its log from a later seq
-                                  than 0 (summary children), scored by that first seq (keepFrom);
-                                  a child in ``children`` without an entry reads from seq 0. Once
-                                  the session is deleted, the minimum over its children (0 if any
+                                  than 0 (summary children), scored by that first seq (keepFrom;
+                                  raised for a deleted child whose descendants read less); a
+                                  child in ``children`` without an entry reads from seq 0. Once
+                                  the session is deleted, the least over its children (0 if any
                                   has no entry) bounds what its descendants read: the own-log
                                   positions before it are freed (``freed``), and at or past its
                                   seedlen it is unpinned from its parent
