@@ -1,5 +1,5 @@
 """Composed forks (issue 19): a fork with edits and a summary fork, measured as ``measure.fork_cost``
-measures a plain one."""
+measures a plain one; what deleting a summary child's source frees."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import statistics
 import time
 
 from bench.measure import _dataset_bytes, _fresh, _session_with
-from sessionfork.core import forks
+from sessionfork.core import forks, keys
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent, Summary
 from sessionfork.embedded import EmbeddedServer
@@ -50,3 +50,22 @@ def summary_fork_cost(server: EmbeddedServer, events: int, children: int) -> tup
         forks.fork(registry, "parent", f"child-{i}", summary=summary)
         times.append((time.perf_counter() - t) * 1e6)
     return statistics.median(times), (_dataset_bytes(redis) - before) / children - own
+
+
+def summary_source_freed(server: EmbeddedServer, events: int) -> tuple[float, float]:
+    """Bytes (``MEMORY USAGE``) of a parent's log and turn index, ``events`` long (whole 4-event
+    turns), with a summary child keeping its last turn: before the parent is deleted, and after
+    (the child pins only its kept range; the rest is freed: docs/storage.md)."""
+    redis = _fresh(server)
+    registry = Registry(redis)
+    _session_with(registry, "parent", events)
+    forks.fork(registry, "parent", "child",
+               summary=Summary(keep_from=registry.length("parent") - 4, data={"text": "summarised"}))
+
+    def held() -> float:
+        return float(sum(int(redis.memory_usage(key, samples=0) or 0)
+                         for key in (keys.session_log("parent"), keys.session_turns("parent"))))
+
+    before = held()
+    registry.delete("parent")
+    return before, held()

@@ -19,7 +19,7 @@ from typing import Any
 
 import rq
 
-from bench.compose import edit_fork_cost, summary_fork_cost
+from bench.compose import edit_fork_cost, summary_fork_cost, summary_source_freed
 from bench.measure import (
     async_vs_sync,
     boundary_fork_costs,
@@ -115,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
                      f"fork µs, {sizes[0]}-event parent", base_us, "≤ 1.5"))
         rows.append(("Redis bytes/child of a summary fork, less its summary event", summary_mem, "limit bytes",
                      2048.0, "≤ 1"))
+        held, freed = step(f"deleting the source of a summary child, {sizes[-1]}-event parent",
+                           lambda: summary_source_freed(server, sizes[-1]))
+        rows.append((f"bytes a deleted {sizes[-1]}-event parent's log holds, summary child keeping the last turn",
+                     freed, "the same before the deletion", held, "≤ 0.1"))
         fan_requests = 5 if q else 100
         fan = step("fan-out 64", lambda: fork_throughput(server, fan_requests, count=64)) * 64
         rows.append(("fan-out children/s (64 per request)", fan, "target children/s", 10_000.0, "≥ 1"))

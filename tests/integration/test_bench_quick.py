@@ -31,7 +31,8 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
                 for p in ("10%", "50%", "100%") for what in ("µs", "Redis bytes/child")}
     assert boundary <= names
     assert {"fork with 2 edits µs, 10-event parent", "Redis bytes/child with 2 edits, less the edits' own bytes",
-            "variant fan-out children/s (64 variants, one edit each)"} <= names
+            "variant fan-out children/s (64 variants, one edit each)",
+            "bytes a deleted 2000-event parent's log holds, summary child keeping the last turn"} <= names
 
 
 @pytest.mark.slow
