@@ -307,6 +307,28 @@ def test_host_forks_disposes_and_deletes_sessions(host: Redis) -> None:
     assert registry.delete(f"{sid}.kid") == "deleted"
 
 
+@pytest.mark.parametrize("role", [acl.HOST, acl.WORKER])
+def test_deletion_frees_a_summary_childs_source_under_the_role(acl_server: EmbeddedServer, host: Redis,
+                                                                 role: str) -> None:
+    """Deleting the source of summary children, then one of them, runs release.lua's freeing (needs
+    index, placeholders, turn index) under the host's and the worker's (retention) user."""
+    from sessionfork import Summary
+    from sessionfork.core import forks
+
+    sid = f"summed-{uuid.uuid4().hex[:8]}"
+    registry = Registry(host)
+    registry.append(registry.create(sid), [*turn(1), *turn(2), *turn(3)])
+    forks.fork(registry, sid, f"{sid}.k8", summary=Summary(keep_from=8, data="two turns"))
+    forks.fork(registry, sid, f"{sid}.k4", summary=Summary(keep_from=4, data="one turn"))
+    kept = registry.events(f"{sid}.k8")
+    with Redis.from_url(_url(acl_server, role)) as client:
+        deleting = Registry(client)
+        assert deleting.delete(sid) == "deleted"
+        assert deleting.delete(f"{sid}.k4") == "deleted"
+        assert client.hget(keys.session(sid), "freed") == b"8"
+        assert deleting.events(f"{sid}.k8") == kept
+
+
 def test_persistence_backend_writes_only_its_marks(acl_server: EmbeddedServer) -> None:
     with Redis.from_url(_url(acl_server, acl.PERSIST)) as client:
         client.set(keys.session_persisted("x"), 3)

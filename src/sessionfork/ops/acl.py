@@ -106,11 +106,14 @@ _WORKER_COMMANDS = (
     "zadd", "zrem", "zscore", "zrange", "zrangebyscore", "zremrangebyscore",
     "xadd",
     "scard", "memory|usage",  # retention: deletion scripts, the sweep's bytes freed
+    "sismember", "zcard", "ltrim",  # deletion: what a summary child's source frees (release.lua)
 )
 _HOST_COMMANDS = (
     *_CONNECTION, *_SCRIPTS,
     "exists", "hget", "hmget", "hset", "hdel", "rpush", "lrange", "smembers", "xadd",
     "hexists", "get", "sadd", "srem", "scard", "del", "zadd", "zrem",  # forks, dispose, delete (retention index)
+    "llen", "lindex",  # boundary and summary forks: the turn index (snapshot.lua, turn.lua)
+    "sismember", "zcard", "zscore", "zrange", "ltrim", "lpush",  # deletion: what a summary child's source frees
 )
 _PERSIST_COMMANDS = (
     *_CONNECTION,
