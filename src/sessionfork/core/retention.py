@@ -46,8 +46,10 @@ def sweep(registry: Registry, *, now_ms: int, older_than_ms: int, limit: int = 1
 
     Returns what was deleted (dry run: what would be, nothing changed), with the bytes freed
     (``MEMORY USAGE`` of the record, and of the log and index unless descendants pin them, less
-    the tombstone's ~100 bytes). A live session is never deleted. With ``persisted_first``, a
-    session the persistence backend has not written whole yet is left for a later pass and
+    the tombstone's ~100 bytes; not a dry run: plus what the deletion freed of a pinned log that
+    its descendants read only part of, as summary children do, measured after it). A live
+    session is never deleted. With ``persisted_first``, a session the persistence backend has
+    not written whole yet is left for a later pass and
     **passed over**: the sweep goes on to the sessions disposed after it (no head-of-line
     blocking), examining at most ``SCAN_PAGES`` pages of ``limit`` index entries per call; the
     backend is asked for a flush of each at most once a minute (``DeletingStore.ask_flush``).
@@ -112,6 +114,7 @@ def _delete(registry: Registry, ids: list[tuple[str, int]], *, dry_run: bool,
     sizes = pipe.execute()
     out: list[Swept] = []
     gone: list[str] = []
+    held: dict[str, int] = {}  # bytes of the log and turn index before
     for i, (sid, disposed_at) in enumerate(ids):
         record, log, turns, index, pins = (int(v or 0) for v in sizes[5 * i:5 * i + 5])
         freed = max(0, record - _TOMBSTONE_BYTES) + (0 if pins else log + turns + index)
@@ -130,7 +133,23 @@ def _delete(registry: Registry, ids: list[tuple[str, int]], *, dry_run: bool,
                 gone.append(sid)  # never happens to a disposed id; not ours to delete anyway
                 continue
         out.append(Swept(sid, disposed_at, freed, bool(pins)))
-    return out, gone
+        held[sid] = log + turns
+    return (out if dry_run else _partly_freed(registry, out, held)), gone
+
+
+def _partly_freed(registry: Registry, swept: list[Swept], held: dict[str, int]) -> list[Swept]:
+    """``swept`` with what deleting each pinned one freed of its log and turn index (``held``
+    bytes before; its descendants read only part of it: docs/storage.md) added to its bytes."""
+    kept = [s.id for s in swept if s.log_kept]
+    if not kept:
+        return swept
+    pipe = registry.redis.pipeline(transaction=False)
+    for sid in kept:
+        pipe.memory_usage(keys.session_log(sid), samples=0)
+        pipe.memory_usage(keys.session_turns(sid), samples=0)
+    now = [int(v or 0) for v in pipe.execute()]
+    more = {sid: max(0, held[sid] - now[2 * i] - now[2 * i + 1]) for i, sid in enumerate(kept)}
+    return [msgspec.structs.replace(s, bytes=s.bytes + more.get(s.id, 0)) for s in swept]
 
 
 _TOMBSTONE_BYTES = 100
