@@ -10,6 +10,11 @@ may read this log (or an ancestor's)". Each step is one script on one session's 
 * ``delete.lua`` on the session (``Registry.delete``): tombstone; free the log and the index if the index is empty;
 * ``release.lua`` on its parent, when the session is gone for good: unpin it; if the parent is a
   tombstone with no descendant left, free its log too and go on to *its* parent.
+* ``release.lua`` on the session itself right after ``delete.lua`` when it is pinned, and on a
+  deleted parent whenever a child goes or reads less of it: free the own-log prefix no descendant
+  reads (a summary child reads its parent from its ``keepFrom``: ``keys.session_needs``; positions
+  stay, as placeholders), then unpin it from its parent, or raise its need there, when its
+  descendants read none, or less, of its seed (docs/storage.md).
 
 A fork pins its child under the parent before (cluster: ``pin.lua``) or while (one server:
 ``create.lua``) creating it, refusing when the parent is deleted, so a fork racing a deletion

@@ -38,6 +38,7 @@ if redis.call('ZCARD', KEYS[5]) == left then
   need = tonumber(redis.call('ZRANGE', KEYS[5], 0, 0, 'WITHSCORES')[2])
 end
 local seedlen = tonumber(redis.call('HGET', KEYS[1], 'seedlen'))
+if not seedlen then return false end  -- gone for good already (an index entry re-added after)
 if need >= 1 then
   redis.call('HDEL', KEYS[1], 'summary')  -- a summary child's seq 0: no descendant reads it now
 end
