@@ -247,3 +247,23 @@ def test_a_pin_keeps_the_least_need_of_its_attempts(cluster_registry: Registry) 
     reg.delete("p")
     reg.delete(src)
     assert freed(reg, src) == 8 and Registry(reg.redis).events("c") == kept
+
+
+def test_a_tombstone_of_the_previous_version_raises_no_need_beyond_what_is_read(
+        reg: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A summary child deleted by the previous version keeps no ``keptfrom``: what its descendants
+    read is mapped to its parent's seqs as a plain child's (lower: conservative), never higher."""
+    src = source(reg, "src", 5)
+    forks.fork(reg, src, "c", summary=S(keep_from=12, data="three turns"))  # c's seqs 1-8: src's 12-19
+    reg.append("c", big_turn(6))
+    for cid, k in (("low", 5), ("x", 9)):
+        forks.fork(reg, "c", cid, summary=S(keep_from=k, data=cid))
+    log = reg.events("low")
+    reg.delete(src)
+    with monkeypatch.context() as m:  # deleted as the previous version did: no freeing step
+        m.setattr(Registry, "_release_up", lambda self, parent, child: None)
+        reg.delete("c")
+    reg.redis.hdel(keys.session("c"), "keptfrom")
+    reg.delete("x")  # c's least need is now 5: 16 in src's seqs, but without keptfrom it says 5
+    assert reg.redis.zscore(keys.session_needs(src), "c") == 12 and freed(reg, src) == 12
+    assert Registry(reg.redis).events("low") == log
