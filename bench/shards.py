@@ -35,6 +35,8 @@ from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.queue.shards import shard_of
 
+MAX_CONNECTIONS = 4
+"""Per shard: the client's connections, one of them its subscription (16 measured no faster)."""
 Row = tuple[str, float, str, float | None, str]
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -102,7 +104,8 @@ def sharded_forks(registry: EmbeddedServer, queues: Sequence[EmbeddedServer], re
     servers = [s.client() for s in (registry, *queues)]
     try:
         async def run() -> tuple[float, float]:
-            async with AsyncClient.from_urls([q.url for q in queues], Settings(), max_connections=4) as client:
+            urls = [q.url for q in queues]
+            async with AsyncClient.from_urls(urls, Settings(), max_connections=MAX_CONNECTIONS) as client:
                 warm = await asyncio.gather(*(client.fork("bench-src", request_id=rid, timeout=60)
                                               for rid in _warm_ids(len(queues))))
                 assert all(r.ok for r in warm), warm
