@@ -3,8 +3,7 @@
 Worker bodies live at module level in the test modules (``spawn`` children import them) and report
 through ``report`` (or ``report_on``: a Registry of its own, released by the gate). A fork/append race
 is made certain with the ``STARTED``/``DONE`` counters: forkers count each fork (``counted``), and the
-appender waits after an append until a fork begun after it has finished (``a_later_fork``). A race
-that is only likely is repeated until it happened (``until_raced``).
+appender waits after an append until a fork begun after it has finished (``a_later_fork``).
 """
 
 from __future__ import annotations
@@ -140,16 +139,6 @@ def check_turn_prefix_race(registry: Registry, results: dict[str, tuple[str, Any
         assert events == source[: header.seed_length], child
         assert not events or events[-1].type == "turn/end", child
     assert registry.children("src") == sorted(created)
-
-
-def until_raced(rounds: int, attempt: Callable[[int], bool], what: str) -> int:
-    """``attempt(0)``, ``attempt(1)``, … until one returns true (the interleaving its race is about
-    happened); fails, saying that ``what`` never happened, when none did in ``rounds``. Returns how
-    many attempts it took."""
-    for k in range(rounds):
-        if attempt(k):
-            return k + 1
-    pytest.fail(f"in {rounds} rounds {what}")
 
 
 @pytest.fixture(name="ctx")
