@@ -35,6 +35,7 @@ from bench.measure import (
 )
 from bench.memory import bytes_held, child_bytes_at_depth, request_memory, steady_workload
 from bench.publish import table
+from bench.shards import shard_rows
 from sessionfork.core.config import Settings
 from sessionfork.embedded import EmbeddedServer
 
@@ -180,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
             rate = step(f"{w} worker(s)", lambda w=w: fork_throughput(server, n, workers=w))  # type: ignore[misc]
             rows.append((f"single-fork requests/s, {w} worker process(es)", rate, "RQ SimpleWorker no-op jobs/s",
                          simple, ""))
+        # Forks/s with 1 and 2 queue shards (own queue servers, this one the registry), 2 worker
+        # processes in both, alternating rounds: a ratio, bounded by the machine's 2 cores.
+        rows.extend(shard_rows(server, n, rounds, step=step))
         aio, seq = step("async client, 1,000 concurrent forks", lambda: async_vs_sync(server, 100 if q else 1000,
                                                                                     30 if q else 500))
         rows.append((f"async forks/s, {100 if q else 1000:,} concurrent, 4 workers", aio,

@@ -8,6 +8,13 @@ from pathlib import Path
 import pytest
 import rq
 from bench import main as bench
+from bench.shards import sharded_forks
+
+from sessionfork.embedded import EmbeddedServer
+
+SHARD_ROWS = {"forks/s, 2 queue shards (2 worker processes in all, median of rounds)",
+              "CPU cores busy, 1 queue shard (workers + Redis servers + client)",
+              "CPU cores busy, 2 queue shards (workers + Redis servers + client)"}
 
 
 @pytest.mark.slow
@@ -27,12 +34,27 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
             "GB a steady 1000 forks/s holds (default TTL 24 h)"} <= names
     assert {"single-fork requests/s (1 worker, median of rounds)", "fan-out children/s (64 per request)"} <= names
     assert "async forks/s, 100 concurrent, 4 workers" in names
+    assert names >= SHARD_ROWS
+    shards = next(f for f in figures if f["figure"].startswith("forks/s, 2 queue shards"))
+    assert shards["baseline"] == "forks/s, 1 queue shard (2 worker processes)" and shards["ratio"] > 0
     boundary = {f"boundary fork at {p} of a 2000-event parent, {what}"
                 for p in ("10%", "50%", "100%") for what in ("µs", "Redis bytes/child")}
     assert boundary <= names
     assert {"fork with 2 edits µs, 10-event parent", "Redis bytes/child with 2 edits, less the edits' own bytes",
             "variant fan-out children/s (64 variants, one edit each)",
             "bytes a deleted 2000-event parent's log holds, summary child keeping the last turn"} <= names
+
+
+@pytest.mark.slow
+def test_the_shard_bench_runs_every_fork_on_the_shard_list_it_is_given() -> None:
+    """One queue server takes every outcome; two share them (the same 2 worker processes in both)."""
+    with EmbeddedServer() as registry, EmbeddedServer() as a, EmbeddedServer() as b:
+        one = sharded_forks(registry, [a], 30)
+        two = sharded_forks(registry, [a, b], 30)
+    warm = 2  # per shard, before the timed requests
+    assert one.outcomes == [30 + warm] and one.rate > 0 and one.cores > 0
+    assert sum(two.outcomes) == 30 + 2 * warm and min(two.outcomes) > warm, two.outcomes
+    assert two.rate > 0 and two.cores > 0
 
 
 @pytest.mark.slow

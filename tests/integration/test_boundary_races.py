@@ -2,7 +2,7 @@
 last completed turn read a moment before always succeeds, and every seed is exactly the prefix asked.
 
 The race is made certain and asserted: after each ``turn/start`` the appender waits until a fork
-that started after it has finished (``racing.STARTED``/``DONE``), so some fork meets an open turn
+that started after it has finished (``racing.a_later_fork``), so some fork meets an open turn
 and some boundary lies below the final ``last_turn_end``; the test checks both happened."""
 
 from __future__ import annotations
@@ -11,60 +11,46 @@ from collections.abc import Callable
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
-from racing import DONE, OVER, STARTED, ctx_fixture, report, run, spawned_fixture  # noqa: F401  (fixtures)
-from redis import Redis
+from racing import OVER, a_later_fork, counted, ctx_fixture, report_on, run, spawned_fixture, succeeded  # noqa: F401
 
 from sessionfork.core import forks
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 
-TIMEOUT = 60.0
 TURNS = 40
 FORKERS = 3
 FORKS_PER_WORKER = 40
 
 
 def _appender(port: int, source: str, gate: Any, results: Any) -> None:
-    def body() -> int:
-        client = Redis(port=port)
-        try:
-            registry = Registry(client)
-            gate.wait(TIMEOUT)
-            for n in range(TURNS):  # one event per call: the source is mostly inside a running turn
-                for event in (NewEvent("turn/start", {"n": n}), NewEvent("tool/call", {"id": f"t{n}"}),
-                              NewEvent("tool/result", {"id": f"t{n}"}), NewEvent("turn/end", {"n": n}),
-                              NewEvent("todo/write", {"n": n})):
-                    registry.append(source, [event])
-                    if event.type == "turn/start":  # a turn is open: wait for a fork to meet it
-                        started = int(client.get(STARTED) or 0)
-                        wait_until(lambda s=started: int(client.get(DONE) or 0) > s, TIMEOUT,
-                                   "a fork started inside the open turn")
-            client.set(OVER, 1)
-            return TURNS
-        finally:
-            client.close()
+    def body(registry: Registry) -> int:
+        for n in range(TURNS):  # one event per call: the source is mostly inside a running turn
+            for event in (NewEvent("turn/start", {"n": n}), NewEvent("tool/call", {"id": f"t{n}"}),
+                          NewEvent("tool/result", {"id": f"t{n}"}), NewEvent("turn/end", {"n": n}),
+                          NewEvent("todo/write", {"n": n})):
+                registry.append(source, [event])
+                if event.type == "turn/start":  # a turn is open: wait for a fork to meet it
+                    a_later_fork(registry.redis, "a fork started inside the open turn")
+        registry.redis.set(OVER, 1)
+        return TURNS
 
-    report(results, "appender", body)
+    report_on(port, "appender", gate, results, body)
 
 
 def _boundary_forker(port: int, source: str, worker: int, gate: Any, results: Any) -> None:
-    def body() -> dict[str, Any]:
-        client = Redis(port=port)
-        try:
-            registry = Registry(client)
-            made: list[tuple[str, int, int]] = []
-            early = 0
-            gate.wait(TIMEOUT)
-            i = 0
-            while i < FORKS_PER_WORKER or not client.exists(OVER):
-                i += 1
-                client.incr(STARTED)
+    def body(registry: Registry) -> dict[str, Any]:
+        client = registry.redis
+        made: list[tuple[str, int, int]] = []
+        early = 0
+        i = 0
+        while i < FORKS_PER_WORKER or not client.exists(OVER):
+            i += 1
+            with counted(client):
                 seen = registry.length(source)  # the source had at least this many events at the fork
                 boundary = registry.last_turn_end(source)  # O(1); the append goes on meanwhile
                 if boundary is None:
                     early += 1
-                    client.incr(DONE)
                     continue
                 # Every other fork one seq later: the todo/write after the turn/end, between turns
                 # too, once it exists (the source only grows, so the length read first is safe).
@@ -72,13 +58,10 @@ def _boundary_forker(port: int, source: str, worker: int, gate: Any, results: An
                     boundary += 1
                 child = f"b-{worker}-{i}"
                 forks.fork(registry, source, child, boundary=boundary)  # never INVALID_BOUNDARY
-                client.incr(DONE)
-                made.append((child, boundary, seen))
-            return {"made": made, "early": early}
-        finally:
-            client.close()
+            made.append((child, boundary, seen))
+        return {"made": made, "early": early}
 
-    report(results, f"forker-{worker}", body)
+    report_on(port, f"forker-{worker}", gate, results, body)
 
 
 def test_boundary_forks_racing_appends_take_exactly_the_requested_prefix(
@@ -91,9 +74,8 @@ def test_boundary_forks_racing_appends_take_exactly_the_requested_prefix(
 
     assert results["appender"] == ("ok", TURNS)
     made: list[tuple[str, int, int]] = []
-    for w in range(FORKERS):
-        status, value = results[f"forker-{w}"]
-        assert status == "ok", value  # a fork-error would be reported as such: none happened
+    # a fork-error would be reported as such: none happened
+    for value in succeeded(results, *(f"forker-{w}" for w in range(FORKERS))):
         assert len(value["made"]) + value["early"] >= FORKS_PER_WORKER
         made += [tuple(m) for m in value["made"]]
     assert made

@@ -27,7 +27,15 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their 
 )
 from helpers import clean_environ, cli_args, make_client, stop, turn, wait_registered, worker_name
 from msgspec import UNSET
-from racing import append_in_lockstep, ctx_fixture, fork_repeatedly, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
+from racing import (  # noqa: F401  (fixtures: ctx, spawned)
+    append_in_lockstep,
+    check_turn_prefix_race,
+    ctx_fixture,
+    fork_repeatedly,
+    report_on,
+    run,
+    spawned_fixture,
+)
 from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, ClusterError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -327,59 +335,39 @@ def test_worker_with_a_cluster_registry_answers_a_retried_request_with_its_first
 # -- races between OS processes (spawned; each builds its own cluster client) ---------------------
 
 
-@contextmanager
-def _registry_at(url: str) -> Iterator[Registry]:
-    client = RedisCluster.from_url(url)
-    try:
-        yield Registry(client)
-    finally:
-        client.close()
-
-
 def _same_child_forker(url: str, source: str, child: str, worker: int, gate: Any, results: Any) -> None:
-    def body() -> Header:
-        with _registry_at(url) as registry:
-            gate.wait(TIMEOUT)
-            return forks.fork(registry, source, child)
-
-    report(results, f"forker-{worker}", body)
+    report_on(url, f"forker-{worker}", gate, results, lambda registry: forks.fork(registry, source, child),
+              cluster=True)
 
 
 def _turn_appender(url: str, source: str, gate: Any, results: Any) -> None:
-    def body() -> int:
-        with _registry_at(url) as registry:
-            gate.wait(TIMEOUT)
-            # one event per call, in lockstep with the forkers: the source is often in an open turn
-            append_in_lockstep(registry, source, [event for n in range(TURNS) for event in turn(n)])
-            return TURNS
+    def body(registry: Registry) -> int:
+        # one event per call, in lockstep with the forkers: the source is often in an open turn
+        append_in_lockstep(registry, source, [event for n in range(TURNS) for event in turn(n)])
+        return TURNS
 
-    report(results, "appender", body)
+    report_on(url, "appender", gate, results, body, cluster=True)
 
 
 def _repeated_forker(url: str, source: str, worker: int, gate: Any, results: Any) -> None:
-    def body() -> dict[str, list[str]]:
-        with _registry_at(url) as registry:
-            return fork_repeatedly(registry, source, worker, FORKS_PER_FORKER, gate)
-
-    report(results, f"forker-{worker}", body)
+    report_on(url, f"forker-{worker}", gate, results,
+              lambda registry: fork_repeatedly(registry, source, worker, FORKS_PER_FORKER), cluster=True)
 
 
 def _tree_forker(url: str, parents: list[str], worker: int, gate: Any, results: Any) -> None:
-    def body() -> list[tuple[str, str]]:
-        with _registry_at(url) as registry:
-            made: list[tuple[str, str]] = []
-            gate.wait(TIMEOUT)
-            for i in range(TREE_ROUNDS):
-                for parent in parents:  # shared parents: every process adds to the same children sets
-                    child = f"{parent}-w{worker}-{i}"
-                    forks.fork(registry, parent, child)
-                    made.append((parent, child))
-                grandchild = f"{parents[0]}-w{worker}-{i}-g"  # and a child of the child just made
-                forks.fork(registry, f"{parents[0]}-w{worker}-{i}", grandchild)
-                made.append((f"{parents[0]}-w{worker}-{i}", grandchild))
-            return made
+    def body(registry: Registry) -> list[tuple[str, str]]:
+        made: list[tuple[str, str]] = []
+        for i in range(TREE_ROUNDS):
+            for parent in parents:  # shared parents: every process adds to the same children sets
+                child = f"{parent}-w{worker}-{i}"
+                forks.fork(registry, parent, child)
+                made.append((parent, child))
+            grandchild = f"{parents[0]}-w{worker}-{i}-g"  # and a child of the child just made
+            forks.fork(registry, f"{parents[0]}-w{worker}-{i}", grandchild)
+            made.append((f"{parents[0]}-w{worker}-{i}", grandchild))
+        return made
 
-    report(results, f"tree-{worker}", body)
+    report_on(url, f"tree-{worker}", gate, results, body, cluster=True)
 
 
 
@@ -411,29 +399,7 @@ def test_forks_while_another_process_appends_whole_turns_take_turn_boundary_pref
     jobs += [(_repeated_forker, (cluster.url, "src", w)) for w in range(FORKERS)]
     results = run(ctx, spawned, jobs)
 
-    assert results["appender"] == ("ok", TURNS)
-    created: list[str] = []
-    refused: list[str] = []
-    for w in range(FORKERS):
-        status, value = results[f"forker-{w}"]
-        assert status == "ok", value
-        assert len(value["created"]) + len(value["open_turns"]) >= FORKS_PER_FORKER
-        assert not any(cluster_registry.exists(c) for c in value["open_turns"])
-        created += value["created"]
-        refused += value["open_turns"]
-    # It raced: some fork met an open turn, some child's seed is strictly inside the final log.
-    assert refused
-    assert any(0 < cluster_registry.header(c).seed_length < 4 * TURNS for c in created)  # type: ignore[operator]
-    source = cluster_registry.events("src")
-    assert len(source) == 4 * TURNS
-    for child in created:
-        header = cluster_registry.header(child)
-        events = cluster_registry.events(child)
-        assert header.parent_session == "src"
-        assert len(events) == header.seed_length
-        assert events == source[: header.seed_length], child
-        assert not events or events[-1].type == "turn/end", child
-    assert cluster_registry.children("src") == sorted(created)
+    check_turn_prefix_race(cluster_registry, results, TURNS, FORKERS, FORKS_PER_FORKER)
 
 
 # -- lineage ---------------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ source outgrew is ``PRECONDITION_FAILED`` with nothing created.
 The race is made certain and asserted, without any process waiting on one that waits on it: one
 "stale" forker announces each length it read (``READ``) and forks only once the source has moved
 past it; the appender appends only once that length is announced, then waits until a "fresh"
-forker (which never waits) started and finished a fork after the append (``racing.STARTED``/
-``DONE``). So every stale fork meets a moved source, and fresh forks succeed at many lengths."""
+forker (which never waits) started and finished a fork after the append (``racing.a_later_fork``).
+So every stale fork meets a moved source, and fresh forks succeed at many lengths."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from collections.abc import Callable
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
-from racing import DONE, OVER, STARTED, ctx_fixture, report, run, spawned_fixture  # noqa: F401  (fixtures)
-from redis import Redis
+from racing import OVER, a_later_fork, counted, ctx_fixture, report_on, run, spawned_fixture, succeeded  # noqa: F401
 
 from sessionfork.core import forks, wire
 from sessionfork.core.errors import ErrorCode, ForkError
@@ -30,82 +29,71 @@ READ = "race:stale-read"
 
 
 def _appender(port: int, source: str, gate: Any, results: Any) -> None:
-    def body() -> int:
-        client = Redis(port=port)
+    def body(registry: Registry) -> int:
+        client = registry.redis
+        for n in range(APPENDS):  # one whole turn per call: the source is always between turns
+            length = registry.length(source)
+            wait_until(lambda n=length: client.get(READ) == str(n).encode(), TIMEOUT,
+                       "the stale forker to read the length")
+            registry.append(source, [NewEvent("turn/start", {"n": n}), NewEvent("assistant/message", {"n": n}),
+                                     NewEvent("turn/end", {"n": n})])
+            a_later_fork(client, "a fresh fork after the append")
+        client.set(OVER, 1)
+        return APPENDS
+
+    report_on(port, "appender", gate, results, body)
+
+
+class _Forks:
+    """The guarded forks one process made and those refused ``PRECONDITION_FAILED``."""
+
+    def __init__(self, registry: Registry, source: str) -> None:
+        self.registry, self.source = registry, source
+        self.made: list[tuple[str, int]] = []
+        self.stale: list[tuple[str, int, str]] = []
+
+    def fork(self, child: str, length: int) -> None:
+        edits = [NewEvent("user/message", {"child": child}), NewEvent("note", {"guard": length})]
         try:
-            registry = Registry(client)
-            gate.wait(TIMEOUT)
-            for n in range(APPENDS):  # one whole turn per call: the source is always between turns
-                length = registry.length(source)
-                wait_until(lambda n=length: client.get(READ) == str(n).encode(), TIMEOUT,
-                           "the stale forker to read the length")
-                registry.append(source, [NewEvent("turn/start", {"n": n}), NewEvent("assistant/message", {"n": n}),
-                                         NewEvent("turn/end", {"n": n})])
-                started = int(client.get(STARTED) or 0)
-                wait_until(lambda s=started: int(client.get(DONE) or 0) > s, TIMEOUT, "a fresh fork after the append")
-            client.set(OVER, 1)
-            return APPENDS
-        finally:
-            client.close()
+            forks.fork(self.registry, self.source, child, if_length=length, edits=edits)
+        except ForkError as exc:
+            if exc.code is not ErrorCode.PRECONDITION_FAILED:
+                raise
+            self.stale.append((child, length, exc.message))
+        else:
+            self.made.append((child, length))
 
-    report(results, "appender", body)
-
-
-def _fork(registry: Registry, source: str, child: str, length: int,
-          made: list[tuple[str, int]], stale: list[tuple[str, int, str]]) -> None:
-    edits = [NewEvent("user/message", {"child": child}), NewEvent("note", {"guard": length})]
-    try:
-        forks.fork(registry, source, child, if_length=length, edits=edits)
-    except ForkError as exc:
-        if exc.code is not ErrorCode.PRECONDITION_FAILED:
-            raise
-        stale.append((child, length, exc.message))
-    else:
-        made.append((child, length))
+    def report(self) -> dict[str, Any]:
+        return {"made": self.made, "stale": self.stale}
 
 
 def _stale_forker(port: int, source: str, gate: Any, results: Any) -> None:
-    def body() -> dict[str, Any]:
-        client = Redis(port=port)
-        try:
-            registry = Registry(client)
-            made: list[tuple[str, int]] = []
-            stale: list[tuple[str, int, str]] = []
-            gate.wait(TIMEOUT)
-            i = 0
-            while not client.exists(OVER):
-                i += 1
-                length = registry.length(source)
-                client.set(READ, length)
-                wait_until(lambda n=length: registry.length(source) > n or bool(client.exists(OVER)), TIMEOUT,
-                           "the source to move past the length read")
-                _fork(registry, source, f"s-{i}", length, made, stale)
-            return {"made": made, "stale": stale}
-        finally:
-            client.close()
+    def body(registry: Registry) -> dict[str, Any]:
+        client, done = registry.redis, _Forks(registry, source)
+        i = 0
+        while not client.exists(OVER):
+            i += 1
+            length = registry.length(source)
+            client.set(READ, length)
+            wait_until(lambda n=length: registry.length(source) > n or bool(client.exists(OVER)), TIMEOUT,
+                       "the source to move past the length read")
+            done.fork(f"s-{i}", length)
+        return done.report()
 
-    report(results, "stale", body)
+    report_on(port, "stale", gate, results, body)
 
 
 def _fresh_forker(port: int, source: str, worker: int, gate: Any, results: Any) -> None:
-    def body() -> dict[str, Any]:
-        client = Redis(port=port)
-        try:
-            registry = Registry(client)
-            made: list[tuple[str, int]] = []
-            stale: list[tuple[str, int, str]] = []
-            gate.wait(TIMEOUT)
-            i = 0
-            while not client.exists(OVER):
-                i += 1
-                client.incr(STARTED)
-                _fork(registry, source, f"f-{worker}-{i}", registry.length(source), made, stale)
-                client.incr(DONE)
-            return {"made": made, "stale": stale}
-        finally:
-            client.close()
+    def body(registry: Registry) -> dict[str, Any]:
+        client, done = registry.redis, _Forks(registry, source)
+        i = 0
+        while not client.exists(OVER):
+            i += 1
+            with counted(client):
+                done.fork(f"f-{worker}-{i}", registry.length(source))
+        return done.report()
 
-    report(results, f"fresh-{worker}", body)
+    report_on(port, f"fresh-{worker}", gate, results, body)
 
 
 def test_guarded_forks_with_edits_racing_appends_take_exactly_the_guarded_prefix(
@@ -120,9 +108,8 @@ def test_guarded_forks_with_edits_racing_appends_take_exactly_the_guarded_prefix
     assert results["appender"] == ("ok", APPENDS)
     made: list[tuple[str, int]] = []
     stale: list[tuple[str, int, str]] = []
-    for name in ("stale", *(f"fresh-{w}" for w in range(FRESH))):
-        status, value = results[name]
-        assert status == "ok", value  # any error but PRECONDITION_FAILED would be reported as such
+    # any error but PRECONDITION_FAILED would be reported as such
+    for value in succeeded(results, "stale", *(f"fresh-{w}" for w in range(FRESH))):
         made += [tuple(m) for m in value["made"]]  # type: ignore[misc]
         stale += [tuple(s) for s in value["stale"]]  # type: ignore[misc]
     # It raced: every stale fork met a source that moved after its read (one per append), and

@@ -6,16 +6,23 @@ from collections.abc import Callable
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
-from racing import append_in_lockstep, ctx_fixture, fork_repeatedly, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
-from redis import Redis
+from racing import (  # noqa: F401  (fixtures: ctx, spawned)
+    append_in_lockstep,
+    check_turn_prefix_race,
+    ctx_fixture,
+    fork_repeatedly,
+    report_on,
+    run,
+    spawned_fixture,
+    succeeded,
+)
 
 from sessionfork.core import forks
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
-from sessionfork.core.wire import Header, NewEvent
+from sessionfork.core.wire import NewEvent
 from sessionfork.embedded import EmbeddedServer
 
-TIMEOUT = 60.0
 TURNS = 40
 FORKERS = 3
 FORKS_PER_WORKER = 40
@@ -27,66 +34,39 @@ APPENDS_PER_WORKER = 150
 
 
 def _turn_appender(port: int, source: str, gate: Any, results: Any) -> None:
-    def body() -> int:
-        client = Redis(port=port)
-        try:
-            registry = Registry(client)
-            gate.wait(TIMEOUT)
-            append_in_lockstep(registry, source, [  # one event per call: the source is often in an open turn
-                event for n in range(TURNS)
-                for event in (NewEvent("turn/start", {"n": n}), NewEvent("user/message", {"n": n}),
-                              NewEvent("assistant/message", {"n": n}),
-                              NewEvent("turn/end", {"n": n, "reason": "completed"}))])
-            return TURNS
-        finally:
-            client.close()
+    def body(registry: Registry) -> int:
+        append_in_lockstep(registry, source, [  # one event per call: the source is often in an open turn
+            event for n in range(TURNS)
+            for event in (NewEvent("turn/start", {"n": n}), NewEvent("user/message", {"n": n}),
+                          NewEvent("assistant/message", {"n": n}),
+                          NewEvent("turn/end", {"n": n, "reason": "completed"}))])
+        return TURNS
 
-    report(results, "appender", body)
+    report_on(port, "appender", gate, results, body)
 
 
 def _repeated_forker(port: int, source: str, worker: int, gate: Any, results: Any) -> None:
-    def body() -> dict[str, list[str]]:
-        client = Redis(port=port)
-        try:
-            return fork_repeatedly(Registry(client), source, worker, FORKS_PER_WORKER, gate)
-        finally:
-            client.close()
-
-    report(results, f"forker-{worker}", body)
+    report_on(port, f"forker-{worker}", gate, results,
+              lambda registry: fork_repeatedly(registry, source, worker, FORKS_PER_WORKER))
 
 
 def _same_child_forker(port: int, source: str, child: str, worker: int, gate: Any, results: Any) -> None:
-    def body() -> Header:
-        client = Redis(port=port)
-        try:
-            registry = Registry(client)
-            gate.wait(TIMEOUT)
-            return forks.fork(registry, source, child)
-        finally:
-            client.close()
-
-    report(results, f"forker-{worker}", body)
+    report_on(port, f"forker-{worker}", gate, results, lambda registry: forks.fork(registry, source, child))
 
 
 def _appender(port: int, session: str, worker: int, gate: Any, results: Any) -> None:
-    def body() -> list[int]:
-        client = Redis(port=port)
-        try:
-            registry = Registry(client)
-            seqs: list[int] = []
-            gate.wait(TIMEOUT)
-            i = 0
-            while i < APPENDS_PER_WORKER:
-                size = 1 + (i + worker) % 3  # batches of 1-3 events
-                batch = [NewEvent("tool/result", {"worker": worker, "i": i + k})
-                         for k in range(min(size, APPENDS_PER_WORKER - i))]
-                seqs.extend(e.seq for e in registry.append(session, batch))
-                i += len(batch)
-            return seqs
-        finally:
-            client.close()
+    def body(registry: Registry) -> list[int]:
+        seqs: list[int] = []
+        i = 0
+        while i < APPENDS_PER_WORKER:
+            size = 1 + (i + worker) % 3  # batches of 1-3 events
+            batch = [NewEvent("tool/result", {"worker": worker, "i": i + k})
+                     for k in range(min(size, APPENDS_PER_WORKER - i))]
+            seqs.extend(e.seq for e in registry.append(session, batch))
+            i += len(batch)
+        return seqs
 
-    report(results, f"appender-{worker}", body)
+    report_on(port, f"appender-{worker}", gate, results, body)
 
 
 # -- the races -------------------------------------------------------------------------------------
@@ -100,30 +80,7 @@ def test_concurrent_forks_of_a_source_in_mid_turn_take_whole_turn_prefixes(
     jobs += [(_repeated_forker, (server.port, "src", w)) for w in range(FORKERS)]
     results = run(ctx, spawned, jobs)
 
-    assert results["appender"] == ("ok", TURNS)
-    created: list[str] = []
-    refused: list[str] = []
-    for w in range(FORKERS):
-        status, value = results[f"forker-{w}"]
-        assert status == "ok", value
-        created += value["created"]
-        refused += value["open_turns"]
-        assert len(value["created"]) + len(value["open_turns"]) >= FORKS_PER_WORKER
-        assert not any(registry.exists(c) for c in value["open_turns"])
-    # It raced: some fork met an open turn, some child's seed is strictly inside the final log.
-    assert refused
-    assert any(0 < registry.header(c).seed_length < 4 * TURNS for c in created)  # type: ignore[operator]
-
-    source_events = registry.events("src")
-    assert len(source_events) == 4 * TURNS
-    for child in created:
-        header = registry.header(child)
-        events = registry.events(child)
-        assert header.parent_session == "src"
-        assert len(events) == header.seed_length
-        assert events == source_events[: header.seed_length], child
-        assert not events or events[-1].type == "turn/end", child
-    assert registry.children("src") == sorted(created)
+    check_turn_prefix_race(registry, results, TURNS, FORKERS, FORKS_PER_WORKER)
 
 
 def test_concurrent_forks_into_one_child_id_have_exactly_one_winner(
@@ -157,9 +114,7 @@ def test_concurrent_appends_get_gapless_unique_seqs(
 
     total = APPENDERS * APPENDS_PER_WORKER
     returned: list[int] = []
-    for w in range(APPENDERS):
-        status, seqs = results[f"appender-{w}"]
-        assert status == "ok", seqs
+    for seqs in succeeded(results, *(f"appender-{w}" for w in range(APPENDERS))):
         assert len(seqs) == APPENDS_PER_WORKER
         assert seqs == sorted(seqs)
         returned += seqs
