@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
@@ -180,18 +180,33 @@ def eval_many(redis: Any, calls: Sequence[Call], *, replicas: int = 0, wait_ms: 
     return results
 
 
+class Prelude(Protocol):
+    """Commands of another layer sent ahead of ``run``'s ops in the same round trip (a worker's
+    RQ bookkeeping ahead of a request's claim): ``add`` puts them in the pipeline, ``done`` gets
+    their replies (and raises for an error reply)."""
+
+    def add(self, pipe: Any) -> None: ...
+
+    def done(self, replies: list[Any]) -> None: ...
+
+
 def run(redis: Any, ops: Sequence[Op], *, replicas: int = 0, wait_ms: int = 1000,
-        keep_errors: tuple[type[Exception], ...] = ()) -> list[Any]:
+        keep_errors: tuple[type[Exception], ...] = (), prelude: Prelude | None = None) -> list[Any]:
     """Results of ``ops`` on one server, in order, in one pipelined round trip (two after a NOSCRIPT).
 
     An error reply raises, unless it is one of ``keep_errors`` (then it is the op's result). With
     ``replicas``, the batch ends with WAIT on the same connection (``NotReplicated`` when fewer
-    replicas acknowledged within ``wait_ms``).
+    replicas acknowledged within ``wait_ms``). ``prelude``'s commands go first, in the first
+    attempt only (the server runs them before the ops; a NOSCRIPT re-runs only the ops).
     """
     pending = list(range(len(ops)))
     results: list[Any] = [None] * len(ops)
     for attempt in (1, 2):
         pipe = redis.pipeline(transaction=False)
+        ahead = 0
+        if prelude is not None and attempt == 1:
+            prelude.add(pipe)
+            ahead = len(pipe)
         for i in pending:
             op = ops[i]
             if isinstance(op[0], Script):
@@ -202,6 +217,10 @@ def run(redis: Any, ops: Sequence[Op], *, replicas: int = 0, wait_ms: int = 1000
         if replicas:
             pipe.execute_command("WAIT", replicas, wait_ms)
         out = list(pipe.execute(raise_on_error=False))
+        if ahead:
+            assert prelude is not None
+            prelude.done(out[:ahead])
+            del out[:ahead]
         if replicas:
             _check(out.pop(), replicas)
         missing = []

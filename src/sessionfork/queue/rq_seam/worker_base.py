@@ -16,6 +16,7 @@ from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import clean_registries
+from rq.suspension import WORKERS_SUSPENDED
 from rq.timeouts import JobTimeoutException
 from rq.utils import now
 from rq.version import VERSION
@@ -78,6 +79,32 @@ class EntryRefused(Exception):
         self.job_id, self.raw, self.reason = job_id, raw, reason
 
 
+class JobStart:
+    """A worker's start bookkeeping of ``job`` as a ``lua.Prelude``: sent ahead of the request's
+    claim, in its round trip, when that trip goes on the worker's own connection (``redis``)."""
+
+    def __init__(self, worker: SeamWorker, job: Job, queue: Queue) -> None:
+        self.worker, self.job, self.queue = worker, job, queue
+        self.redis = worker.connection
+        self.sent = False  # the server answered every start command
+
+    def add(self, pipe: Any) -> None:
+        self.worker.start(self.job, self.queue, pipe)
+
+    def done(self, replies: list[Any]) -> None:
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        self.sent = True
+
+    def ensure(self) -> None:
+        """Send the start bookkeeping now unless it rode a trip already (a request refused before
+        its claim, a run that failed before it)."""
+        if not self.sent:
+            self.worker.until_up(lambda: self.worker.start(self.job, self.queue))
+            self.sent = True
+
+
 class SeamWorker(SimpleWorker):
     """RQ's in-process worker loop, hardened for short idempotent jobs; see the module docstring.
 
@@ -90,6 +117,7 @@ class SeamWorker(SimpleWorker):
     _holding: bool = False  # a job may be out of the queue and not finished yet
     stop_signalled: bool = False  # SIGTERM/SIGINT asked this worker to stop
     _beat_at: float = float("-inf")  # time.monotonic() of this worker's last own heartbeat
+    _unsuspended: bool = False  # the last job's finish found no `rq suspend` in force
 
     def refuse_entry(self, entry: EntryRefused) -> None:
         raise NotImplementedError
@@ -120,23 +148,28 @@ class SeamWorker(SimpleWorker):
         # worker died is then abandoned and recovered by the next maintenance pass.
         return self.abandoned_after
 
-    def start(self, job: Job, queue: Queue) -> None:
-        """RQ's prepare_execution and prepare_job_execution in one pipeline."""
+    def start(self, job: Job, queue: Queue, pipe: Any = None) -> None:
+        """RQ's prepare_execution and prepare_job_execution in one pipeline: sent now, or added to
+        ``pipe`` (``JobStart``: ahead of the request's claim, in its round trip)."""
+        if pipe is None:
+            with self.connection.pipeline() as own:
+                self.start(job, queue, own)
+                own.execute()
+            return
         ttl = self.get_heartbeat_ttl(job)
-        with self.connection.pipeline() as pipe:
-            self.execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
-            super().set_state(WorkerStatus.BUSY, pipeline=pipe)
-            if RQ_MAJOR < 3:
-                getattr(self, "set_current_job_id")(job.id, pipeline=pipe)  # noqa: B009 - gone in RQ 3
-            super().heartbeat(ttl, pipeline=pipe)
-            job.prepare_for_execution(self.name, pipeline=pipe)
-            if len(self.queues) == 1:
-                pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-            pipe.execute()
+        self.execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+        super().set_state(WorkerStatus.BUSY, pipeline=pipe)
+        if RQ_MAJOR < 3:
+            getattr(self, "set_current_job_id")(job.id, pipeline=pipe)  # noqa: B009 - gone in RQ 3
+        super().heartbeat(ttl, pipeline=pipe)
+        job.prepare_for_execution(self.name, pipeline=pipe)
+        if len(self.queues) == 1:
+            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
         self._holding = True
 
     def finish(self, job: Job, result: Any) -> None:
-        """RQ's success path (result, finished registry, counters, cleanup) in one pipeline."""
+        """RQ's success path (result, finished registry, counters, cleanup) in one pipeline, which
+        also reads whether ``rq suspend`` is in force: the loop's next suspension check."""
         execution = self.execution
         assert execution is not None and job.started_at is not None
         job.ended_at = now()
@@ -150,13 +183,14 @@ class SeamWorker(SimpleWorker):
             job._handle_success(result_ttl, pipeline=pipe, worker_name=self.name, execution_id=execution.id,
                                 execution_started_at=execution.created_at, execution_ended_at=job.ended_at)
             job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
-            self._cleanup_execution(job, pipe, execution)
+            extra: dict[str, Any] = {"execution": execution} if RQ_MAJOR >= 3 else {}
+            self.cleanup_execution(job, pipeline=pipe, **extra)
             super().set_state(WorkerStatus.IDLE, pipeline=pipe)
-            try:
-                pipe.execute()
-            except BaseException:
-                self.execution = execution  # not cleaned up after all: a retried finish needs it
-                raise
+            pipe.exists(WORKERS_SUSPENDED)
+            suspended = pipe.execute()[-1]  # an error leaves self.execution: a retried finish needs it
+        if RQ_MAJOR >= 3:
+            self.execution = None
+        self._unsuspended = not suspended
 
     def fail(self, job: Job, queue: Queue, exc_string: str, *, exc_info: Any = None, retry: bool = True) -> None:
         """RQ's failure path: exception handlers (with ``exc_info``), then retried when the job has
@@ -185,12 +219,6 @@ class SeamWorker(SimpleWorker):
             self.execution = None
         if not retried:
             self.job_ended(job)
-
-    def _cleanup_execution(self, job: Job, pipe: Any, execution: Execution) -> None:
-        extra: dict[str, Any] = {"execution": execution} if RQ_MAJOR >= 3 else {}
-        self.cleanup_execution(job, pipeline=pipe, **extra)
-        if RQ_MAJOR >= 3:
-            self.execution = None
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -290,6 +318,11 @@ class SeamWorker(SimpleWorker):
         self._stop_requested = True
 
     def check_for_suspension(self, burst: bool) -> None:
+        # Right after a job, the job's last pipeline has just read the suspension key: RQ's own
+        # check (a round trip, with a heartbeat the job's pipelines sent too) would read it again.
+        if self._unsuspended:
+            self._unsuspended = False
+            return
         # RQ's loop calls this outside any guard: a Redis time-out there would end the worker.
         self.until_up(lambda: super(SeamWorker, self).check_for_suspension(burst))
 
