@@ -183,11 +183,14 @@ class SeamWorker(SimpleWorker):
             job._handle_success(result_ttl, pipeline=pipe, worker_name=self.name, execution_id=execution.id,
                                 execution_started_at=execution.created_at, execution_ended_at=job.ended_at)
             job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
-            extra: dict[str, Any] = {"execution": execution} if RQ_MAJOR >= 3 else {}
-            self.cleanup_execution(job, pipeline=pipe, **extra)
+            self._cleanup_execution(job, pipe, execution)
             super().set_state(WorkerStatus.IDLE, pipeline=pipe)
             pipe.exists(WORKERS_SUSPENDED)
-            suspended = pipe.execute()[-1]  # an error leaves self.execution: a retried finish needs it
+            try:
+                suspended = pipe.execute()[-1]
+            except BaseException:
+                self.execution = execution  # not cleaned up after all: a retried finish needs it
+                raise
         if RQ_MAJOR >= 3:
             self.execution = None
         self._unsuspended = not suspended
@@ -219,6 +222,10 @@ class SeamWorker(SimpleWorker):
             self.execution = None
         if not retried:
             self.job_ended(job)
+
+    def _cleanup_execution(self, job: Job, pipe: Any, execution: Execution) -> None:
+        extra: dict[str, Any] = {"execution": execution} if RQ_MAJOR >= 3 else {}
+        self.cleanup_execution(job, pipeline=pipe, **extra)
 
     # -- the loop ----------------------------------------------------------------------------------
 
