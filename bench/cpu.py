@@ -31,11 +31,11 @@ def main(argv: list[str] | None = None) -> int:
             forks.append(fork_us)
             noops.append(noop_us)
             waits.append(waiter)
-            print(f"round {r + 1}: fork {fork_us:.0f} µs, no-op {noop_us:.0f} µs ({fork_us / noop_us:.2f}×), "
-                  f"waiter {waiter:.0f} µs ({waiter / noop_us:.2f}×)", flush=True)
+            print(f"round {r + 1}: fork {fork_us:.0f} µs, no-op {noop_us:.0f} µs ({fork_us / noop_us:.2f}x), "
+                  f"waiter {waiter:.0f} µs ({waiter / noop_us:.2f}x)", flush=True)
         fork_m, noop_m, wait_m = (statistics.median(x) for x in (forks, noops, waits))
-        print(f"median: fork {fork_m:.0f} µs, no-op {noop_m:.0f} µs, ratio {fork_m / noop_m:.2f}×; "
-              f"waiter {wait_m:.0f} µs, ratio {wait_m / noop_m:.2f}×")
+        print(f"median: fork {fork_m:.0f} µs, no-op {noop_m:.0f} µs, ratio {fork_m / noop_m:.2f}x; "
+              f"waiter {wait_m:.0f} µs, ratio {wait_m / noop_m:.2f}x")
     return 0
 
 

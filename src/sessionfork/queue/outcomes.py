@@ -1,24 +1,20 @@
 """Outcomes: stored under the request id first, then announced (outcome stream, reply channel).
 
 Lives on the queue server (a single Redis primary, the one RQ uses). ``Outcomes`` is the worker's
-side (claim, record); ``OUTCOME_FIELDS``, ``verdict`` and ``wait_for_reply`` are the scheduler's
-side. A waiter subscribes first and then reads the stored outcome, so a reply published before it
-listened, or while it reconnected, is never lost; pub/sub only wakes it: the answer is always the
+side (claim, record); ``OUTCOME_FIELDS``, ``verdict`` and ``read_outcome`` are the scheduler's
+side (the sync wait itself: ``waiting``). Pub/sub only wakes a waiter: the answer is always the
 stored outcome (a published message is not an answer: anyone may publish on a channel).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 from redis import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core import keys, lua, wire
 from ..core.errors import ErrorCode
@@ -220,87 +216,6 @@ def addressee(data: Any) -> str | None:
 def read_outcome(redis: Redis, request_id: str, digest: str | None) -> Reply | None:
     """``verdict`` on the record read now (sync I/O; the asyncio client reads the same fields)."""
     return verdict(request_id, redis.hmget(keys.request(request_id), list(OUTCOME_FIELDS)), digest)
-
-
-def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
-                   *, digest: str | None = None, recheck_every: float = 1.0) -> Reply | None:
-    """Wait up to ``timeout`` seconds for the outcome of ``request_id``; ``None`` on time-out.
-
-    Subscribes to ``channel`` and waits for the server's confirmation, then reads the stored
-    outcome, then listens. A message naming the request only wakes the waiter: the answer is the
-    stored outcome read then (a message with nothing stored behind it is ignored: anyone may
-    publish). The stored outcome is read again after a dropped connection and every
-    ``recheck_every`` seconds without news, so a reply is never lost: not one published before the
-    waiter listened, nor one announced on another channel (an earlier submission of the same
-    request with another ``replyTo``). With ``digest``, a request id already used by a different
-    request answers ``IDEMPOTENCY_CONFLICT``.
-    """
-    deadline = time.monotonic() + timeout
-    pubsub = redis.pubsub()  # type: ignore[no-untyped-call]
-    try:
-        subscribed = False
-        while True:
-            try:
-                if not subscribed:
-                    pubsub.subscribe(channel)
-                    if not _confirmed(pubsub, deadline):
-                        return None
-                    subscribed = True
-                found = read_outcome(redis, request_id, digest)
-                if found is not None:
-                    return found
-                if not _woken(pubsub, request_id, deadline, recheck_every):
-                    return None
-            except (RedisConnectionError, RedisTimeoutError):
-                if time.monotonic() >= deadline:
-                    return None
-                time.sleep(0.05)  # back off before reconnecting; not synchronisation
-                subscribed = False
-    finally:
-        _release(pubsub)
-
-
-def _release(pubsub: Any, confirm_within: float = 1.0) -> None:
-    """End a wait: unsubscribe and give the connection back to its pool open, once the server has
-    confirmed the UNSUBSCRIBE (every message before it drained, so the next user reads only its
-    own replies). A new connection per wait costs the server more CPU than the wait itself.
-    Unconfirmed (or any connection error): the connection is closed, as ``PubSub.close`` does."""
-    conn = pubsub.connection
-    try:
-        if conn is not None and pubsub.subscribed:
-            pubsub.unsubscribe()
-            until = time.monotonic() + confirm_within
-            while pubsub.subscribed and (left := until - time.monotonic()) > 0:
-                pubsub.get_message(timeout=left)
-            if not pubsub.subscribed:
-                conn.deregister_connect_callback(pubsub.on_connect)
-                pubsub.connection = None
-                pubsub.connection_pool.release(conn)
-    except (RedisConnectionError, RedisTimeoutError):
-        pass  # closed below
-    finally:
-        pubsub.close()
-
-
-def _confirmed(pubsub: Any, deadline: float) -> bool:
-    """Wait for the server to confirm a SUBSCRIBE (a store read before it could miss a reply
-    published in between); ``False`` at the deadline."""
-    while (left := deadline - time.monotonic()) > 0:
-        message = pubsub.get_message(timeout=left)
-        if message is not None and message["type"] == "subscribe":
-            return True
-    return False
-
-
-def _woken(pubsub: Any, request_id: str, deadline: float, recheck_every: float) -> bool:
-    """Listen until a message names ``request_id``, the subscription is renewed (a reconnection:
-    replies may have been missed) or ``recheck_every`` passes quietly (``True``: read the store
-    again), or until the deadline passes (``False``)."""
-    while (left := deadline - time.monotonic()) > 0:
-        message = pubsub.get_message(timeout=min(left, recheck_every))
-        if message is None or message["type"] == "subscribe" or addressee(message["data"]) == request_id:
-            return True
-    return False
 
 
 def conflict(request_id: str) -> ForkFailure:
