@@ -85,7 +85,7 @@ class ReplyListener:
                 if time.monotonic() >= deadline:
                     return None
                 time.sleep(0.05)  # back off before reconnecting; not synchronisation
-                read = True
+                read = True  # replies may have been missed meanwhile
 
     def close(self) -> None:
         """Unsubscribe and give the connection back to its pool (``release``)."""
