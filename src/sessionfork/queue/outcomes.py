@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from redis import Redis
@@ -51,6 +51,21 @@ _snapshot_codec = msgspec.json.Decoder(_StoredSnapshot)
 def code_of(reply: Reply) -> str:
     """``OK`` for a result, the error code for a failure: the outcome stream's ``code`` field."""
     return reply.code if isinstance(reply, ForkFailure) else "OK"
+
+
+class Then(Protocol):
+    """Commands another layer sends right after an outcome's record, in its transaction (a
+    worker's RQ success bookkeeping, ``rq_seam.worker_base.JobFinish``), on the client ``redis``:
+    ``add`` puts them in the pipeline (``reply``: the outcome recorded), ``done`` gets their
+    replies (raising for an error), ``failed`` hears that the transaction failed."""
+
+    redis: Any
+
+    def add(self, pipe: Any, reply: Reply) -> None: ...
+
+    def done(self, replies: list[Any]) -> None: ...
+
+    def failed(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,24 +123,50 @@ class Outcomes:
         return [] if raw is None else list(_ids.decode(raw))
 
     def record(self, reply: Reply, channel: str, *, digest: str = "", duration_us: int = 0,
-               latency_us: int = 0, key: str | bytes | None = None) -> Reply:
+               latency_us: int = 0, key: str | bytes | None = None, then: Then | None = None) -> Reply:
         """Store ``reply`` as the request's outcome unless one is stored; announce it if stored now.
 
         ``key``: the request record, when not ``keys.request(reply.request_id)`` (``refuse``).
-        Returns the request's outcome: ``reply``, or the outcome stored first. A channel the
-        server refuses (an ACL user that may not publish on a request's ``replyTo``) is logged as
-        one warning line: the outcome is stored and streamed, not published, and its waiter reads
-        it from the store.
+        ``then``: commands that follow the record in its round trip, when they go on this very
+        client (``_record_then``: one transaction). Returns the request's outcome: ``reply``, or
+        the outcome stored first. A channel the server refuses (an ACL user that may not publish
+        on a request's ``replyTo``) is logged as one warning line: the outcome is stored and
+        streamed, not published, and its waiter reads it from the store.
         """
         raw = wire.encode(reply)
-        stored, outcome, *refused = self._scripts(
-            "record", record=keys.request(reply.request_id) if key is None else key, stream=keys.OUTCOME_STREAM,
-            outcome=raw, channel=channel, ttl=self.ttl, maxlen=self.stream_maxlen, digest=short_digest(digest),
-            request_id=reply.request_id, code=code_of(reply), run_us=duration_us, latency_us=latency_us)
+        named = dict(record=keys.request(reply.request_id) if key is None else key, stream=keys.OUTCOME_STREAM,
+                     outcome=raw, channel=channel, ttl=self.ttl, maxlen=self.stream_maxlen,
+                     digest=short_digest(digest), request_id=reply.request_id, code=code_of(reply),
+                     run_us=duration_us, latency_us=latency_us)
+        if then is not None and then.redis is self.redis:
+            stored, outcome, *refused = self._record_then(reply, named, then)
+        else:
+            stored, outcome, *refused = self._scripts("record", **named)
         if refused:
             log.warning("outcome of request %s stored but not published on %r: %s", reply.request_id,
                         channel, wire.text(refused[0]))
         return reply if stored else wire.decode_reply(outcome)
+
+    def _record_then(self, reply: Reply, named: dict[str, Any], then: Then) -> Any:
+        """The record script, then ``then``'s commands, in one transaction (MULTI/EXEC: all or
+        nothing). The script is loaded in the same transaction, ahead of its call: a server that
+        lost its scripts (restarted, flushed) would otherwise answer NOSCRIPT for the record alone
+        and run ``then`` without it (EXEC runs the rest of a transaction past a command's error)."""
+        script, call_keys, args = self._scripts.op("record", **named)
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.script_load(script.script)
+        pipe.evalsha(script.sha, len(call_keys), *call_keys, *args)
+        then.add(pipe, reply)
+        try:
+            _, recorded, *replies = pipe.execute(raise_on_error=False)
+        except BaseException:
+            then.failed()
+            raise
+        if isinstance(recorded, Exception):
+            then.failed()
+            raise recorded
+        then.done(replies)
+        return recorded
 
     def refuse(self, request_id: str | bytes, reason: str, channel: str) -> Reply:
         """Record ``INVALID_REQUEST`` for a job or queue entry that is not a fork request.

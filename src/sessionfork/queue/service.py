@@ -5,7 +5,8 @@
 2. claim the request id and run the source step (``forks.source_step``: one round trip on a shared
    server, with the worker's RQ start bookkeeping ahead of the claim);
 3. create the children (``forks.child_step``; a fan-out first keeps its snapshot for retries);
-4. record, stream and publish the outcome (``outcomes``: the one module that writes outcomes).
+4. record, stream and publish the outcome (``outcomes``: the one module that writes outcomes),
+   with the worker's RQ success bookkeeping in the same transaction.
 
 ``ForkService.handle`` is what a worker runs per job. Its guarantees:
 
@@ -33,7 +34,7 @@ from ..core.snapshots import ForkPlan
 from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, NewEvent, Reply, Summary
 from . import requests, tracing
 from .outages import is_outage
-from .outcomes import Claim, Outcomes
+from .outcomes import Claim, Outcomes, Then
 from .requests import DEFAULT_LIMITS, Limits
 
 
@@ -67,7 +68,7 @@ class ForkService:
         return cls(registry, outcomes, reply_channel=settings.reply_channel, limits=limits)
 
     def handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool = True,
-               enqueued_ms: int | None = None, start: Start | None = None) -> Reply:
+               enqueued_ms: int | None = None, start: Start | None = None, finish: Then | None = None) -> Reply:
         """Run one request to its outcome and return the outcome (the first one, on a replay).
 
         ``enqueued_ms`` (epoch ms) lets the outcome stream record the enqueue-to-outcome latency.
@@ -75,11 +76,13 @@ class ForkService:
         (a retried request: one span per run; the last run's ends with its outcome, ``INTERNAL`` too).
         ``start``: the worker's RQ start bookkeeping, sent ahead of the claim in its round trip when
         that trip goes on ``start.redis`` and it was not sent yet (``start.sent`` says whether it was).
+        ``finish``: its success bookkeeping, sent in the transaction that records the outcome of a
+        run that claimed the request, once ``start`` was sent (``finish.sent`` says whether it was).
         """
         with tracing.request_span(payload, job_id) as span:
             try:
                 reply = self._handle(payload, job_id, final_attempt=final_attempt, enqueued_ms=enqueued_ms,
-                                     start=start)
+                                     start=start, finish=finish)
             except Exception as exc:
                 if final_attempt and not is_outage(exc):  # recorded INTERNAL: the run's span says so too
                     span.finish(ForkFailure(request_id=job_id, code=ErrorCode.INTERNAL.value, message=""))
@@ -88,7 +91,7 @@ class ForkService:
             return reply
 
     def _handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool,
-                enqueued_ms: int | None, start: Start | None) -> Reply:
+                enqueued_ms: int | None, start: Start | None, finish: Then | None) -> Reply:
         started = self._monotonic()
         try:
             request = requests.parse(payload, job_id, self.limits)
@@ -129,7 +132,8 @@ class ForkService:
             raise
         elapsed = int((self._monotonic() - started) * 1e6)
         latency = 0 if enqueued_ms is None else max(0, (now_ms() - enqueued_ms) * 1000)
-        return self.outcomes.record(reply, channel, duration_us=elapsed, latency_us=latency)
+        then = finish if start is not None and start.sent else None  # RQ's order: start, then finish
+        return self.outcomes.record(reply, channel, duration_us=elapsed, latency_us=latency, then=then)
 
     def _claim(self, request: ForkRequest, request_id: str, start: Start | None) -> tuple[Claim, ForkPlan | None]:
         """Claim the request id, with the source step in the same trip on a shared single server

@@ -4,8 +4,8 @@ What it does differently from ``rq worker``:
 
 * no work-horse process per job (forks are O(1) and short): like RQ's ``SimpleWorker``, it keeps
   RQ's started/finished/failed registries, retries and abandoned-job recovery, and RQ's
-  bookkeeping for a job takes one pipeline (finish) and rides the request's claim (start)
-  instead of a dozen round trips;
+  bookkeeping for a job rides the request's own round trips (start with the claim, finish in the
+  outcome's record transaction) instead of taking a dozen of its own;
 * it never imports the job's callable: a job must name ``sessionfork.jobs.fork`` with one string
   argument, else it is refused (``INVALID_REQUEST``, job failed, nothing run);
 * every job that ends for good leaves its request one outcome: a job RQ fails (retries spent, an
@@ -32,7 +32,7 @@ from ..core import retention
 from ..core.factories import now_ms
 from ..core.wire import Reply
 from . import jobs
-from .rq_seam.worker_base import EntryRefused, ForkJob, JobStart, SeamWorker
+from .rq_seam.worker_base import EntryRefused, ForkJob, JobFinish, JobStart, SeamWorker
 from .service import ForkService
 
 log = logging.getLogger("sessionfork.worker")
@@ -60,7 +60,7 @@ class ForkWorker(SeamWorker):
 
     def run_job(self, job: Job, queue: Queue) -> None:
         """Start the job, run its request, finish it: RQ's start bookkeeping rides the request's
-        claim (one round trip), its success bookkeeping takes one more."""
+        claim, its success bookkeeping the outcome's record (no round trip of their own)."""
         start = JobStart(self, job, queue)
         try:
             payload = _payload(job)
@@ -73,9 +73,11 @@ class ForkWorker(SeamWorker):
     def _run(self, job: Job, queue: Queue, payload: str, start: JobStart) -> None:
         began = time.perf_counter()
         enqueued = None if job.enqueued_at is None else int(job.enqueued_at.timestamp() * 1000)
+        finish = JobFinish(self, job)
         try:
             reply = self.run_in_time(job, lambda: self.until_up(lambda: self.service.handle(
-                payload, job.id, final_attempt=jobs.is_final_attempt(job), enqueued_ms=enqueued, start=start)))
+                payload, job.id, final_attempt=jobs.is_final_attempt(job), enqueued_ms=enqueued, start=start,
+                finish=finish)))
         except Exception:
             exc_info = sys.exc_info()
             final = jobs.is_final_attempt(job)
@@ -87,8 +89,12 @@ class ForkWorker(SeamWorker):
                 if stored is not None:
                     self._observe(job.id, payload, stored, time.perf_counter() - began)
             return
-        start.ensure()  # a request refused before its claim: the job was not started yet
-        self.until_up(lambda: self.finish(job, reply))
+        if finish.sent:
+            if finish.result is not reply:  # another attempt's outcome was stored first: RQ's result is it
+                self.until_up(lambda: self.correct_result(job, reply))
+        else:  # a replay, or a request refused before its claim (not started yet)
+            start.ensure()
+            self.until_up(lambda: self.finish(job, reply))
         self._observe(job.id, payload, reply, time.perf_counter() - began)
 
     def _refuse(self, job: Job, queue: Queue, reason: str) -> None:

@@ -16,6 +16,7 @@ from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import clean_registries
+from rq.results import Result
 from rq.suspension import WORKERS_SUSPENDED
 from rq.timeouts import JobTimeoutException
 from rq.utils import now
@@ -105,6 +106,32 @@ class JobStart:
             self.sent = True
 
 
+class JobFinish:
+    """A worker's success bookkeeping of ``job`` as the tail of the outcome's record transaction
+    (``Outcomes.record``'s ``then``), when it goes on the worker's own connection (``redis``)."""
+
+    def __init__(self, worker: SeamWorker, job: Job) -> None:
+        self.worker, self.job = worker, job
+        self.redis = worker.connection
+        self.sent = False  # the server ran it (with the record)
+        self.result: Any = None  # the reply it stored as RQ's result
+
+    def add(self, pipe: Any, result: Any) -> None:
+        self.result = result
+        self.worker.finish(self.job, result, pipe)
+
+    def done(self, replies: list[Any]) -> None:
+        for reply in replies:
+            if isinstance(reply, Exception):
+                self.worker.finish_failed()
+                raise reply
+        self.worker.finished(replies)
+        self.sent = True
+
+    def failed(self) -> None:
+        self.worker.finish_failed()
+
+
 class SeamWorker(SimpleWorker):
     """RQ's in-process worker loop, hardened for short idempotent jobs; see the module docstring.
 
@@ -118,6 +145,7 @@ class SeamWorker(SimpleWorker):
     stop_signalled: bool = False  # SIGTERM/SIGINT asked this worker to stop
     _beat_at: float = float("-inf")  # time.monotonic() of this worker's last own heartbeat
     _unsuspended: bool = False  # the last job's finish found no `rq suspend` in force
+    _finishing: Execution | None = None  # the execution a finish in flight cleans up
 
     def refuse_entry(self, entry: EntryRefused) -> None:
         raise NotImplementedError
@@ -167,33 +195,55 @@ class SeamWorker(SimpleWorker):
             pipe.lrem(queue.intermediate_queue_key, 1, job.id)
         self._holding = True
 
-    def finish(self, job: Job, result: Any) -> None:
+    def finish(self, job: Job, result: Any, pipe: Any = None) -> None:
         """RQ's success path (result, finished registry, counters, cleanup) in one pipeline, which
-        also reads whether ``rq suspend`` is in force: the loop's next suspension check."""
-        execution = self.execution
+        also reads whether ``rq suspend`` is in force (the loop's next suspension check): sent
+        now, or added to ``pipe`` (``JobFinish``: after the outcome's record, in its transaction);
+        its sender then calls ``finished`` with the replies, or ``finish_failed``."""
+        if pipe is None:
+            with self.connection.pipeline() as own:
+                self.finish(job, result, own)
+                try:
+                    replies = own.execute()
+                except BaseException:
+                    self.finish_failed()
+                    raise
+            self.finished(replies)
+            return
+        execution = self._finishing = self.execution
         assert execution is not None and job.started_at is not None
         job.ended_at = now()
         job._result = result
+        result_ttl = self._result_ttl(job)
+        self.increment_successful_job_count(pipeline=pipe)
+        self.increment_total_working_time(job.ended_at - job.started_at, pipe)
+        job._handle_success(result_ttl, pipeline=pipe, worker_name=self.name, execution_id=execution.id,
+                            execution_started_at=execution.created_at, execution_ended_at=job.ended_at)
+        job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
+        self._cleanup_execution(job, pipe, execution)
+        super().set_state(WorkerStatus.IDLE, pipeline=pipe)
+        pipe.exists(WORKERS_SUSPENDED)
+
+    def finish_failed(self) -> None:
+        """The finish's pipeline failed (it may run again)."""
+        self.execution = self._finishing  # not cleaned up after all: a retried finish needs it
+
+    def finished(self, replies: list[Any]) -> None:
+        """The finish's pipeline ran; ``replies`` are its commands' (the last: the suspension key)."""
+        if RQ_MAJOR >= 3:
+            self.execution = None
+        self._unsuspended = not replies[-1]
+
+    def correct_result(self, job: Job, result: Any) -> None:
+        """RQ's result of a finished job made ``result``: the outcome another attempt stored first
+        (the finish went out with this attempt's reply, in the record's transaction)."""
+        Result.create(job, Result.Type.SUCCESSFUL, self._result_ttl(job), return_value=result, worker_name=self.name)
+
+    def _result_ttl(self, job: Job) -> Any:
         result_ttl = job.get_result_ttl(self.default_result_ttl)
         if self.job_ttl is not None and (result_ttl is None or result_ttl < 0 or result_ttl > self.job_ttl):
             result_ttl = self.job_ttl  # the outcome lives on in sf:req:<id>; RQ's copy need not
-        with self.connection.pipeline() as pipe:
-            self.increment_successful_job_count(pipeline=pipe)
-            self.increment_total_working_time(job.ended_at - job.started_at, pipe)
-            job._handle_success(result_ttl, pipeline=pipe, worker_name=self.name, execution_id=execution.id,
-                                execution_started_at=execution.created_at, execution_ended_at=job.ended_at)
-            job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
-            self._cleanup_execution(job, pipe, execution)
-            super().set_state(WorkerStatus.IDLE, pipeline=pipe)
-            pipe.exists(WORKERS_SUSPENDED)
-            try:
-                suspended = pipe.execute()[-1]
-            except BaseException:
-                self.execution = execution  # not cleaned up after all: a retried finish needs it
-                raise
-        if RQ_MAJOR >= 3:
-            self.execution = None
-        self._unsuspended = not suspended
+        return result_ttl
 
     def fail(self, job: Job, queue: Queue, exc_string: str, *, exc_info: Any = None, retry: bool = True) -> None:
         """RQ's failure path: exception handlers (with ``exc_info``), then retried when the job has
