@@ -31,8 +31,13 @@ RQ names used here, and why:
   ``_exc_handlers`` and ``_ordered_queues`` (passed back to RQ's own helpers): the loop above.
 * ``Execution.create``, ``prepare_for_execution``, ``job._handle_success``, ``job.cleanup``,
   ``cleanup_execution``, ``increment_*`` and, on RQ 2 only, ``set_current_job_id``: RQ's start
-  and success bookkeeping in one pipeline each (RQ's own path takes a dozen round trips and a
-  WATCH loop for dependents, which fork jobs never have). ``handle_job_failure`` (its
+  and success bookkeeping, each added to a round trip the request makes anyway (RQ's own path
+  takes a dozen round trips and a WATCH loop for dependents, which fork jobs never have): the
+  start ahead of the request's claim (``JobStart``; pipelined, not in a transaction), the success
+  in the transaction that records the outcome (``JobFinish``), with ``EXISTS`` of
+  ``suspension.WORKERS_SUSPENDED`` (``rq:suspended``) as the loop's next ``check_for_suspension``
+  (RQ's own check is a round trip per job). ``results.Result.create``: RQ's result made the stored
+  outcome when another attempt's was stored first. ``handle_job_failure`` (its
   ``execution=`` argument is new in RQ 3) and ``job._status`` for failures: RQ's own path.
 * ``Job.fetch`` overridden for the dequeue only: a queue entry with a ``:`` (RQ would load the
   job before the colon, an execution key) or naming no job hash (RQ skips it and leaves it in the
