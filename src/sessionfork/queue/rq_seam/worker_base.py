@@ -61,15 +61,29 @@ class _DequeuedJob(ForkJob):
 
     @classmethod
     def fetch(cls, id: str, connection: Any = None, serializer: Any = None) -> Any:
-        if ":" in id:
-            # RQ reads "<job>:<execution>" as an execution key and would load the job <job> instead.
-            raise ValueError("Job ID must only contain letters, numbers, underscores and dashes")
+        _refuse_colon(id)
         try:
             return super().fetch(id, connection=connection, serializer=serializer)
         except NoSuchJobError:
             # RQ drops such an entry silently, leaving it in its intermediate queue and its id
             # with no outcome.
             raise MalformedJob("the queue entry names no job hash") from None
+
+    @classmethod
+    def loaded(cls, id: str, data: dict[bytes, bytes], connection: Any, serializer: Any) -> Any:
+        """``fetch`` from a job hash read already (``data``: HGETALL's), with the same refusals."""
+        _refuse_colon(id)
+        if not data:
+            raise MalformedJob("the queue entry names no job hash")
+        job = cls(id, connection=connection, serializer=serializer)
+        job.restore(data)
+        return job
+
+
+def _refuse_colon(id: str) -> None:
+    if ":" in id:
+        # RQ reads "<job>:<execution>" as an execution key and would load the job <job> instead.
+        raise ValueError("Job ID must only contain letters, numbers, underscores and dashes")
 
 
 class EntryRefused(Exception):
@@ -146,6 +160,7 @@ class SeamWorker(SimpleWorker):
     _beat_at: float = float("-inf")  # time.monotonic() of this worker's last own heartbeat
     _unsuspended: bool = False  # the last job's finish found no `rq suspend` in force
     _finishing: Execution | None = None  # the execution a finish in flight cleans up
+    _front: bytes | None = None  # the queue's front entry when the last job finished (one queue only)
 
     def refuse_entry(self, entry: EntryRefused) -> None:
         raise NotImplementedError
@@ -222,6 +237,7 @@ class SeamWorker(SimpleWorker):
         job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
         self._cleanup_execution(job, pipe, execution)
         super().set_state(WorkerStatus.IDLE, pipeline=pipe)
+        pipe.lindex(self.queues[0].key, 0)  # the next job's id, likely: its hash comes with the next dequeue
         pipe.exists(WORKERS_SUSPENDED)
 
     def finish_failed(self) -> None:
@@ -229,9 +245,11 @@ class SeamWorker(SimpleWorker):
         self.execution = self._finishing  # not cleaned up after all: a retried finish needs it
 
     def finished(self, replies: list[Any]) -> None:
-        """The finish's pipeline ran; ``replies`` are its commands' (the last: the suspension key)."""
+        """The finish's pipeline ran; ``replies`` are its commands' (the last two: the queue's front
+        entry, the suspension key)."""
         if RQ_MAJOR >= 3:
             self.execution = None
+        self._front = replies[-2] if len(self.queues) == 1 else None
         self._unsuspended = not replies[-1]
 
     def correct_result(self, job: Job, result: Any) -> None:
@@ -345,11 +363,9 @@ class SeamWorker(SimpleWorker):
                 self.run_maintenance_tasks()
             wait = None if timeout is None else max(1, min(timeout, _IDLE_POLL))
             self._holding = True
+            front, self._front = self._front, None
             try:
-                result = self.until_up(functools.partial(
-                    self.queue_class.dequeue_any, self._ordered_queues, wait, connection=self.connection,
-                    job_class=_DequeuedJob, serializer=self.serializer,
-                    death_penalty_class=self.death_penalty_class))
+                result = self.until_up(functools.partial(self._dequeue, wait, front))
             except DequeueTimeout:
                 self._holding = False
                 if max_idle_time is not None and time.monotonic() - idle_since > max_idle_time:
@@ -366,6 +382,42 @@ class SeamWorker(SimpleWorker):
                 self._holding = False
                 return None
             return result
+
+    def _dequeue(self, wait: int | None, front: bytes | None) -> Any:
+        """RQ's dequeue (``Queue.dequeue_any``), after one try at the entry the last job's finish saw
+        at the queue's front: LMOVE and that entry's job hash in one round trip (``_dequeue_front``)."""
+        if front is not None:
+            found = self._dequeue_front(front)
+            if found is not None:
+                return found
+        return self.queue_class.dequeue_any(self._ordered_queues, wait, connection=self.connection,
+                                            job_class=_DequeuedJob, serializer=self.serializer,
+                                            death_penalty_class=self.death_penalty_class)
+
+    def _dequeue_front(self, front: bytes) -> Any:
+        """RQ's non-blocking dequeue of the one queue (LMOVE to its intermediate queue), pipelined
+        with HGETALL of ``front``'s job hash: the job, when the entry moved is ``front`` (else its
+        hash is read as RQ does); ``None`` when the queue is empty. A failure carries ``job_id`` and
+        ``queue``, as RQ's dequeue's do."""
+        queue = self.queues[0]
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.lmove(queue.key, queue.intermediate_queue_key)
+        pipe.hgetall(self.job_class.key_for("").encode() + front)
+        moved, data = pipe.execute()
+        if moved is None:
+            return None
+        job_id = moved.decode()  # not text: refused as RQ's dequeue's UnicodeDecodeError is
+        queue = self.queue_class.from_queue_key(queue.key, connection=self.connection, job_class=_DequeuedJob,
+                                                serializer=self.serializer,
+                                                death_penalty_class=self.death_penalty_class)
+        try:
+            if moved == front:
+                return _DequeuedJob.loaded(job_id, data, self.connection, self.serializer), queue
+            return _DequeuedJob.fetch(job_id, connection=self.connection, serializer=self.serializer), queue
+        except Exception as exc:
+            exc.job_id = job_id  # type: ignore[attr-defined]
+            exc.queue = queue  # type: ignore[attr-defined]
+            raise
 
     def _shutdown(self) -> None:
         # Called from the signal handler. Never raise here (RQ does): the exception would land
