@@ -16,7 +16,7 @@ script it misses, itself).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
@@ -237,6 +237,21 @@ def run(redis: Any, ops: Sequence[Op], *, replicas: int = 0, wait_ms: int = 1000
             script.sha = redis.script_load(script.script)
         pending = missing
     return results
+
+
+def run_loaded(redis: Any, call: Call, then: Callable[[Any], None]) -> tuple[Any, list[Any]]:
+    """``call``, then the commands ``then`` adds to the pipeline, in one transaction (MULTI/EXEC)
+    on one server: the call's result (an error reply as its exception) and the replies of
+    ``then``'s commands. The script is loaded in the same transaction, ahead of its call: on a
+    server that lost its scripts (restarted, flushed) a NOSCRIPT would fail the call alone, and
+    EXEC would still run ``then``'s commands, without it."""
+    script, call_keys, args = call
+    pipe = redis.pipeline(transaction=True)
+    pipe.script_load(script.script)
+    pipe.evalsha(script.sha, len(call_keys), *call_keys, *args)
+    then(pipe)
+    _, result, *replies = pipe.execute(raise_on_error=False)
+    return result, replies
 
 
 def wait_for_replicas(redis: Any, keys: Sequence[str], replicas: int, wait_ms: int) -> None:

@@ -148,17 +148,11 @@ class Outcomes:
         return reply if stored else wire.decode_reply(outcome)
 
     def _record_then(self, reply: Reply, named: dict[str, Any], then: Then) -> Any:
-        """The record script, then ``then``'s commands, in one transaction (MULTI/EXEC: all or
-        nothing). The script is loaded in the same transaction, ahead of its call: a server that
-        lost its scripts (restarted, flushed) would otherwise answer NOSCRIPT for the record alone
-        and run ``then`` without it (EXEC runs the rest of a transaction past a command's error)."""
-        script, call_keys, args = self._scripts.op("record", **named)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.script_load(script.script)
-        pipe.evalsha(script.sha, len(call_keys), *call_keys, *args)
-        then.add(pipe, reply)
+        """The record script, then ``then``'s commands, in one transaction (``lua.run_loaded``: all
+        or nothing, and never ``then``'s without the record on a server that lost its scripts)."""
         try:
-            _, recorded, *replies = pipe.execute(raise_on_error=False)
+            recorded, replies = lua.run_loaded(self.redis, self._scripts.op("record", **named),
+                                               lambda pipe: then.add(pipe, reply))
         except BaseException:
             then.failed()
             raise

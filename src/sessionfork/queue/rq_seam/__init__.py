@@ -1,8 +1,9 @@
 """The seam: the one place that knows RQ beyond its documented API (checked against RQ 2.12 and 3.0).
 
-Two modules, so that what must not import RQ need not: ``worker_base`` (the worker and job
-classes; imports RQ) and ``layout`` (RQ's key names and job hash fields; imports no RQ, for the
-asyncio client, which enqueues without RQ). This package's ``__init__`` imports nothing.
+Three modules, so that what must not import RQ need not: ``worker_base`` (the worker and job
+classes; imports RQ), ``riders`` (a job's start and success bookkeeping as riders of the request's
+own round trips; no RQ import) and ``layout`` (RQ's key names and job hash fields; imports no RQ,
+for the asyncio client, which enqueues without RQ). This package's ``__init__`` imports nothing.
 
 Everything else in sessionfork uses RQ's documented API only: ``Queue``, ``Job`` and its public
 attributes, ``Retry``, the registries, ``Worker.all``, a custom serializer, a custom worker class
