@@ -55,7 +55,7 @@ def code_of(reply: Reply) -> str:
 
 class Then(Protocol):
     """Commands another layer sends right after an outcome's record, in its transaction (a
-    worker's RQ success bookkeeping, ``rq_seam.worker_base.JobFinish``), on the client ``redis``:
+    worker's RQ success bookkeeping, ``rq_seam.riders.JobFinish``), on the client ``redis``:
     ``add`` puts them in the pipeline (``reply``: the outcome recorded), ``done`` gets their
     replies (raising for an error), ``failed`` hears that the transaction failed."""
 

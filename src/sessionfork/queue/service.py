@@ -40,7 +40,7 @@ from .requests import DEFAULT_LIMITS, Limits
 
 class Start(lua.Prelude, Protocol):
     """A worker's RQ start bookkeeping of a job, on the queue connection ``redis``; ``sent`` once
-    the server has answered it (``rq_seam.worker_base.JobStart``)."""
+    the server has answered it (``rq_seam.riders.JobStart``)."""
 
     redis: Any
     sent: bool

@@ -40,6 +40,12 @@ RQ names used here, and why:
   (RQ's own check is a round trip per job). ``results.Result.create``: RQ's result made the stored
   outcome when another attempt's was stored first. ``handle_job_failure`` (its
   ``execution=`` argument is new in RQ 3) and ``job._status`` for failures: RQ's own path.
+* the dequeue (``dequeue_job_and_maintain_ttl``): RQ's own ``Queue.dequeue_any``, after one
+  non-blocking ``LMOVE`` to the ``intermediate_queue_key`` pipelined with ``HGETALL`` of the job
+  hash (``Job.key_for``) of the entry the last job's finish saw at the queue's front (``LINDEX``),
+  used only if the entry moved is that one; the job is then built as ``Job.fetch`` builds it
+  (``restore`` of the hash), its queue by ``Queue.from_queue_key``, and a failure carries
+  ``job_id`` and ``queue`` as RQ's dequeue's do.
 * ``Job.fetch`` overridden for the dequeue only: a queue entry with a ``:`` (RQ would load the
   job before the colon, an execution key) or naming no job hash (RQ skips it and leaves it in the
   intermediate queue) is refused with an outcome.
