@@ -335,30 +335,37 @@ def _worker_bursts(server: EmbeddedServer, jobs: int) -> tuple[Callable[[], obje
             lambda: worker.work(burst=True, logging_level="ERROR"))
 
 
-def waiter_cpu_us(server: EmbeddedServer, requests: int) -> float:
+def waiter_cpu_us(server: EmbeddedServer, requests: int, chunks: int = 10) -> float:
     """Redis CPU (µs) a sync scheduler that waits on each request (``Client.fork``) adds per request
-    over one that only submits (``Client.submit``): both with one worker process draining."""
+    over one that only submits (``Client.submit``): both with one worker process draining.
+
+    The two alternate in ``chunks`` chunks each (``requests`` requests per mode in all), so that a
+    change of the machine's load during the round weighs on both alike. The waiting client closes
+    its kept reply subscription after each of its chunks: nobody listens while the other submits.
+    """
     _fresh(server)
     _session_with(Registry(server.client()), "bench-src", 12)
     procs, redis = _fork_workers(server, 1)
     try:
-        client = Client(redis, Settings())
-
-        def per_request(wait: bool, tag: str) -> float:
-            before = redis_cpu_us(redis)
-            ids = []
-            for i in range(requests):
-                if wait:
-                    client.fork("bench-src", session_id=f"{tag}-{i}", timeout=30)
-                else:
-                    ids.append(client.submit(client.request("bench-src", session_id=f"{tag}-{i}")))
-            wait_until(lambda: all(redis.hexists(keys.request(r), "outcome") for r in ids[-1:]), 120,
-                       "the submitted requests to complete", interval=0.01)
-            wait_until(lambda: redis.llen(client.queue.key) == 0, 120, "the queue to drain", interval=0.01)
-            return (redis_cpu_us(redis) - before) / requests
-
-        submit_only = per_request(False, "s")
-        waiting = per_request(True, "w")
-        return waiting - submit_only
+        submitter, waiter = Client(redis, Settings()), Client(redis, Settings())
+        spent = {False: 0.0, True: 0.0}
+        per_chunk = max(1, requests // chunks)
+        for c in range(chunks):
+            for wait in (False, True):
+                tag = f"{'w' if wait else 's'}{c}"
+                before = redis_cpu_us(redis)
+                ids = []
+                for i in range(per_chunk):
+                    if wait:
+                        waiter.fork("bench-src", session_id=f"{tag}-{i}", timeout=30)
+                    else:
+                        ids.append(submitter.submit(submitter.request("bench-src", session_id=f"{tag}-{i}")))
+                waiter.close()
+                last = ids[-1:]
+                wait_until(lambda last=last: all(redis.hexists(keys.request(r), "outcome") for r in last),
+                           120, "the submitted requests to complete", interval=0.01)
+                wait_until(lambda: redis.llen(submitter.queue.key) == 0, 120, "the queue to drain", interval=0.01)
+                spent[wait] += redis_cpu_us(redis) - before
+        return (spent[True] - spent[False]) / (per_chunk * chunks)
     finally:
         _stop(procs)

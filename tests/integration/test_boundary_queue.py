@@ -19,7 +19,7 @@ from sessionfork.core.wire import ForkFailure, ForkResult, NewEvent, Reply
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
 from sessionfork.queue.client import Client
-from sessionfork.queue.outcomes import wait_for_reply
+from sessionfork.queue.waiting import wait_for_reply
 
 TIMEOUT = 30.0
 OPEN = [NewEvent("turn/start", {"turn": 9}), NewEvent("tool/call", {"id": "t1"})]

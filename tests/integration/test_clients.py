@@ -36,7 +36,8 @@ from sessionfork.core.wire import ForkFailure, ForkRequest, ForkResult, Header
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.ops import acl
 from sessionfork.queue import requests, service
-from sessionfork.queue.outcomes import OUTCOME_FIELDS, Outcomes, verdict, wait_for_reply
+from sessionfork.queue.outcomes import OUTCOME_FIELDS, Outcomes, verdict
+from sessionfork.queue.waiting import wait_for_reply
 
 FORGED_CHILD = "forged-child"
 

@@ -34,7 +34,7 @@ from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult, NewEvent, Reply
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
-from sessionfork.queue.outcomes import wait_for_reply
+from sessionfork.queue.waiting import wait_for_reply
 
 TIMEOUT = 30.0
 RETRY = [NewEvent("turn/start", {"turn": 3}), NewEvent("user/message", {"text": "again"}, extra={"surfaceOp": "x"})]

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+from helpers import outcome_entries
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from rq.job import Job
 
 from sessionfork import NewEvent, Registry
 from sessionfork.core.config import Settings
+from sessionfork.core.wire import ForkFailure
 from sessionfork.queue import jobs
 from sessionfork.queue.client import Client
 from sessionfork.queue.outcomes import Outcomes
@@ -30,7 +33,7 @@ class PrimaryDiesInFinish(ForkWorker):
         if self.failed_finishes:
             return
 
-        def primary_dies() -> None:
+        def primary_dies(*_: Any, **__: Any) -> None:
             self.failed_finishes += 1
             # The promoted replica never got the start's writes: RQ 3's worker then has no
             # execution to fall back on but the one it holds (RQ 2 has no such index).
@@ -56,3 +59,56 @@ def test_a_finish_that_failed_mid_pipeline_is_run_again_and_the_worker_goes_on(r
         ["finished", "finished"]
     assert [service.outcomes.get(r).ok for r in ids] == [True, True]  # type: ignore[union-attr]
     assert jobs.make_queue(redis, Settings()).started_job_registry.count == 0  # nothing left started
+
+
+class ScriptsLostBeforeEachRecord(Outcomes):
+    """The queue server loses its scripts (a restart, SCRIPT FLUSH) right before each outcome's
+    record: the record's transaction, which carries RQ's success bookkeeping, meets an empty cache."""
+
+    flushes = 0
+
+    def _record_then(self, reply: Any, named: dict[str, Any], then: Any) -> Any:
+        self.redis.script_flush()
+        ScriptsLostBeforeEachRecord.flushes += 1
+        return super()._record_then(reply, named, then)
+
+
+def test_the_finish_never_runs_without_the_outcome_when_the_server_lost_its_scripts(redis: Redis,
+                                                                                   registry: Registry) -> None:
+    registry.append(registry.create("src"), [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
+    client = Client(redis)
+    ids = [client.submit(client.request("src", session_id=f"s{i}")) for i in range(2)]
+    outcomes = ScriptsLostBeforeEachRecord(redis, ttl=600, stream_maxlen=1000)
+    service = ForkService(registry, outcomes, reply_channel="sf:replies", limits=Limits(max_fanout=16))
+    worker = ForkWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis, abandoned_after=30)
+    assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
+    assert ScriptsLostBeforeEachRecord.flushes == 2  # each record met an empty script cache
+    assert [service.outcomes.get(r).ok for r in ids] == [True, True]  # type: ignore[union-attr]
+    assert [Job.fetch(r, connection=redis, serializer=jobs.JSONSerializer).get_status() for r in ids] == \
+        ["finished", "finished"]
+    assert [e.request for e in outcome_entries(redis)] == ids  # each announced once
+
+
+class AnotherAttemptRecordsFirst(Outcomes):
+    """Another attempt of the request stores its outcome just before this one's record (two
+    attempts racing): the record stores nothing and answers the first outcome."""
+
+    def _record_then(self, reply: Any, named: dict[str, Any], then: Any) -> Any:
+        first = ForkFailure(request_id=reply.request_id, code="INTERNAL", message="the other attempt's")
+        Outcomes(self.redis, ttl=600, stream_maxlen=1000).record(first, "sf:replies")
+        return super()._record_then(reply, named, then)
+
+
+def test_rq_keeps_the_outcome_stored_first_as_the_jobs_result(redis: Redis, registry: Registry) -> None:
+    registry.append(registry.create("src"), [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
+    client = Client(redis)
+    request_id = client.submit(client.request("src", session_id="raced"))
+    service = ForkService(registry, AnotherAttemptRecordsFirst(redis, ttl=600, stream_maxlen=1000),
+                          reply_channel="sf:replies", limits=Limits(max_fanout=16))
+    worker = ForkWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis, abandoned_after=30)
+    assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
+    stored = service.outcomes.get(request_id)
+    assert isinstance(stored, ForkFailure) and stored.message == "the other attempt's"
+    job = Job.fetch(request_id, connection=redis, serializer=jobs.JSONSerializer)
+    assert job.get_status() == "finished"
+    assert job.return_value() == msgspec.to_builtins(stored)  # not this attempt's reply

@@ -21,10 +21,11 @@ from sessionfork.core.wire import ForkFailure, ForkResult
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
 from sessionfork.queue.client import Client
-from sessionfork.queue.outcomes import Outcomes, wait_for_reply
+from sessionfork.queue.outcomes import Outcomes
 from sessionfork.queue.requests import Limits
 from sessionfork.queue.rq_seam.worker_base import ForkJob
 from sessionfork.queue.service import ForkService
+from sessionfork.queue.waiting import wait_for_reply
 from sessionfork.queue.worker import ForkWorker
 
 TURN = [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})]

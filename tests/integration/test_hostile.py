@@ -37,8 +37,8 @@ from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.queue import jobs, requests
 from sessionfork.queue.client import Client
 from sessionfork.queue.jobs import fresh_workers
-from sessionfork.queue.outcomes import wait_for_reply
 from sessionfork.queue.requests import Limits
+from sessionfork.queue.waiting import wait_for_reply
 
 SETTINGS = Settings()
 LIMIT = SETTINGS.max_request_bytes

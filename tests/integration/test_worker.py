@@ -44,7 +44,7 @@ from sessionfork.core.wire import ChildError, ForkFailure, ForkResult, LiveHandl
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.queue import jobs
 from sessionfork.queue.client import Client
-from sessionfork.queue.outcomes import wait_for_reply
+from sessionfork.queue.waiting import wait_for_reply
 
 TIMEOUT = 10.0
 ID_RULE = "expected 1-128 characters from [A-Za-z0-9._:-]"

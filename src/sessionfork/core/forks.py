@@ -129,9 +129,11 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
 
 def source_step(registry: Registry, source: SessionRef, child_ids: Sequence[str], *, request_id: str = "",
                 boundary: int | None = None, if_length: int | None = None,
-                rider: tuple[Any, lua.Op] | None = None, keep_from: int | None = None) -> tuple[Any, ForkPlan | None]:
+                rider: tuple[Any, lua.Op] | None = None, keep_from: int | None = None,
+                prelude: lua.Prelude | None = None) -> tuple[Any, ForkPlan | None]:
     """The source step of a request's fork, with ``rider`` (``(redis, op)``: the queue side's claim
     of the request id) in the same round trip when it runs on the registry's own single server.
+    ``prelude`` (``lua.run``'s: the worker's RQ bookkeeping) goes ahead of the rider, on its server.
 
     Returns the rider's result (``None`` without one) and the ``ForkPlan`` (``registry.prepare_fork``'s,
     ids trusted: checked by the caller), or ``None`` for the plan when the rider ran alone, on
@@ -144,10 +146,10 @@ def source_step(registry: Registry, source: SessionRef, child_ids: Sequence[str]
                                            if_length=if_length, keep_from=keep_from)
     redis, op = rider
     if redis is not registry.redis or registry.is_cluster:
-        return lua.run(redis, [op])[0], None
+        return lua.run(redis, [op], prelude=prelude)[0], None
     sid, instance = split_ref(source)
     look = registry.look_ops(sid, instance, child_ids, boundary, if_length, keep_from)
-    first, *results = lua.run(redis, [op, *look])
+    first, *results = lua.run(redis, [op, *look], prelude=prelude)
     return first, registry.plan_of(sid, child_ids, request_id, boundary, results, if_length, keep_from)
 
 

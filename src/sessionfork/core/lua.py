@@ -16,11 +16,11 @@ script it misses, itself).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
@@ -180,18 +180,33 @@ def eval_many(redis: Any, calls: Sequence[Call], *, replicas: int = 0, wait_ms: 
     return results
 
 
+class Prelude(Protocol):
+    """Commands of another layer sent ahead of ``run``'s ops in the same round trip (a worker's
+    RQ bookkeeping ahead of a request's claim): ``add`` puts them in the pipeline, ``done`` gets
+    their replies (and raises for an error reply)."""
+
+    def add(self, pipe: Any) -> None: ...
+
+    def done(self, replies: list[Any]) -> None: ...
+
+
 def run(redis: Any, ops: Sequence[Op], *, replicas: int = 0, wait_ms: int = 1000,
-        keep_errors: tuple[type[Exception], ...] = ()) -> list[Any]:
+        keep_errors: tuple[type[Exception], ...] = (), prelude: Prelude | None = None) -> list[Any]:
     """Results of ``ops`` on one server, in order, in one pipelined round trip (two after a NOSCRIPT).
 
     An error reply raises, unless it is one of ``keep_errors`` (then it is the op's result). With
     ``replicas``, the batch ends with WAIT on the same connection (``NotReplicated`` when fewer
-    replicas acknowledged within ``wait_ms``).
+    replicas acknowledged within ``wait_ms``). ``prelude``'s commands go first, in the first
+    attempt only (the server runs them before the ops; a NOSCRIPT re-runs only the ops).
     """
     pending = list(range(len(ops)))
     results: list[Any] = [None] * len(ops)
     for attempt in (1, 2):
         pipe = redis.pipeline(transaction=False)
+        ahead = 0
+        if prelude is not None and attempt == 1:
+            prelude.add(pipe)
+            ahead = len(pipe)
         for i in pending:
             op = ops[i]
             if isinstance(op[0], Script):
@@ -202,6 +217,10 @@ def run(redis: Any, ops: Sequence[Op], *, replicas: int = 0, wait_ms: int = 1000
         if replicas:
             pipe.execute_command("WAIT", replicas, wait_ms)
         out = list(pipe.execute(raise_on_error=False))
+        if ahead:
+            assert prelude is not None
+            prelude.done(out[:ahead])
+            del out[:ahead]
         if replicas:
             _check(out.pop(), replicas)
         missing = []
@@ -218,6 +237,21 @@ def run(redis: Any, ops: Sequence[Op], *, replicas: int = 0, wait_ms: int = 1000
             script.sha = redis.script_load(script.script)
         pending = missing
     return results
+
+
+def run_loaded(redis: Any, call: Call, then: Callable[[Any], None]) -> tuple[Any, list[Any]]:
+    """``call``, then the commands ``then`` adds to the pipeline, in one transaction (MULTI/EXEC)
+    on one server: the call's result (an error reply as its exception) and the replies of
+    ``then``'s commands. The script is loaded in the same transaction, ahead of its call: on a
+    server that lost its scripts (restarted, flushed) a NOSCRIPT would fail the call alone, and
+    EXEC would still run ``then``'s commands, without it."""
+    script, call_keys, args = call
+    pipe = redis.pipeline(transaction=True)
+    pipe.script_load(script.script)
+    pipe.evalsha(script.sha, len(call_keys), *call_keys, *args)
+    then(pipe)
+    _, result, *replies = pipe.execute(raise_on_error=False)
+    return result, replies
 
 
 def wait_for_replicas(redis: Any, keys: Sequence[str], replicas: int, wait_ms: int) -> None:

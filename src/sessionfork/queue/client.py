@@ -14,6 +14,8 @@ A sharded queue: give one client per queue server, in shard order (``Client([r0,
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
@@ -25,13 +27,16 @@ from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply, Summary
 from . import jobs, requests, shards, tracing
 from .enqueue import Enqueuer, job_call
-from .outcomes import wait_for_reply
 from .requests import Variant
+from .waiting import ReplyListener
 
 
 class Client:
     """A scheduler's handle on the fork queue: ``redis`` is the queue server, or the queue servers
-    of a sharded queue in shard order (``redis`` and ``queue`` are then the first shard's)."""
+    of a sharded queue in shard order (``redis`` and ``queue`` are then the first shard's).
+    ``recheck_every``: seconds a wait goes without news before it reads the stored outcome again."""
+
+    recheck_every: float = 1.0
 
     def __init__(self, redis: Redis | Sequence[Redis], settings: Settings | None = None, *,
                  new_id: Callable[[], str] = new_request_id) -> None:
@@ -43,6 +48,7 @@ class Client:
         self.redis, self.queue = self.shards[0], self.queues[0]
         self._new_id = new_id
         self._enqueuers = [Enqueuer(shard, self.settings) for shard in self.shards]
+        self._local = threading.local()  # each thread's reply listeners, by shard
 
     @classmethod
     def from_urls(cls, urls: str | Sequence[str], settings: Settings | None = None, *,
@@ -79,26 +85,47 @@ class Client:
 
     def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op."""
+        return self._submit(request)[0]
+
+    def _submit(self, request: ForkRequest) -> tuple[str, int]:
+        """The request id, and the enqueue script's answer (1: enqueued now)."""
         request, payload = requests.prepare(request, self._new_id)
         assert isinstance(request.request_id, str)
         shard = self.shard_of(request.request_id)
-        self._enqueuers[shard](*job_call(request.request_id, payload, self.settings, datetime.now(UTC)))
-        return request.request_id
+        enqueued = self._enqueuers[shard](*job_call(request.request_id, payload, self.settings, datetime.now(UTC)))
+        return request.request_id, enqueued
 
     def wait(self, request: ForkRequest, timeout: float) -> Reply:
         """The reply to a submitted request; ``TimeoutError`` when none comes within ``timeout`` s.
 
         A request id used before for a different request answers ``IDEMPOTENCY_CONFLICT``. The
         answer is the outcome stored under the request id; a message on the reply channel only
-        wakes the waiter (one with nothing stored behind it is ignored).
+        wakes the waiter (one with nothing stored behind it is ignored). The client stays
+        subscribed to the reply channel after the wait (one subscription per thread and queue
+        server, kept for the next wait: ``close`` ends it).
         """
+        return self._wait(request, timeout)
+
+    def _wait(self, request: ForkRequest, timeout: float, *, announced_after_ready: bool = False) -> Reply:
         assert isinstance(request.request_id, str), "submit() the request first"
         channel = requests.reply_channel(request, self.settings.reply_channel)
-        redis = self.shards[self.shard_of(request.request_id)]
-        reply = wait_for_reply(redis, request.request_id, channel, timeout, digest=wire.digest(request))
+        reply = self._listener(self.shard_of(request.request_id)).wait(
+            request.request_id, channel, timeout, digest=wire.digest(request),
+            announced_after_ready=announced_after_ready, recheck_every=self.recheck_every)
         if reply is None:
             raise TimeoutError(f"no reply to request {request.request_id} within {timeout}s")
         return reply
+
+    def _listener(self, shard: int) -> ReplyListener:
+        listeners: dict[int, ReplyListener] = self._local.__dict__.setdefault("listeners", {})
+        if shard not in listeners:
+            listeners[shard] = ReplyListener(self.shards[shard])
+        return listeners[shard]
+
+    def close(self) -> None:
+        """End this thread's reply subscriptions (their connections go back to the pools)."""
+        for listener in self._local.__dict__.pop("listeners", {}).values():
+            listener.close()
 
     def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
              session_ids: list[str] | None = None, count: int | None = None,
@@ -106,9 +133,16 @@ class Client:
              boundary: int | None = None, if_length: int | None = None,
              edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None,
              summary: Summary | None = None) -> Reply:
-        """Submit a fork request and wait for its reply."""
+        """Submit a fork request and wait for its reply.
+
+        The reply subscription is confirmed before the request is enqueued, so a new request's
+        outcome is announced to it: the stored outcome is read once, when a message wakes the
+        waiter (an id already used reads it at once)."""
         request = self.request(source, session_id=session_id, session_ids=session_ids, count=count,
                                request_id=request_id, reply_to=reply_to, boundary=boundary,
                                if_length=if_length, edits=edits, variants=variants, summary=summary)
-        self.submit(request)
-        return self.wait(request, timeout)
+        assert isinstance(request.request_id, str)
+        channel = requests.reply_channel(request, self.settings.reply_channel)
+        ready = self._listener(self.shard_of(request.request_id)).ready(channel, time.monotonic() + timeout)
+        _, enqueued = self._submit(request)
+        return self._wait(request, timeout, announced_after_ready=ready and enqueued == 1)

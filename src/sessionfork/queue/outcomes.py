@@ -1,24 +1,20 @@
 """Outcomes: stored under the request id first, then announced (outcome stream, reply channel).
 
 Lives on the queue server (a single Redis primary, the one RQ uses). ``Outcomes`` is the worker's
-side (claim, record); ``OUTCOME_FIELDS``, ``verdict`` and ``wait_for_reply`` are the scheduler's
-side. A waiter subscribes first and then reads the stored outcome, so a reply published before it
-listened, or while it reconnected, is never lost; pub/sub only wakes it: the answer is always the
+side (claim, record); ``OUTCOME_FIELDS``, ``verdict`` and ``read_outcome`` are the scheduler's
+side (the sync wait itself: ``waiting``). Pub/sub only wakes a waiter: the answer is always the
 stored outcome (a published message is not an answer: anyone may publish on a channel).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from redis import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core import keys, lua, wire
 from ..core.errors import ErrorCode
@@ -55,6 +51,21 @@ _snapshot_codec = msgspec.json.Decoder(_StoredSnapshot)
 def code_of(reply: Reply) -> str:
     """``OK`` for a result, the error code for a failure: the outcome stream's ``code`` field."""
     return reply.code if isinstance(reply, ForkFailure) else "OK"
+
+
+class Then(Protocol):
+    """Commands another layer sends right after an outcome's record, in its transaction (a
+    worker's RQ success bookkeeping, ``rq_seam.riders.JobFinish``), on the client ``redis``:
+    ``add`` puts them in the pipeline (``reply``: the outcome recorded), ``done`` gets their
+    replies (raising for an error), ``failed`` hears that the transaction failed."""
+
+    redis: Any
+
+    def add(self, pipe: Any, reply: Reply) -> None: ...
+
+    def done(self, replies: list[Any]) -> None: ...
+
+    def failed(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,24 +123,44 @@ class Outcomes:
         return [] if raw is None else list(_ids.decode(raw))
 
     def record(self, reply: Reply, channel: str, *, digest: str = "", duration_us: int = 0,
-               latency_us: int = 0, key: str | bytes | None = None) -> Reply:
+               latency_us: int = 0, key: str | bytes | None = None, then: Then | None = None) -> Reply:
         """Store ``reply`` as the request's outcome unless one is stored; announce it if stored now.
 
         ``key``: the request record, when not ``keys.request(reply.request_id)`` (``refuse``).
-        Returns the request's outcome: ``reply``, or the outcome stored first. A channel the
-        server refuses (an ACL user that may not publish on a request's ``replyTo``) is logged as
-        one warning line: the outcome is stored and streamed, not published, and its waiter reads
-        it from the store.
+        ``then``: commands that follow the record in its round trip, when they go on this very
+        client (``_record_then``: one transaction). Returns the request's outcome: ``reply``, or
+        the outcome stored first. A channel the server refuses (an ACL user that may not publish
+        on a request's ``replyTo``) is logged as one warning line: the outcome is stored and
+        streamed, not published, and its waiter reads it from the store.
         """
         raw = wire.encode(reply)
-        stored, outcome, *refused = self._scripts(
-            "record", record=keys.request(reply.request_id) if key is None else key, stream=keys.OUTCOME_STREAM,
-            outcome=raw, channel=channel, ttl=self.ttl, maxlen=self.stream_maxlen, digest=short_digest(digest),
-            request_id=reply.request_id, code=code_of(reply), run_us=duration_us, latency_us=latency_us)
+        named = dict(record=keys.request(reply.request_id) if key is None else key, stream=keys.OUTCOME_STREAM,
+                     outcome=raw, channel=channel, ttl=self.ttl, maxlen=self.stream_maxlen,
+                     digest=short_digest(digest), request_id=reply.request_id, code=code_of(reply),
+                     run_us=duration_us, latency_us=latency_us)
+        if then is not None and then.redis is self.redis:
+            stored, outcome, *refused = self._record_then(reply, named, then)
+        else:
+            stored, outcome, *refused = self._scripts("record", **named)
         if refused:
             log.warning("outcome of request %s stored but not published on %r: %s", reply.request_id,
                         channel, wire.text(refused[0]))
         return reply if stored else wire.decode_reply(outcome)
+
+    def _record_then(self, reply: Reply, named: dict[str, Any], then: Then) -> Any:
+        """The record script, then ``then``'s commands, in one transaction (``lua.run_loaded``: all
+        or nothing, and never ``then``'s without the record on a server that lost its scripts)."""
+        try:
+            recorded, replies = lua.run_loaded(self.redis, self._scripts.op("record", **named),
+                                               lambda pipe: then.add(pipe, reply))
+        except BaseException:
+            then.failed()
+            raise
+        if isinstance(recorded, Exception):
+            then.failed()
+            raise recorded
+        then.done(replies)
+        return recorded
 
     def refuse(self, request_id: str | bytes, reason: str, channel: str) -> Reply:
         """Record ``INVALID_REQUEST`` for a job or queue entry that is not a fork request.
@@ -220,87 +251,6 @@ def addressee(data: Any) -> str | None:
 def read_outcome(redis: Redis, request_id: str, digest: str | None) -> Reply | None:
     """``verdict`` on the record read now (sync I/O; the asyncio client reads the same fields)."""
     return verdict(request_id, redis.hmget(keys.request(request_id), list(OUTCOME_FIELDS)), digest)
-
-
-def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
-                   *, digest: str | None = None, recheck_every: float = 1.0) -> Reply | None:
-    """Wait up to ``timeout`` seconds for the outcome of ``request_id``; ``None`` on time-out.
-
-    Subscribes to ``channel`` and waits for the server's confirmation, then reads the stored
-    outcome, then listens. A message naming the request only wakes the waiter: the answer is the
-    stored outcome read then (a message with nothing stored behind it is ignored: anyone may
-    publish). The stored outcome is read again after a dropped connection and every
-    ``recheck_every`` seconds without news, so a reply is never lost: not one published before the
-    waiter listened, nor one announced on another channel (an earlier submission of the same
-    request with another ``replyTo``). With ``digest``, a request id already used by a different
-    request answers ``IDEMPOTENCY_CONFLICT``.
-    """
-    deadline = time.monotonic() + timeout
-    pubsub = redis.pubsub()  # type: ignore[no-untyped-call]
-    try:
-        subscribed = False
-        while True:
-            try:
-                if not subscribed:
-                    pubsub.subscribe(channel)
-                    if not _confirmed(pubsub, deadline):
-                        return None
-                    subscribed = True
-                found = read_outcome(redis, request_id, digest)
-                if found is not None:
-                    return found
-                if not _woken(pubsub, request_id, deadline, recheck_every):
-                    return None
-            except (RedisConnectionError, RedisTimeoutError):
-                if time.monotonic() >= deadline:
-                    return None
-                time.sleep(0.05)  # back off before reconnecting; not synchronisation
-                subscribed = False
-    finally:
-        _release(pubsub)
-
-
-def _release(pubsub: Any, confirm_within: float = 1.0) -> None:
-    """End a wait: unsubscribe and give the connection back to its pool open, once the server has
-    confirmed the UNSUBSCRIBE (every message before it drained, so the next user reads only its
-    own replies). A new connection per wait costs the server more CPU than the wait itself.
-    Unconfirmed (or any connection error): the connection is closed, as ``PubSub.close`` does."""
-    conn = pubsub.connection
-    try:
-        if conn is not None and pubsub.subscribed:
-            pubsub.unsubscribe()
-            until = time.monotonic() + confirm_within
-            while pubsub.subscribed and (left := until - time.monotonic()) > 0:
-                pubsub.get_message(timeout=left)
-            if not pubsub.subscribed:
-                conn.deregister_connect_callback(pubsub.on_connect)
-                pubsub.connection = None
-                pubsub.connection_pool.release(conn)
-    except (RedisConnectionError, RedisTimeoutError):
-        pass  # closed below
-    finally:
-        pubsub.close()
-
-
-def _confirmed(pubsub: Any, deadline: float) -> bool:
-    """Wait for the server to confirm a SUBSCRIBE (a store read before it could miss a reply
-    published in between); ``False`` at the deadline."""
-    while (left := deadline - time.monotonic()) > 0:
-        message = pubsub.get_message(timeout=left)
-        if message is not None and message["type"] == "subscribe":
-            return True
-    return False
-
-
-def _woken(pubsub: Any, request_id: str, deadline: float, recheck_every: float) -> bool:
-    """Listen until a message names ``request_id``, the subscription is renewed (a reconnection:
-    replies may have been missed) or ``recheck_every`` passes quietly (``True``: read the store
-    again), or until the deadline passes (``False``)."""
-    while (left := deadline - time.monotonic()) > 0:
-        message = pubsub.get_message(timeout=min(left, recheck_every))
-        if message is None or message["type"] == "subscribe" or addressee(message["data"]) == request_id:
-            return True
-    return False
 
 
 def conflict(request_id: str) -> ForkFailure:

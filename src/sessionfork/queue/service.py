@@ -3,9 +3,10 @@
 1. ``requests.parse``: decode and validate at the edge (each id checked once), and the edits
    against ``append``'s rules (``forks.check_edits``: the event size limit is the registry's);
 2. claim the request id and run the source step (``forks.source_step``: one round trip on a shared
-   server);
+   server, with the worker's RQ start bookkeeping ahead of the claim);
 3. create the children (``forks.child_step``; a fan-out first keeps its snapshot for retries);
-4. record, stream and publish the outcome (``outcomes``: the one module that writes outcomes).
+4. record, stream and publish the outcome (``outcomes``: the one module that writes outcomes),
+   with the worker's RQ success bookkeeping in the same transaction.
 
 ``ForkService.handle`` is what a worker runs per job. Its guarantees:
 
@@ -20,11 +21,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from msgspec import UNSET
 
-from ..core import forks
+from ..core import forks, lua
 from ..core.config import Settings
 from ..core.errors import ErrorCode, ForkError
 from ..core.factories import new_session_id, now_ms
@@ -33,8 +34,16 @@ from ..core.snapshots import ForkPlan
 from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, NewEvent, Reply, Summary
 from . import requests, tracing
 from .outages import is_outage
-from .outcomes import Claim, Outcomes
+from .outcomes import Claim, Outcomes, Then
 from .requests import DEFAULT_LIMITS, Limits
+
+
+class Start(lua.Prelude, Protocol):
+    """A worker's RQ start bookkeeping of a job, on the queue connection ``redis``; ``sent`` once
+    the server has answered it (``rq_seam.riders.JobStart``)."""
+
+    redis: Any
+    sent: bool
 
 
 class ForkService:
@@ -59,16 +68,21 @@ class ForkService:
         return cls(registry, outcomes, reply_channel=settings.reply_channel, limits=limits)
 
     def handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool = True,
-               enqueued_ms: int | None = None) -> Reply:
+               enqueued_ms: int | None = None, start: Start | None = None, finish: Then | None = None) -> Reply:
         """Run one request to its outcome and return the outcome (the first one, on a replay).
 
         ``enqueued_ms`` (epoch ms) lets the outcome stream record the enqueue-to-outcome latency.
         With OpenTelemetry installed, the run is one span continuing the request's ``traceparent``
         (a retried request: one span per run; the last run's ends with its outcome, ``INTERNAL`` too).
+        ``start``: the worker's RQ start bookkeeping, sent ahead of the claim in its round trip when
+        that trip goes on ``start.redis`` and it was not sent yet (``start.sent`` says whether it was).
+        ``finish``: its success bookkeeping, sent in the transaction that records the outcome of a
+        run that claimed the request, once ``start`` was sent (``finish.sent`` says whether it was).
         """
         with tracing.request_span(payload, job_id) as span:
             try:
-                reply = self._handle(payload, job_id, final_attempt=final_attempt, enqueued_ms=enqueued_ms)
+                reply = self._handle(payload, job_id, final_attempt=final_attempt, enqueued_ms=enqueued_ms,
+                                     start=start, finish=finish)
             except Exception as exc:
                 if final_attempt and not is_outage(exc):  # recorded INTERNAL: the run's span says so too
                     span.finish(ForkFailure(request_id=job_id, code=ErrorCode.INTERNAL.value, message=""))
@@ -77,7 +91,7 @@ class ForkService:
             return reply
 
     def _handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool,
-                enqueued_ms: int | None) -> Reply:
+                enqueued_ms: int | None, start: Start | None, finish: Then | None) -> Reply:
         started = self._monotonic()
         try:
             request = requests.parse(payload, job_id, self.limits)
@@ -92,7 +106,7 @@ class ForkService:
                                         digest=requests.invalid_digest(raw))
         channel = requests.reply_channel(request, self.reply_channel)
         try:
-            claim, plan = self._claim(request, job_id)
+            claim, plan = self._claim(request, job_id, start)
             if claim.outcome is not None:
                 return claim.outcome
             if claim.state == "CONFLICT":
@@ -118,17 +132,21 @@ class ForkService:
             raise
         elapsed = int((self._monotonic() - started) * 1e6)
         latency = 0 if enqueued_ms is None else max(0, (now_ms() - enqueued_ms) * 1000)
-        return self.outcomes.record(reply, channel, duration_us=elapsed, latency_us=latency)
+        then = finish if start is not None and start.sent else None  # RQ's order: start, then finish
+        return self.outcomes.record(reply, channel, duration_us=elapsed, latency_us=latency, then=then)
 
-    def _claim(self, request: ForkRequest, request_id: str) -> tuple[Claim, ForkPlan | None]:
+    def _claim(self, request: ForkRequest, request_id: str, start: Start | None) -> tuple[Claim, ForkPlan | None]:
         """Claim the request id, with the source step in the same trip on a shared single server
-        (``forks.source_step``); the plan is dropped when the request is not new (its children
-        were planned by an earlier attempt)."""
+        (``forks.source_step``) and the worker's ``start`` ahead of it on the queue server; the
+        plan is dropped when the request is not new (its children were planned by an earlier
+        attempt)."""
         planned = self._children_of(request)
+        prelude = start if start is not None and not start.sent and start.redis is self.outcomes.redis else None
         raw, plan = forks.source_step(self.registry, request.source, planned, request_id=request_id,
                                       boundary=_boundary(request), if_length=_if_length(request),
                                       keep_from=None if request.summary is UNSET else request.summary.keep_from,
-                                      rider=(self.outcomes.redis, self.outcomes.claim_op(request_id, request, planned)))
+                                      rider=(self.outcomes.redis, self.outcomes.claim_op(request_id, request, planned)),
+                                      prelude=prelude)
         claim = self.outcomes.claim_of(raw)
         return claim, plan if claim.state == "NEW" else None
 

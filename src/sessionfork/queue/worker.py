@@ -4,7 +4,8 @@ What it does differently from ``rq worker``:
 
 * no work-horse process per job (forks are O(1) and short): like RQ's ``SimpleWorker``, it keeps
   RQ's started/finished/failed registries, retries and abandoned-job recovery, and RQ's
-  bookkeeping for a job takes two pipelines (start, finish) instead of a dozen round trips;
+  bookkeeping for a job rides the request's own round trips (start with the claim, finish in the
+  outcome's record transaction) instead of taking a dozen of its own;
 * it never imports the job's callable: a job must name ``sessionfork.jobs.fork`` with one string
   argument, else it is refused (``INVALID_REQUEST``, job failed, nothing run);
 * every job that ends for good leaves its request one outcome: a job RQ fails (retries spent, an
@@ -31,6 +32,7 @@ from ..core import retention
 from ..core.factories import now_ms
 from ..core.wire import Reply
 from . import jobs
+from .rq_seam.riders import JobFinish, JobStart
 from .rq_seam.worker_base import EntryRefused, ForkJob, SeamWorker
 from .service import ForkService
 
@@ -58,24 +60,29 @@ class ForkWorker(SeamWorker):
         self.push_exc_handler(self._finish_abandoned)  # type: ignore[no-untyped-call]  # rq leaves it untyped
 
     def run_job(self, job: Job, queue: Queue) -> None:
-        """Start the job, run its request, finish it: RQ's bookkeeping in two pipelines."""
-        self.until_up(lambda: self.start(job, queue))
+        """Start the job, run its request, finish it: RQ's start bookkeeping rides the request's
+        claim, its success bookkeeping the outcome's record (no round trip of their own)."""
+        start = JobStart(self, job, queue)
         try:
             payload = _payload(job)
         except _Refused as refused:
+            start.ensure()
             self._refuse(job, queue, str(refused))
             return
-        self._run(job, queue, payload)
+        self._run(job, queue, payload, start)
 
-    def _run(self, job: Job, queue: Queue, payload: str) -> None:
+    def _run(self, job: Job, queue: Queue, payload: str, start: JobStart) -> None:
         began = time.perf_counter()
         enqueued = None if job.enqueued_at is None else int(job.enqueued_at.timestamp() * 1000)
+        finish = JobFinish(self, job)
         try:
             reply = self.run_in_time(job, lambda: self.until_up(lambda: self.service.handle(
-                payload, job.id, final_attempt=jobs.is_final_attempt(job), enqueued_ms=enqueued)))
+                payload, job.id, final_attempt=jobs.is_final_attempt(job), enqueued_ms=enqueued, start=start,
+                finish=finish)))
         except Exception:
             exc_info = sys.exc_info()
             final = jobs.is_final_attempt(job)
+            start.ensure()
             self.until_up(lambda: self.fail(job, queue, "".join(traceback.format_exception(*exc_info)),
                                             exc_info=exc_info))
             if final:  # the request ended: its INTERNAL outcome counts too
@@ -83,7 +90,12 @@ class ForkWorker(SeamWorker):
                 if stored is not None:
                     self._observe(job.id, payload, stored, time.perf_counter() - began)
             return
-        self.until_up(lambda: self.finish(job, reply))
+        if finish.sent:
+            if finish.result is not reply:  # another attempt's outcome was stored first: RQ's result is it
+                self.until_up(lambda: self.correct_result(job, reply))
+        else:  # a replay, or a request refused before its claim (not started yet)
+            start.ensure()
+            self.until_up(lambda: self.finish(job, reply))
         self._observe(job.id, payload, reply, time.perf_counter() - began)
 
     def _refuse(self, job: Job, queue: Queue, reason: str) -> None:

@@ -1,8 +1,9 @@
 """The seam: the one place that knows RQ beyond its documented API (checked against RQ 2.12 and 3.0).
 
-Two modules, so that what must not import RQ need not: ``worker_base`` (the worker and job
-classes; imports RQ) and ``layout`` (RQ's key names and job hash fields; imports no RQ, for the
-asyncio client, which enqueues without RQ). This package's ``__init__`` imports nothing.
+Three modules, so that what must not import RQ need not: ``worker_base`` (the worker and job
+classes; imports RQ), ``riders`` (a job's start and success bookkeeping as riders of the request's
+own round trips; no RQ import) and ``layout`` (RQ's key names and job hash fields; imports no RQ,
+for the asyncio client, which enqueues without RQ). This package's ``__init__`` imports nothing.
 
 Everything else in sessionfork uses RQ's documented API only: ``Queue``, ``Job`` and its public
 attributes, ``Retry``, the registries, ``Worker.all``, a custom serializer, a custom worker class
@@ -31,9 +32,20 @@ RQ names used here, and why:
   ``_exc_handlers`` and ``_ordered_queues`` (passed back to RQ's own helpers): the loop above.
 * ``Execution.create``, ``prepare_for_execution``, ``job._handle_success``, ``job.cleanup``,
   ``cleanup_execution``, ``increment_*`` and, on RQ 2 only, ``set_current_job_id``: RQ's start
-  and success bookkeeping in one pipeline each (RQ's own path takes a dozen round trips and a
-  WATCH loop for dependents, which fork jobs never have). ``handle_job_failure`` (its
+  and success bookkeeping, each added to a round trip the request makes anyway (RQ's own path
+  takes a dozen round trips and a WATCH loop for dependents, which fork jobs never have): the
+  start ahead of the request's claim (``JobStart``; pipelined, not in a transaction), the success
+  in the transaction that records the outcome (``JobFinish``), with ``EXISTS`` of
+  ``suspension.WORKERS_SUSPENDED`` (``rq:suspended``) as the loop's next ``check_for_suspension``
+  (RQ's own check is a round trip per job). ``results.Result.create``: RQ's result made the stored
+  outcome when another attempt's was stored first. ``handle_job_failure`` (its
   ``execution=`` argument is new in RQ 3) and ``job._status`` for failures: RQ's own path.
+* the dequeue (``dequeue_job_and_maintain_ttl``): RQ's own ``Queue.dequeue_any``, after one
+  non-blocking ``LMOVE`` to the ``intermediate_queue_key`` pipelined with ``HGETALL`` of the job
+  hash (``Job.key_for``) of the entry the last job's finish saw at the queue's front (``LINDEX``),
+  used only if the entry moved is that one; the job is then built as ``Job.fetch`` builds it
+  (``restore`` of the hash), its queue by ``Queue.from_queue_key``, and a failure carries
+  ``job_id`` and ``queue`` as RQ's dequeue's do.
 * ``Job.fetch`` overridden for the dequeue only: a queue entry with a ``:`` (RQ would load the
   job before the colon, an execution key) or naming no job hash (RQ skips it and leaves it in the
   intermediate queue) is refused with an outcome.

@@ -16,6 +16,8 @@ from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.registry import clean_registries
+from rq.results import Result
+from rq.suspension import WORKERS_SUSPENDED
 from rq.timeouts import JobTimeoutException
 from rq.utils import now
 from rq.version import VERSION
@@ -59,15 +61,29 @@ class _DequeuedJob(ForkJob):
 
     @classmethod
     def fetch(cls, id: str, connection: Any = None, serializer: Any = None) -> Any:
-        if ":" in id:
-            # RQ reads "<job>:<execution>" as an execution key and would load the job <job> instead.
-            raise ValueError("Job ID must only contain letters, numbers, underscores and dashes")
+        _refuse_colon(id)
         try:
             return super().fetch(id, connection=connection, serializer=serializer)
         except NoSuchJobError:
             # RQ drops such an entry silently, leaving it in its intermediate queue and its id
             # with no outcome.
             raise MalformedJob("the queue entry names no job hash") from None
+
+    @classmethod
+    def loaded(cls, id: str, data: dict[bytes, bytes], connection: Any, serializer: Any) -> Any:
+        """``fetch`` from a job hash read already (``data``: HGETALL's), with the same refusals."""
+        _refuse_colon(id)
+        if not data:
+            raise MalformedJob("the queue entry names no job hash")
+        job = cls(id, connection=connection, serializer=serializer)
+        job.restore(data)
+        return job
+
+
+def _refuse_colon(id: str) -> None:
+    if ":" in id:
+        # RQ reads "<job>:<execution>" as an execution key and would load the job <job> instead.
+        raise ValueError("Job ID must only contain letters, numbers, underscores and dashes")
 
 
 class EntryRefused(Exception):
@@ -90,6 +106,9 @@ class SeamWorker(SimpleWorker):
     _holding: bool = False  # a job may be out of the queue and not finished yet
     stop_signalled: bool = False  # SIGTERM/SIGINT asked this worker to stop
     _beat_at: float = float("-inf")  # time.monotonic() of this worker's last own heartbeat
+    _unsuspended: bool = False  # the last job's finish found no `rq suspend` in force
+    _finishing: Execution | None = None  # the execution a finish in flight cleans up
+    _front: bytes | None = None  # the queue's front entry when the last job finished (one queue only)
 
     def refuse_entry(self, entry: EntryRefused) -> None:
         raise NotImplementedError
@@ -120,43 +139,77 @@ class SeamWorker(SimpleWorker):
         # worker died is then abandoned and recovered by the next maintenance pass.
         return self.abandoned_after
 
-    def start(self, job: Job, queue: Queue) -> None:
-        """RQ's prepare_execution and prepare_job_execution in one pipeline."""
+    def start(self, job: Job, queue: Queue, pipe: Any = None) -> None:
+        """RQ's prepare_execution and prepare_job_execution in one pipeline: sent now, or added to
+        ``pipe`` (``JobStart``: ahead of the request's claim, in its round trip)."""
+        if pipe is None:
+            with self.connection.pipeline() as own:
+                self.start(job, queue, own)
+                own.execute()
+            return
         ttl = self.get_heartbeat_ttl(job)
-        with self.connection.pipeline() as pipe:
-            self.execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
-            super().set_state(WorkerStatus.BUSY, pipeline=pipe)
-            if RQ_MAJOR < 3:
-                getattr(self, "set_current_job_id")(job.id, pipeline=pipe)  # noqa: B009 - gone in RQ 3
-            super().heartbeat(ttl, pipeline=pipe)
-            job.prepare_for_execution(self.name, pipeline=pipe)
-            if len(self.queues) == 1:
-                pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-            pipe.execute()
+        self.execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+        super().set_state(WorkerStatus.BUSY, pipeline=pipe)
+        if RQ_MAJOR < 3:
+            getattr(self, "set_current_job_id")(job.id, pipeline=pipe)  # noqa: B009 - gone in RQ 3
+        super().heartbeat(ttl, pipeline=pipe)
+        job.prepare_for_execution(self.name, pipeline=pipe)
+        if len(self.queues) == 1:
+            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
         self._holding = True
 
-    def finish(self, job: Job, result: Any) -> None:
-        """RQ's success path (result, finished registry, counters, cleanup) in one pipeline."""
-        execution = self.execution
+    def finish(self, job: Job, result: Any, pipe: Any = None) -> None:
+        """RQ's success path (result, finished registry, counters, cleanup) in one pipeline, which
+        also reads whether ``rq suspend`` is in force (the loop's next suspension check): sent
+        now, or added to ``pipe`` (``JobFinish``: after the outcome's record, in its transaction);
+        its sender then calls ``finished`` with the replies, or ``finish_failed``."""
+        if pipe is None:
+            with self.connection.pipeline() as own:
+                self.finish(job, result, own)
+                try:
+                    replies = own.execute()
+                except BaseException:
+                    self.finish_failed()
+                    raise
+            self.finished(replies)
+            return
+        execution = self._finishing = self.execution
         assert execution is not None and job.started_at is not None
         job.ended_at = now()
         job._result = result
+        result_ttl = self._result_ttl(job)
+        self.increment_successful_job_count(pipeline=pipe)
+        self.increment_total_working_time(job.ended_at - job.started_at, pipe)
+        job._handle_success(result_ttl, pipeline=pipe, worker_name=self.name, execution_id=execution.id,
+                            execution_started_at=execution.created_at, execution_ended_at=job.ended_at)
+        job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
+        self._cleanup_execution(job, pipe, execution)
+        super().set_state(WorkerStatus.IDLE, pipeline=pipe)
+        pipe.lindex(self.queues[0].key, 0)  # the next job's id, likely: its hash comes with the next dequeue
+        pipe.exists(WORKERS_SUSPENDED)
+
+    def finish_failed(self) -> None:
+        """The finish's pipeline failed (it may run again)."""
+        self.execution = self._finishing  # not cleaned up after all: a retried finish needs it
+
+    def finished(self, replies: list[Any]) -> None:
+        """The finish's pipeline ran; ``replies`` are its commands' (the last two: the queue's front
+        entry, the suspension key)."""
+        if RQ_MAJOR >= 3:
+            self.execution = None
+        self._front = replies[-2] if len(self.queues) == 1 else None
+        self._unsuspended = not replies[-1]
+
+    def correct_result(self, job: Job, result: Any) -> None:
+        """RQ's result of a finished job made ``result``: the outcome another attempt stored first
+        (the finish went out with this attempt's reply, in the record's transaction)."""
+        Result.create(job, Result.Type.SUCCESSFUL, self._result_ttl(job), return_value=result, worker_name=self.name)
+
+    def _result_ttl(self, job: Job) -> Any:
         result_ttl = job.get_result_ttl(self.default_result_ttl)
         if self.job_ttl is not None and (result_ttl is None or result_ttl < 0 or result_ttl > self.job_ttl):
             result_ttl = self.job_ttl  # the outcome lives on in sf:req:<id>; RQ's copy need not
-        with self.connection.pipeline() as pipe:
-            self.increment_successful_job_count(pipeline=pipe)
-            self.increment_total_working_time(job.ended_at - job.started_at, pipe)
-            job._handle_success(result_ttl, pipeline=pipe, worker_name=self.name, execution_id=execution.id,
-                                execution_started_at=execution.created_at, execution_ended_at=job.ended_at)
-            job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
-            self._cleanup_execution(job, pipe, execution)
-            super().set_state(WorkerStatus.IDLE, pipeline=pipe)
-            try:
-                pipe.execute()
-            except BaseException:
-                self.execution = execution  # not cleaned up after all: a retried finish needs it
-                raise
+        return result_ttl
 
     def fail(self, job: Job, queue: Queue, exc_string: str, *, exc_info: Any = None, retry: bool = True) -> None:
         """RQ's failure path: exception handlers (with ``exc_info``), then retried when the job has
@@ -189,8 +242,6 @@ class SeamWorker(SimpleWorker):
     def _cleanup_execution(self, job: Job, pipe: Any, execution: Execution) -> None:
         extra: dict[str, Any] = {"execution": execution} if RQ_MAJOR >= 3 else {}
         self.cleanup_execution(job, pipeline=pipe, **extra)
-        if RQ_MAJOR >= 3:
-            self.execution = None
 
     # -- the loop ----------------------------------------------------------------------------------
 
@@ -260,11 +311,9 @@ class SeamWorker(SimpleWorker):
                 self.run_maintenance_tasks()
             wait = None if timeout is None else max(1, min(timeout, _IDLE_POLL))
             self._holding = True
+            front, self._front = self._front, None
             try:
-                result = self.until_up(functools.partial(
-                    self.queue_class.dequeue_any, self._ordered_queues, wait, connection=self.connection,
-                    job_class=_DequeuedJob, serializer=self.serializer,
-                    death_penalty_class=self.death_penalty_class))
+                result = self.until_up(functools.partial(self._dequeue, wait, front))
             except DequeueTimeout:
                 self._holding = False
                 if max_idle_time is not None and time.monotonic() - idle_since > max_idle_time:
@@ -282,6 +331,42 @@ class SeamWorker(SimpleWorker):
                 return None
             return result
 
+    def _dequeue(self, wait: int | None, front: bytes | None) -> Any:
+        """RQ's dequeue (``Queue.dequeue_any``), after one try at the entry the last job's finish saw
+        at the queue's front: LMOVE and that entry's job hash in one round trip (``_dequeue_front``)."""
+        if front is not None:
+            found = self._dequeue_front(front)
+            if found is not None:
+                return found
+        return self.queue_class.dequeue_any(self._ordered_queues, wait, connection=self.connection,
+                                            job_class=_DequeuedJob, serializer=self.serializer,
+                                            death_penalty_class=self.death_penalty_class)
+
+    def _dequeue_front(self, front: bytes) -> Any:
+        """RQ's non-blocking dequeue of the one queue (LMOVE to its intermediate queue), pipelined
+        with HGETALL of ``front``'s job hash: the job, when the entry moved is ``front`` (else its
+        hash is read as RQ does); ``None`` when the queue is empty. A failure carries ``job_id`` and
+        ``queue``, as RQ's dequeue's do."""
+        queue = self.queues[0]
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.lmove(queue.key, queue.intermediate_queue_key)
+        pipe.hgetall(self.job_class.key_for("").encode() + front)
+        moved, data = pipe.execute()
+        if moved is None:
+            return None
+        job_id = moved.decode()  # not text: refused as RQ's dequeue's UnicodeDecodeError is
+        queue = self.queue_class.from_queue_key(queue.key, connection=self.connection, job_class=_DequeuedJob,
+                                                serializer=self.serializer,
+                                                death_penalty_class=self.death_penalty_class)
+        try:
+            if moved == front:
+                return _DequeuedJob.loaded(job_id, data, self.connection, self.serializer), queue
+            return _DequeuedJob.fetch(job_id, connection=self.connection, serializer=self.serializer), queue
+        except Exception as exc:
+            exc.job_id = job_id  # type: ignore[attr-defined]
+            exc.queue = queue  # type: ignore[attr-defined]
+            raise
+
     def _shutdown(self) -> None:
         # Called from the signal handler. Never raise here (RQ does): the exception would land
         # at any instruction, even inside redis-py between a command and its reply. The flag is
@@ -290,6 +375,11 @@ class SeamWorker(SimpleWorker):
         self._stop_requested = True
 
     def check_for_suspension(self, burst: bool) -> None:
+        # Right after a job, the job's last pipeline has just read the suspension key: RQ's own
+        # check (a round trip, with a heartbeat the job's pipelines sent too) would read it again.
+        if self._unsuspended:
+            self._unsuspended = False
+            return
         # RQ's loop calls this outside any guard: a Redis time-out there would end the worker.
         self.until_up(lambda: super(SeamWorker, self).check_for_suspension(burst))
 

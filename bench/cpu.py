@@ -1,0 +1,43 @@
+"""The Redis CPU rows alone: ``python -m bench.cpu [--rounds N] [--jobs N] [--waits N]``.
+
+The same measurements ``bench.main`` makes for its CPU rows (``redis_cpu_per_job``,
+``waiter_cpu_us``, ``round_trips``), alternating rounds, medians printed with each round's figures:
+a quick way to compare two versions of the worker or the waiter without the whole bench.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+from bench.measure import redis_cpu_per_job, round_trips, waiter_cpu_us
+from sessionfork.embedded import EmbeddedServer
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.cpu", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jobs", type=int, default=1000, help="jobs per worker burst")
+    parser.add_argument("--waits", type=int, default=300, help="requests per waiter round")
+    args = parser.parse_args(argv)
+    with EmbeddedServer() as server:
+        ours_rt, simple_rt = round_trips(server, 200)
+        print(f"round trips per job: fork {ours_rt:.2f}, SimpleWorker no-op {simple_rt:.2f}", flush=True)
+        forks, noops, waits = [], [], []
+        for r in range(args.rounds):
+            fork_us, noop_us = redis_cpu_per_job(server, args.jobs)
+            waiter = waiter_cpu_us(server, args.waits)
+            forks.append(fork_us)
+            noops.append(noop_us)
+            waits.append(waiter)
+            print(f"round {r + 1}: fork {fork_us:.0f} µs, no-op {noop_us:.0f} µs ({fork_us / noop_us:.2f}x), "
+                  f"waiter {waiter:.0f} µs ({waiter / noop_us:.2f}x)", flush=True)
+        fork_m, noop_m, wait_m = (statistics.median(x) for x in (forks, noops, waits))
+        print(f"median: fork {fork_m:.0f} µs, no-op {noop_m:.0f} µs, ratio {fork_m / noop_m:.2f}x; "
+              f"waiter {wait_m:.0f} µs, ratio {wait_m / noop_m:.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
