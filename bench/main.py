@@ -36,6 +36,7 @@ from bench.measure import (
 from bench.memory import bytes_held, child_bytes_at_depth, request_memory, steady_workload
 from bench.publish import table
 from bench.shards import shard_rows
+from bench.shares import share_rows
 from sessionfork.core.config import Settings
 from sessionfork.embedded import EmbeddedServer
 
@@ -171,12 +172,10 @@ def main(argv: list[str] | None = None) -> int:
                                         lambda: waiter_cpu_us(server, 50 if q else 300)) for r in range(rounds))
         rows.append(("Redis CPU µs a waiting sync scheduler adds per fork", waiter,
                      "Redis CPU µs per RQ SimpleWorker no-op job", noop_cpu, "≤ 0.25"))
-        per_core = 1e6 / (fork_cpu + waiter)
-        rows.append(("forks/s one primary carries at 100 % of a core (waiting schedulers)", per_core,
-                     "forks/s at a no-op job's cost", 1e6 / noop_cpu, ""))
-        for target in (10_000, 100_000, 1_000_000):
-            rows.append((f"queue primaries (shards) for {target:,} forks/s at 100 % of a core", target / per_core,
-                         "one primary", 1.0, ""))
+        rows.append(("forks/s one primary carries at 100 % of a core (queue and registry on it, waiting schedulers)",
+                     1e6 / (fork_cpu + waiter), "forks/s at a no-op job's cost", 1e6 / noop_cpu, ""))
+        # The registry on a server of its own: each server's share, and the capacity they imply.
+        rows.extend(step("queue server's and registry's shares", lambda: share_rows(server, cpu_jobs, rounds, waiter)))
         for w in (1, 2, 4):
             rate = step(f"{w} worker(s)", lambda w=w: fork_throughput(server, n, workers=w))  # type: ignore[misc]
             rows.append((f"single-fork requests/s, {w} worker process(es)", rate, "RQ SimpleWorker no-op jobs/s",

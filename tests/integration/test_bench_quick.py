@@ -28,8 +28,11 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
     assert all(f["value"] > 0 for f in figures if f["figure"] != addon)
     names = {f["figure"] for f in figures}
     assert {addon, "Redis CPU µs per fork, worker side (queue + registry, median of rounds)",
-            "forks/s one primary carries at 100 % of a core (waiting schedulers)",
-            "queue primaries (shards) for 1,000,000 forks/s at 100 % of a core",
+            "forks/s one primary carries at 100 % of a core (queue and registry on it, waiting schedulers)",
+            "forks/s one queue primary carries at 100 % of a core (waiting schedulers, registry apart)",
+            "Redis CPU µs per fork on the registry (its own server)",
+            "queue primaries (shards) for 1,000,000 forks/s, registry apart",
+            "registry cores (cluster masters) beside them for 1,000,000 forks/s",
             "Redis bytes retained per completed request, hash-max-listpack-value 512",
             "GB a steady 1000 forks/s holds (default TTL 24 h)"} <= names
     assert {"single-fork requests/s (1 worker, median of rounds)", "fan-out children/s (64 per request)"} <= names
