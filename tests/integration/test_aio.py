@@ -432,3 +432,46 @@ def test_a_waiter_survives_a_dropped_subscription(server: EmbeddedServer, redis:
             assert await task == later
 
     run(main)
+
+
+def test_a_channel_left_while_the_subscription_reconnects_is_subscribed_again_by_the_next_waiter(
+        server: EmbeddedServer, redis: Redis) -> None:
+    """The last waiter of a channel leaves while the reader is reconnecting (held down here): the
+    renewal still comes, is dropped again, and the next waiter's subscription is confirmed (a
+    confirmation counted for a renewal that never came would keep that waiter waiting forever)."""
+    outcomes = Outcomes(redis, ttl=60, stream_maxlen=100)
+    settings = msgspec.structs.replace(SETTINGS, reply_channel=f"sf:replies:left-{uuid.uuid4().hex[:8]}")
+    channel = settings.reply_channel
+
+    async def main() -> None:
+        async with AsyncClient.from_url(server.url, settings, recheck_every=0.2) as client:
+            router = client.replies
+            first = await client.request("s", request_id="left-1")
+            task = asyncio.create_task(client.wait(first, timeout=20))
+            await until(lambda: redis.pubsub_numsub(channel)[0][1] == 1, 5, "the subscription")
+            gate = asyncio.Event()
+            connect = router._pubsub.connect
+
+            async def held_connect() -> None:
+                await gate.wait()
+                await connect()
+
+            router._pubsub.connect = held_connect
+            assert redis.client_kill_filter(_type="pubsub") >= 1
+            await until(lambda: not router._up.is_set(), 5, "the reader to see the drop")
+            reply = ForkFailure(request_id="left-1", code="SESSION_NOT_FOUND", message='session "s" not found')
+            outcomes.record(reply, channel, digest=wire.digest(first))
+            assert await task == reply  # read on a recheck, the subscription still down
+            assert router.waiters == 0 and not router._up.is_set(), "the waiter left while the reader was down"
+            gate.set()
+            await until(lambda: router._up.is_set(), 5, "the reconnection")
+            await until(lambda: router.tracked == 0 and redis.pubsub_numsub(channel)[0][1] == 0, 5,
+                        "the renewal to be dropped again")
+            second = await client.request("s", request_id="left-2")
+            task = asyncio.create_task(client.wait(second, timeout=10))
+            await until(lambda: redis.pubsub_numsub(channel)[0][1] == 1, 5, "a new subscription")
+            later = ForkFailure(request_id="left-2", code="SESSION_NOT_FOUND", message='session "s" not found')
+            outcomes.record(later, channel, digest=wire.digest(second))
+            assert await task == later
+
+    run(main)

@@ -9,8 +9,10 @@ its confirmations are in, so the router holds state only for channels in use.
 
 The subscription has a connection of its own, and only the reader task ever (re)connects it:
 when it drops, the reader reconnects and redis-py subscribes again to every channel in use;
-meanwhile nothing else is sent on it (a waiter that needs a new channel waits for the reader), and
-every confirmation wakes the channel's waiters (a reply may have been published meanwhile).
+meanwhile nothing else is sent on it (a waiter that needs a new channel waits for the reader) and
+redis-py's record of the channels to renew stays as it was when the connection dropped (a channel
+its last waiter left meanwhile is renewed, then dropped again), and every confirmation wakes the
+channel's waiters (a reply may have been published meanwhile).
 """
 
 from __future__ import annotations
@@ -181,8 +183,12 @@ class ReplyRouter:
                 if not state.boxes and state.subscribed and self._pubsub is not None:
                     state.subscribed = False
                     state.ready.clear()
-                    self._pubsub.channels.pop(self._key(channel), None)
-                    await self._send("UNSUBSCRIBE", channel)
+                    if self._up.is_set():
+                        self._pubsub.channels.pop(self._key(channel), None)
+                        await self._send("UNSUBSCRIBE", channel)
+                    # Else the reconnection renews it as counted when it dropped; that
+                    # confirmation drops it again (``_route``). Taking it out of redis-py's record
+                    # now would leave the count waiting for a confirmation that never comes.
             finally:
                 self._forget(channel, state)
 
@@ -190,7 +196,9 @@ class ReplyRouter:
         """Unsubscribe from a subscription renewed that no waiter needs any more."""
         async with self._lock:
             state = self._channels.get(channel)
-            if (state is None or not (state.boxes or state.subscribed)) and self._pubsub is not None:
+            if (state is None or not (state.boxes or state.subscribed)) and self._pubsub is not None \
+                    and self._up.is_set():
+                self._pubsub.channels.pop(self._key(channel), None)  # not renewed by a reconnection
                 await self._send("UNSUBSCRIBE", channel)
 
     async def _read(self) -> None:
@@ -209,9 +217,11 @@ class ReplyRouter:
                     if self._pubsub.connection is not None:
                         await self._pubsub.connection.disconnect()
                 for name, state in list(self._channels.items()):
-                    # Expect one confirmation of the subscription the reconnection renews; until
-                    # it comes, a new waiter waits for it before it reads the stored outcome.
-                    state.confirmed = state.sent - 1 if state.subscribed else state.sent
+                    # Expect one confirmation of each subscription the reconnection renews (what
+                    # redis-py's record holds: nothing changes it until the connection is up);
+                    # until it comes, a new waiter waits for it before it reads the stored outcome.
+                    renewed = self._key(name) in self._pubsub.channels
+                    state.confirmed = state.sent - 1 if renewed else state.sent
                     state.ready.clear()
                     self._forget(name, state)
                 await asyncio.sleep(delay)  # back-off, not synchronisation
