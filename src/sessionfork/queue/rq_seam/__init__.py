@@ -1,9 +1,14 @@
 """The seam: the one place that knows RQ beyond its documented API (checked against RQ 2.12 and 3.0).
 
-Three modules, so that what must not import RQ need not: ``worker_base`` (the worker and job
-classes; imports RQ), ``riders`` (a job's start and success bookkeeping as riders of the request's
-own round trips; no RQ import) and ``layout`` (RQ's key names and job hash fields; imports no RQ,
-for the asyncio client, which enqueues without RQ). This package's ``__init__`` imports nothing.
+Six modules, so that what must not import RQ need not, and each stays small. The worker class
+is three layers, each importing only the one below: ``worker_base.SeamWorker`` (a job's start,
+success and failure bookkeeping, the heartbeat and registration) on ``dequeue.DequeuingWorker``
+(the dequeue loop and the stop flag) on ``maintenance.MaintainedWorker`` (the maintenance pass,
+the requeue of stranded jobs, the outage back-off ``until_up``). ``entries`` holds the job classes
+and the refusal of queue entries RQ cannot load; all four import RQ. ``riders`` (a job's start and
+success bookkeeping as riders of the request's own round trips) and ``layout`` (RQ's key names and
+job hash fields, for the asyncio client, which enqueues without RQ) import no RQ. This package's
+``__init__`` imports nothing.
 
 Everything else in sessionfork uses RQ's documented API only: ``Queue``, ``Job`` and its public
 attributes, ``Retry``, the registries, ``Worker.all``, a custom serializer, a custom worker class
