@@ -8,8 +8,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, TypeVar
 
+from redis.exceptions import RedisError
 from rq.exceptions import StopRequested
 from rq.executions import Execution
 from rq.job import Job, JobStatus
@@ -40,6 +42,11 @@ class SeamWorker(DequeuingWorker):
     _beat_at: float = float("-inf")  # time.monotonic() of this worker's last own heartbeat
     _unsuspended: bool = False  # the last job's finish found no `rq suspend` in force
     _finishing: Execution | None = None  # the execution a finish in flight cleans up
+    _worked: float = 0.0  # the working time (s) of the job whose finish is in flight
+    # RQ's worker counters not sent yet (successful jobs, working time): batched into the beat.
+    _unsent_jobs: int = 0
+    _unsent_time: float = 0.0
+    _flushing: tuple[int, float] = (0, 0.0)  # the counters a pipeline in flight adds
 
     def run_job(self, job: Job, queue: Queue) -> None:
         raise NotImplementedError
@@ -103,11 +110,17 @@ class SeamWorker(DequeuingWorker):
         job.ended_at = now()
         job._result = result
         result_ttl = self._result_ttl(job)
-        self.increment_successful_job_count(pipeline=pipe)
-        self.increment_total_working_time(job.ended_at - job.started_at, pipe)
+        # RQ's counters (successful_job_count, total_working_time) go with the next beat, once a
+        # second (``flush_counters``), not with every job.
+        self._worked = (job.ended_at - job.started_at).total_seconds()
         job._handle_success(result_ttl, pipeline=pipe, worker_name=self.name, execution_id=execution.id,
                             execution_started_at=execution.created_at, execution_ended_at=job.ended_at)
-        job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
+        if result_ttl is not None and result_ttl > 0:
+            # RQ's cleanup, less its EXPIREs of the dependents and dependencies keys: a fork job
+            # has neither (nothing enqueues one with depends_on, and the finish enqueues no dependents).
+            pipe.expire(job.key, result_ttl)
+        else:
+            job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
         self._cleanup_execution(job, pipe, execution)
         super().set_state(WorkerStatus.IDLE, pipeline=pipe)
         pipe.lindex(self.queues[0].key, 0)  # the next job's id, likely: its hash comes with the next dequeue
@@ -124,6 +137,22 @@ class SeamWorker(DequeuingWorker):
             self.execution = None
         self._front = replies[-2] if len(self.queues) == 1 else None
         self._unsuspended = not replies[-1]
+        self._unsent_jobs += 1
+        self._unsent_time += self._worked
+
+    def flush_counters(self, pipe: Any) -> None:
+        """Add RQ's worker counters not sent yet to ``pipe``: its ``successful_job_count`` (RQ's
+        ``increment_successful_job_count`` adds 1 per job) and ``increment_total_working_time``,
+        once for the jobs since the last flush; ``counters_sent`` once ``pipe`` ran."""
+        if self._unsent_jobs:
+            pipe.hincrby(self.key, "successful_job_count", self._unsent_jobs)
+            self.increment_total_working_time(timedelta(seconds=self._unsent_time), pipe)
+        self._flushing = self._unsent_jobs, self._unsent_time
+
+    def counters_sent(self) -> None:
+        jobs, seconds = self._flushing
+        self._unsent_jobs -= jobs
+        self._unsent_time -= seconds
 
     def correct_result(self, job: Job, result: Any) -> None:
         """RQ's result of a finished job made ``result``: the outcome another attempt stored first
@@ -191,7 +220,8 @@ class SeamWorker(DequeuingWorker):
         self.until_up(self._beat)
 
     def _beat(self) -> None:
-        """One round trip: the heartbeat, and whether the worker is still registered.
+        """One round trip: the heartbeat, RQ's worker counters of the jobs since the last beat
+        (``flush_counters``), and whether the worker is still registered.
 
         A server that restarted empty lost the worker's registration: it registers again, so that
         ``health`` and ``rq info`` see a worker that is serving. The registration's ``birth`` field
@@ -201,7 +231,9 @@ class SeamWorker(DequeuingWorker):
         with self.connection.pipeline(transaction=False) as pipe:
             pipe.hexists(self.key, "birth")
             super().heartbeat(None, pipe)
+            self.flush_counters(pipe)
             registered = pipe.execute()[0]
+        self.counters_sent()
         if not registered:
             log.warning("worker %s was no longer registered (a server that lost its data?); registering again",
                         self.name)
@@ -209,6 +241,18 @@ class SeamWorker(DequeuingWorker):
             self.register_birth()  # type: ignore[no-untyped-call]
             super().set_state(self._state)  # RQ's registration does not record the state
         self._beat_at = time.monotonic()
+
+    def teardown(self) -> None:
+        # The counters of the jobs since the last beat, before RQ unregisters the worker (best
+        # effort, like the unregistering: a worker killed instead loses at most a second's worth).
+        try:
+            with self.connection.pipeline(transaction=False) as pipe:
+                self.flush_counters(pipe)
+                pipe.execute()
+            self.counters_sent()
+        except RedisError as exc:
+            log.warning("could not send the counters of worker %s: %s", self.name, exc)
+        super().teardown()
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
         if pipeline is None and state == self._state:
