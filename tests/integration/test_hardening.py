@@ -23,7 +23,7 @@ from sessionfork.queue import jobs
 from sessionfork.queue.client import Client
 from sessionfork.queue.outcomes import Outcomes
 from sessionfork.queue.requests import Limits
-from sessionfork.queue.rq_seam.worker_base import ForkJob
+from sessionfork.queue.rq_seam.entries import ForkJob
 from sessionfork.queue.service import ForkService
 from sessionfork.queue.waiting import wait_for_reply
 from sessionfork.queue.worker import ForkWorker

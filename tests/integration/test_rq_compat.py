@@ -7,13 +7,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import SETTINGS, make_client, start_worker, stop, turn, wait_registered, worker_name
 from redis import Redis
+from rq import Worker
 from rq.registry import FinishedJobRegistry
 
 from sessionfork.core.registry import Registry
-from sessionfork.embedded import EmbeddedServer
+from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.queue import jobs
+from sessionfork.queue.outcomes import Outcomes
+from sessionfork.queue.rq_seam import worker_base
+from sessionfork.queue.service import ForkService
+from sessionfork.queue.worker import ForkWorker
 
 RQ = str(Path(sys.executable).parent / "rq")
 
@@ -38,3 +44,43 @@ def test_rq_info_lists_the_fork_queue_and_a_working_sessionfork_worker(server: E
     assert name in out.stdout
     finished = FinishedJobRegistry(queue=jobs.make_queue(redis, SETTINGS))
     assert request.request_id in finished.get_job_ids()
+
+
+def test_rq_worker_counters_count_every_job_sent_with_the_beat(server: EmbeddedServer, redis: Redis) -> None:
+    """RQ's ``successful_job_count`` and ``total_working_time`` (``rq info``, rq-dashboard) count every
+    job: batched into the worker's once-a-second beat, not sent with each job."""
+    name = worker_name("counts")
+    proc = start_worker(server.url, name)
+    try:
+        wait_registered(redis, name)
+        registry = Registry(redis)
+        registry.append(registry.create("counts-src"), turn(1))
+        client = make_client(redis)
+        requests = [client.request("counts-src", session_id=f"counts-{i}") for i in range(3)]
+        for request in requests:
+            client.submit(request)
+        assert all(client.wait(request, 20).ok for request in requests)
+
+        def counted() -> bool:  # the beat of the idle worker sends them, within a second or two
+            worker = Worker.find_by_key(Worker.redis_worker_namespace_prefix + name, connection=redis)
+            return worker is not None and worker.successful_job_count == 3
+
+        wait_until(counted, 10, "the worker's counters to reach 3 jobs")
+    finally:
+        assert stop(proc) == 0
+
+
+def test_rq_worker_counters_of_the_last_jobs_are_sent_at_stop(redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that stops sends the counters of its jobs since its last beat (here: its only beat
+    was before its first job) before it unregisters."""
+    monkeypatch.setattr(worker_base, "_HEARTBEAT_EVERY", 3600.0)
+    registry = Registry(redis)
+    registry.append(registry.create("burst-src"), turn(1))
+    client = make_client(redis)
+    for i in range(3):
+        client.submit(client.request("burst-src", session_id=f"burst-{i}"))
+    service = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies")
+    worker = ForkWorker([jobs.make_queue(redis, SETTINGS)], service=service, connection=redis, abandoned_after=30)
+    assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
+    assert redis.hget(worker.key, "successful_job_count") == b"3"
+    assert float(redis.hget(worker.key, "total_working_time") or 0) > 0

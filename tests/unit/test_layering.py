@@ -14,9 +14,11 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "sessionfork"
 SOURCES = sorted(PACKAGE.rglob("*.py"))
 # The queue side's job, seam and worker modules, and the public job function, speak RQ.
 RQ_MODULES = {"sessionfork.jobs", "sessionfork.queue.jobs", "sessionfork.queue.rq_seam.worker_base",
-              "sessionfork.queue.worker"}
+              "sessionfork.queue.rq_seam.dequeue", "sessionfork.queue.rq_seam.maintenance",
+              "sessionfork.queue.rq_seam.entries", "sessionfork.queue.worker"}
 SEAM = "sessionfork.queue.rq_seam"
-"""The RQ seam (a package: ``worker_base`` imports RQ, ``layout`` does not)."""
+"""The RQ seam (a package: ``worker_base``, ``dequeue``, ``maintenance`` and ``entries`` import RQ,
+``layout`` and ``riders`` do not)."""
 # RQ's documented API: what a module other than the seam may import from rq.
 DOCUMENTED_RQ = {"Queue", "Retry", "Worker", "Job", "get_current_job", "DuplicateJobError", "AbandonedJobError"}
 # Entry points read the environment; nothing else does.
@@ -121,7 +123,8 @@ def test_a_scheduler_importing_the_client_loads_neither_the_worker_nor_the_fork_
     loaded = set(ast.literal_eval(out.stdout.strip()))
     assert "sessionfork.client" in loaded
     assert not loaded & {"sessionfork.queue.worker", "sessionfork.queue.service",
-                         "sessionfork.queue.rq_seam.worker_base", "sessionfork.cli"}
+                         "sessionfork.queue.rq_seam.worker_base", "sessionfork.queue.rq_seam.entries",
+                         "sessionfork.cli"}
 
 
 def test_only_entry_points_read_the_environment() -> None:

@@ -242,15 +242,14 @@ def run(redis: Any, ops: Sequence[Op], *, replicas: int = 0, wait_ms: int = 1000
 def run_loaded(redis: Any, call: Call, then: Callable[[Any], None]) -> tuple[Any, list[Any]]:
     """``call``, then the commands ``then`` adds to the pipeline, in one transaction (MULTI/EXEC)
     on one server: the call's result (an error reply as its exception) and the replies of
-    ``then``'s commands. The script is loaded in the same transaction, ahead of its call: on a
-    server that lost its scripts (restarted, flushed) a NOSCRIPT would fail the call alone, and
-    EXEC would still run ``then``'s commands, without it."""
+    ``then``'s commands. The call is an EVAL of the script's text, not an EVALSHA: on a server that
+    lost its scripts (restarted, flushed) a NOSCRIPT would fail the call alone, and EXEC would
+    still run ``then``'s commands, without it (one command, where SCRIPT LOAD + EVALSHA took two)."""
     script, call_keys, args = call
     pipe = redis.pipeline(transaction=True)
-    pipe.script_load(script.script)
-    pipe.evalsha(script.sha, len(call_keys), *call_keys, *args)
+    pipe.eval(script.script, len(call_keys), *call_keys, *args)
     then(pipe)
-    _, result, *replies = pipe.execute(raise_on_error=False)
+    result, *replies = pipe.execute(raise_on_error=False)
     return result, replies
 
 

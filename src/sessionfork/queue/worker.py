@@ -32,8 +32,9 @@ from ..core import retention
 from ..core.factories import now_ms
 from ..core.wire import Reply
 from . import jobs
+from .rq_seam.entries import EntryRefused, ForkJob
 from .rq_seam.riders import JobFinish, JobStart
-from .rq_seam.worker_base import EntryRefused, ForkJob, SeamWorker
+from .rq_seam.worker_base import SeamWorker
 from .service import ForkService
 
 log = logging.getLogger("sessionfork.worker")

@@ -40,22 +40,24 @@ end
 -- "seedlen" and "seedend" are stored only once they differ from "len" and "lastend" (append.lua
 -- writes them before it moves those): two fields fewer in every record never appended to (most
 -- children of a fan-out); readers take len / lastend when they are absent.
-redis.call('HSET', KEYS[1], 'header', ARGV[1], 'instance', ARGV[2], 'len', ARGV[3], 'seed', ARGV[5],
-  'last', ARGV[6])
+-- One HSET of every field the record starts with (one command, where one per optional field took up
+-- to five).
+local fields = {'header', ARGV[1], 'instance', ARGV[2], 'len', ARGV[3], 'seed', ARGV[5], 'last', ARGV[6]}
 if ARGV[4] ~= ARGV[3] then
-  redis.call('HSET', KEYS[1], 'seedlen', ARGV[4])
+  fields[#fields + 1] = 'seedlen'; fields[#fields + 1] = ARGV[4]
 end
 if ARGV[7] ~= '' then
-  redis.call('HSET', KEYS[1], 'req', ARGV[7])
+  fields[#fields + 1] = 'req'; fields[#fields + 1] = ARGV[7]
 end
 if ARGV[10] ~= '' then
   -- A seed ends between turns (the boundary rule), so the turn index of the new record starts
   -- empty: boundaries inside the seed are checked against the ancestors' own indexes.
-  redis.call('HSET', KEYS[1], 'lastend', ARGV[10])
+  fields[#fields + 1] = 'lastend'; fields[#fields + 1] = ARGV[10]
 end
 if ARGV[14] ~= '' then
-  redis.call('HSET', KEYS[1], 'summary', ARGV[14])
+  fields[#fields + 1] = 'summary'; fields[#fields + 1] = ARGV[14]
 end
+redis.call('HSET', KEYS[1], unpack(fields))
 local first = 16
 if #ARGV >= first then
   redis.call('HSET', KEYS[1], 'edits', #ARGV - first + 1)  -- how many events the fork appended (lineage)

@@ -1,9 +1,14 @@
 """The seam: the one place that knows RQ beyond its documented API (checked against RQ 2.12 and 3.0).
 
-Three modules, so that what must not import RQ need not: ``worker_base`` (the worker and job
-classes; imports RQ), ``riders`` (a job's start and success bookkeeping as riders of the request's
-own round trips; no RQ import) and ``layout`` (RQ's key names and job hash fields; imports no RQ,
-for the asyncio client, which enqueues without RQ). This package's ``__init__`` imports nothing.
+Six modules, so that what must not import RQ need not, and each stays small. The worker class
+is three layers, each importing only the one below: ``worker_base.SeamWorker`` (a job's start,
+success and failure bookkeeping, the heartbeat and registration) on ``dequeue.DequeuingWorker``
+(the dequeue loop and the stop flag) on ``maintenance.MaintainedWorker`` (the maintenance pass,
+the requeue of stranded jobs, the outage back-off ``until_up``). ``entries`` holds the job classes
+and the refusal of queue entries RQ cannot load; all four import RQ. ``riders`` (a job's start and
+success bookkeeping as riders of the request's own round trips) and ``layout`` (RQ's key names and
+job hash fields, for the asyncio client, which enqueues without RQ) import no RQ. This package's
+``__init__`` imports nothing.
 
 Everything else in sessionfork uses RQ's documented API only: ``Queue``, ``Job`` and its public
 attributes, ``Retry``, the registries, ``Worker.all``, a custom serializer, a custom worker class
@@ -30,9 +35,14 @@ RQ names used here, and why:
 * ``_install_signal_handlers`` (called before registration), ``_stop_requested`` (read and set),
   ``_state`` (read), ``_stopped_job_id`` (read: a job stopped on request is not retried),
   ``_exc_handlers`` and ``_ordered_queues`` (passed back to RQ's own helpers): the loop above.
-* ``Execution.create``, ``prepare_for_execution``, ``job._handle_success``, ``job.cleanup``,
-  ``cleanup_execution``, ``increment_*`` and, on RQ 2 only, ``set_current_job_id``: RQ's start
-  and success bookkeeping, each added to a round trip the request makes anyway (RQ's own path
+* ``Execution.create``, ``prepare_for_execution``, ``job._handle_success``, ``job.cleanup`` (for a
+  result TTL of 0 or none; a positive one is RQ's ``EXPIRE`` of the job hash alone: a fork job has
+  no dependents or dependencies keys for it to expire too), ``cleanup_execution`` and, on RQ 2
+  only, ``set_current_job_id``: RQ's start and success bookkeeping. RQ's worker counters, batched:
+  the worker hash's ``successful_job_count`` field (``HINCRBY`` by the jobs since the last beat,
+  where RQ's ``increment_successful_job_count`` adds 1 per job) and
+  ``increment_total_working_time``, sent with the heartbeat (``_beat``) and at ``teardown``. Each
+  added to a round trip the request makes anyway (RQ's own path
   takes a dozen round trips and a WATCH loop for dependents, which fork jobs never have): the
   start ahead of the request's claim (``JobStart``; pipelined, not in a transaction), the success
   in the transaction that records the outcome (``JobFinish``), with ``EXISTS`` of

@@ -1,0 +1,98 @@
+"""Queue entries as a fork worker loads them (``ForkJob``, and ``DequeuedJob`` for the dequeue) and
+the refusal of those it cannot load (``EntryRefused``): every RQ name used here is listed, with its
+reason, in the package docstring (``sessionfork.queue.rq_seam``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
+
+
+class MalformedJob(ValueError):
+    """A job hash that exists but cannot be loaded (no ``data``)."""
+
+
+class ForkJob(Job):
+    """RQ's Job as a fork worker must load it: nothing in the hash may make the worker act.
+
+    * A job hash without ``data`` is ``MalformedJob`` (RQ skips it like an expired job, so its
+      request would never get an outcome); the worker refuses it.
+    * Webhooks and success/failure/stopped callbacks are dropped: anyone who may enqueue may write
+      a job hash, and RQ would POST to those URLs or import and call those names.
+    """
+
+    def restore(self, raw_data: Any) -> Any:
+        try:
+            restored = super().restore(raw_data)
+        except NoSuchJobError as exc:
+            raise MalformedJob(str(exc)) from None
+        self.webhooks = []
+        self._success_callback_name = self._failure_callback_name = self._stopped_callback_name = None
+        return restored
+
+
+class DequeuedJob(ForkJob):
+    """``ForkJob`` as the dequeue loads a queue entry: the entry itself must be a job id by RQ's
+    rule and name a job hash, else it is refused (with an outcome), never skipped."""
+
+    @classmethod
+    def fetch(cls, id: str, connection: Any = None, serializer: Any = None) -> Any:
+        refuse_colon(id)
+        try:
+            return super().fetch(id, connection=connection, serializer=serializer)
+        except NoSuchJobError:
+            # RQ drops such an entry silently, leaving it in its intermediate queue and its id
+            # with no outcome.
+            raise MalformedJob("the queue entry names no job hash") from None
+
+    @classmethod
+    def loaded(cls, id: str, data: dict[bytes, bytes], connection: Any, serializer: Any) -> Any:
+        """``fetch`` from a job hash read already (``data``: HGETALL's), with the same refusals."""
+        refuse_colon(id)
+        if not data:
+            raise MalformedJob("the queue entry names no job hash")
+        job = cls(id, connection=connection, serializer=serializer)
+        job.restore(data)
+        return job
+
+
+def refuse_colon(id: str) -> None:
+    if ":" in id:
+        # RQ reads "<job>:<execution>" as an execution key and would load the job <job> instead.
+        raise ValueError("Job ID must only contain letters, numbers, underscores and dashes")
+
+
+class EntryRefused(Exception):
+    """A queue entry that is not a loadable job; ``job_id`` is its text, ``raw`` its bytes."""
+
+    def __init__(self, job_id: str, raw: bytes, reason: str) -> None:
+        super().__init__(reason)
+        self.job_id, self.raw, self.reason = job_id, raw, reason
+
+
+def is_text(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def entry_of(exc: Exception) -> EntryRefused:
+    """What RQ's dequeue failed on: a job id it refuses, a malformed hash, bytes that are not text."""
+    if isinstance(exc, UnicodeDecodeError):
+        return EntryRefused("", bytes(exc.object), "queue entry is not UTF-8 text")
+    job_id = getattr(exc, "job_id", None)
+    if job_id is None:
+        raise exc
+    text = str(job_id)
+    # The reason does not repeat the id (the outcome carries it, escaped and bounded).
+    return EntryRefused(text, text.encode(errors="surrogateescape"),
+                        f"queue entry is not a loadable sessionfork job ({type(exc).__name__}: {_bounded(exc)})")
+
+
+def _bounded(exc: Exception) -> str:
+    return repr(str(exc)[:200])[1:-1]
+
