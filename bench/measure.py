@@ -202,7 +202,9 @@ def async_vs_sync(server: EmbeddedServer, concurrent: int, sequential: int, work
 
 
 def fork_cost(server: EmbeddedServer, events: int, children: int) -> tuple[float, float]:
-    """Median µs per fork (registry only) and Redis bytes per child, for a parent of ``events``."""
+    """Median µs per fork (registry only) over ``children`` forks, and Redis bytes per child over at
+    least ``MEMORY_CHILDREN`` (over a few, the keyspace's growth and rehashing swing the delta,
+    even below 0), for a parent of ``events``."""
     redis = _fresh(server)
     registry = Registry(redis)
     _session_with(registry, "parent", events)
@@ -210,12 +212,18 @@ def fork_cost(server: EmbeddedServer, events: int, children: int) -> tuple[float
         forks.fork(registry, "parent", f"warm-{i}")
     before = _dataset_bytes(redis)
     times = []
-    for i in range(children):
+    measured = max(children, MEMORY_CHILDREN)
+    for i in range(measured):
         t = time.perf_counter()
         forks.fork(registry, "parent", f"child-{i}")
-        times.append((time.perf_counter() - t) * 1e6)
-    per_child = (_dataset_bytes(redis) - before) / children
+        if i < children:
+            times.append((time.perf_counter() - t) * 1e6)
+    per_child = (_dataset_bytes(redis) - before) / measured
     return statistics.median(times), per_child
+
+
+MEMORY_CHILDREN = 1000
+"""The fewest children ``fork_cost`` measures Redis bytes per child over."""
 
 
 def boundary_fork_costs(server: EmbeddedServer, events: int, children: int,
