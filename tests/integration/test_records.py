@@ -56,6 +56,9 @@ def test_compact_fields_fit_a_listpack_at_redis_defaults(redis: Redis) -> None:
     assert set(redis.hkeys(keys.request("req-1"))) == {b"digest", b"request", b"child", b"header", b"cwd", b"parent"}
     assert stored_outcome(redis, "req-1") == wire.encode(reply)  # the same wire JSON, rebuilt
     assert read_outcome(redis, "req-1", None) == reply
+    registry.delete(reply.session.id)  # the lifecycle event carries the wire header, not the fields
+    (deleted,) = [f for _, f in redis.xrange(keys.LIFECYCLE_STREAM) if f[b"type"] == b"session/deleted"]
+    assert deleted[b"header"] == wire.encode_header(reply.session)
 
 
 def test_a_compact_outcome_stands_against_a_later_one(redis: Redis) -> None:
