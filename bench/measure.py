@@ -21,7 +21,7 @@ from rq import Queue
 from rq.registry import FinishedJobRegistry
 
 from sessionfork.aio import AsyncClient
-from sessionfork.core import forks, keys
+from sessionfork.core import forks, keys, records
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
@@ -370,7 +370,8 @@ def waiter_cpu_us(server: EmbeddedServer, requests: int, chunks: int = 10) -> fl
                         ids.append(submitter.submit(submitter.request("bench-src", session_id=f"{tag}-{i}")))
                 waiter.close()
                 last = ids[-1:]
-                wait_until(lambda last=last: all(redis.hexists(keys.request(r), "outcome") for r in last),
+                wait_until(lambda last=last: all(any(redis.hmget(keys.request(r), list(records.OUTCOME_MARKS)))
+                                                 for r in last),
                            120, "the submitted requests to complete", interval=0.01)
                 wait_until(lambda: redis.llen(submitter.queue.key) == 0, 120, "the queue to drain", interval=0.01)
                 spent[wait] += redis_cpu_us(redis) - before

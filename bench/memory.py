@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from redis import Redis
 
-from sessionfork.core import forks, keys, retention
+from sessionfork.core import forks, keys, records, retention
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
@@ -119,10 +119,8 @@ def _run(client: Client, redis: Redis, n: int) -> None:
     def settled() -> bool:
         pipe = redis.pipeline(transaction=False)
         for rid in ids:
-            pipe.hexists(keys.request(rid), "child")  # a one-child outcome (the compact layout)
-            pipe.hexists(keys.request(rid), "outcome")
-        done = pipe.execute()
-        return all(done[i] or done[i + 1] for i in range(0, len(done), 2))
+            pipe.hmget(keys.request(rid), list(records.OUTCOME_MARKS))
+        return all(any(done) for done in pipe.execute())
 
     wait_until(settled, 120, f"{n} requests to have outcomes", interval=0.05)
 

@@ -34,6 +34,8 @@ OUTCOME_FIELDS: Final = ("digest", "outcome", "child", *HEADER_FIELDS)
 """What a waiter reads of a request's record (``keys.request``), in ``decode_outcome``'s order
 (after ``digest``): the one stored-outcome read of both clients, ``HMGET sf:req:<id> digest
 outcome child header cwd parent``; ``record.lua`` and ``claim.lua`` get the names after ``digest``."""
+OUTCOME_MARKS: Final = ("outcome", "child")
+"""A request's record holds an outcome when one of these fields is set (either layout)."""
 STORED_OUTCOME: Final = OUTCOME_FIELDS[1:]
 """The fields that hold an outcome (either layout): the names ``record.lua``/``claim.lua`` read."""
 
