@@ -21,7 +21,7 @@ from rq import Queue
 from rq.registry import FinishedJobRegistry
 
 from sessionfork.aio import AsyncClient
-from sessionfork.core import forks, keys
+from sessionfork.core import forks, keys, records
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
@@ -202,7 +202,9 @@ def async_vs_sync(server: EmbeddedServer, concurrent: int, sequential: int, work
 
 
 def fork_cost(server: EmbeddedServer, events: int, children: int) -> tuple[float, float]:
-    """Median µs per fork (registry only) and Redis bytes per child, for a parent of ``events``."""
+    """Median µs per fork (registry only) over ``children`` forks, and Redis bytes per child over at
+    least ``MEMORY_CHILDREN`` (over a few, the keyspace's growth and rehashing swing the delta,
+    even below 0), for a parent of ``events``."""
     redis = _fresh(server)
     registry = Registry(redis)
     _session_with(registry, "parent", events)
@@ -210,12 +212,18 @@ def fork_cost(server: EmbeddedServer, events: int, children: int) -> tuple[float
         forks.fork(registry, "parent", f"warm-{i}")
     before = _dataset_bytes(redis)
     times = []
-    for i in range(children):
+    measured = max(children, MEMORY_CHILDREN)
+    for i in range(measured):
         t = time.perf_counter()
         forks.fork(registry, "parent", f"child-{i}")
-        times.append((time.perf_counter() - t) * 1e6)
-    per_child = (_dataset_bytes(redis) - before) / children
+        if i < children:
+            times.append((time.perf_counter() - t) * 1e6)
+    per_child = (_dataset_bytes(redis) - before) / measured
     return statistics.median(times), per_child
+
+
+MEMORY_CHILDREN = 1000
+"""The fewest children ``fork_cost`` measures Redis bytes per child over."""
 
 
 def boundary_fork_costs(server: EmbeddedServer, events: int, children: int,
@@ -362,7 +370,8 @@ def waiter_cpu_us(server: EmbeddedServer, requests: int, chunks: int = 10) -> fl
                         ids.append(submitter.submit(submitter.request("bench-src", session_id=f"{tag}-{i}")))
                 waiter.close()
                 last = ids[-1:]
-                wait_until(lambda last=last: all(redis.hexists(keys.request(r), "outcome") for r in last),
+                wait_until(lambda last=last: all(any(redis.hmget(keys.request(r), list(records.OUTCOME_MARKS)))
+                                                 for r in last),
                            120, "the submitted requests to complete", interval=0.01)
                 wait_until(lambda: redis.llen(submitter.queue.key) == 0, 120, "the queue to drain", interval=0.01)
                 spent[wait] += redis_cpu_us(redis) - before

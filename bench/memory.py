@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from redis import Redis
 
-from sessionfork.core import forks, keys, retention
+from sessionfork.core import forks, keys, records, retention
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
@@ -51,16 +51,18 @@ class MemoryReport:
 
     @property
     def retained(self) -> float:
-        """Bytes per request kept for the whole idempotency window (the bar: <= 1,536)."""
+        """Bytes per request kept for the whole idempotency window (the bar: ``BAR``)."""
         return self.total - self.capped
 
     def render(self) -> str:
         rows = [*sorted(self.families.items()), ("other (dictionaries, rounding)", self.other),
                 ("total per request", self.total), ("  of which capped streams", self.capped),
-                ("retained per request (bar 1,536)", self.retained)]
+                (f"retained per request (bar {BAR:,.0f})", self.retained)]
         return "\n".join(f"{label:<34}{value:>10,.1f}" for label, value in rows)
 
 
+BAR = 1024.0
+"""Bytes a completed single-fork request may retain, child included, at Redis's default settings."""
 OUTCOME_ENTRY = "sf:outcomes entry (capped)"
 LIFECYCLE_ENTRY = "sf:lifecycle entry (capped)"
 CAPPED = (OUTCOME_ENTRY, LIFECYCLE_ENTRY)
@@ -117,34 +119,23 @@ def _run(client: Client, redis: Redis, n: int) -> None:
     def settled() -> bool:
         pipe = redis.pipeline(transaction=False)
         for rid in ids:
-            pipe.hexists(keys.request(rid), "o")
-            pipe.hexists(keys.request(rid), "outcome")
-        done = pipe.execute()
-        return all(done[i] or done[i + 1] for i in range(0, len(done), 2))
+            pipe.hmget(keys.request(rid), list(records.OUTCOME_MARKS))
+        return all(any(done) for done in pipe.execute())
 
     wait_until(settled, 120, f"{n} requests to have outcomes", interval=0.05)
 
 
 LISTPACK_VALUE = "hash-max-listpack-value"
 """The server setting that decides a hash's encoding: a hash with a value longer than it (default
-64 bytes) is a hashtable, ~40 % larger than a listpack. A completed request's outcome (~240 bytes)
-and a child's header (~150 bytes) are longer, so at the default both records are hashtables."""
+64 bytes) is a hashtable, ~40 % larger than a listpack. Records are written in small fields
+(``core.records``), so at the default both a request's record and its child's are listpacks."""
 
 
 def request_memory(server: EmbeddedServer, requests: int, *, env: Mapping[str, str] = WORKER_ENV,
-                   expect_jobs_gone: bool = True, warmup: int = 20, listpack_value: int | None = None) -> MemoryReport:
-    """Bytes retained per completed single-fork request (see the module docstring).
-
-    ``listpack_value``: the server's ``hash-max-listpack-value`` for this measure (restored after);
-    ``None`` measures at the server's setting (Redis's default: 64)."""
-    redis = server.client()
-    old = str(redis.config_get(LISTPACK_VALUE)[LISTPACK_VALUE])
-    if listpack_value is not None:
-        redis.config_set(LISTPACK_VALUE, listpack_value)
-    try:
-        return _request_memory(server, redis, requests, env, expect_jobs_gone, warmup)
-    finally:
-        redis.config_set(LISTPACK_VALUE, old)
+                   expect_jobs_gone: bool = True, warmup: int = 20) -> MemoryReport:
+    """Bytes retained per completed single-fork request (see the module docstring), at the
+    server's settings (the embedded server's are Redis's defaults)."""
+    return _request_memory(server, server.client(), requests, env, expect_jobs_gone, warmup)
 
 
 def bytes_held(per_request: float, rate: float, ttl_s: int) -> float:
@@ -270,7 +261,7 @@ if __name__ == "__main__":
                       f"tombstone {st.tombstone}")
         else:
             jobs_gone = "--keep-jobs" not in sys.argv
+            redis = srv.client()
+            print(f"{LISTPACK_VALUE} {redis.config_get(LISTPACK_VALUE)[LISTPACK_VALUE]} (Redis's default: 64)")
             print(request_memory(srv, 1000, expect_jobs_gone=jobs_gone,
                                  env=WORKER_ENV if jobs_gone else {}).render())
-            print(f"with {LISTPACK_VALUE} 512:")
-            print(request_memory(srv, 1000, listpack_value=512).render())

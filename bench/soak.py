@@ -37,7 +37,7 @@ from typing import Any
 from redis import Redis
 
 from bench import reaper
-from sessionfork.core import keys, rules, wire
+from sessionfork.core import keys, records, rules, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.factories import now_ms
 from sessionfork.core.registry import Registry
@@ -219,8 +219,8 @@ def _settle(redis: Redis, submitted: list[str]) -> None:
     def settled() -> bool:
         pipe = redis.pipeline(transaction=False)
         for rid in waiting:
-            pipe.hexists(keys.request(rid), "outcome")
-        waiting[:] = [rid for rid, done in zip(waiting, pipe.execute(), strict=True) if not done]
+            pipe.hmget(keys.request(rid), list(records.OUTCOME_MARKS))
+        waiting[:] = [rid for rid, done in zip(waiting, pipe.execute(), strict=True) if not any(done)]
         return not waiting
 
     wait_until(settled, TIMEOUT, "every soak request to have an outcome", interval=0.05)

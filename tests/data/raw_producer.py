@@ -235,11 +235,29 @@ if enqueued == -1:
     sys.exit(0)
 # 3. The reply is the outcome stored under the request id; a message naming the request only says
 #    "read it now" (anyone may publish on a channel: a message is never the answer).
+#    A one-child reply is stored compactly: the child's id and its header's fields, rebuilt here.
+
+
+def rebuilt(child: bytes, header: bytes, cwd: bytes | None, parent: bytes | None) -> dict[str, object]:
+    items = [*json.loads(header), None, None]  # [version, createdAt, seedLength?, keptFrom?]
+    session: dict[str, object] = {"version": items[0], "id": child.decode(), "createdAt": items[1]}
+    for key, value in (("cwd", None if cwd is None else cwd.decode()),
+                       ("parentSession", None if parent is None else parent.decode()),
+                       ("seedLength", items[2]), ("keptFrom", items[3])):
+        if value is not None:
+            session[key] = value
+    return {"type": "fork/result", "requestId": request_id, "ok": True, "session": session}
+
+
 deadline = time.monotonic() + 20
 while time.monotonic() < deadline:
-    stored = r.execute_command("HGET", f"sf:req:{request_id}", "outcome")
-    if stored:
-        print(stored.decode())
+    outcome, child, header, cwd, parent = r.execute_command(
+        "HMGET", f"sf:req:{request_id}", "outcome", "child", "header", "cwd", "parent")
+    if outcome:
+        print(outcome.decode())
+        sys.exit(0)
+    if child:
+        print(json.dumps(rebuilt(child, header, cwd, parent)))
         sys.exit(0)
     message = pubsub.get_message(timeout=0.5)
     if message:

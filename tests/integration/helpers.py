@@ -16,7 +16,7 @@ import msgspec
 from redis import Redis
 from rq import SimpleWorker
 
-from sessionfork.core import keys, wire
+from sessionfork.core import keys, records, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.wire import NewEvent, Reply
 from sessionfork.embedded import EmbeddedServer, wait_until
@@ -149,9 +149,10 @@ def outcome_entries(redis: Redis) -> list[OutcomeEntry]:
 
 
 def stored_outcome(redis: Redis, request_id: str) -> bytes | None:
-    """The raw outcome JSON stored under the request id, or ``None``."""
-    raw: bytes | None = redis.hget(keys.request(request_id), "outcome")
-    return raw
+    """The outcome stored under the request id as its wire JSON (rebuilt from the compact layout:
+    ``records``), or ``None``."""
+    reply = records.decode_outcome(request_id, redis.hmget(keys.request(request_id), list(records.STORED_OUTCOME)))
+    return None if reply is None else wire.encode(reply)
 
 
 def session_keys(redis: Redis) -> set[str]:

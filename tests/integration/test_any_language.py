@@ -17,8 +17,9 @@ from helpers import make_client, outcome_entries, start_worker, stop, wait_regis
 from redis import Redis
 
 from sessionfork import NewEvent, Registry
-from sessionfork.core import keys, lua
+from sessionfork.core import keys, lua, wire
 from sessionfork.embedded import EmbeddedServer
+from sessionfork.queue.outcomes import read_outcome
 
 PRODUCER = Path(__file__).parent.parent / "data" / "raw_producer.py"
 RECIPE = (Path(__file__).parents[2] / "docs" / "any-language.md").read_text()
@@ -59,6 +60,18 @@ def test_raw_redis_producer_gets_its_fork_reply(server: EmbeddedServer, registry
                      "session": {**reply["session"], "id": "raw-child", "parentSession": "raw-src",  # type: ignore[dict-item]
                                  "seedLength": 2}}
     assert registry.header("raw-child").parent_session == "raw-src"
+
+
+def test_raw_producer_rebuilds_a_compact_reply_as_the_clients_read_it(server: EmbeddedServer, registry: Registry,
+                                                                      redis: Redis, worker: None) -> None:
+    registry.append(registry.create("cwd-src", cwd="/w/\u00fc \"q\""), [NewEvent("turn/start", {"turn": 1}),
+                                                                       NewEvent("turn/end", {"turn": 1})])
+    for rid, child, fields in (("c-1", "c-plain", "{}"), ("c-2", "c-sum", '{"summary": {"keepFrom": 2}}')):
+        reply = produce(server, "cwd-src", child, rid, "604800", "", "", fields)
+        assert redis.hexists(keys.request(rid), "child") and not redis.hexists(keys.request(rid), "outcome")
+        stored = read_outcome(redis, rid, None)  # what the Python clients answer
+        assert stored is not None and reply == json.loads(wire.encode(stored))
+    assert json.loads(wire.encode(stored))["session"]["keptFrom"] == 2
 
 
 def test_raw_producer_fcalls_the_loaded_library_and_gets_its_fork_reply(server: EmbeddedServer, registry: Registry,

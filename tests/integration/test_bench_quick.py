@@ -33,7 +33,7 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
             "Redis CPU µs per fork on the registry (its own server)",
             "queue primaries (shards) for 1,000,000 forks/s, registry apart",
             "registry cores (cluster masters) beside them for 1,000,000 forks/s",
-            "Redis bytes retained per completed request, hash-max-listpack-value 512",
+            "Redis bytes retained per completed request",
             "GB a steady 1000 forks/s holds (default TTL 24 h)"} <= names
     assert {"single-fork requests/s (1 worker, median of rounds)", "fan-out children/s (64 per request)"} <= names
     assert "async forks/s, 100 concurrent, 4 workers" in names

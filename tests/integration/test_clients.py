@@ -29,7 +29,7 @@ from helpers import (
 from redis import Redis
 
 from sessionfork.aio import AsyncClient
-from sessionfork.core import keys, wire
+from sessionfork.core import wire
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkRequest, ForkResult, Header
@@ -133,10 +133,14 @@ def test_cli_fork_wait_ignores_a_forged_reply(server: EmbeddedServer, redis: Red
 
 def test_a_stored_outcome_of_another_request_id_is_no_answer() -> None:
     other = wire.encode(ForkFailure(request_id="other", code="INTERNAL", message="x"))
-    assert verdict("mine", [None, other], None) is None
+    assert verdict("mine", [None, other, None, None, None, None], None) is None
     mine = ForkFailure(request_id="mine", code="INTERNAL", message="x")
-    assert verdict("mine", [None, wire.encode(mine)], None) == mine
-    assert OUTCOME_FIELDS == ("digest", "outcome")
+    assert verdict("mine", [None, wire.encode(mine), None, None, None, None], None) == mine
+    assert OUTCOME_FIELDS == ("digest", "outcome", "child", "header", "cwd", "parent")
+    # A one-child outcome in the compact layout: the child's id and header fields, under the request id.
+    child = Header(version=0, id="c", created_at=5, cwd="/w", parent_session="p", seed_length=2)
+    assert verdict("mine", [None, None, b"c", b"[0,5,2]", b"/w", b"p"], None) == ForkResult(request_id="mine",
+                                                                                           session=child)
 
 
 # -- one way to send, one reply-channel rule -----------------------------------------------------
@@ -221,7 +225,7 @@ def test_a_reply_channel_the_acl_forbids_is_logged_once_and_the_outcome_stored(
             reply = client.wait(request, 20)  # read from the store: nothing is published
             assert isinstance(reply, ForkResult) and reply.session is not None and reply.session.id == "acl-child"
             assert time.monotonic() - started < 10
-            wait_until(lambda: admin.hget(keys.request("acl-elsewhere"), "outcome") is not None, 10, "the outcome")
+            wait_until(lambda: stored_outcome(admin, "acl-elsewhere") is not None, 10, "the outcome")
             # The worker serves on: a request on the reply channel is published as usual.
             assert make_client(admin).fork("a", session_id="acl-child-2", timeout=20).ok
         finally:

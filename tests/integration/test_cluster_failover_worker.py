@@ -16,7 +16,7 @@ from helpers import clean_environ, cli_args, make_client, outcome_entries, stop,
 from redis.cluster import RedisCluster
 from rq.job import Job
 
-from sessionfork.core import keys
+from sessionfork.core import keys, records
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkResult
 from sessionfork.embedded import EmbeddedServer, wait_until
@@ -68,7 +68,8 @@ def test_a_cluster_worker_serves_every_request_across_a_primary_failover() -> No
             submitter.join(TIMEOUT)
             after = [scheduler.submit(scheduler.request("src", session_id=f"a-{i}")) for i in range(AFTER)]
             ids = [*before, *during, *after]
-            wait_until(lambda: all(queue.hexists(keys.request(r), "outcome") for r in ids), TIMEOUT,
+            marks = list(records.OUTCOME_MARKS)
+            wait_until(lambda: all(any(queue.hmget(keys.request(r), marks)) for r in ids), TIMEOUT,
                        f"an outcome for each of {len(ids)} requests")
             assert worker.poll() is None, "the worker quit during the failover"
         finally:

@@ -36,7 +36,7 @@ from rq import SimpleWorker
 from rq.job import Job
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
-from sessionfork.core import keys
+from sessionfork.core import keys, records
 from sessionfork.core.config import Settings
 from sessionfork.core.connections import queue_client
 from sessionfork.core.registry import Registry
@@ -152,8 +152,8 @@ def wait_in_hand(redis: Redis, workers: list[str], job_id: str) -> str:
 def missing_outcomes(redis: Redis, request_ids: list[str]) -> list[str]:
     pipe = redis.pipeline(transaction=False)
     for rid in request_ids:
-        pipe.hexists(keys.request(rid), "outcome")
-    return [rid for rid, done in zip(request_ids, pipe.execute(), strict=True) if not done]
+        pipe.hmget(keys.request(rid), list(records.OUTCOME_MARKS))
+    return [rid for rid, done in zip(request_ids, pipe.execute(), strict=True) if not any(done)]
 
 
 def wait_all_outcomes(redis: Redis, request_ids: list[str], timeout: float = RECOVERY) -> None:
@@ -183,10 +183,10 @@ def assert_consistent(redis: Redis, request_ids: list[str], sources: list[str]) 
         reported.extend(children_of(entry.reply))
     pipe = redis.pipeline(transaction=False)
     for header in reported:
-        pipe.hget(keys.session(header.id), "header")
+        pipe.hmget(keys.session(header.id), list(records.HEADER_FIELDS))
     stored = pipe.execute()
     mismatched = [h.id for h, raw in zip(reported, stored, strict=True)
-                  if raw is None or msgspec.json.decode(raw, type=Header) != h]
+                  if raw[0] is None or records.decode_header(h.id, *raw) != h]
     assert mismatched == []
     assert len({h.id for h in reported}) == len(reported)
     orphans = session_keys(redis) - set(sources) - {h.id for h in reported}

@@ -9,9 +9,10 @@ from itertools import count
 from typing import Any
 
 import pytest
+from msgspec import UNSET
 from redis import Redis
 
-from sessionfork.core import forks, keys
+from sessionfork.core import forks, keys, wire
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry, SessionRef
 from sessionfork.core.wire import Event, Header, LiveHandle, NewEvent, SeedMeta
@@ -286,17 +287,17 @@ def test_child_header_records_parent_seed_length_cwd_and_clock(clocked: Registry
                       seed_length=4)
     assert header == expected
     assert clocked.header("child") == expected
-    assert json.loads(redis.hget(keys.session("child"), "header")) == {
-        "version": 0, "id": "child", "createdAt": NOW + 2, "cwd": "/work/dir", "parentSession": "src",
-        "seedLength": 4,
-    }
+    # Stored in the compact layout (core/records.py): small fields, the id the key's.
+    assert redis.hmget(keys.session("child"), ["header", "cwd", "parent"]) == [
+        f"[0,{NOW + 2},4]".encode(), b"/work/dir", b"src"]
 
 
 def test_child_header_has_no_cwd_key_when_the_source_has_none(registry: Registry, redis: Redis) -> None:
     completed_source(registry)
     forks.fork(registry, "src", "child")
-    raw = redis.hget(keys.session("child"), "header")
-    assert raw is not None
+    assert not redis.hexists(keys.session("child"), "cwd")
+    assert registry.header("child").cwd is UNSET
+    raw = wire.encode_header(registry.header("child"))
     assert b'"cwd"' not in raw
     assert b"null" not in raw
     assert set(json.loads(raw)) == {"version", "id", "createdAt", "parentSession", "seedLength"}
@@ -304,9 +305,9 @@ def test_child_header_has_no_cwd_key_when_the_source_has_none(registry: Registry
 
 def test_root_header_has_no_lineage_keys(registry: Registry, redis: Redis) -> None:
     registry.create("root")
-    raw = redis.hget(keys.session("root"), "header")
-    assert raw is not None
-    assert set(json.loads(raw)) == {"version", "id", "createdAt"}
+    assert not redis.hexists(keys.session("root"), "parent")
+    assert len(json.loads(redis.hget(keys.session("root"), "header") or b"")) == 2  # [version, createdAt]
+    assert set(json.loads(wire.encode_header(registry.header("root")))) == {"version", "id", "createdAt"}
 
 
 def test_child_is_live_with_its_own_instance_token(clocked: Registry) -> None:
@@ -365,7 +366,7 @@ def test_fork_of_an_empty_source_has_an_empty_seed(registry: Registry, redis: Re
     assert header.seed_length == 0
     assert registry.events("child") == []
     assert registry.length("child") == 0
-    assert json.loads(redis.hget(keys.session("child"), "header"))["seedLength"] == 0
+    assert json.loads(redis.hget(keys.session("child"), "header") or b"")[2] == 0  # [version, createdAt, seedLength]
 
 
 def test_child_of_an_empty_source_starts_at_seq_zero_and_is_forkable(registry: Registry) -> None:

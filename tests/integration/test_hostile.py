@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 import rq
-from helpers import clean_environ, cli_args, stop, turn, worker_name
+from helpers import clean_environ, cli_args, stop, stored_outcome, turn, worker_name
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis import Redis
@@ -372,7 +372,7 @@ class Lone:
         """``job_id`` ends INVALID_REQUEST, and the worker then answers a valid request."""
         # Refusals take milliseconds: 3 s keeps the expected failures of these tests cheap.
         def stored_or_dead() -> bool:
-            return self.redis.hget(keys.request(job_id), "outcome") is not None or self.proc.poll() is not None
+            return stored_outcome(self.redis, job_id) is not None or self.proc.poll() is not None
         wait_until(stored_or_dead, 3.0, f"an outcome for {job_id!r}")
         reply = wait_for_reply(self.redis, job_id, SETTINGS.reply_channel, 0.1)
         assert reply is not None, f"no outcome for {job_id!r}; the worker exited with {self.proc.poll()}"

@@ -1,8 +1,9 @@
 """Lean request records: what a completed request keeps, and that every promise still holds.
 
 A real server and a real ``sessionfork worker`` process. The bound (docs/performance.md, Memory): at most
-1,536 bytes of Redis memory retained per completed single-fork request, child included, for the
-whole idempotency window; RQ's own job state lives only ``SESSIONFORK_JOB_TTL`` seconds.
+1,024 bytes of Redis memory retained per completed single-fork request, child included, for the
+whole idempotency window, at Redis's default settings (``hash-max-listpack-value`` 64: both records
+are listpacks, ``core.records``); RQ's own job state lives only ``SESSIONFORK_JOB_TTL`` seconds.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from bench.memory import RQ_JOBS, request_memory, steady_workload
+from bench.memory import BAR, LISTPACK_VALUE, RQ_JOBS, request_memory, steady_workload
 from helpers import make_client, outcome_entries, start_worker, stop, turn, wait_registered, worker_name
 from redis import Redis
 from rq.job import Job
@@ -22,28 +23,16 @@ from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.queue.client import Client
 from sessionfork.queue.jobs import JSONSerializer
 
-BAR = 1536
-LEAN_BAR = 1100
-"""With ``hash-max-listpack-value 512`` (docs/performance.md, Memory): measured 999-1,027 bytes (the
-keyspace dictionaries' share swings between runs), so the test's bound leaves that swing room."""
 
-
-def test_a_completed_request_retains_at_most_1536_bytes(server: EmbeddedServer) -> None:
+def test_a_completed_request_retains_at_most_1024_bytes_at_redis_defaults(server: EmbeddedServer) -> None:
+    assert int(server.client().config_get(LISTPACK_VALUE)[LISTPACK_VALUE]) == 64  # Redis's default
     report = request_memory(server, 1000)
     print(report.render())
     assert report.families[RQ_JOBS] == 0
     assert 0 < report.retained <= BAR, report.render()
-
-
-def test_a_listpack_server_keeps_a_completed_request_in_about_1024_bytes(server: EmbeddedServer) -> None:
-    redis = server.client()
-    default = redis.config_get("hash-max-listpack-value")
-    report = request_memory(server, 1000, listpack_value=512)
-    print(report.render())
-    assert redis.config_get("hash-max-listpack-value") == default  # the measure restores the setting
-    assert report.families[RQ_JOBS] == 0
-    assert 0 < report.retained <= LEAN_BAR, report.render()
-    assert report.families["sf:req:<id> (request record)"] < 500, report.render()  # a listpack, not a hashtable
+    # Both records are listpacks (a hashtable would be ~40 % larger): ~300 bytes each.
+    assert report.families["sf:req:<id> (request record)"] < 400, report.render()
+    assert report.families["sf:s:{<child>} (child record)"] < 400, report.render()
 
 
 @pytest.fixture
@@ -70,8 +59,8 @@ def test_every_promise_holds_once_rq_forgot_the_job(short_jobs: Client, redis: R
     first = client.fork("src", session_id="c1", request_id="r-1", timeout=10)
     assert first.ok
     wait_until(lambda: _expired(redis, "r-1"), 20, "RQ's job state of r-1 to expire")
-    assert redis.hget(keys.request("r-1"), "outcome") is not None
-    assert set(redis.hkeys(keys.request("r-1"))) == {b"digest", b"request", b"outcome"}  # plan and snapshot freed
+    assert redis.hget(keys.request("r-1"), "child") == b"c1"  # a one-child outcome: compact fields
+    assert set(redis.hkeys(keys.request("r-1"))) == {b"digest", b"request", b"child", b"header", b"parent"}
 
     # A late waiter gets the stored outcome.
     assert client.wait(request, timeout=5) == first

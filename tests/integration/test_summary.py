@@ -51,7 +51,9 @@ def test_summary_child_log_header_and_renumbering(registry: Registry, src: str) 
     assert registry.events("c", 2, 4) == log[2:4]
     # a plain child's header has no keptFrom
     assert forks.fork(registry, src, "plain").kept_from is UNSET
-    assert b"keptFrom" not in registry.redis.hget(keys.session("plain"), "header")
+    assert registry.header("plain").kept_from is UNSET
+    assert len(json.loads(registry.redis.hget(keys.session("plain"), "header") or b"")) == 3  # no keptFrom item
+    assert len(json.loads(registry.redis.hget(keys.session("c"), "header") or b"")) == 4  # [.., seedLength, keptFrom]
 
 
 def test_summary_with_boundary_and_edits(registry: Registry, src: str) -> None:

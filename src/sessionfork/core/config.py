@@ -80,6 +80,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     ``socket_timeout``. RQ raises it on the worker's own connection to cover its blocking dequeue."""
     connect_timeout: float = 3.0
     """Seconds a connection to Redis may take to open (TCP and TLS handshake)."""
+    compact_records: bool = True
+    """Write session and request records in the compact layout (``SESSIONFORK_COMPACT_RECORDS``;
+    ``core.records``): small fields, so that Redis keeps them as listpacks at its default
+    ``hash-max-listpack-value``. ``0`` writes the old layout (one JSON ``header``, one JSON
+    ``outcome``), for a rolling upgrade while workers or clients of an earlier version still read
+    the records; every version since reads both."""
     enqueue: str = "auto"
     """How the clients run the enqueue script (``SESSIONFORK_ENQUEUE``): ``auto`` = ``FCALL`` of the
     loaded ``sessionfork`` library, else ``EVALSHA``; ``fcall`` = the library only; ``eval`` = never
@@ -114,6 +120,7 @@ ENV: Mapping[str, str] = {
     "socket_timeout": "SESSIONFORK_SOCKET_TIMEOUT",
     "connect_timeout": "SESSIONFORK_CONNECT_TIMEOUT",
     "enqueue": "SESSIONFORK_ENQUEUE",
+    "compact_records": "SESSIONFORK_COMPACT_RECORDS",
 }
 
 _DAY = 24 * 3600

@@ -4,7 +4,11 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
 ``{<id>}``, so each atomic step on a session touches one slot)::
 
     sf:s:{<id>}            hash   the session record
-                                    header    header JSON (wire.Header)
+                                    header    [version, createdAt(, seedLength(, keptFrom))]
+                                              (JSON; ``core.records``: the compact layout), or the
+                                              header JSON (wire.Header: the old layout)
+                                    cwd       the header's cwd (compact layout; only if set)
+                                    parent    the parent's id (compact layout; only if forked)
                                     instance  live instance token; absent once disposed
                                     len       total events, inherited seed included
                                     seedlen   events inherited from the parent (seedLength)
@@ -64,7 +68,9 @@ Queue side (one Redis primary, the one RQ uses; never a cluster; a sharded queue
 server holds these for the request ids routed to it)::
 
     sf:req:<request id>    hash   idempotency record: digest, request (its identity JSON), planned
-                                  child ids, outcome JSON
+                                  child ids, then the outcome: one child's as child (its id) and
+                                  its header's fields (header, cwd, parent: ``core.records``), any
+                                  other as outcome (the reply JSON)
     sf:outcomes            stream every outcome, capped (XADD MAXLEN ~)
     sf:replies             channel default reply channel (requests may name their own)
     sf:shard               string "<index>/<count>" on each server of a sharded queue: which shard

@@ -84,7 +84,7 @@ SCRIPTS: Final[Mapping[str, Spec]] = {spec.name: spec for spec in (
          ("instance", "last_type", "expect_length", "flush", "maxlen", "session_id", "call_id", "markers", "events*")),
     Spec("create", ("record", "log", "turns", "lifecycle?", "parent_children?", "parent?", "parent_needs?"),
          ("header", "instance", "length", "seed_length", "seed", "last_type", "request_id", "maxlen", "session_id",
-          "seed_end", "parent_header", "last_end", "markers", "summary", "need", "edits*")),
+          "seed_end", "parent_header", "last_end", "markers", "summary", "need", "cwd", "parent_id", "edits*")),
     Spec("delete", ("record", "log", "children", "persisted", "turns", "lifecycle?"),
          ("now", "maxlen", "session_id", "only_disposed", "persisted_first")),
     Spec("dispose", ("record", "lifecycle?", "disposed?"), ("instance", "maxlen", "session_id", "now")),
@@ -92,11 +92,12 @@ SCRIPTS: Final[Mapping[str, Spec]] = {spec.name: spec for spec in (
     Spec("pin", ("record", "children", "needs"), ("need", "child_ids*")),
     Spec("release", ("record", "log", "children", "turns", "needs"), ("child", "need")),
     Spec("settle", ("record",), ("seed",)),
-    Spec("snapshot", ("record", "turns", "log"), ("instance", "boundary", "if_length", "keep")),
+    Spec("snapshot", ("record", "turns", "log"), ("instance", "boundary", "if_length", "keep", "session_id")),
     Spec("turn", ("record", "turns", "log"), ("index",)),
-    Spec("claim", ("record",), ("digest", "children", "ttl", "identity"), _QUEUE),
+    Spec("claim", ("record",), ("digest", "children", "ttl", "identity", "names"), _QUEUE),
     Spec("record", ("record", "stream"),
-         ("outcome", "channel", "ttl", "maxlen", "digest", "request_id", "code", "run_us", "latency_us"), _QUEUE),
+         ("outcome", "channel", "ttl", "maxlen", "digest", "request_id", "code", "run_us", "latency_us", "names",
+          "fields*"), _QUEUE),
     Spec("enqueue", ("job", "queue", "record", "queues?"), ("request_id", "request", "fields*"), _QUEUE),
 )}
 """Every Lua script of the project, by name (``queue.enqueue`` sends ``enqueue`` as FCALL or EVALSHA)."""
@@ -126,9 +127,17 @@ class Scripts:
         return script(keys=list(call_keys), args=list(args))
 
 
+INCLUDE: Final = "--#include "
+"""A script line ``--#include lib/<name>.lua`` stands for that file of the core's ``scripts/``
+(helpers shared by scripts: ``lib/header.lua``); ``source`` expands it."""
+
+
 def source(name: str, package: str | None = None) -> str:
-    """The text of ``scripts/<name>`` in ``package`` (default: this one, the session core's)."""
-    return resources.files(package or __package__).joinpath("scripts", name).read_text(encoding="utf-8")
+    """The text of ``scripts/<name>`` in ``package`` (default: this one, the session core's), its
+    ``INCLUDE`` lines expanded."""
+    text = resources.files(package or __package__).joinpath("scripts", name).read_text(encoding="utf-8")
+    return "".join(source(line[len(INCLUDE):].strip()) if line.startswith(INCLUDE) else line
+                   for line in text.splitlines(keepends=True))
 
 
 def register(redis: Any, name: str, package: str | None = None) -> Script:

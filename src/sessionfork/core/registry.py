@@ -14,7 +14,7 @@ from typing import Any
 from msgspec import UNSET
 from redis.commands.core import Script
 
-from ..core import errors, keys, lua, rules, wire
+from ..core import errors, keys, lua, records, rules, wire
 from .config import Settings
 from .deletion import DELETED, LIVE, UNPERSISTED, DeletingStore
 from .snapshots import (
@@ -41,7 +41,7 @@ class Registry(DeletingStore):
     def from_settings(cls, redis: Any, settings: Settings) -> Registry:
         """A registry on ``redis`` with the limits and replication wait of ``settings``."""
         return cls(redis, max_event_bytes=settings.max_event_bytes, wait_replicas=settings.wait_replicas,
-                   wait_timeout_ms=settings.wait_timeout_ms)
+                   wait_timeout_ms=settings.wait_timeout_ms, compact_records=settings.compact_records)
 
     # -- the two atomic steps of a fork ----------------------------------------------------------
 
@@ -97,12 +97,12 @@ class Registry(DeletingStore):
                  boundary: int | None = None, if_length: int | None = None,
                  keep_from: int | None = None) -> list[lua.Op]:
         """The read-only commands of ``prepare_fork`` (the source step last), for ``lua.run``."""
-        ops: list[lua.Op] = [("HMGET", keys.session(child), "header", "req") for child in child_ids]
+        ops: list[lua.Op] = [("HMGET", keys.session(child), "req", *records.HEADER_FIELDS) for child in child_ids]
         ops.append(self._scripts.op("snapshot", record=keys.session(sid), turns=keys.session_turns(sid),
                                     log=keys.session_log(sid), instance=instance,
                                     boundary="" if boundary is None else boundary,
                                     if_length="" if if_length is None else if_length,
-                                    keep="" if keep_from is None else keep_from - 1))
+                                    keep="" if keep_from is None else keep_from - 1, session_id=sid))
         return ops
 
     def _check_seed(self, sid: str, snap: Snapshot, boundary: int) -> Snapshot:
@@ -151,11 +151,11 @@ class Registry(DeletingStore):
         *taken, reply = results
         existing: list[str] = []
         replayed: dict[str, Header] = {}
-        for child, (header, req) in zip(child_ids, taken, strict=True):
+        for child, (req, header, cwd, parent) in zip(child_ids, taken, strict=True):
             if header is None:
                 continue
             if request_id and req is not None and wire.text(req) == request_id:
-                replayed[child] = wire.decode_header(header)
+                replayed[child] = records.decode_header(child, header, cwd, parent)
             else:
                 existing.append(child)
         try:
@@ -261,7 +261,8 @@ class Registry(DeletingStore):
         calls: list[lua.Call] = [
             self._scripts.op("create", record=keys.session(cid), log=keys.session_log(cid),
                              turns=keys.session_turns(cid), lifecycle=self._lifecycle_key, **index,
-                             header=wire.encode_header(self.child_header(snap, cid, now, seed)),
+                             **records.create_args(self.child_header(snap, cid, now, seed),
+                                                   compact=self.compact_records),
                              instance=self._new_token(), seed_length=seed.length, seed=wire.encode(seed.segments),
                              request_id=request_id, maxlen=self.lifecycle_maxlen, session_id=cid,
                              seed_end="" if seed.seed_end is None else seed.seed_end, parent_header=parent,
@@ -284,7 +285,7 @@ class Registry(DeletingStore):
         created = [r.id for r in results if isinstance(r, Header)]
         if self._cluster:
             if created:
-                self._check_parent(snap, parent, created)
+                self._check_parent(snap, created)
             pipe = self.redis.pipeline(transaction=False)
             if created:  # pinned already; repeated for records indexed before pins existed
                 pipe.sadd(keys.session_children(source_id), *created)
@@ -309,20 +310,21 @@ class Registry(DeletingStore):
         for cid in ids:
             pipe.hmget(keys.session(cid), ["header", "parent"])
         stale = []
-        for cid, (header, tomb_parent) in zip(ids, pipe.execute(), strict=True):
-            owner = wire.decode_header(header).parent_session if header is not None else \
-                (wire.text(tomb_parent) if tomb_parent is not None else None)
-            if owner != parent:
+        for cid, (header, parent_field) in zip(ids, pipe.execute(), strict=True):
+            if records.parent_of(header, parent_field) != parent:
                 stale.append(cid)
         return stale
 
-    def _check_parent(self, snap: Snapshot, parent: bytes, created: list[str]) -> None:
+    def _check_parent(self, snap: Snapshot, created: list[str]) -> None:
         """On a cluster: the parent must still be the session snapshotted, at least as long, after
         its children were created on other slots; else they are deleted and the fork fails."""
-        header, length, deleted = self.redis.hmget(keys.session(snap.source.id), ["header", "len", "deleted"])
+        sid = snap.source.id
+        header, cwd, parent_id, length, deleted = self.redis.hmget(
+            keys.session(sid), [*records.HEADER_FIELDS, "len", "deleted"])
         if deleted is not None:
             return  # deleted after pin.lua pinned them: its log stays for them, they are whole
-        if header != parent or length is None or int(length) < snap.length:
+        if header is None or records.decode_header(sid, header, cwd, parent_id) != snap.source or length is None \
+                or int(length) < snap.length:
             raise self._lost(snap, created)
 
     def _lost(self, snap: Snapshot, created: Sequence[str]) -> errors.ForkError:

@@ -22,7 +22,7 @@ from msgspec import UNSET
 from redis import Redis
 from redis.cluster import RedisCluster
 
-from ..core import errors, keys, lua, rules, wire
+from ..core import errors, keys, lua, records, rules, wire
 from .factories import new_call_id, new_instance_token, new_session_id, now_ms
 from .snapshots import SUMMARY_MARK, Segments, decode_segments, window
 from .wire import Event, Header, LiveHandle, NewEvent
@@ -71,8 +71,12 @@ class SessionStore:
         lifecycle_maxlen: int = 1_000_000,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
+        compact_records: bool = True,
     ) -> None:
         self.redis = redis
+        self.compact_records = compact_records
+        """Write records in the compact layout (``records``); False: the old one, for readers of an
+        earlier version still running (``SESSIONFORK_COMPACT_RECORDS=0``)."""
         self.wait_replicas = wait_replicas
         self.wait_timeout_ms = wait_timeout_ms
         self.max_event_bytes = max_event_bytes
@@ -101,10 +105,10 @@ class SessionStore:
         header = Header(version=wire.HEADER_VERSION, id=sid, created_at=self._clock(),
                         cwd=UNSET if cwd is None else cwd)
         token = self._new_token()
-        raw = wire.encode_header(header)
         created = self._scripts("create", record=keys.session(sid), log=keys.session_log(sid),
                                 turns=keys.session_turns(sid), lifecycle=self._lifecycle_key,
-                                header=raw, instance=token, length=0, seed_length=0, seed="[]", last_type="",
+                                **records.create_args(header, compact=self.compact_records), instance=token,
+                                length=0, seed_length=0, seed="[]", last_type="",
                                 request_id="", maxlen=self.lifecycle_maxlen, session_id=sid, seed_end=-1,
                                 parent_header="", last_end="", markers="", summary="", need="", edits=())
         if created is None:
@@ -197,10 +201,10 @@ class SessionStore:
     def header(self, session_id: str) -> Header:
         """The header of a session, live or disposed; ``SESSION_NOT_FOUND`` if never created."""
         sid = rules.check_id(session_id)
-        raw = self.redis.hget(keys.session(sid), "header")
+        raw, cwd, parent = self.redis.hmget(keys.session(sid), list(records.HEADER_FIELDS))
         if raw is None:
             raise errors.not_found(sid)
-        return wire.decode_header(raw)
+        return records.decode_header(sid, raw, cwd, parent)
 
     def instance(self, session_id: str) -> str | None:
         """The live instance token, or ``None`` when the session is not live."""
@@ -282,13 +286,13 @@ class SessionStore:
         return sorted(wire.text(m) for m in members)
 
     def _record(self, sid: str) -> _Record:
-        header, length, seed_length, seed = self.redis.hmget(
-            keys.session(sid), ["header", "len", "seedlen", "seed"]
+        header, length, seed_length, seed, cwd, parent = self.redis.hmget(
+            keys.session(sid), ["header", "len", "seedlen", "seed", "cwd", "parent"]
         )
         seed_length = seed_length if seed_length is not None else length  # absent until the first append
         if header is None or length is None or seed_length is None or seed is None:
             raise errors.not_found(sid)
-        return _Record(wire.decode_header(header), int(length), int(seed_length),
+        return _Record(records.decode_header(sid, header, cwd, parent), int(length), int(seed_length),
                        decode_segments(seed))
 
     def _read(self, sid: str, segments: Sequence[tuple[str, int, int]], seed_length: int,

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET
 
-from ..core import errors, keys, rules, wire
+from ..core import errors, keys, records, rules, wire
 from ..core.registry import Registry
 from ..core.snapshots import decode_segments, window
 
@@ -104,13 +104,11 @@ def _chain(registry: Registry, sid: str) -> list[str]:
     parent = registry.header(sid).parent_session
     while parent is not UNSET and parent not in chain:
         chain.append(parent)
-        header, tomb_parent = registry.redis.hmget(keys.session(parent), ["header", "parent"])
-        if header is not None:
-            parent = wire.decode_header(header).parent_session
-        elif tomb_parent is not None:
-            parent = wire.text(tomb_parent)
-        else:
-            break  # a deleted ancestor with no parent (a root): the chain ends with it
+        header, parent_field = registry.redis.hmget(keys.session(parent), ["header", "parent"])
+        found = records.parent_of(header, parent_field)
+        if found is None:
+            break  # a root, or a deleted ancestor with no parent: the chain ends with it
+        parent = found
     return chain
 
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import msgspec
 from msgspec import UNSET
 
-from ..core import errors, keys, rules, wire
+from ..core import errors, keys, records, rules, wire
 from ..core.registry import Registry
 from ..core.wire import Header
 
@@ -69,14 +69,14 @@ def lineage(registry: Registry, session_id: str, *, max_nodes: int = 10_000) -> 
                for c in sorted(members)]
         pipe = registry.redis.pipeline(transaction=False)
         for _, cid in ids:
-            pipe.hmget(keys.session(cid), ["header", "instance", "deleted", "edits"])
+            pipe.hmget(keys.session(cid), [*records.HEADER_FIELDS, "instance", "deleted", "edits"])
         next_frontier = []
-        for (node, cid), (raw, instance, deleted, edits) in zip(ids, pipe.execute(), strict=True):
+        for (node, cid), (raw, cwd, parent, instance, deleted, edits) in zip(ids, pipe.execute(), strict=True):
             if raw is None:
                 if deleted is not None:
                     next_frontier.append((node, cid))
                 continue
-            child = _node(wire.decode_header(raw), instance is not None, edits)
+            child = _node(records.decode_header(cid, raw, cwd, parent), instance is not None, edits)
             node.children.append(child)
             next_frontier.append((child, cid))
             count += 1

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import msgspec
 from redis import Redis
 
-from ..core import keys, lua, wire
+from ..core import keys, lua, records, wire
 from ..core.errors import ErrorCode
 from ..core.snapshots import Snapshot
 from ..core.wire import ForkFailure, Reply
@@ -81,8 +81,11 @@ class Claim:
 class Outcomes:
     """The outcome store of one queue server."""
 
-    def __init__(self, redis: Redis, *, ttl: int, stream_maxlen: int) -> None:
+    def __init__(self, redis: Redis, *, ttl: int, stream_maxlen: int, compact: bool = True) -> None:
         self.redis = redis
+        self.compact = compact
+        """Store a one-child outcome in the compact layout (``core.records``); False: one JSON
+        ``outcome`` always (``SESSIONFORK_COMPACT_RECORDS=0``)."""
         self.ttl = ttl
         self.stream_maxlen = stream_maxlen
         self._scripts = lua.Scripts(redis)
@@ -92,15 +95,16 @@ class Outcomes:
         any-language enqueue's conflict check), planning ``children`` if new, as an op for
         ``lua.run``; ``claim_of`` reads its result."""
         return self._scripts.op("claim", record=keys.request(request_id), digest=short_digest(wire.digest(request)),
-                                children=wire.encode(list(children)), ttl=self.ttl, identity=wire.identity(request))
+                                children=wire.encode(list(children)), ttl=self.ttl, identity=wire.identity(request),
+                                names=_NAMES)
 
     @staticmethod
-    def claim_of(reply: list[Any]) -> Claim:
+    def claim_of(reply: list[Any], request_id: str) -> Claim:
         state = wire.text(reply[0])
         if state == "CONFLICT":
             return Claim(state)
         if state == "DONE":
-            return Claim(state, outcome=wire.decode_reply(reply[1]))
+            return Claim(state, outcome=records.decode_outcome(request_id, reply[1:]))
         snap = _decode_snapshot(reply[2]) if state == "RESUME" and reply[2] else None
         return Claim(state, tuple(_ids.decode(reply[1])), snap)
 
@@ -134,18 +138,24 @@ class Outcomes:
         streamed, not published, and its waiter reads it from the store.
         """
         raw = wire.encode(reply)
+        # The compact layout only under the reply's own request id (its key): rebuilt from the key.
+        fields = records.outcome_fields(reply, compact=self.compact and key is None)
         named = dict(record=keys.request(reply.request_id) if key is None else key, stream=keys.OUTCOME_STREAM,
                      outcome=raw, channel=channel, ttl=self.ttl, maxlen=self.stream_maxlen,
                      digest=short_digest(digest), request_id=reply.request_id, code=code_of(reply),
-                     run_us=duration_us, latency_us=latency_us)
+                     run_us=duration_us, latency_us=latency_us, names=_NAMES, fields=records.flat(fields))
         if then is not None and then.redis is self.redis:
-            stored, outcome, *refused = self._record_then(reply, named, then)
+            stored, *rest = self._record_then(reply, named, then)
         else:
-            stored, outcome, *refused = self._scripts("record", **named)
-        if refused:
+            stored, *rest = self._scripts("record", **named)
+        if not stored:
+            first = records.decode_outcome(reply.request_id, rest)
+            assert first is not None
+            return first
+        if rest:
             log.warning("outcome of request %s stored but not published on %r: %s", reply.request_id,
-                        channel, wire.text(refused[0]))
-        return reply if stored else wire.decode_reply(outcome)
+                        channel, wire.text(rest[0]))
+        return reply
 
     def _record_then(self, reply: Reply, named: dict[str, Any], then: Then) -> Any:
         """The record script, then ``then``'s commands, in one transaction (``lua.run_loaded``: all
@@ -175,8 +185,8 @@ class Outcomes:
         return self.record(failure, channel, digest="invalid:job", key=keys.request("").encode() + raw)
 
     def get(self, request_id: str) -> Reply | None:
-        raw = self.redis.hget(keys.request(request_id), "outcome")
-        return None if raw is None else wire.decode_reply(raw)
+        return records.decode_outcome(request_id, self.redis.hmget(keys.request(request_id),
+                                                                   list(records.STORED_OUTCOME)))
 
 
 SHOWN_ID_MAX = 256
@@ -209,9 +219,10 @@ def _decode_snapshot(raw: bytes) -> Snapshot:
                     s.last_type)
 
 
-OUTCOME_FIELDS = ("digest", "outcome")
+OUTCOME_FIELDS = records.OUTCOME_FIELDS
 """What a waiter reads of a request's record (``keys.request``), in ``verdict``'s order: the one
-stored-outcome read of both clients (``HMGET sf:req:<id> digest outcome``)."""
+stored-outcome read of both clients (``HMGET sf:req:<id> digest outcome child header cwd parent``)."""
+_NAMES = " ".join(records.STORED_OUTCOME)
 
 
 def verdict(request_id: str, fields: Sequence[bytes | str | None], digest: str | None) -> Reply | None:
@@ -222,15 +233,13 @@ def verdict(request_id: str, fields: Sequence[bytes | str | None], digest: str |
     stored outcome, when it is this request id's. A reply seen on a channel is never an answer: it
     only wakes the waiter, which then reads the record (anyone may publish on a channel).
     """
-    stored_digest, outcome = fields
+    stored_digest, *outcome = fields
     stored = None if stored_digest is None else wire.text(stored_digest)
     # An "invalid:" digest marks a request refused before it was understood: its outcome stands.
     if digest is not None and stored and not stored.startswith("invalid:") and stored != short_digest(digest):
         return conflict(request_id)
-    if outcome is None:
-        return None
-    reply = wire.decode_reply(outcome)
-    return reply if reply.request_id == request_id else None
+    reply = records.decode_outcome(request_id, outcome)
+    return reply if reply is not None and reply.request_id == request_id else None
 
 
 def addressee(data: Any) -> str | None:

@@ -62,7 +62,8 @@ class ForkService:
     @classmethod
     def from_settings(cls, registry: Registry, queue_redis: Any, settings: Settings) -> ForkService:
         """A service on ``registry`` whose outcomes live on ``queue_redis``, limits from ``settings``."""
-        outcomes = Outcomes(queue_redis, ttl=settings.outcome_ttl, stream_maxlen=settings.outcome_stream_maxlen)
+        outcomes = Outcomes(queue_redis, ttl=settings.outcome_ttl, stream_maxlen=settings.outcome_stream_maxlen,
+                            compact=settings.compact_records)
         limits = Limits(max_request_bytes=settings.max_request_bytes, max_fanout=settings.max_fanout,
                         max_id_length=settings.max_id_length)
         return cls(registry, outcomes, reply_channel=settings.reply_channel, limits=limits)
@@ -147,7 +148,7 @@ class ForkService:
                                       keep_from=None if request.summary is UNSET else request.summary.keep_from,
                                       rider=(self.outcomes.redis, self.outcomes.claim_op(request_id, request, planned)),
                                       prelude=prelude)
-        claim = self.outcomes.claim_of(raw)
+        claim = self.outcomes.claim_of(raw, request_id)
         return claim, plan if claim.state == "NEW" else None
 
     def _fork(self, request: ForkRequest, request_id: str, claim: Claim, plan: ForkPlan | None,

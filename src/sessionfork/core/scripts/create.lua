@@ -8,7 +8,7 @@
 --           the registry pins the child under its parent first (pin.lua) and emits the event after)
 -- KEYS[6] = the parent's record sf:s:{<parent>}, KEYS[7] = the parent's sf:s:{<parent>}:needs
 --           (optional, with KEYS[5]: a forked child on one server)
--- ARGV    = header JSON, instance token, len (seed + edits), seedlen, seed JSON, last type, request
+-- ARGV    = header (the record's "header" field: lib/header.lua), instance token, len (seed + edits), seedlen, seed JSON, last type, request
 --           id ("" = none), lifecycle stream MAXLEN, session id, seed end: seq of the newest
 --           turn/end of the seed (-1: none; "": unknown, the record gets no turn index, as one
 --           written before it existed), the parent's header JSON as the source step read it (used
@@ -17,8 +17,10 @@
 --           the summary child's session/summary event (stored JSON, its seq 0; "" = not one: the
 --           seed's slice ["@<id>", 0, 1] reads it from field "summary"), need: the first seq of
 --           the parent the child reads (a summary child's keepFrom, recorded in KEYS[7] with the
---           pin; "" = 0, all), then the edits' stored JSON (none for a plain child)
--- Returns the header JSON of the record now under KEYS[1] when it is ours (created now, created
+--           pin; "" = 0, all), cwd ("" = none, else "=" followed by the cwd: the compact layout's
+--           "cwd" field), parent id ("" = none: the compact layout's "parent" field), then the
+--           edits' stored JSON (none for a plain child)
+-- Returns the header (wire JSON) of the record now under KEYS[1] when it is ours (created now, created
 -- earlier by the same request id: a replay, or by this very call: a client's retry after a lost
 -- reply, recognised by the fresh instance token), false when another owner has the id, or -1 when
 -- the parent is not the session the source step read, or is shorter than the seed (the server
@@ -26,16 +28,20 @@
 -- A deleted parent (a tombstone: no header) is not the session read either: the fork fails
 -- SESSION_NOT_FOUND, and a deleted log is never a new child's seed. A replay never appends the
 -- edits again: they exist only together with the record.
+--#include lib/header.lua
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  local mine = redis.call('HMGET', KEYS[1], 'req', 'instance', 'header')
+  local mine = redis.call('HMGET', KEYS[1], 'req', 'instance', 'header', 'cwd', 'parent')
   if (ARGV[7] ~= '' and mine[1] == ARGV[7]) or mine[2] == ARGV[2] then
-    return mine[3]
+    return header_json(ARGV[9], mine[3], mine[4], mine[5])
   end
   return false
 end
 if KEYS[6] then
-  local parent = redis.call('HMGET', KEYS[6], 'header', 'len')
-  if parent[1] ~= ARGV[11] or tonumber(parent[2]) < tonumber(ARGV[4]) then return -1 end
+  local parent = redis.call('HMGET', KEYS[6], 'header', 'len', 'cwd', 'parent')
+  if not parent[1] or not same_header(header_of(parent[1], parent[3], parent[4]), cjson.decode(ARGV[11]))
+      or tonumber(parent[2]) < tonumber(ARGV[4]) then
+    return -1
+  end
 end
 -- "seedlen" and "seedend" are stored only once they differ from "len" and "lastend" (append.lua
 -- writes them before it moves those): two fields fewer in every record never appended to (most
@@ -43,6 +49,15 @@ end
 -- One HSET of every field the record starts with (one command, where one per optional field took up
 -- to five).
 local fields = {'header', ARGV[1], 'instance', ARGV[2], 'len', ARGV[3], 'seed', ARGV[5], 'last', ARGV[6]}
+local cwd, parent_id = nil, nil
+if ARGV[16] ~= '' then
+  cwd = string.sub(ARGV[16], 2)
+  fields[#fields + 1] = 'cwd'; fields[#fields + 1] = cwd
+end
+if ARGV[17] ~= '' then
+  parent_id = ARGV[17]
+  fields[#fields + 1] = 'parent'; fields[#fields + 1] = parent_id
+end
 if ARGV[4] ~= ARGV[3] then
   fields[#fields + 1] = 'seedlen'; fields[#fields + 1] = ARGV[4]
 end
@@ -58,7 +73,7 @@ if ARGV[14] ~= '' then
   fields[#fields + 1] = 'summary'; fields[#fields + 1] = ARGV[14]
 end
 redis.call('HSET', KEYS[1], unpack(fields))
-local first = 16
+local first = 18
 if #ARGV >= first then
   redis.call('HSET', KEYS[1], 'edits', #ARGV - first + 1)  -- how many events the fork appended (lineage)
   for i = first, #ARGV, 4000 do
@@ -83,4 +98,4 @@ if KEYS[5] then
     redis.call('ZADD', KEYS[7], ARGV[15], ARGV[9])
   end
 end
-return ARGV[1]
+return header_json(ARGV[9], ARGV[1], cwd, parent_id)

@@ -8,17 +8,19 @@
 -- KEYS[6] = sf:lifecycle   (optional: given only when it shares the server, i.e. not on a cluster)
 -- ARGV    = now (epoch ms), lifecycle stream MAXLEN, session id, "1" = only if disposed (retention),
 --           "1" = only if the persistence backend holds the whole log (KEYS[4] >= len)
--- Returns {1, parent id or "", descendants left, header} when deleted now; {-1} not found (never created,
+-- Returns {1, parent id or "", descendants left, header (wire JSON)} when deleted now; {-1} not found (never created,
 -- or deleted already); {-2} live and ARGV[4] is "1"; {-3, len, persisted} not persisted yet.
+--#include lib/header.lua
 local r = redis.call('HMGET', KEYS[1], 'header', 'instance', 'len', 'seed', 'seedlen', 'lastend', 'seedend',
-  'summary')
+  'summary', 'cwd', 'parent')
 local persisted = redis.call('GET', KEYS[4])
 if not r[1] then return {-1} end
 r[5] = r[5] or r[3]  -- absent until the first append (create.lua)
 if r[6] then r[7] = r[7] or r[6] end
 if ARGV[4] == '1' and r[2] then return {-2} end
 if ARGV[5] == '1' and tonumber(persisted or '-1') < tonumber(r[3]) then return {-3, r[3], persisted or '-1'} end
-local header = cjson.decode(r[1])
+local header = header_of(r[1], r[9], r[10])
+local text = header_json(ARGV[3], r[1], r[9], r[10])
 local parent = header['parentSession']
 if type(parent) ~= 'string' then parent = '' end
 local left = redis.call('SCARD', KEYS[3])
@@ -41,6 +43,6 @@ if left > 0 then
 end
 if KEYS[6] then
   redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[2], '*', 'type', 'session/deleted', 'id', ARGV[3],
-    'len', r[3], 'header', r[1])
+    'len', r[3], 'header', text)
 end
-return {1, parent, left, r[1]}
+return {1, parent, left, text}

@@ -5,15 +5,17 @@
 -- ARGV[4] = a summary's keepFrom - 1 ("" or absent = none): checked here too when it falls in the
 --           source's own events and the snapshot: an OK reply then ends with "1" (between turns),
 --           or the reply is {"KEEP_INSIDE", seq of the turn/start}; otherwise the caller checks it
+-- ARGV[5] = the session id (for the header: the compact layout does not store it, lib/header.lua)
 -- Returns {"NOT_FOUND"} / {"NOT_LIVE"} / {"PRECONDITION", len} (the guard, checked next) /
 --   {"OPEN_TURN", last} (no boundary) /
 --   {"RANGE", len} (boundary outside [0, len)) / {"INSIDE", seq of the turn/start} /
---   {"OK", seed length, header, seed, seedlen, seed end, last type} where seed end is the seq of the
+--   {"OK", seed length, header (wire JSON), seed, seedlen, seed end, last type} where seed end is the seq of the
 --   newest turn/end of the child's seed (-1 none, "" unknown: the source has no turn index) and
 --   last type the type of its last event /
 --   {"SEED", seed length, header, seed, seedlen, "", ""}: the boundary falls in the source's seed
 --   (or the source has no turn index): the caller checks it against the ancestor that holds it,
 --   whose events up to there never change.
+--#include lib/header.lua
 local function newest(turns, b)  -- the newest marker at or before b: binary search (sorted: append-only)
   local lo, hi, found = 0, redis.call('LLEN', turns) - 1, nil
   while lo <= hi do
@@ -25,8 +27,9 @@ local function newest(turns, b)  -- the newest marker at or before b: binary sea
 end
 local function step()
   local r = redis.call('HMGET', KEYS[1], 'instance', 'len', 'last', 'header', 'seed', 'seedlen', 'lastend',
-    'seedend')
+    'seedend', 'cwd', 'parent')
   if not r[1] then return {'NOT_FOUND'} end
+  r[4] = header_json(ARGV[5], r[4], r[9], r[10])
   r[6] = r[6] or r[2]  -- absent until the first append: the seed is the whole log (create.lua)
   r[8] = r[8] or r[7]  -- absent until an append moves lastend
   if ARGV[1] ~= '' and r[1] ~= ARGV[1] then return {'NOT_LIVE'} end
