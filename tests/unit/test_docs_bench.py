@@ -55,3 +55,19 @@ def test_publishing_a_run_takes_both_rq_passes_and_refuses_a_quick_one(tmp_path:
     (tmp_path / "rq2" / "bench.json").write_text(json.dumps({**run, "quick": True}))
     with pytest.raises(SystemExit, match="--quick"):
         publish.snapshot_of(tmp_path, datetime.date(2027, 1, 2))
+
+
+def test_the_readme_capacity_table_is_what_the_generator_makes_of_the_snapshot() -> None:
+    readme = publish.README.read_text()
+    assert readme.count(publish.README_BEGIN) == 1 and readme.count(publish.README_END) == 1
+    assert publish.page_with(readme, snapshot(), publish.README_BEGIN, publish.README_END) == readme
+
+
+def test_the_capacity_table_divides_each_rate_by_one_core_and_multiplies_bytes_by_the_window() -> None:
+    figures = [{"figure": publish.QUEUE_RATE, "value": 2000.0, "baselineValue": 5000.0},
+               {"figure": publish.REQUEST_BYTES, "value": 1000.0, "baselineValue": 1024.0}]
+    table = publish.capacity({"date": "2027-01-02", "runs": [{"figures": figures}]}, ttl=86400).splitlines()
+    assert table[1] == "| steady forks/s | queue primaries (cores) | registry cores | Redis memory, 24 h window |"
+    assert table[3] == "| 100 | 0.05 | 0.02 | 8.6 GB |"
+    assert table[7] == "| 1,000,000 | 500.00 | 200.00 | 86,400.0 GB |"
+    assert "one queue primary carries 2,000 forks/s, one registry core 5,000" in table[-2]
