@@ -3,9 +3,8 @@
 
     python3 run.py demo [--redis-url URL]   the main job: a walkthrough on an embedded server
     python3 run.py test [PYTEST ARGS]        ruff, mypy --strict, mkdocs build --strict, the whole test suite
-                                             (current RQ; 2 processes), then mypy and the worker, fault and
-                                             hostile tests on RQ 2.12; installs Debian's chromium first when
-                                             it is missing
+                                             (current RQ), then mypy and the worker, fault and hostile tests
+                                             on RQ 2.12; installs Debian's chromium first when it is missing
     python3 run.py bench [--quick] [--publish]  the benchmark (table on stdout, JSON in bench-results/), then
                                              its RQ-dependent figures again on RQ 2.12; --publish: into the
                                              docs (docs/data/bench.json and the Performance page's table)
@@ -46,11 +45,6 @@ RQ2_SUITE = ["tests/unit", "tests/integration/test_worker.py", "tests/integratio
              "tests/integration/test_rq_compat.py", "tests/integration/test_unreached_paths.py",
              "tests/integration/test_aio.py", "tests/integration/test_rq_dashboard.py",
              "tests/integration/test_enqueue_script.py"]
-
-# The whole suite runs in 2 pytest-xdist processes, each test file in one (its module fixtures, a
-# cluster among them, started once): most of a test's time is waiting on workers and servers, so two
-# at once nearly halve the run on 2 cores. Tests picked by hand run in one process.
-PARALLEL = ("-n", "2", "--dist", "loadfile")
 
 # The one system package the suite needs: a headless browser for the lineage page test
 # (tests/integration/browser.py looks for these names), and how it is installed on Debian.
@@ -128,7 +122,7 @@ def test(bin_dir: Path, rest: list[str]) -> int:
         code = run(*step, env={"NO_MKDOCS_2_WARNING": "1"})
         if code:
             return code
-    code = run(str(bin_dir / "python"), "-m", "pytest", *(rest or PARALLEL))
+    code = run(str(bin_dir / "python"), "-m", "pytest", *rest)
     if code or rest:
         return code
     print(f"\n== again on {RQ2}: mypy --strict, then the worker, fault and hostile-input tests ==", flush=True)
@@ -136,7 +130,7 @@ def test(bin_dir: Path, rest: list[str]) -> int:
     code = run(str(rq2 / "mypy"))
     if code:
         return code
-    return run(str(rq2 / "python"), "-m", "pytest", *PARALLEL, *RQ2_SUITE, env={"SESSIONFORK_EXPECT_RQ": "2"})
+    return run(str(rq2 / "python"), "-m", "pytest", *RQ2_SUITE, env={"SESSIONFORK_EXPECT_RQ": "2"})
 
 
 MUTATIONS = ROOT / "tests" / "mutations.toml"

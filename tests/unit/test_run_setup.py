@@ -97,14 +97,3 @@ def test_a_failed_docs_build_fails_the_test_command(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append(cmd[0]) or int("mkdocs" in cmd[0]))
     assert run.main(["test"]) == 1
     assert ran[-1] == "/venv/bin/mkdocs"
-
-
-def test_the_whole_suite_runs_in_two_processes_on_both_rq_versions(monkeypatch: pytest.MonkeyPatch) -> None:
-    ran: list[str] = []
-    monkeypatch.setattr(run, "ensure_browser", lambda: None)
-    monkeypatch.setattr(run, "ensure_env", lambda *a: Path("/venv2/bin") if a[1:] else Path("/venv/bin"))
-    monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append(" ".join(cmd)) or 0)
-    assert run.main(["test"]) == 0
-    pytests = [cmd for cmd in ran if " -m pytest" in cmd]
-    assert pytests[0] == "/venv/bin/python -m pytest -n 2 --dist loadfile"
-    assert pytests[1].startswith("/venv2/bin/python -m pytest -n 2 --dist loadfile tests/unit ")
