@@ -25,7 +25,8 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
     assert "RQ SimpleWorker no-op jobs/s" in table and "RQ Worker no-op jobs/s" in table
     figures = json.loads((tmp_path / "bench.json").read_text())["figures"]
     addon = "Redis CPU µs a waiting sync scheduler adds per fork"  # a difference: noise may make it negative
-    assert all(f["value"] > 0 for f in figures if f["figure"] != addon)
+    not_positive = [(f["figure"], f["value"]) for f in figures if f["figure"] != addon and f["value"] <= 0]
+    assert not not_positive, not_positive  # named: a quick run's differences are small
     names = {f["figure"] for f in figures}
     assert {addon, "Redis CPU µs per fork, worker side (queue + registry, median of rounds)",
             "forks/s one primary carries at 100 % of a core (queue and registry on it, waiting schedulers)",
