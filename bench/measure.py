@@ -318,27 +318,32 @@ def redis_cpu_per_job(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
     return cpu_per_job(fork_burst), noop_us
 
 
-def _worker_bursts(server: EmbeddedServer, jobs: int) -> tuple[Callable[[], object], Callable[[], object]]:
-    """On a flushed ``server``: ``jobs`` RQ no-op jobs and ``jobs`` single-fork requests queued; returns
-    the bursts that work them off (a ``SimpleWorker``, then a ``ForkWorker``), each run once."""
-    from rq import SimpleWorker
-
+def queued_fork_worker(settings: Settings, jobs: int) -> Any:
+    """A ``ForkWorker`` in this process, on the servers ``settings`` names (flushed by the caller),
+    with ``jobs`` single-fork requests of a 12-event source queued before it starts."""
     from sessionfork.cli.app import Context
     from sessionfork.queue.worker import ForkWorker
 
-    redis = _fresh(server)
-    queue = Queue("peer", connection=redis)
-    for _ in range(jobs):
-        queue.enqueue("bench.measure.noop")
-    simple = SimpleWorker([queue], connection=redis)
-    settings = Settings(redis_url=server.url)
     context = Context(settings)
     _session_with(context.registry(), "bench-src", 12)
     client = Client(context.queue_redis(), settings)
     for i in range(jobs):
         client.submit(client.request("bench-src", session_id=f"c-{i}"))
     service = context.service()
-    worker = ForkWorker([client.queue], service=service, connection=service.outcomes.redis, abandoned_after=30)
+    return ForkWorker([client.queue], service=service, connection=service.outcomes.redis, abandoned_after=30)
+
+
+def _worker_bursts(server: EmbeddedServer, jobs: int) -> tuple[Callable[[], object], Callable[[], object]]:
+    """On a flushed ``server``: ``jobs`` RQ no-op jobs and ``jobs`` single-fork requests queued; returns
+    the bursts that work them off (a ``SimpleWorker``, then a ``ForkWorker``), each run once."""
+    from rq import SimpleWorker
+
+    redis = _fresh(server)
+    queue = Queue("peer", connection=redis)
+    for _ in range(jobs):
+        queue.enqueue("bench.measure.noop")
+    simple = SimpleWorker([queue], connection=redis)
+    worker = queued_fork_worker(Settings(redis_url=server.url), jobs)
     return (lambda: simple.work(burst=True, logging_level="ERROR"),
             lambda: worker.work(burst=True, logging_level="ERROR"))
 

@@ -55,11 +55,19 @@ def render(snapshot: dict[str, Any]) -> str:
     return "\n".join([*lines, END])
 
 
-def page_with(page: str, snapshot: dict[str, Any], begin: str = BEGIN, end: str = END) -> str:
-    """``page`` with its generated part (``begin`` … ``end``) replaced by ``render(snapshot)``, or by
-    ``capacity(snapshot)`` for the README's markers."""
-    start, stop = page.index(begin), page.index(end) + len(end)
-    return page[:start] + (capacity if begin == README_BEGIN else render)(snapshot) + page[stop:]
+def page_with(page: str, snapshot: dict[str, Any]) -> str:
+    """``page`` with its generated part replaced by ``render(snapshot)``."""
+    return _replaced(page, BEGIN, END, render(snapshot))
+
+
+def readme_with(readme: str, snapshot: dict[str, Any]) -> str:
+    """``readme`` with its capacity table replaced by ``capacity(snapshot)``."""
+    return _replaced(readme, README_BEGIN, README_END, capacity(snapshot))
+
+
+def _replaced(text: str, begin: str, end: str, part: str) -> str:
+    start, stop = text.index(begin), text.index(end) + len(end)
+    return text[:start] + part + text[stop:]
 
 
 def capacity(snapshot: dict[str, Any], ttl: int = Settings().outcome_ttl) -> str:
@@ -98,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     snapshot = snapshot_of(Path(args.results), datetime.datetime.now(datetime.UTC).date())
     SNAPSHOT.write_text(json.dumps(snapshot, indent=2, ensure_ascii=False) + "\n")
     PAGE.write_text(page_with(PAGE.read_text(), snapshot))
-    README.write_text(page_with(README.read_text(), snapshot, README_BEGIN, README_END))
+    README.write_text(readme_with(README.read_text(), snapshot))
     print(f"published {args.results} into {SNAPSHOT.relative_to(ROOT)}, {PAGE.relative_to(ROOT)} and "
           f"{README.relative_to(ROOT)}", file=sys.stderr)
     return 0

@@ -14,7 +14,7 @@ import argparse
 import statistics
 import sys
 
-from bench.measure import _fresh, _session_with, redis_cpu_us
+from bench.measure import _fresh, queued_fork_worker, redis_cpu_us
 from sessionfork.core.config import Settings
 from sessionfork.embedded import EmbeddedServer
 
@@ -26,22 +26,11 @@ Row = tuple[str, float, str, float | None, str]
 def split_cpu_per_fork(queue_server: EmbeddedServer, registry_server: EmbeddedServer, jobs: int) -> tuple[float, float]:
     """Redis CPU (µs) per fork job, worker side, on the queue server and on the registry: ``jobs``
     requests queued beforehand, then worked off by one ``ForkWorker`` in burst mode."""
-    from sessionfork.cli.app import Context
-    from sessionfork.queue.client import Client
-    from sessionfork.queue.worker import ForkWorker
-
     queue, registry = _fresh(queue_server), _fresh(registry_server)
-    settings = Settings(redis_url=registry_server.url, queue_url=queue_server.url)
-    context = Context(settings)
-    _session_with(context.registry(), "bench-src", 12)
-    client = Client(context.queue_redis(), settings)
-    for i in range(jobs):
-        client.submit(client.request("bench-src", session_id=f"c-{i}"))
-    service = context.service()
-    worker = ForkWorker([client.queue], service=service, connection=service.outcomes.redis, abandoned_after=30)
+    worker = queued_fork_worker(Settings(redis_url=registry_server.url, queue_url=queue_server.url), jobs)
     before = redis_cpu_us(queue), redis_cpu_us(registry)
     worker.work(burst=True, logging_level="ERROR")
-    if (done := client.queue.finished_job_registry.count) != jobs:
+    if (done := worker.queues[0].finished_job_registry.count) != jobs:
         raise RuntimeError(f"{done} of {jobs} fork jobs finished")
     return (redis_cpu_us(queue) - before[0]) / jobs, (redis_cpu_us(registry) - before[1]) / jobs
 

@@ -69,6 +69,19 @@ def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(main())
 
 
+async def answered_on_a_new_subscription(client: AsyncClient, redis: Redis, outcomes: Outcomes, request_id: str,
+                                         timeout: float, subscribed_within: float) -> None:
+    """A wait for ``request_id`` (its ``timeout``) subscribes again, seen by the server within
+    ``subscribed_within`` seconds, and the outcome recorded then answers it."""
+    channel = client.settings.reply_channel
+    request = await client.request("s", request_id=request_id)
+    task = asyncio.create_task(client.wait(request, timeout=timeout))
+    await until(lambda: redis.pubsub_numsub(channel)[0][1] == 1, subscribed_within, "a new subscription")
+    reply = ForkFailure(request_id=request_id, code="SESSION_NOT_FOUND", message='session "s" not found')
+    outcomes.record(reply, channel, digest=wire.digest(request))
+    assert await task == reply
+
+
 # -- the job hash -------------------------------------------------------------------------------
 
 
@@ -424,12 +437,7 @@ def test_a_waiter_survives_a_dropped_subscription(server: EmbeddedServer, redis:
             outcomes.record(reply, channel, digest=wire.digest(first))
             assert await task == reply
             await until(lambda: redis.pubsub_numsub(channel)[0][1] == 0, 5, "the unsubscribe")
-            second = await client.request("s", request_id="drop-2")
-            task = asyncio.create_task(client.wait(second, timeout=20))
-            await until(lambda: redis.pubsub_numsub(channel)[0][1] == 1, 10, "a new subscription")
-            later = ForkFailure(request_id="drop-2", code="SESSION_NOT_FOUND", message='session "s" not found')
-            outcomes.record(later, channel, digest=wire.digest(second))
-            assert await task == later
+            await answered_on_a_new_subscription(client, redis, outcomes, "drop-2", 20, 10)
 
     run(main)
 
@@ -467,11 +475,6 @@ def test_a_channel_left_while_the_subscription_reconnects_is_subscribed_again_by
             await until(lambda: router._up.is_set(), 5, "the reconnection")
             await until(lambda: router.tracked == 0 and redis.pubsub_numsub(channel)[0][1] == 0, 5,
                         "the renewal to be dropped again")
-            second = await client.request("s", request_id="left-2")
-            task = asyncio.create_task(client.wait(second, timeout=10))
-            await until(lambda: redis.pubsub_numsub(channel)[0][1] == 1, 5, "a new subscription")
-            later = ForkFailure(request_id="left-2", code="SESSION_NOT_FOUND", message='session "s" not found')
-            outcomes.record(later, channel, digest=wire.digest(second))
-            assert await task == later
+            await answered_on_a_new_subscription(client, redis, outcomes, "left-2", 10, 5)
 
     run(main)

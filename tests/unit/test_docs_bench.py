@@ -60,7 +60,7 @@ def test_publishing_a_run_takes_both_rq_passes_and_refuses_a_quick_one(tmp_path:
 def test_the_readme_capacity_table_is_what_the_generator_makes_of_the_snapshot() -> None:
     readme = publish.README.read_text()
     assert readme.count(publish.README_BEGIN) == 1 and readme.count(publish.README_END) == 1
-    assert publish.page_with(readme, snapshot(), publish.README_BEGIN, publish.README_END) == readme
+    assert publish.readme_with(readme, snapshot()) == readme
 
 
 def test_the_capacity_table_divides_each_rate_by_one_core_and_multiplies_bytes_by_the_window() -> None:
