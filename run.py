@@ -114,23 +114,45 @@ def docs_build(bin_dir: Path, site_dir: Path, config: Path = ROOT / "mkdocs.yml"
 
 
 def test(bin_dir: Path, rest: list[str]) -> int:
-    """Lint and type-check, build the docs site strictly, the whole suite on the current RQ, then RQ 2.12
-    (unless ``rest`` picks tests)."""
+    """Lint and type-check, build the docs site strictly, the whole suite on the current RQ (in its
+    ``phases``), then RQ 2.12 (unless ``rest`` picks tests: then pytest runs just those, in one process)."""
     for step in ([str(bin_dir / "ruff"), "check", "src", "tests", "bench", "worker", "run.py"],
                  [str(bin_dir / "mypy")],
                  docs_build(bin_dir, ROOT / "site")):
         code = run(*step, env={"NO_MKDOCS_2_WARNING": "1"})
         if code:
             return code
-    code = run(str(bin_dir / "python"), "-m", "pytest", *rest)
-    if code or rest:
+    if rest:
+        return run(str(bin_dir / "python"), "-m", "pytest", *rest)
+    code = suite(bin_dir)
+    if code:
         return code
     print(f"\n== again on {RQ2}: mypy --strict, then the worker, fault and hostile-input tests ==", flush=True)
     rq2 = ensure_env(".venv-rq2", RQ2)
     code = run(str(rq2 / "mypy"))
     if code:
         return code
-    return run(str(rq2 / "python"), "-m", "pytest", *RQ2_SUITE, env={"SESSIONFORK_EXPECT_RQ": "2"})
+    return suite(rq2, *RQ2_SUITE, env={"SESSIONFORK_EXPECT_RQ": "2"})
+
+
+def phases(*paths: str) -> list[list[str]]:
+    """The suite's two pytest runs: every test not marked ``serial`` in ``PARALLEL`` processes (each
+    test file in one), then the ``serial`` ones alone (they assert a time bound or measure, so a
+    neighbour's load must not weigh on them). Together they run every test once."""
+    return [["-n", str(PARALLEL), "--dist", "loadfile", "-m", "not serial", *paths], ["-m", "serial", *paths]]
+
+
+PARALLEL = 2  # pytest-xdist processes of the parallel phase (this machine has 2 cores)
+
+
+def suite(bin_dir: Path, *paths: str, env: dict[str, str] | None = None) -> int:
+    """The suite (``paths``: all of it), in its two ``phases``; the first failing phase's status."""
+    for args in phases(*paths):
+        print(f"\n== pytest {' '.join(args)} ==", flush=True)
+        code = run(str(bin_dir / "python"), "-m", "pytest", *args, env=env)
+        if code:
+            return code
+    return 0
 
 
 MUTATIONS = ROOT / "tests" / "mutations.toml"

@@ -1,8 +1,8 @@
 """The Redis CPU rows alone: ``python -m bench.cpu [--rounds N] [--jobs N] [--waits N]``.
 
 The same measurements ``bench.main`` makes for its CPU rows (``redis_cpu_per_job``,
-``waiter_cpu_us``, ``round_trips``), alternating rounds, medians printed with each round's figures:
-a quick way to compare two versions of the worker or the waiter without the whole bench.
+``steps_cpu_per_fork``, ``waiter_cpu_us``, ``round_trips``), alternating rounds, medians printed with
+each round's figures: a quick way to compare two versions of the worker or the waiter without the whole bench.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import argparse
 import statistics
 import sys
 
-from bench.measure import redis_cpu_per_job, round_trips, waiter_cpu_us
+from bench.measure import redis_cpu_per_job, round_trips, steps_cpu_per_fork, waiter_cpu_us
 from sessionfork.embedded import EmbeddedServer
 
 
@@ -24,17 +24,21 @@ def main(argv: list[str] | None = None) -> int:
     with EmbeddedServer() as server:
         ours_rt, simple_rt = round_trips(server, 200)
         print(f"round trips per job: fork {ours_rt:.2f}, SimpleWorker no-op {simple_rt:.2f}", flush=True)
-        forks, noops, waits = [], [], []
+        forks, noops, waits, own = [], [], [], []
         for r in range(args.rounds):
             fork_us, noop_us = redis_cpu_per_job(server, args.jobs)
+            steps = steps_cpu_per_fork(server, args.jobs)
             waiter = waiter_cpu_us(server, args.waits)
             forks.append(fork_us)
             noops.append(noop_us)
+            own.append(steps)
             waits.append(waiter)
             print(f"round {r + 1}: fork {fork_us:.0f} µs, no-op {noop_us:.0f} µs ({fork_us / noop_us:.2f}x), "
+                  f"own steps {steps:.0f} µs ({steps / noop_us:.2f}x), "
                   f"waiter {waiter:.0f} µs ({waiter / noop_us:.2f}x)", flush=True)
-        fork_m, noop_m, wait_m = (statistics.median(x) for x in (forks, noops, waits))
+        fork_m, noop_m, own_m, wait_m = (statistics.median(x) for x in (forks, noops, own, waits))
         print(f"median: fork {fork_m:.0f} µs, no-op {noop_m:.0f} µs, ratio {fork_m / noop_m:.2f}x; "
+              f"own steps {own_m:.0f} µs, ratio {own_m / noop_m:.2f}x; "
               f"waiter {wait_m:.0f} µs, ratio {wait_m / noop_m:.2f}x")
     return 0
 

@@ -31,6 +31,7 @@ from bench.measure import (
     redis_cpu_per_job,
     round_trips,
     rq_peer,
+    steps_cpu_per_fork,
     waiter_cpu_us,
 )
 from bench.memory import BAR, bytes_held, child_bytes_at_depth, request_memory, steady_workload
@@ -163,6 +164,13 @@ def main(argv: list[str] | None = None) -> int:
         noop_cpu = statistics.median(n for _, n in cpu_rounds)
         rows.append(("Redis CPU µs per fork, worker side (queue + registry, median of rounds)", fork_cpu,
                      "Redis CPU µs per RQ SimpleWorker no-op job", noop_cpu, "≤ 0.5"))
+        # The same fork without its RQ job: how much of the worker side is RQ's per-job bookkeeping.
+        steps = statistics.median(step(f"Redis CPU of the fork steps alone, round {r + 1}",
+                                       lambda: steps_cpu_per_fork(server, cpu_jobs)) for r in range(rounds))
+        rows.append(("Redis CPU µs per fork, sessionfork's own steps (no RQ job: claim, source, child, record)",
+                     steps, "Redis CPU µs per RQ SimpleWorker no-op job", noop_cpu, ""))
+        rows.append(("Redis CPU µs per fork job spent on RQ's job bookkeeping (worker side less own steps)",
+                     fork_cpu - steps, "Redis CPU µs per fork, worker side", fork_cpu, ""))
         waiter = statistics.median(step(f"Redis CPU a waiting scheduler adds, round {r + 1}",
                                         lambda: waiter_cpu_us(server, 50 if q else 300)) for r in range(rounds))
         rows.append(("Redis CPU µs a waiting sync scheduler adds per fork", waiter,

@@ -318,6 +318,27 @@ def redis_cpu_per_job(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
     return cpu_per_job(fork_burst), noop_us
 
 
+def steps_cpu_per_fork(server: EmbeddedServer, jobs: int) -> float:
+    """Redis CPU (µs) per fork of sessionfork's own steps alone (claim and source step, child,
+    record): ``ForkService.handle`` run in a loop on ``jobs`` requests built beforehand, no RQ job
+    around it (no dequeue, no RQ start or finish bookkeeping). The same source and server as
+    ``redis_cpu_per_job``: the difference between the two is RQ's per-job share."""
+    from sessionfork.cli.app import Context
+    from sessionfork.queue import requests
+
+    _fresh(server)
+    context = Context(Settings(redis_url=server.url))
+    _session_with(context.registry(), "bench-src", 12)
+    service = context.service()
+    payloads = [requests.prepare(requests.build("bench-src", f"own-{i}", session_id=f"c-{i}"), str)[1]
+                for i in range(jobs)]
+    redis = server.client()
+    before = redis_cpu_us(redis)
+    for i, payload in enumerate(payloads):
+        service.handle(payload, f"own-{i}")
+    return (redis_cpu_us(redis) - before) / jobs
+
+
 def queued_fork_worker(settings: Settings, jobs: int) -> Any:
     """A ``ForkWorker`` in this process, on the servers ``settings`` names (flushed by the caller),
     with ``jobs`` single-fork requests of a 12-event source queued before it starts."""

@@ -26,6 +26,8 @@ from sessionfork.core.wire import ForkResult, Header
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.queue.outcomes import Outcomes
 
+pytestmark = pytest.mark.serial  # run alone: see pyproject's markers
+
 USAGE, ERROR_CODE, UNREACHABLE, NO_REPLY = 2, 1, 3, 4
 
 

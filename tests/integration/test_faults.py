@@ -45,7 +45,7 @@ from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.queue import jobs
 from sessionfork.queue.client import Client
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: an idle stop's time bound, the storm
 
 BIG = 4000
 """Children of the fan-out a fault is injected into (about 0.2 s of work for a worker)."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,10 @@ from rq import Worker
 from rq.registry import FinishedJobRegistry
 
 from sessionfork.core.registry import Registry
+from sessionfork.core.wire import ForkRequest
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.queue import jobs
+from sessionfork.queue.client import Client
 from sessionfork.queue.outcomes import Outcomes
 from sessionfork.queue.rq_seam import worker_base
 from sessionfork.queue.service import ForkService
@@ -24,21 +28,37 @@ from sessionfork.queue.worker import ForkWorker
 RQ = str(Path(sys.executable).parent / "rq")
 
 
-def test_rq_info_lists_the_fork_queue_and_a_working_sessionfork_worker(server: EmbeddedServer, redis: Redis) -> None:
-    name = worker_name("info")
+def _submitted(redis: Redis, label: str, n: int) -> tuple[Client, list[ForkRequest]]:
+    """A source ``<label>-src`` with one turn and ``n`` single-fork requests of it submitted."""
+    registry = Registry(redis)
+    registry.append(registry.create(f"{label}-src"), turn(1))
+    client = make_client(redis)
+    requests = [client.request(f"{label}-src", session_id=f"{label}-{i}") for i in range(n)]
+    for request in requests:
+        client.submit(request)
+    return client, requests
+
+
+@contextmanager
+def _forked_through_a_worker(server: EmbeddedServer, redis: Redis, label: str,
+                             n: int) -> Iterator[tuple[str, list[ForkRequest]]]:
+    """A worker process started and registered, ``n`` requests forked through it (each answered
+    OK); yields the worker's name and the requests, then stops the worker (it must exit 0)."""
+    name = worker_name(label)
     proc = start_worker(server.url, name)
     try:
         wait_registered(redis, name)
-        registry = Registry(redis)
-        registry.append(registry.create("info-src"), turn(1))
-        client = make_client(redis)
-        request = client.request("info-src", session_id="info-child")
-        client.submit(request)
-        assert client.wait(request, 20).ok
-        out = subprocess.run([RQ, "info", "--url", server.url, "--serializer", "sessionfork.jobs.JSONSerializer",
-                              "--by-queue", SETTINGS.queue], capture_output=True, text=True, timeout=60)
+        client, requests = _submitted(redis, label, n)
+        assert all(client.wait(request, 20).ok for request in requests)
+        yield name, requests
     finally:
         assert stop(proc) == 0
+
+
+def test_rq_info_lists_the_fork_queue_and_a_working_sessionfork_worker(server: EmbeddedServer, redis: Redis) -> None:
+    with _forked_through_a_worker(server, redis, "info", 1) as (name, [request]):
+        out = subprocess.run([RQ, "info", "--url", server.url, "--serializer", "sessionfork.jobs.JSONSerializer",
+                              "--by-queue", SETTINGS.queue], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert SETTINGS.queue in out.stdout
     assert name in out.stdout
@@ -49,37 +69,21 @@ def test_rq_info_lists_the_fork_queue_and_a_working_sessionfork_worker(server: E
 def test_rq_worker_counters_count_every_job_sent_with_the_beat(server: EmbeddedServer, redis: Redis) -> None:
     """RQ's ``successful_job_count`` and ``total_working_time`` (``rq info``, rq-dashboard) count every
     job: batched into the worker's once-a-second beat, not sent with each job."""
-    name = worker_name("counts")
-    proc = start_worker(server.url, name)
-    try:
-        wait_registered(redis, name)
-        registry = Registry(redis)
-        registry.append(registry.create("counts-src"), turn(1))
-        client = make_client(redis)
-        requests = [client.request("counts-src", session_id=f"counts-{i}") for i in range(3)]
-        for request in requests:
-            client.submit(request)
-        assert all(client.wait(request, 20).ok for request in requests)
+    with _forked_through_a_worker(server, redis, "counts", 3) as (name, _):
 
         def counted() -> bool:  # the beat of the idle worker sends them, within a second or two
             worker = Worker.find_by_key(Worker.redis_worker_namespace_prefix + name, connection=redis)
             return worker is not None and worker.successful_job_count == 3
 
         wait_until(counted, 10, "the worker's counters to reach 3 jobs")
-    finally:
-        assert stop(proc) == 0
 
 
 def test_rq_worker_counters_of_the_last_jobs_are_sent_at_stop(redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker that stops sends the counters of its jobs since its last beat (here: its only beat
     was before its first job) before it unregisters."""
     monkeypatch.setattr(worker_base, "_HEARTBEAT_EVERY", 3600.0)
-    registry = Registry(redis)
-    registry.append(registry.create("burst-src"), turn(1))
-    client = make_client(redis)
-    for i in range(3):
-        client.submit(client.request("burst-src", session_id=f"burst-{i}"))
-    service = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies")
+    _submitted(redis, "burst", 3)
+    service = ForkService(Registry(redis), Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies")
     worker = ForkWorker([jobs.make_queue(redis, SETTINGS)], service=service, connection=redis, abandoned_after=30)
     assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
     assert redis.hget(worker.key, "successful_job_count") == b"3"

@@ -36,6 +36,8 @@ from sessionfork.queue.aio import AsyncClient
 from sessionfork.queue.client import Client
 from sessionfork.queue.shards import shard_of
 
+pytestmark = pytest.mark.serial  # run alone: see pyproject's markers
+
 TIMEOUT = 60.0
 SHARDS = 3
 PRODUCER = Path(__file__).parent.parent / "data" / "raw_producer.py"

@@ -49,6 +49,8 @@ from sessionfork.queue.requests import Limits
 from sessionfork.queue.service import ForkService
 from sessionfork.queue.worker import ForkWorker
 
+pytestmark = pytest.mark.serial  # run alone: see pyproject's markers
+
 STOP_BOUND = 15.0  # seconds: four workers stopping under CPU burners and a frozen server
 IDLE_STOP = 2.5  # seconds from SIGTERM to exit: "an idle worker stops within a second", plus a loaded machine
 

@@ -97,3 +97,34 @@ def test_a_failed_docs_build_fails_the_test_command(monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append(cmd[0]) or int("mkdocs" in cmd[0]))
     assert run.main(["test"]) == 1
     assert ran[-1] == "/venv/bin/mkdocs"
+
+
+def test_the_whole_suite_runs_in_parallel_then_the_serial_tests_alone_on_each_rq(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[tuple[str, dict[str, str] | None]] = []
+    monkeypatch.setattr(run, "ensure_browser", lambda: None)
+    monkeypatch.setattr(run, "ensure_env", lambda *a: Path("/rq2/bin" if a and a[0] == ".venv-rq2" else "/venv/bin"))
+    monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append((" ".join(cmd), env)) or 0)
+    assert run.main(["test"]) == 0
+    pytest_runs = [(cmd, env) for cmd, env in ran if " -m pytest" in cmd]
+    rq2 = " ".join(run.RQ2_SUITE)
+    assert pytest_runs == [
+        ("/venv/bin/python -m pytest -n 2 --dist loadfile -m not serial", None),
+        ("/venv/bin/python -m pytest -m serial", None),
+        (f"/rq2/bin/python -m pytest -n 2 --dist loadfile -m not serial {rq2}", {"SESSIONFORK_EXPECT_RQ": "2"}),
+        (f"/rq2/bin/python -m pytest -m serial {rq2}", {"SESSIONFORK_EXPECT_RQ": "2"})]
+
+
+def test_a_failed_parallel_phase_stops_the_suite_before_the_serial_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+    monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append(" ".join(cmd)) or int("not serial" in ran[-1]))
+    assert run.suite(Path("/venv/bin")) == 1
+    assert ran == ["/venv/bin/python -m pytest -n 2 --dist loadfile -m not serial"]
+
+
+def test_the_two_phases_select_every_test_once() -> None:
+    """``not serial`` and ``serial``: each test is in exactly one of them, and the serial marker is
+    the registered one (``--strict-markers`` would fail a misspelt one)."""
+    parallel, serial = run.phases()
+    assert parallel[parallel.index("-m") + 1] == "not " + serial[serial.index("-m") + 1] == "not serial"
+    assert "serial:" in (Path(run.ROOT) / "pyproject.toml").read_text()
