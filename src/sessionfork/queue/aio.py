@@ -206,7 +206,9 @@ class AsyncClient:
             if stored is None:
                 try:
                     stored = await redis.hmget(keys.request(rid), list(OUTCOME_FIELDS))
-                except RETRYABLE as exc:
+                except Exception as exc:
+                    if not is_lost(exc):
+                        raise
                     log.info("reading the outcome of %s failed (%s); reading it again", rid, exc)
             if stored is not None:
                 found = verdict(rid, stored, digest)
@@ -232,6 +234,15 @@ RETRYABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 idempotent: the enqueue script answers 0 for a request already queued or done)."""
 
 
+def is_lost(exc: BaseException) -> bool:
+    """``exc`` means the command's reply was lost: ``RETRYABLE``, or the ``AttributeError`` redis-py's
+    asyncio connection raises when a killed connection is closed under a command being written (its
+    writer gone: ``'NoneType' object has no attribute 'write…'``), seen under load."""
+    if isinstance(exc, RETRYABLE):
+        return True
+    return isinstance(exc, AttributeError) and "'NoneType' object has no attribute 'write" in str(exc)
+
+
 async def _again(send: Callable[[], Awaitable[T]], deadline: float) -> T:
     """``send()``, sent again after a back-off while its reply is lost, until ``deadline`` (loop time)."""
     loop = asyncio.get_running_loop()
@@ -239,9 +250,9 @@ async def _again(send: Callable[[], Awaitable[T]], deadline: float) -> T:
     while True:
         try:
             return await send()
-        except RETRYABLE as exc:
+        except Exception as exc:
             left = deadline - loop.time()
-            if left <= retry_in:
+            if not is_lost(exc) or left <= retry_in:
                 raise
             log.info("a command's reply was lost (%s); sending it again", exc)
             await asyncio.sleep(retry_in)  # back-off, not synchronisation
