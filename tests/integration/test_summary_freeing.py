@@ -15,7 +15,7 @@ from helpers import turn
 
 import sessionfork
 from sessionfork.core import forks, keys
-from sessionfork.core.errors import ForkError
+from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.factories import now_ms
 from sessionfork.core.registry import Registry
 from sessionfork.core.retention import sweep
@@ -139,6 +139,26 @@ def test_a_fan_out_of_summary_children_frees_up_to_the_least_need(reg: Registry)
     assert Registry(reg.redis).events("k36") == logs["k36"]
     reg.delete("k36")
     assert gone_for_good(reg, src)
+
+
+def test_a_reader_that_a_deletion_overtook_gets_not_found_never_a_placeholder(reg: Registry) -> None:
+    """A reader that knows a summary child's lineage (cached at its first read) reads it again
+    after it was deleted and its source's prefix freed: the slice it reads holds placeholders,
+    and the answer is SESSION_NOT_FOUND, as for any session deleted meanwhile (found by CI: the
+    placeholders reached the event decoder first, "Input data was truncated")."""
+    src = source(reg, "src", 10)
+    for cid, k in (("k8", 8), ("k20", 20)):
+        forks.fork(reg, src, cid, summary=S(keep_from=k, data=cid))
+    reader = Registry(reg.redis)
+    kept = reader.events("k8")
+    reg.delete(src)
+    reg.delete("k8")
+    assert freed(reg, src) == 20  # k8's slice of src starts at 8: 12 of its events are placeholders
+    assert reg.redis.lrange(keys.session_log(src), 8, 8) == [b""]
+    with pytest.raises(ForkError) as caught:
+        reader.events("k8")
+    assert caught.value.code is ErrorCode.SESSION_NOT_FOUND
+    assert len(kept) == 1 + 40 - 8 and Registry(reg.redis).events("k20") == reader.events("k20")
 
 
 def test_a_summary_child_of_a_summary_child_frees_its_source_in_steps(reg: Registry) -> None:

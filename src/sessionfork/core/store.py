@@ -319,14 +319,16 @@ class SessionStore:
         # Last, in the same round trip: still there? (deleted: SESSION_NOT_FOUND, never a partial log)
         pipe.hexists(keys.session(sid), "header")
         *results, there = pipe.execute()
-        out: list[Event] = []
+        pieces: list[tuple[int, list[bytes]]] = []
         short = False
         for (owner, first, last, first_seq), got in zip(plan, results, strict=True):
             raws = got if isinstance(got, list) else [] if got is None else [got]
-            # An ancestor's log is freed only once no descendant is left, so a short ancestor
-            # slice means this session was deleted meanwhile (on a cluster, nodes answer unordered).
-            short = short or (owner != sid and len(raws) != last - first + 1)
-            out.extend(wire.decode_stored_event(raw, first_seq + i) for i, raw in enumerate(raws))
+            # An ancestor's log is freed (dropped, or its prefix made empty placeholders) only as
+            # far as no descendant reads it, so a short slice or a placeholder means this session
+            # was deleted meanwhile (on a cluster, nodes answer unordered): checked before any
+            # event is decoded, a placeholder never reaches the decoder.
+            short = short or (owner != sid and (len(raws) != last - first + 1 or b"" in raws))
+            pieces.append((first_seq, raws))
         if short and there:
             there = bool(self.redis.hexists(keys.session(sid), "header"))
             if there:
@@ -334,7 +336,8 @@ class SessionStore:
         if not there:
             self._lineages.pop(sid, None)
             raise errors.not_found(sid)
-        return out
+        return [wire.decode_stored_event(raw, first_seq + i) for first_seq, raws in pieces
+                for i, raw in enumerate(raws)]
 
 
 class LengthMoved(Exception):
