@@ -161,6 +161,40 @@ def test_a_reader_that_a_deletion_overtook_gets_not_found_never_a_placeholder(re
     assert len(kept) == 1 + 40 - 8 and Registry(reg.redis).events("k20") == reader.events("k20")
 
 
+def test_a_placeholder_read_after_the_record_answered_is_not_found(registry: Registry,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a cluster, the node holding a summary child's record can answer (its summary, "still
+    there") before the child's deletion while the node holding its source's log answers after the
+    freeing: the placeholders alone tell, and the record is asked again (gone: SESSION_NOT_FOUND).
+    The interleaving is forced: the record's answers from a read before the deletion, the log's
+    from one after."""
+    src = source(registry, "src", 10)
+    for cid, k in (("k8", 8), ("k20", 20)):
+        forks.fork(registry, src, cid, summary=S(keep_from=k, data=cid))
+    pipeline = type(registry.redis.pipeline())
+    real = pipeline.execute
+    answers: list[list[Any]] = []  # every read's real answers: [summary, src's slice, own log, there]
+
+    def interleaved(pipe: Any, *args: Any, **kwargs: Any) -> Any:
+        answers.append(real(pipe, *args, **kwargs))
+        first, now = answers[0], answers[-1]
+        return [first[0], *now[1:-1], first[-1]]  # the record's answers from the first read
+
+    reader = Registry(registry.redis)
+    with monkeypatch.context() as patched:
+        patched.setattr(pipeline, "execute", interleaved)
+        kept = reader.events("k8")
+    registry.delete(src)
+    registry.delete("k8")
+    monkeypatch.setattr(pipeline, "execute", interleaved)
+    with pytest.raises(ForkError) as caught:
+        reader.events("k8")
+    assert caught.value.code is ErrorCode.SESSION_NOT_FOUND
+    before, after = answers
+    assert before[0] is not None and before[-1] and after[0] is None and not after[-1]  # the forced order
+    assert len(after[1]) == len(kept) - 1 and after[1][0] == b""  # full length, placeholders only
+
+
 def test_a_summary_child_of_a_summary_child_frees_its_source_in_steps(reg: Registry) -> None:
     src = source(reg, "src", 5)  # 20 events
     forks.fork(reg, src, "c", summary=S(keep_from=12, data="three turns"))  # c: summary + turns 4-5 = 9
