@@ -323,13 +323,10 @@ def steps_cpu_per_fork(server: EmbeddedServer, jobs: int) -> float:
     record): ``ForkService.handle`` run in a loop on ``jobs`` requests built beforehand, no RQ job
     around it (no dequeue, no RQ start or finish bookkeeping). The same source and server as
     ``redis_cpu_per_job``: the difference between the two is RQ's per-job share."""
-    from sessionfork.cli.app import Context
     from sessionfork.queue import requests
 
     _fresh(server)
-    context = Context(Settings(redis_url=server.url))
-    _session_with(context.registry(), "bench-src", 12)
-    service = context.service()
+    _, service = _fork_context(Settings(redis_url=server.url))
     payloads = [requests.prepare(requests.build("bench-src", f"own-{i}", session_id=f"c-{i}"), str)[1]
                 for i in range(jobs)]
     redis = server.client()
@@ -339,18 +336,25 @@ def steps_cpu_per_fork(server: EmbeddedServer, jobs: int) -> float:
     return (redis_cpu_us(redis) - before) / jobs
 
 
-def queued_fork_worker(settings: Settings, jobs: int) -> Any:
-    """A ``ForkWorker`` in this process, on the servers ``settings`` names (flushed by the caller),
-    with ``jobs`` single-fork requests of a 12-event source queued before it starts."""
+def _fork_context(settings: Settings) -> tuple[Any, Any]:
+    """The command line's ``Context`` on the servers ``settings`` names and its ``ForkService``,
+    with the 12-event source ``bench-src`` that the CPU bursts fork."""
     from sessionfork.cli.app import Context
-    from sessionfork.queue.worker import ForkWorker
 
     context = Context(settings)
     _session_with(context.registry(), "bench-src", 12)
+    return context, context.service()
+
+
+def queued_fork_worker(settings: Settings, jobs: int) -> Any:
+    """A ``ForkWorker`` in this process, on the servers ``settings`` names (flushed by the caller),
+    with ``jobs`` single-fork requests of a 12-event source queued before it starts."""
+    from sessionfork.queue.worker import ForkWorker
+
+    context, service = _fork_context(settings)
     client = Client(context.queue_redis(), settings)
     for i in range(jobs):
         client.submit(client.request("bench-src", session_id=f"c-{i}"))
-    service = context.service()
     return ForkWorker([client.queue], service=service, connection=service.outcomes.redis, abandoned_after=30)
 
 
