@@ -1,6 +1,6 @@
 """The Redis CPU rows alone: ``python -m bench.cpu [--rounds N] [--jobs N] [--waits N]``.
 
-The same measurements ``bench.main`` makes for its CPU rows (``redis_cpu_per_job``,
+The same measurements (``bench.redis_cost``) ``bench.main`` makes for its CPU rows (``redis_cpu_per_job``,
 ``steps_cpu_per_fork``, ``waiter_cpu_us``, ``round_trips``), alternating rounds, medians printed with
 each round's figures: a quick way to compare two versions of the worker or the waiter without the whole bench.
 """
@@ -11,7 +11,7 @@ import argparse
 import statistics
 import sys
 
-from bench.measure import redis_cpu_per_job, round_trips, steps_cpu_per_fork, waiter_cpu_us
+from bench.redis_cost import redis_cpu_per_job, round_trips, steps_cpu_per_fork, waiter_cpu_us
 from sessionfork.embedded import EmbeddedServer
 
 

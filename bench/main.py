@@ -28,14 +28,11 @@ from bench.measure import (
     latency,
     noop,
     ping,
-    redis_cpu_per_job,
-    round_trips,
     rq_peer,
-    steps_cpu_per_fork,
-    waiter_cpu_us,
 )
 from bench.memory import BAR, bytes_held, child_bytes_at_depth, request_memory, steady_workload
 from bench.publish import table
+from bench.redis_cost import redis_cpu_per_job, round_trips, steps_cpu_per_fork, waiter_cpu_us
 from bench.shards import shard_rows
 from bench.shares import share_rows
 from sessionfork.core.config import Settings

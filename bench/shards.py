@@ -27,7 +27,8 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.measure import _fresh, _session_with, _stop, _workers_up, redis_cpu_us
+from bench.measure import _fresh, _session_with, _stop, _workers_up
+from bench.redis_cost import redis_cpu_us
 from sessionfork.aio import AsyncClient
 from sessionfork.core import keys
 from sessionfork.core.config import Settings

@@ -14,7 +14,8 @@ import argparse
 import statistics
 import sys
 
-from bench.measure import _fresh, queued_fork_worker, redis_cpu_us
+from bench.measure import _fresh
+from bench.redis_cost import queued_fork_worker, redis_cpu_us
 from sessionfork.core.config import Settings
 from sessionfork.embedded import EmbeddedServer
 
@@ -37,7 +38,7 @@ def split_cpu_per_fork(queue_server: EmbeddedServer, registry_server: EmbeddedSe
 
 def share_rows(registry_server: EmbeddedServer, jobs: int, rounds: int, waiter_us: float) -> list[Row]:
     """The rows: µs per fork on each server (medians of ``rounds``), and the capacity they imply;
-    ``waiter_us`` is what a waiting scheduler adds on the queue server (``measure.waiter_cpu_us``)."""
+    ``waiter_us`` is what a waiting scheduler adds on the queue server (``redis_cost.waiter_cpu_us``)."""
     with EmbeddedServer() as queue_server:
         split = [split_cpu_per_fork(queue_server, registry_server, jobs) for _ in range(rounds)]
     queue_us = statistics.median(q for q, _ in split)

@@ -1,0 +1,166 @@
+"""What a job costs the Redis server, worker side: its CPU (``INFO cpu`` deltas) and its round trips.
+
+Measured in this process, on a throwaway server it is given (see ``bench``): a ``ForkWorker``
+working off fork requests queued beforehand, beside RQ's ``SimpleWorker`` on as many no-op jobs
+(``bench.measure.noop``); sessionfork's own steps with no RQ job around them; and what a waiting
+scheduler adds. ``bench.main`` reports them, ``python -m bench.cpu`` runs them alone, and
+``bench.shares`` splits a fork's CPU between the queue server and the registry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from redis import Redis
+from redis.connection import AbstractConnection
+from rq import Queue
+
+from bench.measure import _fork_workers, _fresh, _session_with, _stop
+from sessionfork.core import keys, records
+from sessionfork.core.config import Settings
+from sessionfork.core.registry import Registry
+from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.queue.client import Client
+
+
+def redis_cpu_us(redis: Redis) -> float:
+    """The server's own CPU so far (``INFO cpu``: used_cpu_sys + used_cpu_user), in µs."""
+    info = redis.info("cpu")
+    return (float(info["used_cpu_sys"]) + float(info["used_cpu_user"])) * 1e6
+
+
+def redis_cpu_per_job(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
+    """Redis CPU (µs) per job, worker side: a ``ForkWorker`` fork job and a ``SimpleWorker`` no-op,
+    each a burst over ``jobs`` jobs enqueued beforehand (the enqueue's CPU is not counted).
+
+    ``INFO cpu`` deltas of the one server (queue and registry together here).
+    """
+    noop_burst, fork_burst = _worker_bursts(server, jobs)
+    redis = server.client()
+
+    def cpu_per_job(burst: Callable[[], object]) -> float:
+        before = redis_cpu_us(redis)
+        burst()
+        return (redis_cpu_us(redis) - before) / jobs
+
+    noop_us = cpu_per_job(noop_burst)
+    return cpu_per_job(fork_burst), noop_us
+
+
+def steps_cpu_per_fork(server: EmbeddedServer, jobs: int) -> float:
+    """Redis CPU (µs) per fork of sessionfork's own steps alone (claim and source step, child,
+    record): ``ForkService.handle`` run in a loop on ``jobs`` requests built beforehand, no RQ job
+    around it (no dequeue, no RQ start or finish bookkeeping). The same source and server as
+    ``redis_cpu_per_job``: the difference between the two is RQ's per-job share."""
+    from sessionfork.queue import requests
+
+    _fresh(server)
+    _, service = _fork_context(Settings(redis_url=server.url))
+    payloads = [requests.prepare(requests.build("bench-src", f"own-{i}", session_id=f"c-{i}"), str)[1]
+                for i in range(jobs)]
+    redis = server.client()
+    before = redis_cpu_us(redis)
+    for i, payload in enumerate(payloads):
+        service.handle(payload, f"own-{i}")
+    return (redis_cpu_us(redis) - before) / jobs
+
+
+def waiter_cpu_us(server: EmbeddedServer, requests: int, chunks: int = 10) -> float:
+    """Redis CPU (µs) a sync scheduler that waits on each request (``Client.fork``) adds per request
+    over one that only submits (``Client.submit``): both with one worker process draining.
+
+    The two alternate in ``chunks`` chunks each (``requests`` requests per mode in all), so that a
+    change of the machine's load during the round weighs on both alike. The waiting client closes
+    its kept reply subscription after each of its chunks: nobody listens while the other submits.
+    """
+    _fresh(server)
+    _session_with(Registry(server.client()), "bench-src", 12)
+    procs, redis = _fork_workers(server, 1)
+    try:
+        submitter, waiter = Client(redis, Settings()), Client(redis, Settings())
+        spent = {False: 0.0, True: 0.0}
+        per_chunk = max(1, requests // chunks)
+        for c in range(chunks):
+            for wait in (False, True):
+                tag = f"{'w' if wait else 's'}{c}"
+                before = redis_cpu_us(redis)
+                ids = []
+                for i in range(per_chunk):
+                    if wait:
+                        waiter.fork("bench-src", session_id=f"{tag}-{i}", timeout=30)
+                    else:
+                        ids.append(submitter.submit(submitter.request("bench-src", session_id=f"{tag}-{i}")))
+                waiter.close()
+                last = ids[-1:]
+                wait_until(lambda last=last: all(any(redis.hmget(keys.request(r), list(records.OUTCOME_MARKS)))
+                                                 for r in last),
+                           120, "the submitted requests to complete", interval=0.01)
+                wait_until(lambda: redis.llen(submitter.queue.key) == 0, 120, "the queue to drain", interval=0.01)
+                spent[wait] += redis_cpu_us(redis) - before
+        return (spent[True] - spent[False]) / (per_chunk * chunks)
+    finally:
+        _stop(procs)
+
+
+def round_trips(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
+    """Redis round trips per job, worker side: a ``ForkWorker`` fork job, a ``SimpleWorker`` no-op.
+
+    Counted in-process, as commands (or pipelines) written to a socket during a burst.
+    """
+    sent = {"n": 0}
+    original = AbstractConnection.send_packed_command
+
+    def counting(self: AbstractConnection, command: Any, check_health: bool = True) -> None:
+        sent["n"] += 1
+        original(self, command, check_health)  # type: ignore[no-untyped-call]
+
+    def per_job(run: Callable[[], Any]) -> float:
+        sent["n"] = 0
+        AbstractConnection.send_packed_command = counting  # type: ignore[method-assign]
+        try:
+            run()
+        finally:
+            AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
+        return sent["n"] / jobs
+
+    noop_burst, fork_burst = _worker_bursts(server, jobs)
+    simple_rt = per_job(noop_burst)
+    return per_job(fork_burst), simple_rt
+
+
+def _fork_context(settings: Settings) -> tuple[Any, Any]:
+    """The command line's ``Context`` on the servers ``settings`` names and its ``ForkService``,
+    with the 12-event source ``bench-src`` that the CPU bursts fork."""
+    from sessionfork.cli.app import Context
+
+    context = Context(settings)
+    _session_with(context.registry(), "bench-src", 12)
+    return context, context.service()
+
+
+def queued_fork_worker(settings: Settings, jobs: int) -> Any:
+    """A ``ForkWorker`` in this process, on the servers ``settings`` names (flushed by the caller),
+    with ``jobs`` single-fork requests of a 12-event source queued before it starts."""
+    from sessionfork.queue.worker import ForkWorker
+
+    context, service = _fork_context(settings)
+    client = Client(context.queue_redis(), settings)
+    for i in range(jobs):
+        client.submit(client.request("bench-src", session_id=f"c-{i}"))
+    return ForkWorker([client.queue], service=service, connection=service.outcomes.redis, abandoned_after=30)
+
+
+def _worker_bursts(server: EmbeddedServer, jobs: int) -> tuple[Callable[[], object], Callable[[], object]]:
+    """On a flushed ``server``: ``jobs`` RQ no-op jobs and ``jobs`` single-fork requests queued; returns
+    the bursts that work them off (a ``SimpleWorker``, then a ``ForkWorker``), each run once."""
+    from rq import SimpleWorker
+
+    redis = _fresh(server)
+    queue = Queue("peer", connection=redis)
+    for _ in range(jobs):
+        queue.enqueue("bench.measure.noop")
+    simple = SimpleWorker([queue], connection=redis)
+    worker = queued_fork_worker(Settings(redis_url=server.url), jobs)
+    return (lambda: simple.work(burst=True, logging_level="ERROR"),
+            lambda: worker.work(burst=True, logging_level="ERROR"))
