@@ -11,7 +11,8 @@ crashed), SIGTERMs the workers (``worker_exit_codes``, 0 expected) and reports `
 entries per code: they add up to ``requests``), ``bad_seeds`` (children whose log is not their
 parent's log cut at a turn/end, or empty) and ``bytes_per_child_*``: ``used_memory`` growth per
 created child (client buffers and the sources' own logs excluded; children have no own events
-here) over the first and the second half of the children. ``SoakReport.clean``: every check passed.
+here) over the first and the second half of the children (read back by ``bench.audit``).
+``SoakReport.clean``: every check passed.
 
 Deletion and retention run meanwhile (``bench.reaper``): the workers sweep with
 ``SESSIONFORK_RETENTION=1``, and a reaper process forks a grandchild of every other child, then
@@ -25,7 +26,6 @@ import argparse
 import collections
 import multiprocessing
 import os
-import random
 import subprocess
 import sys
 import time
@@ -36,13 +36,12 @@ from typing import Any
 
 from redis import Redis
 
-from bench import reaper
-from sessionfork.core import keys, records, rules, wire
+from bench import audit, reaper
+from sessionfork.core import keys, records, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.factories import now_ms
 from sessionfork.core.registry import Registry
-from sessionfork.core.snapshots import decode_segments
-from sessionfork.core.wire import ForkResult, Header, NewEvent
+from sessionfork.core.wire import NewEvent
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.queue.client import Client
 from sessionfork.queue.jobs import fresh_workers
@@ -129,75 +128,6 @@ def _helper(role: str, url: str, sources: list[str], gate: Any, stop: Any, resul
         results.put(("crash", traceback.format_exc()))
 
 
-def _sample(redis: Redis, sources: list[str]) -> tuple[int, int]:
-    """(used_memory without client buffers and the sources' own logs, children created so far)."""
-    info = redis.info("memory")
-    own = sum(int(redis.memory_usage(keys.session_log(s), samples=0) or 0) for s in sources)
-    children = sum(int(redis.scard(keys.session_children(s))) for s in sources)
-    return int(info["used_memory"]) - int(info.get("mem_clients_normal", 0)) - own, children
-
-
-def _per_child(a: tuple[int, int], b: tuple[int, int]) -> float:
-    return (b[0] - a[0]) / (b[1] - a[1]) if b[1] > a[1] else 0.0
-
-
-def _bad_seeds(registry: Registry, created: list[Header], *, materialise: int = 300) -> int:
-    """Children whose log is not their parent's log cut at a turn/end (or empty).
-
-    Every child is checked by its record: its seed must reference exactly its parent's log up to
-    ``seedLength`` (the references *are* its events: logs are append-only), the parent's event at
-    ``seedLength - 1`` must be a ``turn/end``, and it must have no events of its own. A random
-    sample of ``materialise`` children is also read event by event and compared with the parent.
-    """
-    parents = {p: registry.events(p) for p in {h.parent_session for h in created} if isinstance(p, str)}
-    records: dict[str, Any] = {}
-    for p in parents:  # "seedlen" is absent until a session's first append: it is "len" until then
-        seedlen, stored, length = registry.redis.hmget(keys.session(p), ["seedlen", "seed", "len"])
-        records[p] = (seedlen if seedlen is not None else length, stored)
-    pipe = registry.redis.pipeline(transaction=False)
-    for header in created:
-        pipe.hmget(keys.session(header.id), ["len", "seed"])
-        pipe.exists(keys.session_log(header.id))
-    raw = pipe.execute()
-    bad: set[str] = set()
-    for i, header in enumerate(created):
-        parent, seed = header.parent_session, header.seed_length
-        if not isinstance(parent, str) or parent not in parents or not isinstance(seed, int) or raw[2 * i + 1]:
-            bad.add(header.id)
-            continue
-        length, segments = raw[2 * i]
-        parent_seedlen, parent_segments = records[parent]
-        expected = rules.by_reference(parent, rules.child_segments(
-            parent, [list(s) for s in decode_segments(parent_segments)], int(parent_seedlen), seed))
-        boundary = seed == 0 or parents[parent][seed - 1].type == "turn/end"
-        if int(length) != seed or [list(s) for s in decode_segments(segments)] != expected or not boundary:
-            bad.add(header.id)
-    for header in random.sample(created, min(materialise, len(created))):
-        parent, seed = header.parent_session, header.seed_length
-        if isinstance(parent, str) and isinstance(seed, int) and registry.events(header.id) != parents[parent][:seed]:
-            bad.add(header.id)
-    return len(bad)
-
-
-def _outcomes(redis: Redis, mine: set[str], since_ms: int
-              ) -> tuple[collections.Counter[str], collections.Counter[str], list[Header]]:
-    """Outcome stream entries of ``mine`` per request and per code, and the children they created."""
-    per_request: collections.Counter[str] = collections.Counter()
-    by_code: collections.Counter[str] = collections.Counter()
-    created: list[Header] = []
-    entries: list[Any] = redis.xrange(keys.OUTCOME_STREAM, min=f"{since_ms}-0") or []
-    for _, entry in entries:
-        rid = entry[b"request"].decode()
-        if rid in mine:
-            per_request[rid] += 1
-            by_code[entry[b"code"].decode()] += 1
-            reply = wire.decode_reply(entry[b"reply"])
-            if isinstance(reply, ForkResult):
-                created += [reply.session] if isinstance(reply.session, Header) else []
-                created += reply.sessions if isinstance(reply.sessions, list) else []
-    return per_request, by_code, created
-
-
 def _stop(fleet: list[subprocess.Popen[bytes]]) -> list[int]:
     """SIGTERM every worker and reap it (SIGKILL after ``TIMEOUT``); their exit statuses."""
     for proc in fleet:
@@ -251,10 +181,10 @@ def run_soak(url: str, *, seconds: float, workers: int = 4, schedulers: int = 2,
             wait_until(lambda: set(names) <= set(fresh_workers(redis, Settings())), TIMEOUT, "soak workers")
             gate.wait(TIMEOUT)
             began = time.monotonic()
-            samples = [_sample(redis, source_ids)]
+            samples = [audit.sample(redis, source_ids)]
             while time.monotonic() - began < seconds:
                 stop.wait(min(1.0, max(0.1, seconds / 20)))  # pacing of the memory samples
-                samples.append(_sample(redis, source_ids))
+                samples.append(audit.sample(redis, source_ids))
             stop.set()
             elapsed = time.monotonic() - began
             for _ in helpers:
@@ -266,7 +196,7 @@ def run_soak(url: str, *, seconds: float, workers: int = 4, schedulers: int = 2,
             for p in helpers:
                 p.join(TIMEOUT)
             _settle(redis, submitted)
-            samples.append(_sample(redis, source_ids))
+            samples.append(audit.sample(redis, source_ids))
             # The workers' retention sweep deletes what the reaper disposed (1 s retention, 1 s passes).
             wait_until(lambda: all(not registry.exists(c) for c in reaped["disposed"]), TIMEOUT,
                        "the retention sweep to delete the disposed children", interval=0.1)
@@ -277,7 +207,7 @@ def run_soak(url: str, *, seconds: float, workers: int = 4, schedulers: int = 2,
                     p.kill()
                 p.join(TIMEOUT)
             exit_codes = _stop(fleet)
-        per_request, by_code, created = _outcomes(redis, set(submitted), started_ms)
+        per_request, by_code, created = audit.tally_outcomes(redis, set(submitted), started_ms)
         middle = min(samples, key=lambda s: abs(s[1] - samples[-1][1] / 2))
         gone = reaper.reaped_ids(reaped)
         parents = {p: registry.events(p) for p in source_ids}
@@ -285,9 +215,9 @@ def run_soak(url: str, *, seconds: float, workers: int = 4, schedulers: int = 2,
         return SoakReport(
             requests=len(submitted), outcomes_by_code=dict(by_code), children=len(created),
             duplicates=sum(1 for n in per_request.values() if n > 1), lost=len(set(submitted) - set(per_request)),
-            bad_seeds=_bad_seeds(registry, [h for h in created if h.id not in gone]) + reaped_bad,
-            bytes_per_child_first_half=_per_child(samples[0], middle),
-            bytes_per_child_second_half=_per_child(middle, samples[-1]), seconds=elapsed,
+            bad_seeds=audit.count_bad_seeds(registry, [h for h in created if h.id not in gone]) + reaped_bad,
+            bytes_per_child_first_half=audit.bytes_per_child(samples[0], middle),
+            bytes_per_child_second_half=audit.bytes_per_child(middle, samples[-1]), seconds=elapsed,
             worker_exit_codes=exit_codes, deleted=len(reaped["deleted"]), swept=swept)
 
 
