@@ -4,18 +4,13 @@ Every read and write of the session layout (see ``keys``) goes through ``registr
 atomic step touches the keys of one session only (one hash slot), so the registry runs unchanged
 on a single server or a Redis Cluster.
 
-Seeds are kept by reference: a forked child's record references its parent's seed and a slice
-of its parent's own log (immutable, since logs are append-only), so a fork costs the same whatever
-the parent's length and lineage depth, and a child uses memory only for its own events. Reading
-resolves the reference from the parent's record (at most one record: a forked session stores its
-seed by value), then reads every slice in one pipelined round trip.
+Seeds are kept by reference; reading a log across its lineage is ``logs.LogReader``, the store's base.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from msgspec import UNSET
@@ -24,14 +19,11 @@ from redis.cluster import RedisCluster
 
 from ..core import errors, keys, lua, records, rules, wire
 from .factories import new_call_id, new_instance_token, new_session_id, now_ms
-from .snapshots import SUMMARY_MARK, Segments, decode_segments, window
+from .logs import LogReader
 from .wire import Event, Header, LiveHandle, NewEvent
 
 SessionRef: TypeAlias = "str | LiveHandle"
 """A session named by id (any live instance) or by live handle (that instance only)."""
-
-
-_LINEAGE_CACHE = 4096  # sessions whose seed references a registry remembers (they never change)
 
 
 def split_ref(ref: SessionRef) -> tuple[str, str]:
@@ -44,15 +36,7 @@ def split_ref(ref: SessionRef) -> tuple[str, str]:
     return rules.check_id(ref), ""
 
 
-@dataclass(frozen=True, slots=True)
-class _Record:
-    header: Header
-    length: int
-    seed_length: int
-    segments: tuple[tuple[str, int, int], ...]
-
-
-class SessionStore:
+class SessionStore(LogReader):
     """Sessions on one Redis connection (a ``Redis`` or a ``RedisCluster``); see ``Registry``.
 
     ``clock`` returns Unix epoch milliseconds; ``new_id``, ``new_token`` and ``new_call_id`` make
@@ -84,7 +68,7 @@ class SessionStore:
         # On a single server the scripts append lifecycle events atomically with their change; on
         # a cluster the stream lives in another slot, so the registry appends them right after.
         self._cluster = isinstance(redis, RedisCluster)
-        self._lineages: OrderedDict[str, tuple[int, tuple[tuple[str, int, int], ...]]] = OrderedDict()
+        self._lineages = OrderedDict()
         self._lifecycle_key = None if self._cluster else keys.LIFECYCLE_STREAM  # an optional script key
         self._clock = clock
         self._new_id = new_id
@@ -196,7 +180,7 @@ class SessionStore:
         if status == -2:
             raise errors.not_live(sid)
 
-    # -- reads ---------------------------------------------------------------------------------
+    # -- reads (the log itself, seed included: ``logs.LogReader``) -----------------------------
 
     def header(self, session_id: str) -> Header:
         """The header of a session, live or disposed; ``SESSION_NOT_FOUND`` if never created."""
@@ -232,112 +216,10 @@ class SessionStore:
         """True for a live or disposed session; False when never created or deleted."""
         return bool(self.redis.hexists(keys.session(rules.check_id(session_id)), "header"))
 
-    def events(self, session_id: str, start: int = 0, stop: int | None = None) -> list[Event]:
-        """Events with ``start <= seq < stop`` (the whole log by default), inherited seed included.
-
-        One pipelined round trip for all the slices, whatever the depth of the lineage; the first
-        read of a session also reads its record and, unless cached, its parent's seed (at most three
-        round trips; seed references never change, so they are remembered). A session deleted
-        meanwhile is ``SESSION_NOT_FOUND``, never a partial log.
-        """
-        sid = rules.check_id(session_id)
-        known = self._lineages.get(sid)
-        if known is None:
-            record = self._record(sid)
-            known = self._remember(sid, record.seed_length, self.resolve(sid, record.segments))
-        return self._read(sid, known[1], known[0], max(start, 0), stop)
-
-    def _remember(self, sid: str, seed_length: int, segments: Segments) -> tuple[int, Segments]:
-        known = self._lineages[sid] = (seed_length, segments)
-        if len(self._lineages) > _LINEAGE_CACHE:
-            self._lineages.popitem(last=False)
-        return known
-
-    def resolve(self, sid: str, segments: Segments) -> Segments:
-        """``segments`` of ``sid``'s seed with every reference (``[parent, -b, -a]``: events
-        ``[a, b)`` of the parent's seed; ``[parent, -n, 0]`` its first ``n``) replaced by the slices
-        it stands for.
-
-        A reference is one level deep (a fork stores its source's seed by value first), so this
-        reads at most one record, and none when the parent's lineage is cached (it never changes).
-        """
-        if all(lo >= 0 for _, lo, _ in segments):
-            return segments
-        out: list[tuple[str, int, int]] = []
-        for owner, lo, hi in segments:
-            if lo >= 0:
-                out.append((owner, lo, hi))
-                continue
-            known = self._lineages.get(owner)
-            if known is None:
-                seed_length, seed, length = self.redis.hmget(keys.session(owner), ["seedlen", "seed", "len"])
-                seed_length = seed_length if seed_length is not None else length  # absent: never appended
-                if seed is None or seed_length is None:  # gone for good: only if ``sid`` was deleted
-                    if self.redis.hexists(keys.session(sid), "header"):
-                        raise RuntimeError(f"{sid!r} references the seed of {owner!r}, which is gone")
-                    raise errors.not_found(sid)
-                known = self._remember(owner, int(seed_length), self.resolve(owner, decode_segments(seed)))
-            out.extend(window(known[1], -hi, -lo))
-        return tuple(out)
-
     def children(self, session_id: str) -> list[str]:
         """Ids of the sessions forked from this one, sorted."""
         members = self.redis.smembers(keys.session_children(rules.check_id(session_id)))
         return sorted(wire.text(m) for m in members)
-
-    def _record(self, sid: str) -> _Record:
-        header, length, seed_length, seed, cwd, parent = self.redis.hmget(
-            keys.session(sid), ["header", "len", "seedlen", "seed", "cwd", "parent"]
-        )
-        seed_length = seed_length if seed_length is not None else length  # absent until the first append
-        if header is None or length is None or seed_length is None or seed is None:
-            raise errors.not_found(sid)
-        return _Record(records.decode_header(sid, header, cwd, parent), int(length), int(seed_length),
-                       decode_segments(seed))
-
-    def _read(self, sid: str, segments: Sequence[tuple[str, int, int]], seed_length: int,
-              start: int, stop: int | None) -> list[Event]:
-        # Walk the log's pieces (ancestor slices, then the own log) and fetch the overlap of each
-        # with [start, stop) in one pipeline; ancestor slices are immutable, so no lock is needed.
-        # ``stop=None`` reads the own log to its end, whatever its length now.
-        plan: list[tuple[str, int, int, int]] = []  # (log owner, first index, last index, first seq)
-        seq = 0
-        for owner, lo, hi in segments:
-            a, b = max(start, seq), seq + hi - lo if stop is None else min(stop, seq + hi - lo)
-            if a < b:
-                plan.append((owner, lo + a - seq, lo + b - seq - 1, a))
-            seq += hi - lo
-        first = max(start, seed_length)
-        if stop is None or first < stop:
-            plan.append((sid, first - seed_length, -1 if stop is None else stop - seed_length - 1, first))
-        pipe = self.redis.pipeline(transaction=False)
-        for owner, first, last, _ in plan:
-            if owner.startswith(SUMMARY_MARK):  # a summary child's seq 0, kept in its record
-                pipe.hget(keys.session(owner[1:]), "summary")
-            else:
-                pipe.lrange(keys.session_log(owner), first, last)
-        # Last, in the same round trip: still there? (deleted: SESSION_NOT_FOUND, never a partial log)
-        pipe.hexists(keys.session(sid), "header")
-        *results, there = pipe.execute()
-        pieces: list[tuple[int, list[bytes]]] = []
-        short = False
-        for (owner, first, last, first_seq), got in zip(plan, results, strict=True):
-            raws = got if isinstance(got, list) else [] if got is None else [got]
-            # An ancestor's log is freed (dropped, or its prefix made empty placeholders) only as
-            # far as no descendant reads it, so a short slice or a placeholder means this session
-            # was deleted meanwhile (on a cluster, nodes answer unordered): checked before any
-            # event is decoded, a placeholder never reaches the decoder.
-            short = short or (owner != sid and (len(raws) != last - first + 1 or b"" in raws))
-            pieces.append((first_seq, raws))
-        if short and there:
-            there = bool(self.redis.hexists(keys.session(sid), "header"))
-            if there:
-                raise RuntimeError(f"an ancestor log of {sid!r} is shorter than its seed references")
-        if not there:
-            self._lineages.pop(sid, None)
-            raise errors.not_found(sid)
-        return [wire.decode_stored_event(raw, first_seq + i) for first_seq, raws in pieces
-                for i, raw in enumerate(raws)]
 
 
 class LengthMoved(Exception):
