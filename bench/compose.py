@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from bench.measure import _dataset_bytes, _fresh, _session_with
+from bench.measure import dataset_bytes, flushed, write_session
 from sessionfork.core import forks, keys
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent, Summary
@@ -16,49 +16,49 @@ from sessionfork.embedded import EmbeddedServer
 def edit_fork_cost(server: EmbeddedServer, events: int, children: int) -> tuple[float, float]:
     """Median µs per fork with 2 edits (registry only) and Redis bytes per child less the edits'
     own stored bytes, for a parent of ``events``."""
-    redis = _fresh(server)
+    redis = flushed(server)
     registry = Registry(redis)
-    _session_with(registry, "parent", events)
+    write_session(registry, "parent", events)
     edits = [NewEvent("turn/start", {"turn": 99, "trigger": "user"}), NewEvent("user/message", {"text": "retry"})]
     own = sum(len(raw) for raw in registry.encode_events(edits, int(time.time() * 1000)))
     for i in range(50):  # warm up, as in fork_cost
         forks.fork(registry, "parent", f"warm-{i}", edits=edits)
-    before = _dataset_bytes(redis)
+    before = dataset_bytes(redis)
     times = []
     for i in range(children):
         t = time.perf_counter()
         forks.fork(registry, "parent", f"child-{i}", edits=edits)
         times.append((time.perf_counter() - t) * 1e6)
-    return statistics.median(times), (_dataset_bytes(redis) - before) / children - own
+    return statistics.median(times), (dataset_bytes(redis) - before) / children - own
 
 
 def summary_fork_cost(server: EmbeddedServer, events: int, children: int) -> tuple[float, float]:
     """Median µs per summary fork keeping the last turn of a parent of ``events`` (whole 4-event
     turns; registry only), and Redis bytes per child less its summary event's own stored bytes."""
-    redis = _fresh(server)
+    redis = flushed(server)
     registry = Registry(redis)
-    _session_with(registry, "parent", events)
+    write_session(registry, "parent", events)
     length = registry.length("parent")
     summary = Summary(keep_from=length - 4, data={"text": "everything before the last turn, summarised"})
     own = len(registry.summary_event("parent", summary, int(time.time() * 1000)))
     for i in range(50):  # warm up, as in fork_cost
         forks.fork(registry, "parent", f"warm-{i}", summary=summary)
-    before = _dataset_bytes(redis)
+    before = dataset_bytes(redis)
     times = []
     for i in range(children):
         t = time.perf_counter()
         forks.fork(registry, "parent", f"child-{i}", summary=summary)
         times.append((time.perf_counter() - t) * 1e6)
-    return statistics.median(times), (_dataset_bytes(redis) - before) / children - own
+    return statistics.median(times), (dataset_bytes(redis) - before) / children - own
 
 
 def summary_source_freed(server: EmbeddedServer, events: int) -> tuple[float, float]:
     """Bytes (``MEMORY USAGE``) of a parent's log and turn index, ``events`` long (whole 4-event
     turns), with a summary child keeping its last turn: before the parent is deleted, and after
     (the child pins only its kept range; the rest is freed: docs/storage.md)."""
-    redis = _fresh(server)
+    redis = flushed(server)
     registry = Registry(redis)
-    _session_with(registry, "parent", events)
+    write_session(registry, "parent", events)
     forks.fork(registry, "parent", "child",
                summary=Summary(keep_from=registry.length("parent") - 4, data={"text": "summarised"}))
 

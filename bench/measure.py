@@ -37,7 +37,7 @@ def _turn(n: int) -> list[NewEvent]:
             NewEvent("assistant/message", {"text": "y" * 80}), NewEvent("turn/end", {"turn": n})]
 
 
-def _session_with(registry: Registry, sid: str, events: int) -> None:
+def write_session(registry: Registry, sid: str, events: int) -> None:
     handle = registry.create(sid)
     batch: list[NewEvent] = []
     for n in range(events // 4):
@@ -65,7 +65,7 @@ def _start(args: list[str]) -> subprocess.Popen[bytes]:
                             stderr=subprocess.DEVNULL)
 
 
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
         p.terminate()
     for p in procs:
@@ -75,12 +75,12 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             p.kill()
 
 
-def _workers_up(redis: Redis, names: list[str]) -> bool:
+def wait_workers_up(redis: Redis, names: list[str]) -> bool:
     found = {(k.decode() if isinstance(k, bytes) else k).rsplit(":", 1)[-1] for k in redis.smembers("rq:workers")}
     return set(names) <= found
 
 
-def _fresh(server: EmbeddedServer) -> Redis:
+def flushed(server: EmbeddedServer) -> Redis:
     """A client on an emptied server (FLUSHALL SYNC: a lazy flush would skew memory figures)."""
     redis = server.client()
     redis.execute_command("FLUSHALL", "SYNC")  # type: ignore[no-untyped-call]
@@ -89,10 +89,10 @@ def _fresh(server: EmbeddedServer) -> Redis:
 
 def rq_peer(server: EmbeddedServer, kind: str, jobs: int) -> float:
     """No-op jobs per second drained by RQ's own ``Worker``/``SimpleWorker`` (enqueue → done)."""
-    redis = _fresh(server)
+    redis = flushed(server)
     proc = _start([sys.executable, "-c", _RQ_WORKER, server.url, kind, f"peer-{kind}"])
     try:
-        wait_until(lambda: _workers_up(redis, [f"peer-{kind}"]), 30, f"rq {kind} worker")
+        wait_until(lambda: wait_workers_up(redis, [f"peer-{kind}"]), 30, f"rq {kind} worker")
         queue = Queue("peer", connection=redis)
         finished = FinishedJobRegistry("peer", connection=redis)
         began = time.perf_counter()
@@ -101,15 +101,15 @@ def rq_peer(server: EmbeddedServer, kind: str, jobs: int) -> float:
         wait_until(lambda: finished.count >= jobs, 300, "rq peer jobs", interval=0.002)
         return jobs / (time.perf_counter() - began)
     finally:
-        _stop([proc])
+        stop_processes([proc])
 
 
-def _fork_workers(server: EmbeddedServer, n: int) -> tuple[list[subprocess.Popen[bytes]], Redis]:
+def start_fork_workers(server: EmbeddedServer, n: int) -> tuple[list[subprocess.Popen[bytes]], Redis]:
     redis = server.client()
     names = [f"fork-{i}-{time.monotonic_ns()}" for i in range(n)]
     procs = [_start([sys.executable, "-m", "sessionfork", "--redis-url", server.url, "worker",
                      "--name", name, "--log-level", "ERROR"]) for name in names]
-    wait_until(lambda: _workers_up(redis, names), 30, "sessionfork workers")
+    wait_until(lambda: wait_workers_up(redis, names), 30, "sessionfork workers")
     return procs, redis
 
 
@@ -117,10 +117,10 @@ def fork_throughput(server: EmbeddedServer, requests: int, workers: int = 1, cou
                     variants: int | None = None) -> float:
     """Fork requests per second, enqueue → every reply read by the scheduler. ``variants``: each
     request is a variant fan-out of that many children, one edit each."""
-    _fresh(server)
+    flushed(server)
     registry = Registry(server.client())
-    _session_with(registry, "bench-src", 12)
-    procs, redis = _fork_workers(server, workers)
+    write_session(registry, "bench-src", 12)
+    procs, redis = start_fork_workers(server, workers)
     try:
         client = Client(redis, Settings())
         replies = 0
@@ -150,15 +150,15 @@ def fork_throughput(server: EmbeddedServer, requests: int, workers: int = 1, cou
         pubsub.close()
         return requests / elapsed
     finally:
-        _stop(procs)
+        stop_processes(procs)
 
 
 def latency(server: EmbeddedServer, samples: int) -> tuple[float, float]:
     """Enqueue → reply latency (ms) on an idle worker: p50, p99."""
-    _fresh(server)
+    flushed(server)
     registry = Registry(server.client())
-    _session_with(registry, "bench-src", 12)
-    procs, redis = _fork_workers(server, 1)
+    write_session(registry, "bench-src", 12)
+    procs, redis = start_fork_workers(server, 1)
     try:
         client = Client(redis, Settings())
         times = []
@@ -170,16 +170,16 @@ def latency(server: EmbeddedServer, samples: int) -> tuple[float, float]:
         q = statistics.quantiles(times, n=100)
         return statistics.median(times), q[98]
     finally:
-        _stop(procs)
+        stop_processes(procs)
 
 
 def async_vs_sync(server: EmbeddedServer, concurrent: int, sequential: int, workers: int = 4) -> tuple[float, float]:
     """Forks/s against ``workers`` worker processes: ``concurrent`` ``AsyncClient.fork`` calls at
     once from one event loop (4 connections), and ``sequential`` sync ``Client.fork`` calls."""
-    _fresh(server)
+    flushed(server)
     registry = Registry(server.client())
-    _session_with(registry, "bench-src", 12)
-    procs, redis = _fork_workers(server, workers)
+    write_session(registry, "bench-src", 12)
+    procs, redis = start_fork_workers(server, workers)
     try:
         async def many() -> float:
             async with AsyncClient.from_url(server.url, Settings(), max_connections=4) as client:
@@ -196,19 +196,19 @@ def async_vs_sync(server: EmbeddedServer, concurrent: int, sequential: int, work
             assert client.fork("bench-src", timeout=10).ok
         return async_rate, sequential / (time.perf_counter() - began)
     finally:
-        _stop(procs)
+        stop_processes(procs)
 
 
 def fork_cost(server: EmbeddedServer, events: int, children: int) -> tuple[float, float]:
     """Median µs per fork (registry only) over ``children`` forks, and Redis bytes per child over at
     least ``MEMORY_CHILDREN`` (over a few, the keyspace's growth and rehashing swing the delta,
     even below 0), for a parent of ``events``."""
-    redis = _fresh(server)
+    redis = flushed(server)
     registry = Registry(redis)
-    _session_with(registry, "parent", events)
+    write_session(registry, "parent", events)
     for i in range(50):  # warm up: script cache, connection, the keyspace's first growth
         forks.fork(registry, "parent", f"warm-{i}")
-    before = _dataset_bytes(redis)
+    before = dataset_bytes(redis)
     times = []
     measured = max(children, MEMORY_CHILDREN)
     for i in range(measured):
@@ -216,7 +216,7 @@ def fork_cost(server: EmbeddedServer, events: int, children: int) -> tuple[float
         forks.fork(registry, "parent", f"child-{i}")
         if i < children:
             times.append((time.perf_counter() - t) * 1e6)
-    per_child = (_dataset_bytes(redis) - before) / measured
+    per_child = (dataset_bytes(redis) - before) / measured
     return statistics.median(times), per_child
 
 
@@ -231,26 +231,26 @@ def boundary_fork_costs(server: EmbeddedServer, events: int, children: int,
     The parent has ``events`` events in whole turns, then a running turn (so it forks only at a
     boundary); each fork takes the newest ``turn/end`` within the first ``fraction`` of its log.
     """
-    redis = _fresh(server)
+    redis = flushed(server)
     registry = Registry(redis)
-    _session_with(registry, "parent", events)
+    write_session(registry, "parent", events)
     registry.append("parent", [NewEvent("turn/start", {"turn": -1}), NewEvent("tool/call", {"id": "t"})])
     for i in range(50):  # warm up, as in fork_cost
         forks.fork(registry, "parent", f"warm-{i}", boundary=3)
     out: dict[float, tuple[float, float]] = {}
     for fraction in fractions:
         boundary = max(3, int(events * fraction) // 4 * 4 - 1)  # turns are 4 events: seq 4k + 3 ends one
-        before = _dataset_bytes(redis)
+        before = dataset_bytes(redis)
         times = []
         for i in range(children):
             t = time.perf_counter()
             forks.fork(registry, "parent", f"child-{fraction}-{i}", boundary=boundary)
             times.append((time.perf_counter() - t) * 1e6)
-        out[fraction] = (statistics.median(times), (_dataset_bytes(redis) - before) / children)
+        out[fraction] = (statistics.median(times), (dataset_bytes(redis) - before) / children)
     return out
 
 
-def _dataset_bytes(redis: Redis) -> int:
+def dataset_bytes(redis: Redis) -> int:
     """``used_memory`` less client buffers (which come and go with each reply, not with children)."""
     info = redis.info("memory")
     return int(info["used_memory"]) - int(info.get("mem_clients_normal", 0))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from redis import Redis
 
+from bench.measure import dataset_bytes
 from sessionfork.core import forks, keys, records, retention
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
@@ -67,12 +68,6 @@ OUTCOME_ENTRY = "sf:outcomes entry (capped)"
 LIFECYCLE_ENTRY = "sf:lifecycle entry (capped)"
 CAPPED = (OUTCOME_ENTRY, LIFECYCLE_ENTRY)
 RQ_JOBS = "rq:job, rq:results, rq:finished (RQ's job state)"
-
-
-def dataset_bytes(redis: Redis) -> int:
-    """``used_memory`` less client buffers (which come and go with each reply)."""
-    info = redis.info("memory")
-    return int(info["used_memory"]) - int(info.get("mem_clients_normal", 0))
 
 
 def _usage(redis: Redis, key: str) -> int:

@@ -16,7 +16,7 @@ from redis import Redis
 from redis.connection import AbstractConnection
 from rq import Queue
 
-from bench.measure import _fork_workers, _fresh, _session_with, _stop
+from bench.measure import flushed, start_fork_workers, stop_processes, write_session
 from sessionfork.core import keys, records
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
@@ -55,7 +55,7 @@ def steps_cpu_per_fork(server: EmbeddedServer, jobs: int) -> float:
     ``redis_cpu_per_job``: the difference between the two is RQ's per-job share."""
     from sessionfork.queue import requests
 
-    _fresh(server)
+    flushed(server)
     _, service = _fork_context(Settings(redis_url=server.url))
     payloads = [requests.prepare(requests.build("bench-src", f"own-{i}", session_id=f"c-{i}"), str)[1]
                 for i in range(jobs)]
@@ -74,9 +74,9 @@ def waiter_cpu_us(server: EmbeddedServer, requests: int, chunks: int = 10) -> fl
     change of the machine's load during the round weighs on both alike. The waiting client closes
     its kept reply subscription after each of its chunks: nobody listens while the other submits.
     """
-    _fresh(server)
-    _session_with(Registry(server.client()), "bench-src", 12)
-    procs, redis = _fork_workers(server, 1)
+    flushed(server)
+    write_session(Registry(server.client()), "bench-src", 12)
+    procs, redis = start_fork_workers(server, 1)
     try:
         submitter, waiter = Client(redis, Settings()), Client(redis, Settings())
         spent = {False: 0.0, True: 0.0}
@@ -100,7 +100,7 @@ def waiter_cpu_us(server: EmbeddedServer, requests: int, chunks: int = 10) -> fl
                 spent[wait] += redis_cpu_us(redis) - before
         return (spent[True] - spent[False]) / (per_chunk * chunks)
     finally:
-        _stop(procs)
+        stop_processes(procs)
 
 
 def round_trips(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
@@ -135,7 +135,7 @@ def _fork_context(settings: Settings) -> tuple[Any, Any]:
     from sessionfork.cli.app import Context
 
     context = Context(settings)
-    _session_with(context.registry(), "bench-src", 12)
+    write_session(context.registry(), "bench-src", 12)
     return context, context.service()
 
 
@@ -156,7 +156,7 @@ def _worker_bursts(server: EmbeddedServer, jobs: int) -> tuple[Callable[[], obje
     the bursts that work them off (a ``SimpleWorker``, then a ``ForkWorker``), each run once."""
     from rq import SimpleWorker
 
-    redis = _fresh(server)
+    redis = flushed(server)
     queue = Queue("peer", connection=redis)
     for _ in range(jobs):
         queue.enqueue("bench.measure.noop")

@@ -27,7 +27,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bench.measure import _fresh, _session_with, _stop, _workers_up
+from bench.measure import flushed, stop_processes, wait_workers_up, write_session
 from bench.redis_cost import redis_cpu_us
 from sessionfork.aio import AsyncClient
 from sessionfork.core import keys
@@ -79,9 +79,9 @@ def _start_workers(registry: EmbeddedServer, queues: Sequence[EmbeddedServer],
         for index, queue in enumerate(queues):
             names = [name for shard, name in placed if shard == index]
             with queue.client() as redis:
-                wait_until(lambda r=redis, n=names: _workers_up(r, n), 30, f"the workers of shard {index}")
+                wait_until(lambda r=redis, n=names: wait_workers_up(r, n), 30, f"the workers of shard {index}")
     except BaseException:
-        _stop(procs)
+        stop_processes(procs)
         raise
     return procs
 
@@ -99,8 +99,8 @@ def sharded_forks(registry: EmbeddedServer, queues: Sequence[EmbeddedServer], re
     """Completed single forks/s with the queue on ``queues`` (one shard each) and ``workers`` worker
     processes spread over them: ``requests`` ``AsyncClient.fork`` calls at once, then every reply."""
     for server in (registry, *queues):
-        _fresh(server)
-    _session_with(Registry(registry.client()), "bench-src", 12)
+        flushed(server)
+    write_session(Registry(registry.client()), "bench-src", 12)
     procs = _start_workers(registry, queues, workers)
     servers = [s.client() for s in (registry, *queues)]
     try:
@@ -123,7 +123,7 @@ def sharded_forks(registry: EmbeddedServer, queues: Sequence[EmbeddedServer], re
         elapsed, used = asyncio.run(run())
         return ShardRun(requests / elapsed, used / elapsed, [int(s.xlen(keys.OUTCOME_STREAM)) for s in servers[1:]])
     finally:
-        _stop(procs)
+        stop_processes(procs)
         for s in servers:
             s.close()
 

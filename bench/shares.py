@@ -14,7 +14,7 @@ import argparse
 import statistics
 import sys
 
-from bench.measure import _fresh
+from bench.measure import flushed
 from bench.redis_cost import queued_fork_worker, redis_cpu_us
 from sessionfork.core.config import Settings
 from sessionfork.embedded import EmbeddedServer
@@ -27,7 +27,7 @@ Row = tuple[str, float, str, float | None, str]
 def split_cpu_per_fork(queue_server: EmbeddedServer, registry_server: EmbeddedServer, jobs: int) -> tuple[float, float]:
     """Redis CPU (µs) per fork job, worker side, on the queue server and on the registry: ``jobs``
     requests queued beforehand, then worked off by one ``ForkWorker`` in burst mode."""
-    queue, registry = _fresh(queue_server), _fresh(registry_server)
+    queue, registry = flushed(queue_server), flushed(registry_server)
     worker = queued_fork_worker(Settings(redis_url=registry_server.url, queue_url=queue_server.url), jobs)
     before = redis_cpu_us(queue), redis_cpu_us(registry)
     worker.work(burst=True, logging_level="ERROR")

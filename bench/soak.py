@@ -128,7 +128,7 @@ def _helper(role: str, url: str, sources: list[str], gate: Any, stop: Any, resul
         results.put(("crash", traceback.format_exc()))
 
 
-def _stop(fleet: list[subprocess.Popen[bytes]]) -> list[int]:
+def stop_fleet(fleet: list[subprocess.Popen[bytes]]) -> list[int]:
     """SIGTERM every worker and reap it (SIGKILL after ``TIMEOUT``); their exit statuses."""
     for proc in fleet:
         proc.terminate()
@@ -206,7 +206,7 @@ def run_soak(url: str, *, seconds: float, workers: int = 4, schedulers: int = 2,
                 if p.is_alive():  # only when something failed: the others have exited by now
                     p.kill()
                 p.join(TIMEOUT)
-            exit_codes = _stop(fleet)
+            exit_codes = stop_fleet(fleet)
         per_request, by_code, created = audit.tally_outcomes(redis, set(submitted), started_ms)
         middle = min(samples, key=lambda s: abs(s[1] - samples[-1][1] / 2))
         gone = reaper.reaped_ids(reaped)

@@ -6,6 +6,7 @@ read none of its seed is unpinned from its parent. Not one byte of any descendan
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -161,38 +162,63 @@ def test_a_reader_that_a_deletion_overtook_gets_not_found_never_a_placeholder(re
     assert len(kept) == 1 + 40 - 8 and Registry(reg.redis).events("k20") == reader.events("k20")
 
 
-def test_a_placeholder_read_after_the_record_answered_is_not_found(registry: Registry,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a cluster, the node holding a summary child's record can answer (its summary, "still
-    there") before the child's deletion while the node holding its source's log answers after the
-    freeing: the placeholders alone tell, and the record is asked again (gone: SESSION_NOT_FOUND).
-    The interleaving is forced: the record's answers from a read before the deletion, the log's
-    from one after."""
-    src = source(registry, "src", 10)
-    for cid, k in (("k8", 8), ("k20", 20)):
-        forks.fork(registry, src, cid, summary=S(keep_from=k, data=cid))
+def read_around(monkeypatch: pytest.MonkeyPatch, registry: Registry, sid: str, early: set[int],
+                deletion: Callable[[], object]) -> tuple[list[list[Any]], ForkError]:
+    """Read ``sid`` (its lineage cached), run ``deletion``, read it again with the answers at
+    positions ``early`` of its pipeline (the record's node, say) taken from the first read, as if
+    they were answered before the deletion: a cluster's unordered answers, forced. Returns both
+    reads' real answers and what the second read raised."""
     pipeline = type(registry.redis.pipeline())
     real = pipeline.execute
-    answers: list[list[Any]] = []  # every read's real answers: [summary, src's slice, own log, there]
+    answers: list[list[Any]] = []
 
     def interleaved(pipe: Any, *args: Any, **kwargs: Any) -> Any:
         answers.append(real(pipe, *args, **kwargs))
-        first, now = answers[0], answers[-1]
-        return [first[0], *now[1:-1], first[-1]]  # the record's answers from the first read
+        n = len(answers[-1])
+        return [answers[0 if i in early or i - n in early else -1][i] for i in range(n)]
 
     reader = Registry(registry.redis)
     with monkeypatch.context() as patched:
         patched.setattr(pipeline, "execute", interleaved)
-        kept = reader.events("k8")
-    registry.delete(src)
-    registry.delete("k8")
-    monkeypatch.setattr(pipeline, "execute", interleaved)
-    with pytest.raises(ForkError) as caught:
-        reader.events("k8")
-    assert caught.value.code is ErrorCode.SESSION_NOT_FOUND
+        reader.events(sid)
+    deletion()
+    with monkeypatch.context() as patched, pytest.raises(ForkError) as caught:
+        patched.setattr(pipeline, "execute", interleaved)
+        reader.events(sid)
+    return answers, caught.value
+
+
+def test_a_placeholder_read_after_the_record_answered_is_not_found(registry: Registry,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a cluster, the node holding a summary child's record can answer (its summary, "still
+    there") before the child's deletion while the node holding its source's log answers after the
+    freeing: the placeholders alone tell, and the record is asked again (gone: SESSION_NOT_FOUND)."""
+    src = source(registry, "src", 10)
+    for cid, k in (("k8", 8), ("k20", 20)):
+        forks.fork(registry, src, cid, summary=S(keep_from=k, data=cid))
+    answers, caught = read_around(monkeypatch, registry, "k8", {0, -1},  # [summary, src's slice, own log, there]
+                                  lambda: (registry.delete(src), registry.delete("k8")))
+    assert caught.code is ErrorCode.SESSION_NOT_FOUND
     before, after = answers
     assert before[0] is not None and before[-1] and after[0] is None and not after[-1]  # the forced order
-    assert len(after[1]) == len(kept) - 1 and after[1][0] == b""  # full length, placeholders only
+    assert len(after[1]) == len(before[1]) == 40 - 8 and after[1][0] == b""  # full length, placeholders
+
+
+def test_an_own_log_read_after_the_record_answered_is_not_found(registry: Registry,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cluster pipeline sends a command again after a MOVED or ASK, behind the rest: the own
+    log's read can come after the "still there?" of its record, across a deletion that freed
+    the log's prefix. The placeholder tells there too."""
+    source(registry, "src", 3)
+    forks.fork(registry, "src", "c")
+    registry.append("c", [e for n in range(4, 9) for e in big_turn(n)])  # c's own events: seqs 12-31
+    forks.fork(registry, "c", "g", summary=S(keep_from=24, data="keeps c's last two turns"))
+    answers, caught = read_around(monkeypatch, registry, "c", {-1},  # [src's slice, own log, there]
+                                  lambda: registry.delete("c"))
+    assert caught.code is ErrorCode.SESSION_NOT_FOUND
+    before, after = answers
+    assert freed(registry, "c") == 12 and before[-1] and not after[-1]  # the forced order
+    assert len(after[1]) == len(before[1]) == 20 and after[1][0] == b"" and after[1][12] == before[1][12]
 
 
 def test_a_summary_child_of_a_summary_child_frees_its_source_in_steps(reg: Registry) -> None:

@@ -47,7 +47,7 @@ class LogReader:
         One pipelined round trip for all the slices, whatever the depth of the lineage; the first
         read of a session also reads its record and, unless cached, its parent's seed (at most three
         round trips; seed references never change, so they are remembered). A session deleted
-        meanwhile is ``SESSION_NOT_FOUND``, never a partial log.
+        meanwhile is ``SESSION_NOT_FOUND``, never a partial log nor an undecodable one.
         """
         sid = rules.check_id(session_id)
         known = self._lineages.get(sid)
@@ -127,16 +127,19 @@ class LogReader:
         short = False
         for (owner, first, last, first_seq), got in zip(plan, results, strict=True):
             raws = got if isinstance(got, list) else [] if got is None else [got]
-            # An ancestor's log is freed (dropped, or its prefix made empty placeholders) only as
-            # far as no descendant reads it, so a short slice or a placeholder means this session
-            # was deleted meanwhile (on a cluster, nodes answer unordered): checked before any
-            # event is decoded, a placeholder never reaches the decoder.
-            short = short or (owner != sid and (len(raws) != last - first + 1 or b"" in raws))
+            # A log is freed (dropped, or a prefix of it made empty placeholders: a slice holds one
+            # only if its first entry is one) only once its session is deleted, and an ancestor's
+            # only as far as no descendant reads it. So a short ancestor slice, or a placeholder
+            # anywhere (the own log too: a cluster pipeline sends a command again after a MOVED or
+            # ASK, behind the check below), means this session was deleted meanwhile: checked
+            # before any event is decoded, a placeholder never reaches the decoder.
+            short = short or raws[:1] == [b""] or (owner != sid and len(raws) != last - first + 1)
             pieces.append((first_seq, raws))
         if short and there:
             there = bool(self.redis.hexists(keys.session(sid), "header"))
             if there:
-                raise RuntimeError(f"an ancestor log of {sid!r} is shorter than its seed references")
+                raise RuntimeError(f"an ancestor log of {sid!r} is shorter than, or freed within, what its seed "
+                                   "references")
         if not there:
             self._lineages.pop(sid, None)
             raise errors.not_found(sid)
