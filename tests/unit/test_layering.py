@@ -32,6 +32,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+MODULES = {module_name(p) for p in SOURCES}
 OUTSIDE_SEAM = [p for p in SOURCES if module_name(p) in RQ_MODULES and not module_name(p).startswith(SEAM)]
 
 
@@ -40,7 +41,8 @@ def tree(path: Path) -> ast.Module:
 
 
 def imported(path: Path) -> set[str]:
-    """Absolute names of the modules ``path`` imports (relative imports resolved)."""
+    """Absolute names of the modules ``path`` imports (relative imports resolved): ``from ..core
+    import errors`` imports ``sessionfork.core`` and, a module of its own, ``sessionfork.core.errors``."""
     name = module_name(path)
     package = name if path.stem == "__init__" else name.rpartition(".")[0]
     found: set[str] = set()
@@ -49,14 +51,13 @@ def imported(path: Path) -> set[str]:
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                prefix = ".".join(base)
-                if node.module:
-                    found.add(f"{prefix}.{node.module}")
-                else:
-                    found |= {f"{prefix}.{alias.name}" for alias in node.names}
+                prefix = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                source = f"{prefix}.{node.module}" if node.module else prefix
             else:
-                found.add(node.module or "")
+                source = node.module or ""
+            if node.module or not node.level:
+                found.add(source)
+            found |= {f"{source}.{alias.name}" for alias in node.names} & MODULES
     return found
 
 
@@ -148,6 +149,12 @@ def test_imports_go_down_the_layers(path: Path) -> None:
         if name.startswith("sessionfork."):
             target = layer(name)
             assert target is None or target <= own, f"{module_name(path)} imports {name}"
+
+
+def test_imports_of_sibling_modules_are_seen() -> None:
+    """The cycle test below sees ``from ..core import errors`` as an import of ``core.errors``."""
+    assert {"sessionfork.core.errors", "sessionfork.core.forks", "sessionfork.queue.requests"} <= \
+        imported(PACKAGE / "queue" / "service.py")
 
 
 def test_no_import_cycle() -> None:
