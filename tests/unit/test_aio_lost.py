@@ -1,15 +1,64 @@
-"""What the asyncio client counts as a lost reply (sent again until the deadline)."""
+"""What the asyncio client counts as a lost reply (sent again until the deadline), and the reply
+subscription's SUBSCRIBE on a connection closed under it (the reader renews it)."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from sessionfork.queue.aio import is_lost
+from sessionfork.queue.outages import is_lost
+from sessionfork.queue.subscriptions import ReplyRouter
+
+CLOSED_UNDER_A_WRITE = "'NoneType' object has no attribute 'writelines'"
 
 
 def test_a_connection_closed_under_a_write_is_a_lost_reply_and_other_errors_are_not() -> None:
     assert is_lost(RedisConnectionError("Connection closed by server."))
-    assert is_lost(AttributeError("'NoneType' object has no attribute 'writelines'"))
+    assert is_lost(AttributeError(CLOSED_UNDER_A_WRITE))
     assert not is_lost(AttributeError("'Foo' object has no attribute 'bar'"))
     assert not is_lost(ResponseError("WRONGTYPE"))
+
+
+class _Closing:
+    """A subscription connection that the reader closes under a waiter's write (redis-py's
+    asyncio connection then writes to a writer it has set to None)."""
+
+    is_connected = True
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.sent: list[tuple[Any, ...]] = []
+
+    async def send_command(self, *args: Any, **kwargs: Any) -> None:
+        self.sent.append(args)
+        raise self.error
+
+
+def _send_on(conn: _Closing) -> None:
+    async def main() -> None:
+        router = ReplyRouter(Redis())
+        router._pubsub = SimpleNamespace(connection=conn)
+        router._up.set()
+        await router._send("SUBSCRIBE", "sf:replies")
+
+    asyncio.run(main())
+
+
+def test_a_subscribe_on_a_connection_closed_under_it_is_left_to_the_reader() -> None:
+    """Found by CI (test_every_fork_gets_its_outcome_while_its_connections_are_killed): the
+    AttributeError reached ``AsyncClient.fork``. It is a lost send: the reader's reconnection
+    subscribes again to every channel in redis-py's record."""
+    conn = _Closing(AttributeError(CLOSED_UNDER_A_WRITE))
+    _send_on(conn)
+    assert conn.sent == [("SUBSCRIBE", "sf:replies")]
+
+
+def test_any_other_error_of_a_subscribe_is_raised() -> None:
+    with pytest.raises(AttributeError, match="'Foo'"):
+        _send_on(_Closing(AttributeError("'Foo' object has no attribute 'bar'")))

@@ -43,8 +43,6 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core import connections, keys, wire
 from ..core.config import Settings
@@ -52,6 +50,7 @@ from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply, Summary
 from . import requests, shards, tracing
 from .enqueue import AsyncEnqueuer, job_call
+from .outages import is_lost
 from .outcomes import OUTCOME_FIELDS, verdict
 from .requests import Variant
 from .subscriptions import ReplyRouter
@@ -228,20 +227,6 @@ class AsyncClient:
 
 _RETRY_FIRST, _RETRY_MAX = 0.05, 1.0
 """Back-off between attempts of a command whose reply was lost (seconds, doubling)."""
-
-RETRYABLE = (RedisConnectionError, RedisTimeoutError, OSError)
-"""A command failed this way may have run or not: sent again (every command the client sends is
-idempotent: the enqueue script answers 0 for a request already queued or done)."""
-
-
-def is_lost(exc: BaseException) -> bool:
-    """``exc`` means the command's reply was lost: ``RETRYABLE``, or the ``AttributeError`` redis-py's
-    asyncio connection raises when a killed connection is closed under a command being written (its
-    writer gone: ``'NoneType' object has no attribute 'write…'``), seen under load."""
-    if isinstance(exc, RETRYABLE):
-        return True
-    return isinstance(exc, AttributeError) and "'NoneType' object has no attribute 'write" in str(exc)
-
 
 async def _again(send: Callable[[], Awaitable[T]], deadline: float) -> T:
     """``send()``, sent again after a back-off while its reply is lost, until ``deadline`` (loop time)."""

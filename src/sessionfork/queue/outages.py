@@ -1,9 +1,13 @@
-"""What counts as a Redis outage for a worker: a step that fails with one is retried after a
-back-off, never reported as a failure of the request and never a reason to stop the worker."""
+"""What counts as a Redis outage for a worker (``is_outage``: a step that fails with one is retried
+after a back-off, never reported as a failure of the request and never a reason to stop the
+worker), and as a lost reply for the asyncio client (``is_lost``: the command is sent again, the
+subscription reconnected)."""
 
 from __future__ import annotations
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core.connections import TRANSIENT
 
@@ -18,3 +22,17 @@ def is_outage(exc: BaseException) -> bool:
     if isinstance(exc, TRANSIENT):
         return True
     return isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0] in _BUSY_REPLIES
+
+
+LOST = (RedisConnectionError, RedisTimeoutError, OSError)
+"""How a dropped connection shows: a command failed this way may have run or not."""
+
+
+def is_lost(exc: BaseException) -> bool:
+    """``exc`` means an asyncio connection was lost under a command: ``LOST``, or the
+    ``AttributeError`` redis-py's asyncio connection raises when it is closed (by a kill, or by the
+    task that saw the kill first) under a command being written: its writer gone, ``'NoneType'
+    object has no attribute 'write…'`` (seen under load)."""
+    if isinstance(exc, LOST):
+        return True
+    return isinstance(exc, AttributeError) and "'NoneType' object has no attribute 'write" in str(exc)

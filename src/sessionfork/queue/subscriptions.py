@@ -27,15 +27,12 @@ from typing import Any
 from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core import wire
+from .outages import LOST, is_lost
 from .outcomes import addressee
 
 log = logging.getLogger("sessionfork.aio")
-LOST = (RedisConnectionError, RedisTimeoutError, OSError)
-"""How a dropped subscription connection shows."""
 
 
 @dataclass
@@ -145,7 +142,9 @@ class ReplyRouter:
             try:
                 await pubsub.connect()  # type: ignore[no-untyped-call]
                 break
-            except LOST:
+            except Exception as exc:
+                if not is_lost(exc):
+                    raise
                 if deadline - loop.time() <= retry_in:
                     await pool.disconnect()
                     raise
@@ -168,8 +167,11 @@ class ReplyRouter:
             return
         try:
             await conn.send_command(command, channel, check_health=False)
-        except LOST as exc:
-            # The connection is gone (and closed by redis-py): the reader reconnects and renews.
+        except Exception as exc:
+            if not is_lost(exc):
+                raise
+            # The connection is gone (closed by redis-py, or by the reader under this write): the
+            # reader reconnects and renews.
             log.warning("could not send %s %s: %s", command, channel, exc)
 
     def _forget(self, channel: str, state: _Channel) -> None:
@@ -210,7 +212,9 @@ class ReplyRouter:
                     await self._pubsub.connect()
                     self._up.set()
                 message = await self._pubsub.get_message(timeout=None)
-            except LOST as exc:
+            except Exception as exc:
+                if not is_lost(exc):
+                    raise
                 log.warning("reply subscription lost (%s); reconnecting in %.2fs", exc, delay)
                 self._up.clear()
                 with contextlib.suppress(*LOST):
