@@ -3,10 +3,9 @@ measures a plain one; what deleting a summary child's source frees."""
 
 from __future__ import annotations
 
-import statistics
 import time
 
-from bench.measure import dataset_bytes, flushed, write_session
+from bench.measure import flushed, measured_forks, write_session
 from sessionfork.core import forks, keys
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent, Summary
@@ -23,13 +22,9 @@ def edit_fork_cost(server: EmbeddedServer, events: int, children: int) -> tuple[
     own = sum(len(raw) for raw in registry.encode_events(edits, int(time.time() * 1000)))
     for i in range(50):  # warm up, as in fork_cost
         forks.fork(registry, "parent", f"warm-{i}", edits=edits)
-    before = dataset_bytes(redis)
-    times = []
-    for i in range(children):
-        t = time.perf_counter()
-        forks.fork(registry, "parent", f"child-{i}", edits=edits)
-        times.append((time.perf_counter() - t) * 1e6)
-    return statistics.median(times), (dataset_bytes(redis) - before) / children - own
+    median, per_child = measured_forks(redis, children, lambda i: forks.fork(registry, "parent", f"child-{i}",
+                                                                              edits=edits))
+    return median, per_child - own
 
 
 def summary_fork_cost(server: EmbeddedServer, events: int, children: int) -> tuple[float, float]:
@@ -43,13 +38,9 @@ def summary_fork_cost(server: EmbeddedServer, events: int, children: int) -> tup
     own = len(registry.summary_event("parent", summary, int(time.time() * 1000)))
     for i in range(50):  # warm up, as in fork_cost
         forks.fork(registry, "parent", f"warm-{i}", summary=summary)
-    before = dataset_bytes(redis)
-    times = []
-    for i in range(children):
-        t = time.perf_counter()
-        forks.fork(registry, "parent", f"child-{i}", summary=summary)
-        times.append((time.perf_counter() - t) * 1e6)
-    return statistics.median(times), (dataset_bytes(redis) - before) / children - own
+    median, per_child = measured_forks(redis, children, lambda i: forks.fork(registry, "parent", f"child-{i}",
+                                                                              summary=summary))
+    return median, per_child - own
 
 
 def summary_source_freed(server: EmbeddedServer, events: int) -> tuple[float, float]:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from redis import Redis
 from rq import Queue
@@ -200,28 +201,33 @@ def async_vs_sync(server: EmbeddedServer, concurrent: int, sequential: int, work
 
 
 def fork_cost(server: EmbeddedServer, events: int, children: int) -> tuple[float, float]:
-    """Median µs per fork (registry only) over ``children`` forks, and Redis bytes per child over at
-    least ``MEMORY_CHILDREN`` (over a few, the keyspace's growth and rehashing swing the delta,
-    even below 0), for a parent of ``events``."""
+    """Median µs per fork (registry only) and Redis bytes per child (``measured_forks``), for a
+    parent of ``events``."""
     redis = flushed(server)
     registry = Registry(redis)
     write_session(registry, "parent", events)
     for i in range(50):  # warm up: script cache, connection, the keyspace's first growth
         forks.fork(registry, "parent", f"warm-{i}")
+    return measured_forks(redis, children, lambda i: forks.fork(registry, "parent", f"child-{i}"))
+
+
+def measured_forks(redis: Redis, children: int, fork_one: Callable[[int], object]) -> tuple[float, float]:
+    """Median µs of ``fork_one(i)`` over its first ``children`` calls, and Redis bytes per child over
+    at least ``MEMORY_CHILDREN`` calls (over a few, the keyspace's growth and rehashing swing the
+    delta, even below 0)."""
     before = dataset_bytes(redis)
     times = []
     measured = max(children, MEMORY_CHILDREN)
     for i in range(measured):
         t = time.perf_counter()
-        forks.fork(registry, "parent", f"child-{i}")
+        fork_one(i)
         if i < children:
             times.append((time.perf_counter() - t) * 1e6)
-    per_child = (dataset_bytes(redis) - before) / measured
-    return statistics.median(times), per_child
+    return statistics.median(times), (dataset_bytes(redis) - before) / measured
 
 
 MEMORY_CHILDREN = 1000
-"""The fewest children ``fork_cost`` measures Redis bytes per child over."""
+"""The fewest children ``measured_forks`` measures Redis bytes per child over."""
 
 
 def boundary_fork_costs(server: EmbeddedServer, events: int, children: int,
@@ -240,13 +246,8 @@ def boundary_fork_costs(server: EmbeddedServer, events: int, children: int,
     out: dict[float, tuple[float, float]] = {}
     for fraction in fractions:
         boundary = max(3, int(events * fraction) // 4 * 4 - 1)  # turns are 4 events: seq 4k + 3 ends one
-        before = dataset_bytes(redis)
-        times = []
-        for i in range(children):
-            t = time.perf_counter()
-            forks.fork(registry, "parent", f"child-{fraction}-{i}", boundary=boundary)
-            times.append((time.perf_counter() - t) * 1e6)
-        out[fraction] = (statistics.median(times), (dataset_bytes(redis) - before) / children)
+        out[fraction] = measured_forks(redis, children, lambda i, f=fraction, b=boundary: forks.fork(  # type: ignore[misc]
+            registry, "parent", f"child-{f}-{i}", boundary=b))
     return out
 
 
