@@ -1,4 +1,5 @@
-"""Redis Cluster fixtures for the cluster tests: one 3-master/1-replica cluster per module.
+"""Redis Cluster fixtures for the cluster tests: one 3-master/1-replica cluster per module, and the
+helpers the ``test_cluster_*.py`` modules share (a completed source, session ids, lineage edges).
 
 Import the fixtures into a test module (``from cluster_fixtures import ...  # noqa: F401``); they
 are registered under the names ``cluster``, ``cluster_client`` and ``cluster_registry``.
@@ -10,10 +11,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
+from helpers import turn
 from redis.cluster import RedisCluster
 
 from sessionfork.core.registry import Registry
+from sessionfork.core.wire import LiveHandle
 from sessionfork.embedded import EmbeddedCluster, EmbeddedServer, wait_until
+from sessionfork.ops import lineage
 
 START_TIMEOUT = 60.0
 
@@ -90,3 +94,38 @@ def cluster_registry_fixture(cluster: EmbeddedCluster, cluster_client: RedisClus
     """A registry on the module's cluster, every primary flushed first."""
     flush_masters(cluster)
     return Registry(cluster_client)
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+
+
+def completed_source(registry: Registry, sid: str = "src", cwd: str | None = None) -> LiveHandle:
+    """A live session with one finished turn (4 events)."""
+    handle = registry.create(sid, cwd=cwd)
+    registry.append(handle, turn(1))
+    return handle
+
+
+def session_ids(cluster: EmbeddedCluster) -> set[str]:
+    """Ids of every session record on the cluster's primaries (logs and children sets excluded)."""
+    found: set[str] = set()
+    for node in cluster.masters:
+        with node.client() as c:
+            for key in c.scan_iter(match="sf:s:*", count=1000):
+                text = key.decode()
+                if text.endswith("}"):
+                    found.add(text[len("sf:s:{"):-1])
+    return found
+
+
+def edges(tree: lineage.Lineage) -> list[tuple[str, str]]:
+    """Every (parent, child) pair under the lineage's root, depth first."""
+    out: list[tuple[str, str]] = []
+
+    def walk(node: lineage.Node) -> None:
+        for child in node.children:
+            out.append((node.id, child.id))
+            walk(child)
+
+    walk(tree.root)
+    return out

@@ -1,0 +1,94 @@
+"""The worker path with a cluster registry: a ``sessionfork worker --cluster`` process, its queue on
+its own single server, forks a request onto the cluster, answers OPEN_TURN, and answers a retried
+request with its first outcome (creating nothing more)."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
+    cluster_client_fixture,
+    cluster_fixture,
+    cluster_registry_fixture,
+    completed_source,
+    session_ids,
+)
+from helpers import clean_environ, cli_args, make_client, stop, wait_registered, worker_name
+
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import ForkFailure, ForkResult, Header, NewEvent
+from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
+from sessionfork.queue.client import Client
+
+TIMEOUT = 60.0
+
+
+@pytest.fixture(scope="module")
+def queue_server() -> Iterator[EmbeddedServer]:
+    """The queue's own single server (RQ, outcomes, replies); never flushed, ids are unique."""
+    with EmbeddedServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cluster_worker(cluster: EmbeddedCluster, queue_server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
+    name = worker_name("cluster")
+    proc = subprocess.Popen(
+        cli_args(cluster.url, "--queue-url", queue_server.url, "--cluster", "worker", "--name", name,
+                 "--log-level", "WARNING"),
+        env=clean_environ(), stdin=subprocess.DEVNULL)
+    try:
+        with queue_server.client() as probe:
+            wait_registered(probe, name, TIMEOUT)
+        yield proc
+    finally:
+        assert stop(proc) == 0
+
+
+@pytest.fixture
+def queue_client(queue_server: EmbeddedServer, cluster_worker: subprocess.Popen[bytes]) -> Iterator[Client]:
+    assert cluster_worker.poll() is None, f"the cluster worker exited with {cluster_worker.returncode}"
+    redis = queue_server.client()
+    yield make_client(redis)
+    redis.close()
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+def test_worker_with_a_cluster_registry_forks_a_request(cluster_registry: Registry, queue_client: Client) -> None:
+    completed_source(cluster_registry, "src", cwd="/w")
+    reply = queue_client.fork("src", session_id="child", request_id=unique("req"), timeout=TIMEOUT)
+    assert isinstance(reply, ForkResult) and isinstance(reply.session, Header), reply
+    assert (reply.session.id, reply.session.parent_session, reply.session.seed_length, reply.session.cwd) == (
+        "child", "src", 4, "/w")
+    assert cluster_registry.events("child") == cluster_registry.events("src")
+    assert cluster_registry.children("src") == ["child"]
+
+
+def test_worker_with_a_cluster_registry_answers_open_turn(cluster_registry: Registry, queue_client: Client) -> None:
+    handle = completed_source(cluster_registry, "src")
+    cluster_registry.append(handle, [NewEvent("turn/start")])
+    request_id = unique("req")
+    reply = queue_client.fork("src", session_id="child", request_id=request_id, timeout=TIMEOUT)
+    assert reply == ForkFailure(request_id=request_id, code="OPEN_TURN",
+                                message='cannot fork session "src" inside an open turn (last event: turn/start)')
+    assert not cluster_registry.exists("child")
+
+
+def test_worker_with_a_cluster_registry_answers_a_retried_request_with_its_first_outcome(
+    cluster: EmbeddedCluster, cluster_registry: Registry, queue_client: Client
+) -> None:
+    handle = completed_source(cluster_registry, "src")
+    request_id = unique("req")
+    first = queue_client.fork("src", session_id="child", request_id=request_id, timeout=TIMEOUT)
+    assert first.ok, first
+    cluster_registry.append(handle, [NewEvent("turn/start")])
+    again = queue_client.fork("src", session_id="child", request_id=request_id, timeout=TIMEOUT)
+    assert again == first
+    assert cluster_registry.children("src") == ["child"]
+    assert session_ids(cluster) == {"src", "child"}
