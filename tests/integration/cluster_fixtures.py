@@ -129,3 +129,23 @@ def edges(tree: lineage.Lineage) -> list[tuple[str, str]]:
 
     walk(tree.root)
     return out
+
+
+SCRIPT_COMMANDS = ("cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro")
+
+
+def assert_no_crossslot(cluster: EmbeddedCluster) -> None:
+    """No node of ``cluster`` answered CROSSSLOT, failed a script but for NOSCRIPT, or rejected a
+    command, since it started (a module's cluster: every operation of the module's tests)."""
+    for node in cluster.nodes:
+        with node.client() as c:
+            errors = c.info("errorstats")
+            commands = c.info("commandstats")
+        assert "errorstat_CROSSSLOT" not in errors, (node.port, errors)
+        # A script touching another slot fails with an ERR; the only failures allowed are NOSCRIPT
+        # (first call of a script on a node), and no command may have been rejected (CROSSSLOT is).
+        noscript = errors.get("errorstat_NOSCRIPT", {}).get("count", 0)
+        failed = sum(commands.get(name, {}).get("failed_calls", 0) for name in SCRIPT_COMMANDS)
+        assert failed == noscript, (node.port, errors, {k: commands[k] for k in SCRIPT_COMMANDS if k in commands})
+        rejected = {name: s["rejected_calls"] for name, s in commands.items() if s.get("rejected_calls")}
+        assert rejected == {}, (node.port, rejected)

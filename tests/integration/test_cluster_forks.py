@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
+    assert_no_crossslot,
     cluster_client_fixture,
     cluster_fixture,
     cluster_registry_fixture,
@@ -232,9 +233,6 @@ def test_a_child_replayed_after_an_interrupted_fork_is_indexed_under_its_parent(
 
 # -- last: no CROSSSLOT, ever ----------------------------------------------------------------------
 
-SCRIPT_COMMANDS = ("cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro")
-
-
 def test_no_node_answered_crossslot_to_any_operation_of_the_module(
     cluster: EmbeddedCluster, cluster_registry: Registry
 ) -> None:
@@ -254,15 +252,4 @@ def test_no_node_answered_crossslot_to_any_operation_of_the_module(
     with pytest.raises(ForkError):
         forks.fork(cluster_registry, "src", "b")
 
-    for node in cluster.nodes:
-        with node.client() as c:
-            errors = c.info("errorstats")
-            commands = c.info("commandstats")
-        assert "errorstat_CROSSSLOT" not in errors, (node.port, errors)
-        # A script touching another slot fails with an ERR; the only failures allowed are NOSCRIPT
-        # (first call of a script on a node), and no command may have been rejected (CROSSSLOT is).
-        noscript = errors.get("errorstat_NOSCRIPT", {}).get("count", 0)
-        failed = sum(commands.get(name, {}).get("failed_calls", 0) for name in SCRIPT_COMMANDS)
-        assert failed == noscript, (node.port, errors, {k: commands[k] for k in SCRIPT_COMMANDS if k in commands})
-        rejected = {name: s["rejected_calls"] for name, s in commands.items() if s.get("rejected_calls")}
-        assert rejected == {}, (node.port, rejected)
+    assert_no_crossslot(cluster)

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
+    assert_no_crossslot,
     cluster_client_fixture,
     cluster_fixture,
     cluster_registry_fixture,
@@ -173,3 +174,9 @@ def test_lineage_lists_each_child_of_concurrent_forks_from_four_processes_once_u
     assert sorted(found) == sorted(before + made)
     counts = Counter(child for _, child in found)
     assert max(counts.values()) == 1
+
+
+def test_no_node_answered_crossslot_to_any_operation_of_the_module(cluster: EmbeddedCluster) -> None:
+    """Last: every test of this module ran on this cluster (one per module); no node answered
+    CROSSSLOT, failed a script but for NOSCRIPT, or rejected a command."""
+    assert_no_crossslot(cluster)

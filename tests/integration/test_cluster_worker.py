@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
+    assert_no_crossslot,
     cluster_client_fixture,
     cluster_fixture,
     cluster_registry_fixture,
@@ -92,3 +93,9 @@ def test_worker_with_a_cluster_registry_answers_a_retried_request_with_its_first
     assert again == first
     assert cluster_registry.children("src") == ["child"]
     assert session_ids(cluster) == {"src", "child"}
+
+
+def test_no_node_answered_crossslot_to_any_operation_of_the_module(cluster: EmbeddedCluster) -> None:
+    """Last: every test of this module ran on this cluster (one per module); no node answered
+    CROSSSLOT, failed a script but for NOSCRIPT, or rejected a command."""
+    assert_no_crossslot(cluster)
