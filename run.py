@@ -37,7 +37,9 @@ BIN_DIR = "Scripts" if os.name == "nt" else "bin"
 RQ2 = "rq==2.12.0"
 # What runs again on RQ 2: everything that touches RQ (the worker, faults, hostile input, ACLs, the
 # job hashes the asyncio client writes, rq info and rq-dashboard).
-RQ2_SUITE = ["tests/unit", "tests/integration/test_worker.py",
+RQ2_SUITE = ["tests/unit", "tests/integration/test_worker_replies.py", "tests/integration/test_worker_refusals.py",
+             "tests/integration/test_worker_idempotency.py", "tests/integration/test_worker_outcomes.py",
+             "tests/integration/test_worker_cli.py",
              "tests/integration/test_faults_sigkill.py", "tests/integration/test_faults_sigterm.py",
              "tests/integration/test_faults_redis_outages.py", "tests/integration/test_faults_dequeue_window.py",
              "tests/integration/test_hostile.py", "tests/integration/test_hostile_queue.py",
