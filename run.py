@@ -47,7 +47,9 @@ RQ2_SUITE = ["tests/unit", "tests/integration/test_worker_replies.py", "tests/in
              "tests/integration/test_worker_exit.py", "tests/integration/test_worker_outages.py",
              "tests/integration/test_outcome_rules.py", "tests/integration/test_acl.py",
              "tests/integration/test_rq_compat.py", "tests/integration/test_unreached_paths.py",
-             "tests/integration/test_aio.py", "tests/integration/test_rq_dashboard.py",
+             "tests/integration/test_aio_job_hash.py", "tests/integration/test_aio_semantics.py",
+             "tests/integration/test_aio_connections.py", "tests/integration/test_aio_subscription.py",
+             "tests/integration/test_rq_dashboard.py",
              "tests/integration/test_enqueue_script.py"]
 
 # The one system package the suite needs: a headless browser for the lineage page test
