@@ -37,13 +37,19 @@ BIN_DIR = "Scripts" if os.name == "nt" else "bin"
 RQ2 = "rq==2.12.0"
 # What runs again on RQ 2: everything that touches RQ (the worker, faults, hostile input, ACLs, the
 # job hashes the asyncio client writes, rq info and rq-dashboard).
-RQ2_SUITE = ["tests/unit", "tests/integration/test_worker.py", "tests/integration/test_faults.py",
+RQ2_SUITE = ["tests/unit", "tests/integration/test_worker_replies.py", "tests/integration/test_worker_refusals.py",
+             "tests/integration/test_worker_idempotency.py", "tests/integration/test_worker_outcomes.py",
+             "tests/integration/test_worker_cli.py",
+             "tests/integration/test_faults_sigkill.py", "tests/integration/test_faults_sigterm.py",
+             "tests/integration/test_faults_redis_outages.py", "tests/integration/test_faults_dequeue_window.py",
              "tests/integration/test_hostile.py", "tests/integration/test_hostile_queue.py",
              "tests/integration/test_hardening.py",
              "tests/integration/test_worker_exit.py", "tests/integration/test_worker_outages.py",
              "tests/integration/test_outcome_rules.py", "tests/integration/test_acl.py",
              "tests/integration/test_rq_compat.py", "tests/integration/test_unreached_paths.py",
-             "tests/integration/test_aio.py", "tests/integration/test_rq_dashboard.py",
+             "tests/integration/test_aio_job_hash.py", "tests/integration/test_aio_semantics.py",
+             "tests/integration/test_aio_connections.py", "tests/integration/test_aio_subscription.py",
+             "tests/integration/test_rq_dashboard.py",
              "tests/integration/test_enqueue_script.py"]
 
 # The one system package the suite needs: a headless browser for the lineage page test

@@ -97,7 +97,7 @@ def test_retention_index_key() -> None:
 
 
 def test_rq_names_written_without_rq() -> None:
-    # RQ's own names, built in the RQ seam's layout (pinned against RQ itself in test_aio.py).
+    # RQ's own names, built in the RQ seam's layout (pinned against RQ itself in test_aio_job_hash.py).
     assert rq_layout.job_key("r-1") == "rq:job:r-1"
     assert rq_layout.queue_key("sessionfork") == "rq:queue:sessionfork"
     assert rq_layout.QUEUES == "rq:queues"

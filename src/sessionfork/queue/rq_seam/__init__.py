@@ -70,9 +70,9 @@ RQ names used here, and why:
   queue by a killed worker after ``abandoned_after`` seconds (RQ waits minutes, then fails it).
 * RQ's key layout (``layout``): ``rq:job:<id>``, ``rq:queue:<name>``, ``rq:queues`` for the
   clients' enqueue script, and the patterns of the ACL rules (``rq:job:*``, ``rq:*``,
-  ``rq:pubsub:*``). ``tests/integration/test_aio.py`` pins them against RQ's ``Job.key_for``,
+  ``rq:pubsub:*``). ``tests/integration/test_aio_job_hash.py`` pins them against RQ's ``Job.key_for``,
   ``Queue.key`` and ``Queue.redis_queues_keys``.
 * RQ's job hash fields (``layout.job_fields``): what RQ's unique enqueue writes (``data`` as
   zlib-compressed JSON, ``description``, timestamps in RQ's format, empty callback fields ...),
-  compared field by field with RQ's own in ``tests/integration/test_aio.py``.
+  compared field by field with RQ's own in ``tests/integration/test_aio_job_hash.py``.
 """

@@ -4,7 +4,7 @@ Both clients enqueue with ``scripts/enqueue.lua`` (``queue.enqueue``; the README
 recipe: create the job hash and push its id, only when no job has that id and the request id is
 not kept for a different request) and ``job_fields``, the one writer of the job hash: exactly the
 hash RQ's own unique enqueue writes for ``queue.jobs.enqueue`` (RQ 2.12 and 3;
-``tests/integration/test_aio.py`` compares the two field by field), plus the script's
+``tests/integration/test_aio_job_hash.py`` compares the two field by field), plus the script's
 ``sf_identity``, so that workers, ``rq info`` and rq-dashboard read it like any RQ job. The job
 function's name is ``JOB_FUNCTION``, inside ``data``; the script's default ``data`` (a raw producer
 that sends none) names the same function (``tests/integration/test_enqueue_script.py`` pins it).
