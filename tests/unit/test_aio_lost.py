@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from sessionfork.queue.aio import _again
 from sessionfork.queue.outages import is_lost
 from sessionfork.queue.subscriptions import ReplyRouter
 
@@ -62,3 +63,32 @@ def test_a_subscribe_on_a_connection_closed_under_it_is_left_to_the_reader() -> 
 def test_any_other_error_of_a_subscribe_is_raised() -> None:
     with pytest.raises(AttributeError, match="'Foo'"):
         _send_on(_Closing(AttributeError("'Foo' object has no attribute 'bar'")))
+
+
+def test_a_command_whose_reply_was_lost_is_sent_again_until_it_answers() -> None:
+    """``_again``: a lost reply (the connection killed under the command) is sent again after a
+    back-off; the caller gets the answer of the attempt that got through."""
+    attempts: list[int] = []
+
+    async def send() -> str:
+        attempts.append(len(attempts))
+        if len(attempts) < 3:
+            raise RedisConnectionError("Connection closed by server.") if attempts[-1] else \
+                AttributeError(CLOSED_UNDER_A_WRITE)
+        return "answered"
+
+    async def main() -> str:
+        return await _again(send, asyncio.get_running_loop().time() + 10)
+
+    assert asyncio.run(main()) == "answered" and attempts == [0, 1, 2]
+
+
+def test_any_other_error_of_a_command_is_raised_at_once() -> None:
+    async def send() -> str:
+        raise ResponseError("WRONGTYPE")
+
+    async def main() -> str:
+        return await _again(send, asyncio.get_running_loop().time() + 10)
+
+    with pytest.raises(ResponseError):
+        asyncio.run(main())
