@@ -70,8 +70,15 @@ def wait_registered(redis: Redis, name: str, timeout: float = 20.0) -> None:
 
 @contextmanager
 def registered_worker(server: EmbeddedServer, prefix: str) -> Iterator[subprocess.Popen[bytes]]:
-    """A worker process on ``server``, registered before it is handed out, stopped after."""
+    """A worker process on ``server``, registered before it is handed out, stopped after. The
+    server is flushed first: a module's worker starts before its first test flushes (a fixture of
+    a wider scope is set up first), and must not run what another module left queued."""
     name = worker_name(prefix)
+    probe = server.client()
+    try:
+        probe.flushall()
+    finally:
+        probe.close()
     proc = start_worker(server.url, name)
     try:
         probe = server.client()
