@@ -74,18 +74,12 @@ def registered_worker(server: EmbeddedServer, prefix: str) -> Iterator[subproces
     server is flushed first: a module's worker starts before its first test flushes (a fixture of
     a wider scope is set up first), and must not run what another module left queued."""
     name = worker_name(prefix)
-    probe = server.client()
-    try:
+    with server.client() as probe:
         probe.flushall()
-    finally:
-        probe.close()
     proc = start_worker(server.url, name)
     try:
-        probe = server.client()
-        try:
+        with server.client() as probe:
             wait_registered(probe, name)
-        finally:
-            probe.close()
         yield proc
     finally:
         stop(proc)
