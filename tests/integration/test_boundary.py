@@ -4,10 +4,9 @@ reference at any depth, and the turn index kept on append (operations: ``test_bo
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
+from fork_helpers import fork_error
 from helpers import turn
 from redis import Redis
 
@@ -17,13 +16,6 @@ from sessionfork.core.registry import Registry
 from sessionfork.core.wire import Event, LiveHandle, NewEvent
 
 OPEN = [NewEvent("turn/start", {"turn": 9}), NewEvent("tool/call", {"id": "t1"})]
-
-
-@contextmanager
-def fork_error(code: ErrorCode, message: str) -> Iterator[None]:
-    with pytest.raises(ForkError) as info:
-        yield
-    assert (info.value.code, info.value.message) == (code, message)
 
 
 def inside(sid: str, boundary: int, start: int) -> tuple[ErrorCode, str]:

@@ -3,15 +3,14 @@ ancestor that holds a boundary lives on another node, and, last, no CROSSSLOT on
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
 from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
+    assert_no_crossslot,
     cluster_client_fixture,
     cluster_fixture,
     cluster_registry_fixture,
 )
+from fork_helpers import fork_error
 from helpers import turn
 from redis.cluster import RedisCluster
 
@@ -23,14 +22,6 @@ from sessionfork.embedded import EmbeddedCluster
 from sessionfork.ops import lineage
 
 OPEN = [NewEvent("turn/start", {"turn": 9}), NewEvent("tool/call", {"id": "t1"})]
-SCRIPT_COMMANDS = ("cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro")
-
-
-@contextmanager
-def fork_error(code: ErrorCode, message: str) -> Iterator[None]:
-    with pytest.raises(ForkError) as info:
-        yield
-    assert (info.value.code, info.value.message) == (code, message)
 
 
 def inside(sid: str, boundary: int, start: int) -> tuple[ErrorCode, str]:
@@ -94,13 +85,4 @@ def test_no_node_answered_crossslot_to_a_boundary_fork(cluster: EmbeddedCluster,
         forks.fork(cluster_registry, "b", "e", boundary=9)
     cluster_registry.last_turn_end("b")
 
-    for node in cluster.nodes:
-        with node.client() as c:
-            errors = c.info("errorstats")
-            commands = c.info("commandstats")
-        assert "errorstat_CROSSSLOT" not in errors, (node.port, errors)
-        noscript = errors.get("errorstat_NOSCRIPT", {}).get("count", 0)
-        failed = sum(commands.get(name, {}).get("failed_calls", 0) for name in SCRIPT_COMMANDS)
-        assert failed == noscript, (node.port, errors)
-        rejected = {name: s["rejected_calls"] for name, s in commands.items() if s.get("rejected_calls")}
-        assert rejected == {}, (node.port, rejected)
+    assert_no_crossslot(cluster)

@@ -6,11 +6,10 @@ edits). Through the queue: ``test_compose_queue``; a race against appends: ``tes
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import msgspec
 import pytest
+from fork_helpers import fork_error
 from helpers import turn
 from redis import Redis
 
@@ -21,13 +20,6 @@ from sessionfork.core.wire import NewEvent
 
 OPEN = [NewEvent("turn/start", {"turn": 9}), NewEvent("tool/call", {"id": "t1"})]
 RETRY = [NewEvent("turn/start", {"turn": 2, "trigger": "user"}), NewEvent("user/message", {"text": "again"})]
-
-
-@contextmanager
-def fork_error(code: ErrorCode, message: str) -> Iterator[None]:
-    with pytest.raises(ForkError) as info:
-        yield
-    assert (info.value.code, info.value.message) == (code, message)
 
 
 @pytest.fixture
