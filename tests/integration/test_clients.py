@@ -9,11 +9,12 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
 import pytest
+from aio_helpers import until
 from helpers import (
     SETTINGS,
     clean_environ,
@@ -270,15 +271,6 @@ def count_reads(client: AsyncClient) -> list[int]:
     redis.hmget = hmget  # type: ignore[method-assign]
     redis.pipeline = pipeline  # type: ignore[method-assign]
     return reads
-
-
-async def until(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def test_sync_waiter_is_woken_by_pub_sub_alone(server: EmbeddedServer, redis: Redis, registry: Registry) -> None:
