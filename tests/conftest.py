@@ -6,6 +6,7 @@ On CI (``CI`` set) a skipped test fails the run: a missing server is a failure, 
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -32,6 +33,18 @@ def redis(server: EmbeddedServer) -> Iterator[Redis]:
 @pytest.fixture
 def registry(redis: Redis) -> Registry:
     return Registry(redis)
+
+
+@pytest.fixture
+def frozen() -> Iterator[EmbeddedServer]:
+    """A server that accepts connections but never answers (SIGSTOP); continued in teardown."""
+    with EmbeddedServer() as srv:
+        assert srv.process is not None
+        srv.process.send_signal(signal.SIGSTOP)
+        try:
+            yield srv
+        finally:
+            srv.process.send_signal(signal.SIGCONT)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

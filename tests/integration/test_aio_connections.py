@@ -110,20 +110,20 @@ def test_every_fork_gets_its_outcome_while_its_connections_are_killed(
     done: list[Any] = []
     landed: list[tuple[int, int]] = []  # (replies in before the kill, connections killed)
 
+    def kill() -> bool:
+        # A connection listed may be gone by its KILL (the client was renewing it, as right after
+        # the previous kill): then it is tried again, so that each kill lands on connections in use.
+        before = len(done)
+        killed = sum(conns.probe.client_kill_filter(_id=c["id"]) for c in conns.current())
+        if killed >= 1 or before >= 300:
+            landed.append((before, killed))
+            return True
+        return False
+
     def killer() -> None:
         for threshold in (20, 80, 140, 200, 260):
             wait_until(lambda t=threshold: len(done) >= t, 120, f"{threshold} replies")
-            shot: list[tuple[int, int]] = []
-
-            def kill() -> bool:
-                # A connection listed may be gone by its KILL (the client was renewing it, as after the
-                # previous kill): then try again, so that each kill lands on connections in use.
-                before = len(done)
-                shot.append((before, sum(conns.probe.client_kill_filter(_id=c["id"]) for c in conns.current())))
-                return shot[-1][1] >= 1 or before >= 300
-
             wait_until(kill, 60, f"a kill after {threshold} replies to hit a connection")
-            landed.append(shot[-1])
 
     async def main() -> list[Any]:
         async with client_for(server) as client:

@@ -9,12 +9,10 @@ SIGSTOP (continued in teardown).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -106,18 +104,6 @@ def _wait(client: object, request: object) -> object:
         return client.wait(request, 10)  # type: ignore[attr-defined]
     except Exception as exc:  # the test's assertion shows it
         return exc
-
-
-@pytest.fixture
-def frozen() -> Iterator[EmbeddedServer]:
-    """A server that accepts connections but never answers (SIGSTOP); continued in teardown."""
-    with EmbeddedServer() as srv:
-        assert srv.process is not None
-        srv.process.send_signal(signal.SIGSTOP)
-        try:
-            yield srv
-        finally:
-            srv.process.send_signal(signal.SIGCONT)
 
 
 @pytest.mark.parametrize("args", [["fork", "src", "--wait", "2"], ["health"], ["stats"]])

@@ -26,6 +26,12 @@ Connections: the subscription has one connection of its own (same server and opt
 ``redis``'s pool) for the client's life; commands share ``redis``'s pool.
 ``AsyncClient.from_url(url, max_connections=4)`` never opens more than 4 (3 for commands).
 
+Bounds: ``fork`` and ``wait`` return or raise ``TimeoutError`` by their deadline, and ``submit``
+within ``SUBMIT_RETRY_FOR`` seconds, whatever the server does (a frozen one included) and whatever
+client ``redis`` is: the call is cancelled at its deadline. ``from_url`` and ``from_urls`` give each
+command the settings' ``socket_timeout`` and each connection their ``connect_timeout`` (a command
+whose reply does not come in time is sent again on another connection, until the deadline).
+
 A sharded queue: give one ``redis`` per queue server, in shard order (``AsyncClient([r0, r1])`` or
 ``AsyncClient.from_urls([...])``); a request is enqueued and awaited on the shard
 ``shards.shard_of(request_id, n)`` names. Each shard has its own subscription (opened when a
@@ -37,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeVar
@@ -86,7 +92,8 @@ class AsyncClient:
         """A client that never holds more than ``max_connections`` connections (2 at least: the
         subscription and one for commands); ``connection_kwargs`` go to the connection pool. A
         ``redis+sentinel://`` URL follows its primary's promotions."""
-        pool = connections.async_pool(url, max_connections=max(max_connections - 1, 1), **connection_kwargs)
+        bounded = _bounded(settings or Settings(), connection_kwargs)
+        pool = connections.async_pool(url, max_connections=max(max_connections - 1, 1), **bounded)
         return cls(Redis.from_pool(pool), settings, new_id=new_id, recheck_every=recheck_every)
 
     @classmethod
@@ -97,8 +104,9 @@ class AsyncClient:
         shard order; ``max_connections`` and ``connection_kwargs`` apply to each shard as in
         ``from_url``."""
         listed = urls.split(",") if isinstance(urls, str) else list(urls)
+        bounded = _bounded(settings or Settings(), connection_kwargs)
         pools = [connections.async_pool(url.strip(), max_connections=max(max_connections - 1, 1),
-                                        **connection_kwargs) for url in listed]
+                                        **bounded) for url in listed]
         return cls([Redis.from_pool(pool) for pool in pools], settings, new_id=new_id, recheck_every=recheck_every)
 
     def shard_of(self, request_id: str) -> int:
@@ -139,7 +147,8 @@ class AsyncClient:
         assert isinstance(request.request_id, str)
         deadline = asyncio.get_running_loop().time() + SUBMIT_RETRY_FOR
         enqueue = self._enqueuers[self.shard_of(request.request_id)]
-        await _again(lambda: enqueue(*call), deadline)
+        async with _by(deadline, f"request {request.request_id} not enqueued within {SUBMIT_RETRY_FOR}s"):
+            await _again(lambda: enqueue(*call), deadline)
         return request.request_id
 
     async def wait(self, request: ForkRequest, timeout: float) -> Reply:
@@ -152,7 +161,8 @@ class AsyncClient:
         assert isinstance(request.request_id, str), "submit() the request first"
         deadline = asyncio.get_running_loop().time() + timeout
         router = self.routers[self.shard_of(request.request_id)]
-        async with router.expect(request.request_id, self._channel(request), deadline) as woken:
+        async with _by(deadline, _no_reply(request.request_id, timeout)), \
+                router.expect(request.request_id, self._channel(request), deadline) as woken:
             return await self._answer(request, woken, None, deadline, timeout)
 
     async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
@@ -171,7 +181,8 @@ class AsyncClient:
         assert isinstance(rid, str)
         deadline = asyncio.get_running_loop().time() + timeout
         router = self.routers[self.shard_of(rid)]
-        async with router.expect(rid, self._channel(request), deadline) as woken:
+        async with _by(deadline, _no_reply(rid, timeout)), \
+                router.expect(rid, self._channel(request), deadline) as woken:
             first = await _again(lambda: self._enqueue_and_read(rid, call), deadline)
             return await self._answer(request, woken, first, deadline, timeout)
 
@@ -215,7 +226,7 @@ class AsyncClient:
                     return found
             left = deadline - loop.time()
             if left <= 0:
-                raise TimeoutError(f"no reply to request {rid} within {timeout}s")
+                raise TimeoutError(_no_reply(rid, timeout))
             pause = self.recheck_every
             if stored is None:  # the read failed: again soon, backing off
                 pause, retry_in = retry_in, min(retry_in * 2, _RETRY_MAX)
@@ -223,6 +234,29 @@ class AsyncClient:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(woken.wait(), min(left, pause))
             woken.clear()  # before the read: a wake-up from now on brings another read
+
+
+def _no_reply(request_id: str, timeout: float) -> str:
+    return f"no reply to request {request_id} within {timeout}s"
+
+
+def _bounded(settings: Settings, connection_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``connection_kwargs`` with the settings' time-outs where the caller gave none."""
+    return {"socket_timeout": settings.socket_timeout, "socket_connect_timeout": settings.connect_timeout,
+            **connection_kwargs}
+
+
+@contextlib.asynccontextmanager
+async def _by(deadline: float, what: str) -> AsyncIterator[None]:
+    """Cancel the block at ``deadline`` (loop time) and raise ``TimeoutError(what)``: no command in it
+    (a frozen server's, a client's without time-outs) outlasts its call's deadline."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            yield
+    except TimeoutError as exc:
+        if exc.args:  # the block's own, with its message
+            raise
+        raise TimeoutError(what) from None
 
 
 _RETRY_FIRST, _RETRY_MAX = 0.05, 1.0
