@@ -10,6 +10,7 @@ reads back identically, never another exception.
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import decimal
 import subprocess
@@ -24,7 +25,10 @@ from helpers import clean_environ, cli_args
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 
+from sessionfork.aio import AsyncClient
+from sessionfork.client import Client
 from sessionfork.core import keys, rules
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.forks import fork
@@ -124,6 +128,27 @@ def test_values_json_cannot_carry_as_they_are_are_refused_not_converted(dead: Re
         "instance-int", "handle-id-int", "child-int", "request-id-int", "extra-list", "extra-int-key"])
 def test_bad_arguments_are_invalid_request_before_any_redis_call(dead: Registry, call: Any) -> None:
     refused(lambda: call(dead))
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, -0.5, 86400.5, 10**30, "5", None, True, [1]],
+                         ids=repr)
+def test_a_client_timeout_that_is_not_0_to_a_day_is_invalid_request_before_any_redis_call(timeout: Any) -> None:
+    """Both clients' ``fork`` and ``wait``, on a server that does not exist: the refusal comes
+    first (a Redis call would raise ``ConnectionError``), so nothing is enqueued."""
+    port = free_port()
+    sync = Client(Redis(host="127.0.0.1", port=port, socket_connect_timeout=1))
+    request = sync.request("s", request_id="r-bad-timeout")
+    refused(lambda: sync.fork("s", timeout=timeout), "timeout must be a number of seconds from 0 to 86400")
+    refused(lambda: sync.wait(request, timeout), "timeout must be a number of seconds from 0 to 86400")
+
+    async def both() -> None:
+        async with AsyncClient(AsyncRedis(host="127.0.0.1", port=port, socket_connect_timeout=1)) as client:
+            for call in (lambda: client.fork("s", timeout=timeout), lambda: client.wait(request, timeout)):
+                with pytest.raises(ForkError) as info:
+                    await call()
+                assert info.value.code is ErrorCode.INVALID_REQUEST, info.value
+
+    asyncio.run(both())
 
 
 def test_an_event_written_around_append_too_deep_to_read_never_raises_recursion_error(

@@ -11,10 +11,9 @@ import msgspec
 from ..core import config, wire
 from ..queue import jobs
 from ..queue.client import Client
+from ..queue.requests import MAX_WAIT
 from .app import LOG_LEVELS, Context, clean_errors, cli
 from .files import read_edits, read_summary, read_variants
-
-MAX_WAIT = 86400
 
 
 def _check_wait(ctx: click.Context, param: click.Parameter, value: float) -> float:

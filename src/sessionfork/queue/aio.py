@@ -152,13 +152,15 @@ class AsyncClient:
         return request.request_id
 
     async def wait(self, request: ForkRequest, timeout: float) -> Reply:
-        """The reply to a submitted request; ``TimeoutError`` when none comes within ``timeout`` s.
+        """The reply to a submitted request; ``TimeoutError`` when none comes within ``timeout`` s
+        (``INVALID_REQUEST`` for a ``timeout`` that is not 0 to ``MAX_WAIT`` seconds).
 
         A request id used before for a different request answers ``IDEMPOTENCY_CONFLICT``. The
         answer is the outcome stored under the request id; a message on the reply channel only
         wakes the waiter (one with nothing stored behind it is ignored).
         """
         assert isinstance(request.request_id, str), "submit() the request first"
+        timeout = requests.wait_bound(timeout)
         deadline = asyncio.get_running_loop().time() + timeout
         router = self.routers[self.shard_of(request.request_id)]
         async with _by(deadline, _no_reply(request.request_id, timeout)), \
@@ -172,7 +174,9 @@ class AsyncClient:
                    edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None,
              summary: Summary | None = None) -> Reply:
         """Submit a fork request and wait for its reply (subscribed first; enqueue and the first
-        read of the stored outcome in one round trip, sent again when its reply is lost)."""
+        read of the stored outcome in one round trip, sent again when its reply is lost).
+        ``INVALID_REQUEST`` for a ``timeout`` that is not 0 to ``MAX_WAIT`` seconds."""
+        timeout = requests.wait_bound(timeout)
         request = await self.request(source, session_id=session_id, session_ids=session_ids, count=count,
                                      request_id=request_id, reply_to=reply_to, boundary=boundary,
                                      if_length=if_length, edits=edits, variants=variants, summary=summary)

@@ -96,7 +96,8 @@ class Client:
         return request.request_id, enqueued
 
     def wait(self, request: ForkRequest, timeout: float) -> Reply:
-        """The reply to a submitted request; ``TimeoutError`` when none comes within ``timeout`` s.
+        """The reply to a submitted request; ``TimeoutError`` when none comes within ``timeout`` s
+        (``INVALID_REQUEST`` for a ``timeout`` that is not 0 to ``MAX_WAIT`` seconds).
 
         A request id used before for a different request answers ``IDEMPOTENCY_CONFLICT``. The
         answer is the outcome stored under the request id; a message on the reply channel only
@@ -104,7 +105,7 @@ class Client:
         subscribed to the reply channel after the wait (one subscription per thread and queue
         server, kept for the next wait: ``close`` ends it).
         """
-        return self._wait(request, timeout)
+        return self._wait(request, requests.wait_bound(timeout))
 
     def _wait(self, request: ForkRequest, timeout: float, *, announced_after_ready: bool = False) -> Reply:
         assert isinstance(request.request_id, str), "submit() the request first"
@@ -137,7 +138,9 @@ class Client:
 
         The reply subscription is confirmed before the request is enqueued, so a new request's
         outcome is announced to it: the stored outcome is read once, when a message wakes the
-        waiter (an id already used reads it at once)."""
+        waiter (an id already used reads it at once). ``INVALID_REQUEST`` for a ``timeout`` that is not
+        0 to ``MAX_WAIT`` seconds (``requests.wait_bound``)."""
+        timeout = requests.wait_bound(timeout)
         request = self.request(source, session_id=session_id, session_ids=session_ids, count=count,
                                request_id=request_id, reply_to=reply_to, boundary=boundary,
                                if_length=if_length, edits=edits, variants=variants, summary=summary)

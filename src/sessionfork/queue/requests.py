@@ -98,6 +98,19 @@ def prepare(request: ForkRequest, new_id: Callable[[], str]) -> tuple[ForkReques
     return request, payload
 
 
+MAX_WAIT = 86400
+"""The longest a client call waits for its reply (seconds): a day."""
+
+
+def wait_bound(timeout: object) -> float:
+    """``timeout`` as the seconds a client call waits: a number from 0 to ``MAX_WAIT``;
+    ``INVALID_REQUEST`` for anything else (NaN, an infinity, a negative, a bool, a string), raised
+    before the call sends anything."""
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 <= timeout <= MAX_WAIT:
+        raise errors.invalid(f"timeout must be a number of seconds from 0 to {MAX_WAIT}, not {timeout!r}")
+    return float(timeout)
+
+
 def reply_channel(request: ForkRequest, default: str) -> str:
     """The channel a request's outcome is announced on: its ``replyTo``, else ``default`` (the
     settings' reply channel). The one rule of the clients (where they listen) and the worker

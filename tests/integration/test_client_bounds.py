@@ -1,7 +1,8 @@
-"""The asyncio client against a frozen server (SIGSTOP: connections accepted, nothing answered):
-``fork`` and ``wait`` raise ``TimeoutError`` by their deadline and ``submit`` within
-``SUBMIT_RETRY_FOR``, whether the client comes from ``from_url`` (the settings' socket time-outs)
-or wraps a ``redis.asyncio.Redis`` that has no time-outs at all."""
+"""The clients' bounds. The asyncio client against a frozen server (SIGSTOP: connections
+accepted, nothing answered): ``fork`` and ``wait`` raise ``TimeoutError`` by their deadline and
+``submit`` within ``SUBMIT_RETRY_FOR``, whether the client comes from ``from_url`` (the settings'
+socket time-outs) or wraps a ``redis.asyncio.Redis`` that has no time-outs at all. Both clients'
+``from_url``/``from_urls`` give their connections the settings' time-outs."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from redis.asyncio import Redis
 
 from sessionfork.aio import AsyncClient
+from sessionfork.client import Client as SyncClient
 from sessionfork.core.config import Settings
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import aio
@@ -79,3 +81,13 @@ def test_from_url_gives_commands_the_settings_time_outs(server: EmbeddedServer) 
     own = AsyncClient.from_urls([server.url], settings, socket_timeout=1).shards[0].connection_pool.connection_kwargs
     assert (default["socket_timeout"], default["socket_connect_timeout"]) == (7, 2)
     assert (own["socket_timeout"], own["socket_connect_timeout"]) == (1, 2)
+
+
+def test_the_sync_clients_from_urls_gives_commands_the_settings_time_outs(server: EmbeddedServer) -> None:
+    client = SyncClient.from_urls(server.url, Settings(socket_timeout=7, connect_timeout=2))
+    try:
+        kwargs = client.redis.connection_pool.connection_kwargs
+        assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"]) == (7, 2)
+    finally:
+        client.close()
+        client.redis.close()
