@@ -33,7 +33,7 @@ from sessionfork.core import keys, rules
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.forks import fork
 from sessionfork.core.registry import Registry
-from sessionfork.core.wire import LiveHandle, NewEvent
+from sessionfork.core.wire import ForkRequest, LiveHandle, NewEvent
 from sessionfork.embedded import EmbeddedServer, free_port
 from sessionfork.ops.jsonl import path_for
 from sessionfork.ops.persist import JsonlBackend
@@ -149,6 +149,39 @@ def test_a_client_timeout_that_is_not_0_to_a_day_is_invalid_request_before_any_r
                 assert info.value.code is ErrorCode.INVALID_REQUEST, info.value
 
     asyncio.run(both())
+
+
+@pytest.mark.parametrize("request_value", ["req-1", None, 5, {"requestId": "x"}, object()], ids=repr)
+def test_a_client_request_that_is_not_a_fork_request_is_invalid_request_before_any_redis_call(
+        request_value: Any) -> None:
+    """Both clients' ``submit`` and ``wait`` take what their ``request()`` builds; anything else is
+    refused naming what it got, on a server that does not exist (no Redis call is made)."""
+    port = free_port()
+    sync = Client(Redis(host="127.0.0.1", port=port, socket_connect_timeout=1))
+    refused(lambda: sync.submit(request_value), "expected a ForkRequest")
+    refused(lambda: sync.wait(request_value, 1), "expected a ForkRequest")
+
+    async def both() -> None:
+        async with AsyncClient(AsyncRedis(host="127.0.0.1", port=port, socket_connect_timeout=1)) as client:
+            for call in (lambda: client.submit(request_value), lambda: client.wait(request_value, 1)):
+                with pytest.raises(ForkError) as info:
+                    await call()
+                assert info.value.code is ErrorCode.INVALID_REQUEST and "expected a ForkRequest" in info.value.message
+
+    asyncio.run(both())
+
+
+def test_waiting_for_a_request_without_a_request_id_is_invalid_request() -> None:
+    port = free_port()
+    bare = ForkRequest(source="s")
+    refused(lambda: Client(Redis(host="127.0.0.1", port=port)).wait(bare, 1), "without a request id")
+
+    async def main() -> None:
+        async with AsyncClient(AsyncRedis(host="127.0.0.1", port=port)) as client:
+            with pytest.raises(ForkError, match="without a request id"):
+                await client.wait(bare, 1)
+
+    asyncio.run(main())
 
 
 def test_an_event_written_around_append_too_deep_to_read_never_raises_recursion_error(

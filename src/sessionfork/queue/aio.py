@@ -159,8 +159,8 @@ class AsyncClient:
         answer is the outcome stored under the request id; a message on the reply channel only
         wakes the waiter (one with nothing stored behind it is ignored).
         """
-        assert isinstance(request.request_id, str), "submit() the request first"
-        timeout = requests.wait_bound(timeout)
+        request, timeout = requests.checked(request, to_wait=True), requests.wait_bound(timeout)
+        assert isinstance(request.request_id, str)
         deadline = asyncio.get_running_loop().time() + timeout
         router = self.routers[self.shard_of(request.request_id)]
         async with _by(deadline, _no_reply(request.request_id, timeout)), \

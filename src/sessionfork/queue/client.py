@@ -105,7 +105,7 @@ class Client:
         subscribed to the reply channel after the wait (one subscription per thread and queue
         server, kept for the next wait: ``close`` ends it).
         """
-        return self._wait(request, requests.wait_bound(timeout))
+        return self._wait(requests.checked(request, to_wait=True), requests.wait_bound(timeout))
 
     def _wait(self, request: ForkRequest, timeout: float, *, announced_after_ready: bool = False) -> Reply:
         assert isinstance(request.request_id, str), "submit() the request first"

@@ -83,10 +83,23 @@ def build(source: str | LiveHandle, request_id: str, *, session_id: str | None =
                        edits=_edits(edits), variants=wire_variants, summary=given(summary))
 
 
-def prepare(request: ForkRequest, new_id: Callable[[], str]) -> tuple[ForkRequest, bytes]:
+def checked(request: object, *, to_wait: bool = False) -> ForkRequest:
+    """``request`` if it is a ``ForkRequest`` (and, ``to_wait``, has its request id: a waiter reads
+    the outcome stored under it); ``INVALID_REQUEST`` otherwise, before any I/O."""
+    if not isinstance(request, ForkRequest):
+        raise errors.invalid(f"expected a ForkRequest (as the client's request() builds), not {type(request).__name__}")
+    if to_wait and not isinstance(request.request_id, str):
+        raise errors.invalid("a request without a request id cannot be waited for: build it with the client's "
+                             "request(), which gives it one")
+    return request
+
+
+def prepare(request: object, new_id: Callable[[], str]) -> tuple[ForkRequest, bytes]:
     """A request ready to enqueue, and its JSON: given a request id (``new_id()``) when it has
-    none, that id checked, the request encoded. ``INVALID_REQUEST`` for a bad request id or a
-    request that cannot be sent as JSON (e.g. a non-UTF-8 string); the one way both clients send."""
+    none, that id checked, the request encoded. ``INVALID_REQUEST`` for anything but a
+    ``ForkRequest``, a bad request id or a request that cannot be sent as JSON (e.g. a non-UTF-8
+    string); the one way both clients send."""
+    request = checked(request)
     if request.request_id is UNSET:
         request = msgspec.structs.replace(request, request_id=new_id())
     assert isinstance(request.request_id, str)
