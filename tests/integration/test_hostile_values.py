@@ -151,7 +151,8 @@ def test_a_client_timeout_that_is_not_0_to_a_day_is_invalid_request_before_any_r
     asyncio.run(both())
 
 
-@pytest.mark.parametrize("request_value", ["req-1", None, 5, {"requestId": "x"}, object()], ids=repr)
+@pytest.mark.parametrize("request_value", ["req-1", None, 5, {"requestId": "x"}, object()],
+                         ids=["str", "none", "int", "dict", "object"])
 def test_a_client_request_that_is_not_a_fork_request_is_invalid_request_before_any_redis_call(
         request_value: Any) -> None:
     """Both clients' ``submit`` and ``wait`` take what their ``request()`` builds; anything else is
