@@ -7,21 +7,33 @@ socket time-outs) or wraps a ``redis.asyncio.Redis`` that has no time-outs at al
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
-from redis.asyncio import Redis
+from aio_helpers import until
+from helpers import SETTINGS, make_client, registered_worker, start_worker, stop, turn, wait_registered, worker_name
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
 
+from sessionfork import Registry
 from sessionfork.aio import AsyncClient
 from sessionfork.client import Client as SyncClient
+from sessionfork.core import wire
 from sessionfork.core.config import Settings
+from sessionfork.core.wire import ForkResult, Header
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import aio
+from sessionfork.queue.outcomes import Outcomes
 
 pytestmark = pytest.mark.serial  # asserts time bounds: run alone (see pyproject's markers)
 
-SLACK = 1.5  # seconds past a deadline: the event loop's and the interpreter's own delays
+SLACK = aio.HARD_AFTER + 1.0  # seconds past a deadline: the hard cancellation, the loop's own delays
 
 
 def took(call: Callable[[AsyncClient], Awaitable[object]], client: Callable[[], AsyncClient]) -> tuple[str, float]:
@@ -40,7 +52,7 @@ def clients(server: EmbeddedServer) -> dict[str, Callable[[], AsyncClient]]:
         # from_url: each command bounded by the settings' socket_timeout (longer than the call here).
         "from_url": lambda: AsyncClient.from_url(server.url, Settings(socket_timeout=30, connect_timeout=30)),
         # A redis.asyncio client with no time-outs at all: only the call's own deadline bounds it.
-        "no time-outs": lambda: AsyncClient(Redis.from_url(server.url)),
+        "no time-outs": lambda: AsyncClient(AsyncRedis.from_url(server.url)),
     }
 
 
@@ -91,3 +103,92 @@ def test_the_sync_clients_from_urls_gives_commands_the_settings_time_outs(server
     finally:
         client.close()
         client.redis.close()
+
+
+def test_an_async_wait_of_0_answers_an_outcome_already_stored_as_the_sync_client(server: EmbeddedServer,
+                                                                                redis: Redis) -> None:
+    """A last read of the stored outcome comes before the deadline's TimeoutError, in both clients."""
+    sync = make_client(redis)
+    request = sync.request("src", session_id="child", request_id="r-stored")
+    reply = ForkResult(request_id="r-stored", session=Header(version=0, id="child", created_at=1))
+    Outcomes(redis, ttl=60, stream_maxlen=10).record(reply, SETTINGS.reply_channel, digest=wire.digest(request))
+    assert sync.wait(request, 0) == reply
+
+    async def main() -> None:
+        async with AsyncClient.from_url(server.url, SETTINGS) as client:
+            assert await client.wait(request, 0) == reply
+            assert await client.wait(request, 0.001) == reply
+
+    asyncio.run(main())
+
+
+def test_a_reply_read_in_time_is_returned_even_when_leaving_waits_past_the_deadline(
+        server: EmbeddedServer, registry: Registry) -> None:
+    """Another holder of the subscription's lock (a waiter subscribing while the reader reconnects)
+    keeps the leaving waiter's UNSUBSCRIBE waiting past the deadline: the reply already read is
+    still the answer, not a TimeoutError."""
+    released: list[float] = []
+
+    async def main() -> tuple[object, float]:
+        async with AsyncClient.from_url(server.url, SETTINGS) as client:
+            router, enqueue = client.replies, client._enqueue_and_read
+
+            async def hold() -> None:
+                async with router._lock:
+                    await asyncio.sleep(1.5)  # holds the lock past the call's deadline
+                    released.append(time.monotonic())
+
+            async def enqueue_then_hold(rid: str, call: Any) -> Any:
+                asyncio.get_running_loop().create_task(hold())
+                return await enqueue(rid, call)
+
+            client._enqueue_and_read = enqueue_then_hold  # type: ignore[method-assign]
+            began = time.monotonic()
+            reply = await client.fork("src", timeout=1.0, session_id="child", request_id="r-late-leave")
+            return reply, time.monotonic() - began
+
+    with registered_worker(server, "bounds"):  # (it flushes the server first)
+        registry.append(registry.create("src"), turn(1))
+        reply, seconds = asyncio.run(main())
+    assert isinstance(reply, ForkResult) and reply.session is not None and reply.session.id == "child", reply
+    assert released and seconds > 1.0 + aio.HARD_AFTER, seconds  # it left after the holder, past the hard bound
+
+
+def test_a_fork_across_a_freeze_of_the_server_returns_its_child(caplog: pytest.LogCaptureFixture) -> None:
+    """A from_url client whose socket_timeout (0.3 s) is far shorter than a 1.5 s freeze of the
+    server: the enqueue's reply does not come in time, the enqueue is sent again (logged), and the
+    fork returns its child once the server is back."""
+    with EmbeddedServer() as srv, srv.client() as redis:
+        Registry(redis).append(Registry(redis).create("src"), turn(1))
+        name = worker_name("freeze")
+        worker = start_worker(srv.url, name)
+        try:
+            wait_registered(redis, name)
+
+            async def main() -> object:
+                async with AsyncClient.from_url(srv.url, Settings(socket_timeout=0.3)) as client:
+                    # A waiter that keeps the reply channel subscribed: the fork's enqueue is then the
+                    # first command the freeze catches.
+                    idle = asyncio.create_task(client.wait(await client.request("src", request_id="r-idle"), 60))
+                    await until(lambda: client.replies.channels == [SETTINGS.reply_channel], 10, "the subscription")
+                    assert srv.process is not None
+                    srv.process.send_signal(signal.SIGSTOP)
+                    thaw = threading.Timer(1.5, srv.process.send_signal, (signal.SIGCONT,))
+                    thaw.start()
+                    try:
+                        return await client.fork("src", timeout=30, session_id="thawed", request_id="r-thawed")
+                    finally:
+                        thaw.join()
+                        idle.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await idle
+
+            with caplog.at_level(logging.INFO, logger="sessionfork.aio"):
+                reply = asyncio.run(main())
+        finally:
+            assert srv.process is not None
+            srv.process.send_signal(signal.SIGCONT)
+            assert stop(worker) == 0
+    assert isinstance(reply, ForkResult) and reply.session is not None and reply.session.id == "thawed", reply
+    resent = [r.getMessage() for r in caplog.records if "sending it again" in r.getMessage()]
+    assert any("Timeout" in message for message in resent), caplog.text  # the freeze caught a command

@@ -26,11 +26,12 @@ Connections: the subscription has one connection of its own (same server and opt
 ``redis``'s pool) for the client's life; commands share ``redis``'s pool.
 ``AsyncClient.from_url(url, max_connections=4)`` never opens more than 4 (3 for commands).
 
-Bounds: ``fork`` and ``wait`` return or raise ``TimeoutError`` by their deadline, and ``submit``
-within ``SUBMIT_RETRY_FOR`` seconds, whatever the server does (a frozen one included) and whatever
-client ``redis`` is: the call is cancelled at its deadline. ``from_url`` and ``from_urls`` give each
-command the settings' ``socket_timeout`` and each connection their ``connect_timeout`` (a command
-whose reply does not come in time is sent again on another connection, until the deadline).
+Bounds: ``fork`` and ``wait`` return or raise ``TimeoutError`` at their deadline (after a last
+read of the stored outcome, as the sync client's), and ``submit`` within ``SUBMIT_RETRY_FOR``
+seconds, whatever the server does (a frozen one included) and whatever client ``redis`` is: a
+command still in flight ``HARD_AFTER`` seconds past the deadline is cancelled. ``from_url`` and
+``from_urls`` give each command the settings' ``socket_timeout`` and each connection their
+``connect_timeout`` (a command whose reply does not come in time is sent again, until the deadline).
 
 A sharded queue: give one ``redis`` per queue server, in shard order (``AsyncClient([r0, r1])`` or
 ``AsyncClient.from_urls([...])``); a request is enqueued and awaited on the shard
@@ -65,6 +66,9 @@ T = TypeVar("T")
 log = logging.getLogger("sessionfork.aio")
 SUBMIT_RETRY_FOR = 10.0
 """How long ``submit`` sends the enqueue again while its reply is lost (seconds)."""
+HARD_AFTER = 0.5
+"""Seconds past a call's deadline at which a command still in flight is cancelled (a frozen server,
+a client without time-outs): until then a last read of the stored outcome may still answer."""
 
 
 class AsyncClient:
@@ -147,7 +151,7 @@ class AsyncClient:
         assert isinstance(request.request_id, str)
         deadline = asyncio.get_running_loop().time() + SUBMIT_RETRY_FOR
         enqueue = self._enqueuers[self.shard_of(request.request_id)]
-        async with _by(deadline, f"request {request.request_id} not enqueued within {SUBMIT_RETRY_FOR}s"):
+        async with _by(deadline + HARD_AFTER, f"request {request.request_id} not enqueued within {SUBMIT_RETRY_FOR}s"):
             await _again(lambda: enqueue(*call), deadline)
         return request.request_id
 
@@ -163,8 +167,8 @@ class AsyncClient:
         assert isinstance(request.request_id, str)
         deadline = asyncio.get_running_loop().time() + timeout
         router = self.routers[self.shard_of(request.request_id)]
-        async with _by(deadline, _no_reply(request.request_id, timeout)), \
-                router.expect(request.request_id, self._channel(request), deadline) as woken:
+        async with router.expect(request.request_id, self._channel(request), deadline) as woken, \
+                _by(deadline + HARD_AFTER, _no_reply(request.request_id, timeout)):
             return await self._answer(request, woken, None, deadline, timeout)
 
     async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
@@ -185,8 +189,8 @@ class AsyncClient:
         assert isinstance(rid, str)
         deadline = asyncio.get_running_loop().time() + timeout
         router = self.routers[self.shard_of(rid)]
-        async with _by(deadline, _no_reply(rid, timeout)), \
-                router.expect(rid, self._channel(request), deadline) as woken:
+        async with router.expect(rid, self._channel(request), deadline) as woken, \
+                _by(deadline + HARD_AFTER, _no_reply(rid, timeout)):
             first = await _again(lambda: self._enqueue_and_read(rid, call), deadline)
             return await self._answer(request, woken, first, deadline, timeout)
 

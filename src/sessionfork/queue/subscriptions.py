@@ -86,9 +86,10 @@ class ReplyRouter:
     @contextlib.asynccontextmanager
     async def expect(self, request_id: str, channel: str, deadline: float) -> AsyncIterator[asyncio.Event]:
         """A wake-up for ``request_id`` (set when a message names it, or when the subscription is
-        confirmed again), once the subscription to ``channel`` is confirmed.
-
-        ``TimeoutError`` when the confirmation does not come before ``deadline`` (loop time).
+        confirmed again), once the subscription to ``channel`` is confirmed, or at ``deadline``
+        (loop time) if it is not confirmed by then: the caller then has only a last read of the
+        stored outcome left, which needs no subscription. Leaving it unsubscribes (when no other
+        waiter needs the channel) outside any deadline of the caller's.
         """
         woken = asyncio.Event()
         self._inboxes.setdefault(request_id, set()).add(woken)
@@ -96,11 +97,14 @@ class ReplyRouter:
         state.boxes.add(woken)
         loop = asyncio.get_running_loop()
         try:
-            if not state.subscribed:
-                async with self._lock:
+            # Bounded as a whole: the lock too (another waiter may hold it while the reader reconnects).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(max(deadline, loop.time())):
                     if not state.subscribed:
-                        await self._subscribe(channel, state, deadline)
-            await asyncio.wait_for(state.ready.wait(), max(deadline - loop.time(), 0))
+                        async with self._lock:
+                            if not state.subscribed:
+                                await self._subscribe(channel, state)
+                    await state.ready.wait()
             woken.clear()  # the waiter reads the stored outcome first: wake-ups before it are moot
             yield woken
         finally:
@@ -114,12 +118,12 @@ class ReplyRouter:
                 # Shielded: a waiter cancelled again while it leaves still drops the subscription.
                 await asyncio.shield(self._unsubscribe(channel, state))
 
-    async def _subscribe(self, channel: str, state: _Channel, deadline: float) -> None:
-        loop = asyncio.get_running_loop()
+    async def _subscribe(self, channel: str, state: _Channel) -> None:
+        """Subscribe to ``channel`` (the caller holds the lock and bounds the wait)."""
         if self._pubsub is None:
-            await self._open(deadline)
+            await self._open()
         # Up, or the reader is reconnecting: wait for it (it alone connects).
-        await asyncio.wait_for(self._up.wait(), max(deadline - loop.time(), 0))
+        await self._up.wait()
         state.ready.clear()
         state.subscribed = True
         state.sent += 1  # before the send: the reader may see the confirmation before it returns
@@ -127,8 +131,10 @@ class ReplyRouter:
         self._pubsub.channels[self._key(channel)] = None
         await self._send("SUBSCRIBE", channel)
 
-    async def _open(self, deadline: float) -> None:
-        """The subscription's own connection (never more than one), and its reader."""
+    async def _open(self) -> None:
+        """The subscription's own connection (never more than one), and its reader; tried until it
+        connects, a connection error that is not a lost one, or the caller's cancellation (which
+        closes what was opened)."""
         base = self._redis.connection_pool
         # No retry inside redis-py: a reconnection there could run in a waiter's task while the
         # reader reads the same connection. The reader reconnects (``_read``).
@@ -136,20 +142,20 @@ class ReplyRouter:
                   "retry_on_error": []}
         pool = ConnectionPool(connection_class=base.connection_class, max_connections=1, **kwargs)
         pubsub = Redis(connection_pool=pool).pubsub()
-        loop = asyncio.get_running_loop()
         retry_in = 0.05
-        while True:
-            try:
-                await pubsub.connect()  # type: ignore[no-untyped-call]
-                break
-            except Exception as exc:
-                if not is_lost(exc):
-                    raise
-                if deadline - loop.time() <= retry_in:
-                    await pool.disconnect()
-                    raise
-                await asyncio.sleep(retry_in)  # back-off, not synchronisation
-                retry_in = min(retry_in * 2, 1.0)
+        try:
+            while True:
+                try:
+                    await pubsub.connect()  # type: ignore[no-untyped-call]
+                    break
+                except Exception as exc:
+                    if not is_lost(exc):
+                        raise
+                    await asyncio.sleep(retry_in)  # back-off, not synchronisation
+                    retry_in = min(retry_in * 2, 1.0)
+        except BaseException:
+            await asyncio.shield(pool.disconnect())
+            raise
         self._pool, self._pubsub = pool, pubsub
         self._up.set()
         self._reader = asyncio.create_task(self._read(), name="sessionfork-replies")
