@@ -52,7 +52,8 @@ def clients(server: EmbeddedServer) -> dict[str, Callable[[], AsyncClient]]:
         # from_url: each command bounded by the settings' socket_timeout (longer than the call here).
         "from_url": lambda: AsyncClient.from_url(server.url, Settings(socket_timeout=30, connect_timeout=30)),
         # A redis.asyncio client with no time-outs at all: only the call's own deadline bounds it.
-        "no time-outs": lambda: AsyncClient(AsyncRedis.from_url(server.url)),
+        "no time-outs": lambda: AsyncClient(AsyncRedis.from_url(server.url, socket_timeout=None,
+                                                                 socket_connect_timeout=None)),
     }
 
 
@@ -122,21 +123,21 @@ def test_an_async_wait_of_0_answers_an_outcome_already_stored_as_the_sync_client
     asyncio.run(main())
 
 
-def test_a_reply_read_in_time_is_returned_even_when_leaving_waits_past_the_deadline(
+def test_a_call_leaves_at_once_while_another_waiter_holds_the_subscription_lock(
         server: EmbeddedServer, registry: Registry) -> None:
     """Another holder of the subscription's lock (a waiter subscribing while the reader reconnects)
-    keeps the leaving waiter's UNSUBSCRIBE waiting past the deadline: the reply already read is
-    still the answer, not a TimeoutError."""
-    released: list[float] = []
+    holds it past the call's deadline: the reply read in time is the answer, returned at once, the
+    channel unsubscribed at once on the client's side and on the server's once the lock is free."""
+    held: list[bool] = []
 
-    async def main() -> tuple[object, float]:
+    async def main() -> tuple[object, float, list[str]]:
         async with AsyncClient.from_url(server.url, SETTINGS) as client:
             router, enqueue = client.replies, client._enqueue_and_read
+            release = asyncio.Event()
 
             async def hold() -> None:
-                async with router._lock:
-                    await asyncio.sleep(1.5)  # holds the lock past the call's deadline
-                    released.append(time.monotonic())
+                async with router._lock, contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(release.wait(), 3)  # (bounded: a call that waits for it ends)
 
             async def enqueue_then_hold(rid: str, call: Any) -> Any:
                 asyncio.get_running_loop().create_task(hold())
@@ -144,14 +145,45 @@ def test_a_reply_read_in_time_is_returned_even_when_leaving_waits_past_the_deadl
 
             client._enqueue_and_read = enqueue_then_hold  # type: ignore[method-assign]
             began = time.monotonic()
-            reply = await client.fork("src", timeout=1.0, session_id="child", request_id="r-late-leave")
-            return reply, time.monotonic() - began
+            reply = await client.fork("src", timeout=1.0, session_id="child", request_id="r-leave")
+            took, channels = time.monotonic() - began, client.replies.channels
+            held.append(router._lock.locked())  # the race happened: the lock was held as the call left
+            release.set()
+            await until(lambda: client.replies.tracked == 0, 10, "the channel's state to go")
+            await until(lambda: not router._strays, 10, "the UNSUBSCRIBE to go out")
+            return reply, took, channels
 
     with registered_worker(server, "bounds"):  # (it flushes the server first)
         registry.append(registry.create("src"), turn(1))
-        reply, seconds = asyncio.run(main())
+        reply, seconds, channels = asyncio.run(main())
+        with server.client() as probe:
+            assert probe.pubsub_numsub(SETTINGS.reply_channel)[0][1] == 0
     assert isinstance(reply, ForkResult) and reply.session is not None and reply.session.id == "child", reply
-    assert released and seconds > 1.0 + aio.HARD_AFTER, seconds  # it left after the holder, past the hard bound
+    assert held == [True] and channels == [], (held, channels)
+    assert seconds < 1.0, seconds  # did not wait for the lock
+
+
+def test_a_waiter_ends_by_its_deadline_while_another_waits_for_a_frozen_server(frozen: EmbeddedServer) -> None:
+    """Two calls on two channels from a client with no time-outs, the server frozen: the first
+    (6 s) holds the subscription's lock opening the connection; the second (1 s) still raises
+    TimeoutError by its deadline (plus HARD_AFTER), not at the first's."""
+    async def main() -> tuple[float, float]:
+        redis = AsyncRedis.from_url(frozen.url, socket_timeout=None, socket_connect_timeout=None)
+        async with AsyncClient(redis) as client:
+            async def timed(timeout: float, channel: str) -> float:
+                began = time.monotonic()
+                with pytest.raises(TimeoutError):
+                    await client.fork("src", timeout=timeout, reply_to=channel)
+                return time.monotonic() - began
+
+            first = asyncio.create_task(timed(6.0, "sf:replies:a"))
+            await until(client.replies._lock.locked, 5, "the first call to hold the lock")
+            second = await timed(1.0, "sf:replies:b")
+            return second, await first
+
+    second, first = asyncio.run(main())
+    assert 1.0 <= second < 1.0 + SLACK, second
+    assert 6.0 <= first < 6.0 + SLACK, first
 
 
 def test_a_fork_across_a_freeze_of_the_server_returns_its_child(caplog: pytest.LogCaptureFixture) -> None:

@@ -115,8 +115,7 @@ class ReplyRouter:
                     del self._inboxes[request_id]
             state.boxes.discard(woken)
             if not state.boxes:
-                # Shielded: a waiter cancelled again while it leaves still drops the subscription.
-                await asyncio.shield(self._unsubscribe(channel, state))
+                self._leave(channel, state)
 
     async def _subscribe(self, channel: str, state: _Channel) -> None:
         """Subscribe to ``channel`` (the caller holds the lock and bounds the wait)."""
@@ -185,23 +184,31 @@ class ReplyRouter:
         if not state.needed and self._channels.get(channel) is state:
             del self._channels[channel]
 
-    async def _unsubscribe(self, channel: str, state: _Channel) -> None:
-        async with self._lock:
-            try:
-                if not state.boxes and state.subscribed and self._pubsub is not None:
-                    state.subscribed = False
-                    state.ready.clear()
-                    if self._up.is_set():
-                        self._pubsub.channels.pop(self._key(channel), None)
-                        await self._send("UNSUBSCRIBE", channel)
-                    # Else the reconnection renews it as counted when it dropped; that
-                    # confirmation drops it again (``_route``). Taking it out of redis-py's record
-                    # now would leave the count waiting for a confirmation that never comes.
-            finally:
-                self._forget(channel, state)
+    def _leave(self, channel: str, state: _Channel) -> None:
+        """The last waiter of ``channel`` left: it is unsubscribed at once, with no lock and no wait
+        (the call returns now, whoever holds the lock and for how long); the UNSUBSCRIBE goes out
+        from a task of its own (``_drop``), unless a new waiter has subscribed by then."""
+        try:
+            if not state.boxes and state.subscribed and self._pubsub is not None:
+                state.subscribed = False
+                state.ready.clear()
+                if self._up.is_set():
+                    self._pubsub.channels.pop(self._key(channel), None)
+                    self._drop_later(channel)
+                # Else the reconnection renews it as counted when it dropped; that confirmation
+                # drops it again (``_route``). Taking it out of redis-py's record now would leave
+                # the count waiting for a confirmation that never comes.
+        finally:
+            self._forget(channel, state)
+
+    def _drop_later(self, channel: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._drop(channel))
+        self._strays.add(task)
+        task.add_done_callback(self._strays.discard)
 
     async def _drop(self, channel: str) -> None:
-        """Unsubscribe from a subscription renewed that no waiter needs any more."""
+        """Unsubscribe from a subscription that no waiter needs any more (left, or renewed after its
+        last waiter left), unless a waiter has subscribed to it again meanwhile."""
         async with self._lock:
             state = self._channels.get(channel)
             if (state is None or not (state.boxes or state.subscribed)) and self._pubsub is not None \
@@ -259,9 +266,7 @@ class ReplyRouter:
             if state is None or not (state.boxes or state.subscribed):
                 # Renewed by a reconnection after the last waiter left, or confirmed after its
                 # UNSUBSCRIBE was lost: drop it again.
-                task = asyncio.get_running_loop().create_task(self._drop(name))
-                self._strays.add(task)
-                task.add_done_callback(self._strays.discard)
+                self._drop_later(name)
             return
         if kind != "message":
             return
