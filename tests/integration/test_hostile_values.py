@@ -130,23 +130,37 @@ def test_bad_arguments_are_invalid_request_before_any_redis_call(dead: Registry,
     refused(lambda: call(dead))
 
 
+def dead_clients() -> tuple[Client, AsyncClient]:
+    """Both clients of a server that does not exist: any Redis call raises ``ConnectionError``."""
+    port = free_port()
+    return (Client(Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)),
+            AsyncClient(AsyncRedis(host="127.0.0.1", port=port, socket_connect_timeout=1)))
+
+
+async def arefused(call: Any, *words: str) -> None:
+    """``refused`` for a coroutine's call."""
+    with pytest.raises(ForkError) as info:
+        await call()
+    assert info.value.code is ErrorCode.INVALID_REQUEST, info.value
+    for word in words:
+        assert word in info.value.message, info.value.message
+
+
 @pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, -0.5, 86400.5, 10**30, "5", None, True, [1]],
                          ids=repr)
 def test_a_client_timeout_that_is_not_0_to_a_day_is_invalid_request_before_any_redis_call(timeout: Any) -> None:
     """Both clients' ``fork`` and ``wait``, on a server that does not exist: the refusal comes
     first (a Redis call would raise ``ConnectionError``), so nothing is enqueued."""
-    port = free_port()
-    sync = Client(Redis(host="127.0.0.1", port=port, socket_connect_timeout=1))
+    sync, client = dead_clients()
     request = sync.request("s", request_id="r-bad-timeout")
-    refused(lambda: sync.fork("s", timeout=timeout), "timeout must be a number of seconds from 0 to 86400")
-    refused(lambda: sync.wait(request, timeout), "timeout must be a number of seconds from 0 to 86400")
+    why = "timeout must be a number of seconds from 0 to 86400"
+    refused(lambda: sync.fork("s", timeout=timeout), why)
+    refused(lambda: sync.wait(request, timeout), why)
 
     async def both() -> None:
-        async with AsyncClient(AsyncRedis(host="127.0.0.1", port=port, socket_connect_timeout=1)) as client:
-            for call in (lambda: client.fork("s", timeout=timeout), lambda: client.wait(request, timeout)):
-                with pytest.raises(ForkError) as info:
-                    await call()
-                assert info.value.code is ErrorCode.INVALID_REQUEST, info.value
+        async with client:
+            await arefused(lambda: client.fork("s", timeout=timeout), why)
+            await arefused(lambda: client.wait(request, timeout), why)
 
     asyncio.run(both())
 
@@ -157,30 +171,26 @@ def test_a_client_request_that_is_not_a_fork_request_is_invalid_request_before_a
         request_value: Any) -> None:
     """Both clients' ``submit`` and ``wait`` take what their ``request()`` builds; anything else is
     refused naming what it got, on a server that does not exist (no Redis call is made)."""
-    port = free_port()
-    sync = Client(Redis(host="127.0.0.1", port=port, socket_connect_timeout=1))
+    sync, client = dead_clients()
     refused(lambda: sync.submit(request_value), "expected a ForkRequest")
     refused(lambda: sync.wait(request_value, 1), "expected a ForkRequest")
 
     async def both() -> None:
-        async with AsyncClient(AsyncRedis(host="127.0.0.1", port=port, socket_connect_timeout=1)) as client:
-            for call in (lambda: client.submit(request_value), lambda: client.wait(request_value, 1)):
-                with pytest.raises(ForkError) as info:
-                    await call()
-                assert info.value.code is ErrorCode.INVALID_REQUEST and "expected a ForkRequest" in info.value.message
+        async with client:
+            await arefused(lambda: client.submit(request_value), "expected a ForkRequest")
+            await arefused(lambda: client.wait(request_value, 1), "expected a ForkRequest")
 
     asyncio.run(both())
 
 
 def test_waiting_for_a_request_without_a_request_id_is_invalid_request() -> None:
-    port = free_port()
+    sync, client = dead_clients()
     bare = ForkRequest(source="s")
-    refused(lambda: Client(Redis(host="127.0.0.1", port=port)).wait(bare, 1), "without a request id")
+    refused(lambda: sync.wait(bare, 1), "without a request id")
 
     async def main() -> None:
-        async with AsyncClient(AsyncRedis(host="127.0.0.1", port=port)) as client:
-            with pytest.raises(ForkError, match="without a request id"):
-                await client.wait(bare, 1)
+        async with client:
+            await arefused(lambda: client.wait(bare, 1), "without a request id")
 
     asyncio.run(main())
 

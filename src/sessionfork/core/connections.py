@@ -57,14 +57,19 @@ class _Retry(Retry):
         return super().call_with_retry(do, fail, retryable, with_failure_count)
 
 
+def time_outs(settings: Settings) -> dict[str, Any]:
+    """The settings' bounds as redis-py's connection keywords: ``socket_timeout`` per command,
+    ``socket_connect_timeout`` per connection (every client of this module's; the asyncio client's)."""
+    return {"socket_timeout": settings.socket_timeout, "socket_connect_timeout": settings.connect_timeout}
+
+
 def _options(url: str, settings: Settings) -> dict[str, Any]:
     options: dict[str, Any] = {
         # Ride out a dropped connection or a restarting server for a few seconds per command.
         "retry": _Retry(ExponentialBackoff(cap=1.0, base=0.05), 8, supported_errors=(RedisConnectionError,)),
         "retry_on_error": [RedisConnectionError],
         "health_check_interval": 30,
-        "socket_timeout": settings.socket_timeout,
-        "socket_connect_timeout": settings.connect_timeout,
+        **time_outs(settings),
     }
     if url.startswith(("rediss://", "rediss+sentinel://")) and settings.tls_ca_file:
         options["ssl_ca_certs"] = settings.tls_ca_file
@@ -79,7 +84,7 @@ def is_sentinel_url(url: str) -> bool:
 def _sentinel_kwargs(settings: Settings) -> dict[str, Any]:
     # The sentinels' own connections: bounded like every other, no credentials (the URL's are the
     # data nodes'). A dead sentinel is skipped by the pool, so no retry is needed here.
-    return {"socket_timeout": settings.socket_timeout, "socket_connect_timeout": settings.connect_timeout}
+    return time_outs(settings)
 
 
 def _node_kwargs(parsed: SentinelURL) -> dict[str, Any]:

@@ -250,19 +250,19 @@ def _no_reply(request_id: str, timeout: float) -> str:
 
 def _bounded(settings: Settings, connection_kwargs: dict[str, Any]) -> dict[str, Any]:
     """``connection_kwargs`` with the settings' time-outs where the caller gave none."""
-    return {"socket_timeout": settings.socket_timeout, "socket_connect_timeout": settings.connect_timeout,
-            **connection_kwargs}
+    return {**connections.time_outs(settings), **connection_kwargs}
 
 
 @contextlib.asynccontextmanager
 async def _by(deadline: float, what: str) -> AsyncIterator[None]:
     """Cancel the block at ``deadline`` (loop time) and raise ``TimeoutError(what)``: no command in it
     (a frozen server's, a client's without time-outs) outlasts its call's deadline."""
+    bound = asyncio.timeout_at(deadline)
     try:
-        async with asyncio.timeout_at(deadline):
+        async with bound:
             yield
-    except TimeoutError as exc:
-        if exc.args:  # the block's own, with its message
+    except TimeoutError:
+        if not bound.expired():  # the block's own, with its message
             raise
         raise TimeoutError(what) from None
 

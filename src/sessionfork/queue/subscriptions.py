@@ -188,18 +188,16 @@ class ReplyRouter:
         """The last waiter of ``channel`` left: it is unsubscribed at once, with no lock and no wait
         (the call returns now, whoever holds the lock and for how long); the UNSUBSCRIBE goes out
         from a task of its own (``_drop``), unless a new waiter has subscribed by then."""
-        try:
-            if not state.boxes and state.subscribed and self._pubsub is not None:
-                state.subscribed = False
-                state.ready.clear()
-                if self._up.is_set():
-                    self._pubsub.channels.pop(self._key(channel), None)
-                    self._drop_later(channel)
-                # Else the reconnection renews it as counted when it dropped; that confirmation
-                # drops it again (``_route``). Taking it out of redis-py's record now would leave
-                # the count waiting for a confirmation that never comes.
-        finally:
-            self._forget(channel, state)
+        if not state.boxes and state.subscribed and self._pubsub is not None:
+            state.subscribed = False
+            state.ready.clear()
+            if self._up.is_set():
+                self._pubsub.channels.pop(self._key(channel), None)
+                self._drop_later(channel)
+            # Else the reconnection renews it as counted when it dropped; that confirmation drops
+            # it again (``_route``). Taking it out of redis-py's record now would leave the count
+            # waiting for a confirmation that never comes.
+        self._forget(channel, state)
 
     def _drop_later(self, channel: str) -> None:
         task = asyncio.get_running_loop().create_task(self._drop(channel))
