@@ -9,25 +9,31 @@
                                              its RQ-dependent figures again on RQ 2.12; --publish: into the
                                              docs (docs/data/bench.json and the Performance page's table)
     python3 run.py worker [ARGS]             a worker (settings from REDIS_URL, SESSIONFORK_*)
-    python3 run.py mutations [-j N] [--baseline] [ID ...]
+    python3 run.py mutations [-j N] [--baseline] [--file F] [ID ...]
                                              the deliberate breaks of tests/mutations.toml, each applied
                                              to a temporary copy of the tree and run against the test
-                                             files named beside it; exits 1 when any break was missed
+                                             files named beside it (first unbroken: red there, the break
+                                             is not scored); caught only when a test fails an assertion;
+                                             exits 1 when any break was not caught
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tomllib
 import venv
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -163,16 +169,33 @@ def suite(bin_dir: Path, *paths: str, env: dict[str, str] | None = None) -> int:
 
 MUTATIONS = ROOT / "tests" / "mutations.toml"
 MUTATION_TIMEOUT = 1800  # seconds one break's test run may take before it counts as hung
+BREAK_FIELDS = {"id", "promise", "file", "old", "new", "tests"}
+BREAK_OPTIONAL = {"expect"}  # a regular expression the failed assertion's text must match
+VERDICT_PLUGIN = "tests.mutation_verdict"  # tells how each test failed (tests/mutation_verdict.py)
+REPORT_ENV = "SESSIONFORK_MUTATION_REPORT"
+# Loads every Lua script of the broken copy (and the enqueue Function library) into a throwaway
+# server: a break whose Lua does not compile is refused, never scored (a NoScriptError is no catch).
+LUA_CHECK = """
+from sessionfork.core import lua
+from sessionfork.embedded import EmbeddedServer
+from sessionfork.queue import enqueue
+with EmbeddedServer() as server, server.client() as redis:
+    for spec in lua.SCRIPTS.values():
+        redis.script_load(lua.source(f"{spec.name}.lua", spec.package))
+    enqueue.load_library(redis)
+"""
 
 
 def load_mutations(path: Path = MUTATIONS) -> list[dict[str, object]]:
-    """The breaks of ``path``, each checked: its fields, and its old text found exactly once."""
+    """The breaks of ``path``, each checked: its fields, its old text found exactly once, its
+    ``expect`` (optional) a valid regular expression."""
     breaks = tomllib.loads(path.read_text())["break"]
     problems = []
     for b in breaks:
-        missing = {"id", "promise", "file", "old", "new", "tests"} - set(b)
-        if missing:
-            problems.append(f"{b.get('id', '?')}: missing {sorted(missing)}")
+        missing = BREAK_FIELDS - set(b)
+        unknown = set(b) - BREAK_FIELDS - BREAK_OPTIONAL
+        if missing or unknown:
+            problems.append(f"{b.get('id', '?')}: missing {sorted(missing)}, unknown {sorted(unknown)}")
             continue
         source = ROOT / str(b["file"])
         found = source.read_text().count(str(b["old"])) if source.is_file() else -1
@@ -183,6 +206,10 @@ def load_mutations(path: Path = MUTATIONS) -> list[dict[str, object]]:
         for test in b["tests"]:  # type: ignore[attr-defined]
             if not (ROOT / str(test).split("::")[0]).is_file():
                 problems.append(f"{b['id']}: no test file {test}")
+        try:
+            re.compile(str(b.get("expect", "")))
+        except re.error as exc:
+            problems.append(f"{b['id']}: expect is not a regular expression ({exc})")
     ids = [b.get("id") for b in breaks]
     problems += [f"{i}: id used twice" for i in sorted({str(i) for i in ids if ids.count(i) > 1})]
     if problems:
@@ -201,52 +228,110 @@ def _copy_tree(dest: Path) -> None:
             shutil.copy2(src, dest / name)
 
 
-def _run_break(py: str, b: dict[str, object] | None) -> tuple[str, float, str]:
-    """Apply ``b`` (None: no break) to a fresh copy and run its tests there; (verdict, seconds, output tail).
+@dataclass(frozen=True)
+class BreakRun:
+    """One pytest run of a break's tests: its exit status (None: hung), the failures the verdict
+    plugin wrote (``nodeid``, ``when``, ``assertion``, ``text``), its seconds and its last lines."""
+
+    status: int | None
+    failures: list[dict[str, Any]]
+    seconds: float
+    tail: str
+    refused: bool = False  # the break was not run: its Lua does not load, or the copy is not what is imported
+
+
+def verdict(run: BreakRun, expect: str | None = None) -> str:
+    """A break's verdict from its tests' run: ``caught`` only when a test failed an assertion (and,
+    with ``expect``, one whose text matches it); ``missed`` when every test passed; ``hung``; else
+    ``not caught (...)``: the tests failed, but only by errors, time-outs or set-up failures;
+    ``refused``: the break could not be run."""
+    if run.refused:
+        return "refused"
+    if run.status is None:
+        return "hung"
+    asserted = [f for f in run.failures if f["assertion"]]
+    if expect is not None:
+        matching = [f for f in asserted if re.search(expect, f["text"])]
+        if asserted and not matching:
+            return "not caught (no failed assertion matches expect)"
+        asserted = matching
+    if asserted:
+        return "caught"
+    if run.status == 0 and not run.failures:
+        return "missed"
+    kinds = sorted({f["when"] if f["when"] != "call" else "error" for f in run.failures}) or [f"exit {run.status}"]
+    return f"not caught (no failed assertion: {', '.join(kinds)})"
+
+
+def _in_copy(py: str, b: dict[str, object] | None, tests: list[str]) -> BreakRun:
+    """Apply ``b`` (None: no break) to a fresh copy of the tree and run ``tests`` there.
 
     The copy's ``src`` comes first on ``PYTHONPATH``, so that the tests and every worker process
-    they start import the broken copy, never this tree (checked before the tests run).
+    they start import the copy, never this tree (checked before the tests run). A break of a Lua
+    script that does not load is refused (status 2, the error as its tail) before any test runs.
     """
     with tempfile.TemporaryDirectory(prefix="sessionfork-mutant-") as tmp:
         copy = Path(tmp)
         _copy_tree(copy)
-        tests = ["tests"] if b is None else [str(t) for t in b["tests"]]  # type: ignore[attr-defined]
         if b is not None:
             target = copy / str(b["file"])
             target.write_text(target.read_text().replace(str(b["old"]), str(b["new"]), 1))
+        report = copy / "verdicts.jsonl"
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(copy / "src"), str(copy)]),
-               "PYTHONDONTWRITEBYTECODE": "1"}
-        where = subprocess.run([py, "-c", "import sessionfork; print(sessionfork.__file__)"], cwd=copy, env=env,
-                               capture_output=True, text=True).stdout.strip()
-        if not where.startswith(str(copy.resolve())) and not where.startswith(str(copy)):
-            return "error", 0.0, f"the copy is not what gets imported: {where}"
+               "PYTHONDONTWRITEBYTECODE": "1", REPORT_ENV: str(report)}
+        imported = subprocess.run([py, "-c", "import sessionfork; print(sessionfork.__file__)"], cwd=copy, env=env,
+                                  capture_output=True, text=True)
+        where = imported.stdout.strip()  # a break that makes the package fail to import is left to its tests
+        if imported.returncode == 0 and not where.startswith((str(copy.resolve()), str(copy))):
+            return BreakRun(2, [], 0.0, f"the copy is not what gets imported: {where}", refused=True)
+        if b is not None and str(b["file"]).endswith(".lua"):
+            loaded = subprocess.run([py, "-c", LUA_CHECK], cwd=copy, env=env, capture_output=True, text=True)
+            if loaded.returncode:
+                return BreakRun(2, [], 0.0, "the broken Lua does not load: "
+                                + (loaded.stderr.strip().splitlines() or ["?"])[-1], refused=True)
         began = time.monotonic()
         try:
-            out = subprocess.run([py, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests], cwd=copy,
-                                 env=env, capture_output=True, text=True, timeout=MUTATION_TIMEOUT)
+            out = subprocess.run([py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", VERDICT_PLUGIN, *tests],
+                                 cwd=copy, env=env, capture_output=True, text=True, timeout=MUTATION_TIMEOUT)
         except subprocess.TimeoutExpired:
-            return "hung", time.monotonic() - began, ""
+            return BreakRun(None, [], time.monotonic() - began, "")
         took = time.monotonic() - began
+        failures = [json.loads(line) for line in report.read_text().splitlines()] if report.exists() else []
         lines = (out.stdout + out.stderr).strip().splitlines()
-        why = [line for line in lines if line.startswith("E ")][:1]  # the first failed assertion
-        tail = "\n".join(why + lines[-2:])
-        verdict = {0: "missed", 1: "caught"}.get(out.returncode, f"error (pytest exit {out.returncode})")
-        return verdict, took, tail
+        why = [f["text"].splitlines()[0] for f in failures if f["assertion"]][:1] or [
+            line for line in lines if line.startswith("E ")][:1]
+        return BreakRun(out.returncode, failures, took, "\n".join(why + lines[-2:]))
+
+
+def _score(py: str, b: dict[str, object], unbroken: Callable[[tuple[str, ...]], BreakRun]) -> tuple[str, float, str]:
+    """``b``'s (verdict, seconds, output tail): its tests first on the unbroken copy (red there: the
+    break is not scored), then on the broken one."""
+    tests = tuple(str(t) for t in b["tests"])  # type: ignore[attr-defined]
+    clean = unbroken(tests)
+    if verdict(clean) != "missed":
+        return "unscored (its tests fail unbroken)", clean.seconds, clean.tail
+    broken = _in_copy(py, b, list(tests))
+    return verdict(broken, str(b["expect"]) if "expect" in b else None), broken.seconds, broken.tail
 
 
 def mutations(bin_dir: Path, rest: list[str]) -> int:
-    """Run the deliberate breaks (all, or the ids in ``rest``); 1 when any was missed or failed to run."""
+    """Run the deliberate breaks (all, or the ids in ``rest``); 1 when any was not caught."""
     jobs = 1
     if "-j" in rest:
         at = rest.index("-j")
         jobs = int(rest[at + 1])
         rest = rest[:at] + rest[at + 2:]
+    path = MUTATIONS
+    if "--file" in rest:  # another list of breaks (a trial of new ones)
+        at = rest.index("--file")
+        path = Path(rest[at + 1])
+        rest = rest[:at] + rest[at + 2:]
     baseline = "--baseline" in rest
     wanted = [r for r in rest if r != "--baseline"]
     try:
-        breaks = load_mutations()
+        breaks = load_mutations(path)
     except (ValueError, KeyError, tomllib.TOMLDecodeError) as exc:
-        print(f"tests/mutations.toml is broken:\n{exc}")
+        print(f"{path} is broken:\n{exc}")
         return 1
     unknown = set(wanted) - {str(b["id"]) for b in breaks}
     if unknown:
@@ -255,21 +340,38 @@ def mutations(bin_dir: Path, rest: list[str]) -> int:
     chosen = [b for b in breaks if not wanted or b["id"] in wanted]
     py = str(bin_dir / "python")
     if baseline:
-        verdict, took, tail = _run_break(py, None)
-        print(f"baseline (no break, whole suite): {'green' if verdict == 'missed' else verdict} ({took:.0f}s)")
-        if verdict != "missed":
-            print(tail)
+        whole = _in_copy(py, None, ["tests"])
+        print(f"baseline (no break, whole suite): {'green' if verdict(whole) == 'missed' else 'red'} "
+              f"({whole.seconds:.0f}s)")
+        if verdict(whole) != "missed":
+            print(whole.tail)
             return 1
-    print(f"{len(chosen)} break(s), {jobs} at a time; each on a fresh copy of the tree", flush=True)
-    bad = 0
+    clean: dict[tuple[str, ...], Future[BreakRun]] = {}  # each test set's unbroken run, once
+    lock = threading.Lock()
+
+    def unbroken(tests: tuple[str, ...]) -> BreakRun:
+        with lock:
+            if tests not in clean:
+                clean[tests] = Future()
+                mine = True
+            else:
+                mine = False
+        if mine:
+            clean[tests].set_result(_in_copy(py, None, list(tests)))
+        return clean[tests].result()
+
+    print(f"{len(chosen)} break(s), {jobs} at a time; each on a fresh copy of the tree, its tests run unbroken "
+          "first; caught = a test failed an assertion", flush=True)
+    counts: dict[str, int] = {}
     with ThreadPoolExecutor(jobs) as pool:
-        for b, (verdict, took, tail) in zip(chosen, pool.map(lambda b: _run_break(py, b), chosen), strict=True):
-            print(f"{verdict:>8}  {b['id']}  ({took:.0f}s)  {b['promise']}", flush=True)
-            if verdict != "caught":
-                bad += 1
+        for b, (said, took, tail) in zip(chosen, pool.map(lambda b: _score(py, b, unbroken), chosen), strict=True):
+            print(f"{said:>8}  {b['id']}  ({took:.0f}s)  {b['promise']}", flush=True)
+            counts[said.split(" (")[0]] = counts.get(said.split(" (")[0], 0) + 1
             print("          " + tail.replace("\n", "\n          "))
-    print(f"{len(chosen) - bad} of {len(chosen)} caught")
-    return 1 if bad else 0
+    caught = counts.get("caught", 0)
+    print(f"{caught} of {len(chosen)} caught" + "".join(
+        f", {n} {kind}" for kind, n in sorted(counts.items()) if kind != "caught"))
+    return 0 if caught == len(chosen) else 1
 
 
 def main(argv: list[str]) -> int:
@@ -277,7 +379,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     task, rest = argv[0], argv[1:]
-    if task == "test":
+    if task in {"test", "mutations"}:  # a break's tests may include the browser's
         problem = ensure_browser()
         if problem:
             print(problem, file=sys.stderr)
