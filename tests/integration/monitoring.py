@@ -93,3 +93,27 @@ def script_runs(seen: Sequence[Command]) -> list[tuple[Command, list[Command]]]:
         else:
             current = None
     return runs
+
+
+def transaction_of(seen: Sequence[Command], index: int) -> list[Command] | None:
+    """The commands of the ``MULTI``/``EXEC`` transaction that ran ``seen[index]`` (a script's
+    line: its ``EVAL``'s), in their order, ``EXEC`` left out; ``None`` when it ran in none.
+
+    A transaction's commands are shown at ``EXEC``, right before it and with nothing between; its
+    ``MULTI`` was shown when it arrived, before them. So a command ran in one exactly when, going
+    forward from it over its client's (and scripts') lines, that client's ``EXEC`` comes before any
+    ``MULTI`` of it or any other client's line."""
+    while seen[index].client == "lua":
+        index -= 1
+    client = seen[index].client
+    end = index
+    while end < len(seen) and seen[end].client in (client, "lua") and seen[end].name != "EXEC":
+        if seen[end].name == "MULTI" and seen[end].client == client:
+            return None
+        end += 1
+    if end == len(seen) or seen[end].client != client:
+        return None
+    start = index
+    while start > 0 and seen[start - 1].client in (client, "lua") and seen[start - 1].name != "MULTI":
+        start -= 1
+    return list(seen[start:end])
