@@ -11,12 +11,14 @@ import msgspec
 import pytest
 from fork_helpers import fork_error
 from helpers import turn
+from monitoring import monitored, script_runs
 from redis import Redis
 
 from sessionfork.core import forks, keys, wire
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
+from sessionfork.embedded import EmbeddedServer
 
 OPEN = [NewEvent("turn/start", {"turn": 9}), NewEvent("tool/call", {"id": "t1"})]
 RETRY = [NewEvent("turn/start", {"turn": 2, "trigger": "user"}), NewEvent("user/message", {"text": "again"})]
@@ -95,6 +97,24 @@ def test_edits_follow_the_seed_in_the_create_step(redis: Redis, registry: Regist
     assert grand.seed_length == 8
     assert [e.type for e in registry.events("g")][4:] == ["turn/start", "user/message", "assistant/message", "turn/end"]
     assert int(redis.hget(keys.session("src"), "len") or 0) == 8  # the source never sees them
+
+
+def test_the_childs_edits_are_written_by_the_script_that_creates_it(server: EmbeddedServer, registry: Registry,
+                                                                   src: str) -> None:
+    """docs/guarantees.md, "Atomic steps, one slot each": a child is either fully there, edits
+    included, or not at all. MONITOR shows every write to the child's keys inside one script, the
+    record's and the edits' together: no reader can see the child without its edits."""
+    child = {keys.session("c"), keys.session_log("c"), keys.session_turns("c")}
+    with monitored(server) as seen:
+        forks.fork(registry, src, "c", boundary=3, edits=RETRY)
+    writing = [inner for _, inner in script_runs(seen) if any(c.writes(child) for c in inner)]
+    assert len(writing) == 1, writing  # one script wrote the child: the record and its edits
+    assert not [c for c in seen if c.client != "lua" and c.writes(child)]  # none outside a script
+    (inner,) = writing
+    record = [c for c in inner if c.name == "HSET" and c.args[1] == keys.session("c")]
+    edits = [c for c in inner if c.name == "RPUSH" and c.args[1] == keys.session_log("c")]
+    assert record and [len(c.args) - 2 for c in edits] == [len(RETRY)], inner
+    assert registry.length("c") == 4 + len(RETRY)
 
 
 def test_edits_that_close_a_turn_move_the_last_turn_end(registry: Registry, src: str) -> None:

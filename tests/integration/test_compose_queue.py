@@ -80,6 +80,20 @@ def test_the_guard_through_a_worker(client: Client, registry: Registry, src: str
     assert reply.session.seed_length == 8
 
 
+def test_the_guard_holds_with_edits_through_a_worker(client: Client, registry: Registry, src: str) -> None:
+    """docs/guarantees.md, "Atomic steps, one slot each" (the ``ifLength`` guard is checked in the
+    source step): a request with ``edits`` (or variants carrying them) is guarded as any other, so
+    a stale length is ``PRECONDITION_FAILED`` and no child exists, edits or not."""
+    stale = client.fork(src, session_id="c", if_length=7, edits=RETRY, timeout=TIMEOUT)
+    assert failure(stale) == ("PRECONDITION_FAILED", 'session "src" has 8 events, not 7')
+    fan = client.fork(src, if_length=7, variants=[Variant("v1", RETRY), Variant("v2")], timeout=TIMEOUT)
+    assert failure(fan) == ("PRECONDITION_FAILED", 'session "src" has 8 events, not 7')
+    assert not registry.exists("c") and not registry.exists("v1") and not registry.exists("v2")
+    reply = client.fork(src, session_id="c", if_length=8, edits=RETRY, timeout=TIMEOUT)
+    assert isinstance(reply, ForkResult) and reply.session is not msgspec.UNSET
+    assert (reply.session.seed_length, registry.length("c")) == (8, 10)
+
+
 def test_the_error_order_through_a_worker(client: Client, registry: Registry, src: str) -> None:
     registry.create("taken")
     assert failure(client.fork("nope", session_id="taken", if_length=1, boundary=99, timeout=TIMEOUT))[0] == \

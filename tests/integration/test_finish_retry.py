@@ -8,13 +8,16 @@ from typing import Any
 
 import msgspec
 from helpers import outcome_entries
+from monitoring import Command, monitored, transaction_of
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from rq.job import Job
 
 from sessionfork import NewEvent, Registry
+from sessionfork.core import keys
 from sessionfork.core.config import Settings
 from sessionfork.core.wire import ForkFailure
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
 from sessionfork.queue.client import Client
 from sessionfork.queue.outcomes import Outcomes
@@ -87,6 +90,37 @@ def test_the_finish_never_runs_without_the_outcome_when_the_server_lost_its_scri
     assert [Job.fetch(r, connection=redis, serializer=jobs.JSONSerializer).get_status() for r in ids] == \
         ["finished", "finished"]
     assert [e.request for e in outcome_entries(redis)] == ids  # each announced once
+
+
+def test_the_finish_runs_in_the_records_transaction_right_after_the_record(server: EmbeddedServer, redis: Redis,
+                                                                          registry: Registry) -> None:
+    """docs/guarantees.md, "Outcome stored before it is announced, announced once": the worker's RQ
+    success bookkeeping goes in the same transaction as the record, so RQ never counts a job
+    finished whose outcome is not stored. MONITOR shows what the server ran, in its order: one
+    MULTI/EXEC holding the record's script first, then the job's "finished" status and its
+    finished-registry entry; neither is written anywhere else."""
+    registry.append(registry.create("src"), [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
+    client = Client(redis)
+    request_id = client.submit(client.request("src", session_id="c"))
+    queue = jobs.make_queue(redis, Settings())
+    service = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
+                          limits=Limits(max_fanout=16))
+    worker = ForkWorker([queue], service=service, connection=redis, abandoned_after=30)
+    with monitored(server) as seen:
+        assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
+    assert service.outcomes.get(request_id).ok  # type: ignore[union-attr]
+    job_key, finished_key = Job.key_for(request_id), queue.finished_job_registry.key
+
+    def finishing(c: Command) -> bool:  # RQ's "finished": the job's status, the registry entry
+        return (c.name == "HSET" and c.args[1] == job_key and "finished" in c.args[2:]) or \
+            (c.name == "ZADD" and c.args[1] == finished_key and request_id in c.args[2:])
+
+    (streamed,) = [i for i, c in enumerate(seen) if c.client == "lua" and c.writes({keys.OUTCOME_STREAM})]
+    transaction = transaction_of(seen, streamed)  # the record's script appends to the outcome stream
+    assert transaction is not None, "the record ran outside any transaction"
+    assert transaction[0].name == "EVAL" and transaction[0].args[3] == keys.request(request_id), transaction[0]
+    assert {c.name for c in transaction if finishing(c)} == {"HSET", "ZADD"}
+    assert [c for c in seen if finishing(c)] == [c for c in transaction if finishing(c)]  # nowhere else
 
 
 class AnotherAttemptRecordsFirst(Outcomes):

@@ -261,6 +261,36 @@ def test_a_deleted_grandparent_frees_what_its_grandchildren_do_not_read(reg: Reg
     assert Registry(reg.redis).events("c16") == logs["c16"]
 
 
+def readable(registry: Registry, sid: str) -> list[Any] | str:
+    """``sid``'s events as a fresh registry reads them, or the error it raises instead (a log
+    freed under a descendant is a ``RuntimeError`` of the reader's consistency check)."""
+    try:
+        return list(Registry(registry.redis).events(sid))
+    except (ForkError, RuntimeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+def test_a_deleted_session_stays_pinned_while_a_descendant_reads_its_last_seed_event(reg: Registry) -> None:
+    """docs/guarantees.md, "Deletion keeps a summary child's kept range, and only that" (not one
+    byte of a descendant changes): G -> M -> S, S a summary child of M from M's last seed event
+    (``keepFrom`` = M's seedLength - 1, an event of G's log). Deleting M keeps it pinned in G from
+    that event on; deleting G then frees the rest of G, and S reads every event as before."""
+    g = source(reg, "g", 3)  # 12 events
+    reg.append(g, [NewEvent("todo/write", {"t": 1})])  # seq 12: outside any turn, after a turn/end
+    m = forks.fork(reg, g, "m", boundary=12)  # seedLength 13: m's last seed event is g's todo
+    reg.append("m", [e for n in (4, 5) for e in big_turn(n)])  # m's own events: seqs 13-20
+    forks.fork(reg, "m", "s", summary=S(keep_from=m.seed_length - 1, data="turns 1-3"))
+    before = readable(reg, "s")
+    assert isinstance(before, list) and [e.type for e in before[:2]] == ["session/summary", "todo/write"]
+    reg.delete("m")
+    reg.delete(g)
+    assert readable(reg, "s") == before
+    assert reg.redis.zscore(keys.session_needs(g), "m") == 12  # m pinned in g from the todo on
+    assert freed(reg, g) == 12  # what s does not read is freed, the todo is not
+    reg.delete("s")
+    assert gone_for_good(reg, g) and gone_for_good(reg, "m")
+
+
 def test_a_kept_range_after_a_gap_between_turns_keeps_its_boundary_answers(reg: Registry) -> None:
     """The kept range starts with an event outside any turn: its boundary checks find the turn/end
     before it, which the freeing keeps (the last marker before what descendants read)."""

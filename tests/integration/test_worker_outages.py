@@ -173,3 +173,27 @@ def test_a_worker_registers_again_when_its_server_loses_its_data_mid_job(
     finally:
         kill(proc)
         redis.close()
+
+
+def test_an_idle_worker_registers_again_with_its_state(plain_server: EmbeddedServer, tmp_path: Path) -> None:
+    """docs/guarantees.md, "Crashes": a worker whose server lost its data registers again at its
+    next heartbeat, as what it is: an idle one comes back "idle" (RQ's registration records no
+    state: ``rq info`` would show "?"). The state is written right after the registration, before
+    the worker's next heartbeat, so that heartbeat is the condition waited for, not a time."""
+    redis = queue_client(Settings(), plain_server.url)
+    name = worker_name("idle-amnesia")
+    key = f"rq:worker:{name}"
+    proc = start_logged_worker(plain_server.url, name, tmp_path / "worker.log")
+    try:
+        wait_registered(redis, name, 60)
+        assert redis.hget(key, "state") == b"idle"
+        plain_server.kill()  # SIGKILL: no persistence, the server comes back empty
+        plain_server.start()
+        wait_until(lambda: bool(redis.hexists(key, "birth")), 30, "the worker to register again")
+        registered = redis.hget(key, "last_heartbeat")
+        wait_until(lambda: redis.hget(key, "last_heartbeat") != registered, 10, "the worker's next heartbeat")
+        assert redis.hget(key, "state") == b"idle"
+        assert name in fresh_workers(redis, SETTINGS) and proc.poll() is None
+    finally:
+        kill(proc)
+        redis.close()
