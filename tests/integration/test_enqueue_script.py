@@ -321,25 +321,41 @@ def test_the_python_clients_refuse_a_request_over_the_limit_before_sending_it(re
     assert nothing_written(redis, "big-1")
 
 
+
+@pytest.mark.parametrize("padding", [70_000, 500_000])  # the request over the limit; its job data too big to read
+def test_a_job_an_older_script_queued_over_the_limit_is_a_different_request(redis: Redis, padding: int) -> None:
+    """A request over the limit (queued by RQ's own enqueue, say) is refused by the worker: a
+    request within it, even the same but for its spaces, is not answered by that refusal (-1)."""
+    request = '{"requestId": "old-2", "source": "sa"}'
+    redis.hset("rq:job:old-2", mapping={"data": json.dumps(["sessionfork.jobs.fork", None, [request + " " * padding],
+                                                            {}]), "status": "queued"})
+    assert raw(redis, request, rid="old-2") == -1
+    assert redis.llen(QUEUE) == 0
+
+
 # -- issue 26 #3: one identity for the raw request and the worker's kept form, at every depth ------
 
-leaves = st.one_of(st.sampled_from([1.5, -0.0, 1e300, 2.0, 0.1, 5e-324, {}, [], "", None, True]),
-                   st.integers(-(2**63), 2**64 - 1), ids)
+scalars = st.one_of(st.sampled_from([1.5, -0.0, 1e300, 2.0, 0.1, 5e-324, "", None, True]),
+                    st.integers(-(2**63), 2**64 - 1), ids)
 
 
 @st.composite
 def deep_values(draw: st.DrawFn) -> Any:
-    """A value nested 0 to MAX_DATA_DEPTH levels (the worker's whole range), its leaf and its
-    siblings floats, empty containers, big integers, keys in any order."""
+    """A value nested 0 to MAX_DATA_DEPTH levels (the worker's whole range, its deepest often), its
+    leaf and its siblings floats, empty containers, big integers, keys in any order."""
     from sessionfork.core import rules
 
-    value = draw(leaves)
-    for _ in range(draw(st.integers(0, rules.MAX_DATA_DEPTH - 1) | st.just(rules.MAX_DATA_DEPTH - 1))):
-        siblings = draw(st.lists(leaves, max_size=1))
+    def leaf(inside: int) -> Any:  # a leaf within ``inside`` containers: an empty one only if there is room
+        return draw(scalars if inside >= rules.MAX_DATA_DEPTH else scalars | st.sampled_from([{}, []]))
+
+    wraps = draw(st.integers(0, rules.MAX_DATA_DEPTH) | st.just(rules.MAX_DATA_DEPTH))
+    value = leaf(wraps)
+    for n in range(wraps):  # the n-th container from the inside sits within wraps - n - 1 others
+        siblings = [leaf(wraps - n) for _ in range(draw(st.integers(0, 1)))]
         if draw(st.booleans()):
             value = [value, *siblings]
         else:
-            value = {draw(ids): value, **{f"k{n}": s for n, s in enumerate(siblings)}}
+            value = {draw(ids): value, **{f"k{i}": s for i, s in enumerate(siblings)}}
     return value
 
 
