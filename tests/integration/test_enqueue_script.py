@@ -299,11 +299,17 @@ def test_a_request_over_the_limit_is_refused_naming_it_on_every_route_and_one_at
     body = '{"requestId":"lim","source":"sa","summary":{"keepFrom":1,"data":"%s"}}'
     at_limit = body % ("x" * (REQUEST_LIMIT - len(body % "")))
     call_keys = ["rq:job:lim", QUEUE, keys.request("lim")]
-    with pytest.raises(ResponseError, match=f"request is {REQUEST_LIMIT + 1} bytes, over the limit of {REQUEST_LIMIT}"):
-        redis.execute_command(*head, 3, *call_keys, "lim", at_limit + " ")  # type: ignore[no-untyped-call]
+
+    def answer(text: str) -> Any:
+        try:
+            return redis.execute_command(*head, 3, *call_keys, "lim", text)  # type: ignore[no-untyped-call]
+        except ResponseError as exc:
+            return str(exc)
+
+    assert answer(at_limit + " ") == f"enqueue: request is {REQUEST_LIMIT + 1} bytes, over the limit of {REQUEST_LIMIT}"
     assert nothing_written(redis, "lim")
     assert len(at_limit.encode()) == REQUEST_LIMIT
-    assert redis.execute_command(*head, 3, *call_keys, "lim", at_limit) == 1  # type: ignore[no-untyped-call]
+    assert answer(at_limit) == 1
 
 
 def test_the_python_clients_refuse_a_request_over_the_limit_before_sending_it(redis: Redis) -> None:
@@ -313,9 +319,10 @@ def test_the_python_clients_refuse_a_request_over_the_limit_before_sending_it(re
 
     client = make_client(redis)
     redis.config_resetstat()
-    with pytest.raises(ForkError, match=f"over the limit of {REQUEST_LIMIT}") as raised:
+    with pytest.raises(Exception) as raised:  # which one is the point: asserted below
         client.submit(client.request("sa", request_id="big-1", edits=[NewEvent("x", "y" * REQUEST_LIMIT)]))
-    assert raised.value.code is ErrorCode.INVALID_REQUEST
+    assert isinstance(raised.value, ForkError) and raised.value.code is ErrorCode.INVALID_REQUEST, raised.value
+    assert f"over the limit of {REQUEST_LIMIT}" in raised.value.message
     stats: Any = redis.info("commandstats")
     assert not any(name in stats for name in ("cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval"))
     assert nothing_written(redis, "big-1")
