@@ -177,6 +177,28 @@ def test_the_enqueue_script_compares_with_a_queued_request_not_yet_claimed(redis
     assert data[0] == "sessionfork.jobs.fork" and data[1] is None and json.loads(data[2][0]) == first
 
 
+def test_an_identical_raw_retry_of_data_nested_at_the_workers_limit_is_the_same_request_once_claimed(
+        server: EmbeddedServer, registry: Registry, redis: Redis, worker: None) -> None:
+    """Issue 26 #3: edits' data nested ``MAX_DATA_DEPTH`` deep, holding a float and an empty object
+    (the script's exact reader), submitted raw, forked by a worker, then sent again: 0, never -1."""
+    from sessionfork.core import rules
+
+    add_source(registry, "deep-src")
+    data: object = [1.5, {}]  # two levels
+    for _ in range(rules.MAX_DATA_DEPTH - 2):
+        data = {"z": data, "a": []}
+    request = {"requestId": "deep-1", "source": "deep-src", "sessionId": "deep-child",
+               "edits": [{"type": "note", "data": data}]}
+    assert enqueue(redis, request) == 1
+    wait_job_done(redis, "deep-1")
+    assert redis.hexists(keys.request("deep-1"), "request")  # claimed: the worker holds the request
+    assert registry.events("deep-child")[-1].data == data  # accepted, the whole depth kept
+    assert enqueue(redis, request) == 0
+    assert enqueue(redis, {**request, "replyTo": "sf:replies:again"}) == 0
+    assert enqueue(redis, {**request, "edits": [{"type": "note", "data": [data]}]}) == -1
+    assert redis.lrange("rq:queue:sessionfork", 0, -1) == []
+
+
 def test_raw_producer_imports_neither_rq_nor_sessionfork_and_runs_the_readme_script() -> None:
     tree = ast.parse(PRODUCER.read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)

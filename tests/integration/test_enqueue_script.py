@@ -269,3 +269,127 @@ def test_a_library_of_another_release_is_never_run_by_the_clients(redis: Redis) 
     enqueue_module.load_library(redis)
     client.submit(client.request("sa", request_id="stale-1"))
     assert redis.lrange(QUEUE, 0, -1) == [b"stale-1"]
+
+
+# -- issue 26 #1: a request over the limit is refused before it is read ----------------------------
+
+
+def test_the_scripts_limits_are_the_workers() -> None:
+    from sessionfork.core import rules, settings
+    from sessionfork.queue.requests import Limits
+
+    def constant(name: str) -> int:
+        found = re.search(rf"^local {name} = (\d+) ", enqueue_module.SOURCE, re.MULTILINE)
+        assert found is not None, name
+        return int(found.group(1))
+
+    assert constant("MAX_REQUEST_BYTES") == settings.REQUEST_LIMIT == Settings().max_request_bytes
+    assert Limits().max_request_bytes == settings.REQUEST_LIMIT == settings.BOUNDS["max_request_bytes"][1]
+    assert constant("MAX_DATA_DEPTH") == rules.MAX_DATA_DEPTH
+
+
+@pytest.mark.parametrize("route", ["EVAL", "EVALSHA", "FCALL", "VERSIONED"])
+def test_a_request_over_the_limit_is_refused_naming_it_on_every_route_and_one_at_it_enqueues(
+        redis: Redis, route: str) -> None:
+    from sessionfork.core.settings import REQUEST_LIMIT
+
+    enqueue_module.load_library(redis)
+    head = {"EVAL": ("EVAL", enqueue_module.SOURCE), "EVALSHA": ("EVALSHA", redis.script_load(enqueue_module.SOURCE)),
+            "FCALL": ("FCALL", enqueue_module.FUNCTION), "VERSIONED": ("FCALL", enqueue_module.VERSIONED)}[route]
+    body = '{"requestId":"lim","source":"sa","summary":{"keepFrom":1,"data":"%s"}}'
+    at_limit = body % ("x" * (REQUEST_LIMIT - len(body % "")))
+    call_keys = ["rq:job:lim", QUEUE, keys.request("lim")]
+
+    def answer(text: str) -> Any:
+        try:
+            return redis.execute_command(*head, 3, *call_keys, "lim", text)  # type: ignore[no-untyped-call]
+        except ResponseError as exc:
+            return str(exc)
+
+    assert answer(at_limit + " ") == f"enqueue: request is {REQUEST_LIMIT + 1} bytes, over the limit of {REQUEST_LIMIT}"
+    assert nothing_written(redis, "lim")
+    assert len(at_limit.encode()) == REQUEST_LIMIT
+    assert answer(at_limit) == 1
+
+
+def test_the_python_clients_refuse_a_request_over_the_limit_before_sending_it(redis: Redis) -> None:
+    from sessionfork import NewEvent
+    from sessionfork.core.errors import ErrorCode, ForkError
+    from sessionfork.core.settings import REQUEST_LIMIT
+
+    client = make_client(redis)
+    redis.config_resetstat()
+    with pytest.raises(Exception) as raised:  # which one is the point: asserted below
+        client.submit(client.request("sa", request_id="big-1", edits=[NewEvent("x", "y" * REQUEST_LIMIT)]))
+    assert isinstance(raised.value, ForkError) and raised.value.code is ErrorCode.INVALID_REQUEST, raised.value
+    assert f"over the limit of {REQUEST_LIMIT}" in raised.value.message
+    stats: Any = redis.info("commandstats")
+    assert not any(name in stats for name in ("cmdstat_fcall", "cmdstat_evalsha", "cmdstat_eval"))
+    assert nothing_written(redis, "big-1")
+
+
+
+@pytest.mark.parametrize("padding", [70_000, 500_000])  # the request over the limit; its job data too big to read
+def test_a_job_an_older_script_queued_over_the_limit_is_a_different_request(redis: Redis, padding: int) -> None:
+    """A request over the limit (queued by RQ's own enqueue, say) is refused by the worker: a
+    request within it, even the same but for its spaces, is not answered by that refusal (-1)."""
+    request = '{"requestId": "old-2", "source": "sa"}'
+    redis.hset("rq:job:old-2", mapping={"data": json.dumps(["sessionfork.jobs.fork", None, [request + " " * padding],
+                                                            {}]), "status": "queued"})
+    assert raw(redis, request, rid="old-2") == -1
+    assert redis.llen(QUEUE) == 0
+
+
+# -- issue 26 #3: one identity for the raw request and the worker's kept form, at every depth ------
+
+scalars = st.one_of(st.sampled_from([1.5, -0.0, 1e300, 2.0, 0.1, 5e-324, "", None, True]),
+                    st.integers(-(2**63), 2**64 - 1), ids)
+
+
+@st.composite
+def deep_values(draw: st.DrawFn) -> Any:
+    """A value nested 0 to MAX_DATA_DEPTH levels (the worker's whole range, its deepest often), its
+    leaf and its siblings floats, empty containers, big integers, keys in any order."""
+    from sessionfork.core import rules
+
+    def leaf(inside: int) -> Any:  # a leaf within ``inside`` containers: an empty one only if there is room
+        return draw(scalars if inside >= rules.MAX_DATA_DEPTH else scalars | st.sampled_from([{}, []]))
+
+    wraps = draw(st.integers(0, rules.MAX_DATA_DEPTH) | st.just(rules.MAX_DATA_DEPTH))
+    value = leaf(wraps)
+    for n in range(wraps):  # the n-th container from the inside sits within wraps - n - 1 others
+        siblings = [leaf(wraps - n) for _ in range(draw(st.integers(0, 1)))]
+        if draw(st.booleans()):
+            value = [value, *siblings]
+        else:
+            value = {draw(ids): value, **{f"k{i}": s for i, s in enumerate(siblings)}}
+    return value
+
+
+@st.composite
+def deep_requests(draw: st.DrawFn) -> wire.ForkRequest:
+    data = draw(deep_values())
+    place = draw(st.sampled_from(["edits", "variants", "summary"]))
+    edit = {"type": "x", "data": data}
+    if place == "edits":
+        return wire.ForkRequest(source="sa", request_id="deep", edits=[edit])
+    if place == "variants":
+        return wire.ForkRequest(source="sa", request_id="deep", variants=[wire.Variant(edits=[edit])])
+    return wire.ForkRequest(source="sa", request_id="deep", summary=wire.Summary(keep_from=1, data=data))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(first=deep_requests(), second=deep_requests(), shuffled=st.booleans())
+def test_the_script_reads_a_raw_request_and_the_workers_kept_form_alike_at_every_accepted_depth(
+        redis: Redis, first: wire.ForkRequest, second: wire.ForkRequest, shuffled: bool) -> None:
+    from sessionfork.queue.requests import Limits, parse
+
+    text = _json_text(first, shuffled)
+    kept = wire.identity(parse(text, "deep", Limits()))  # the worker accepts it, and keeps this
+    redis.flushall()
+    assert raw(redis, text, rid="deep") == 1
+    redis.delete("rq:job:deep")
+    redis.hset(keys.request("deep"), mapping={"digest": "d", "request": kept})
+    assert raw(redis, text, rid="deep") == 0  # the identical retry, once the worker holds the request
+    other = _json_text(second, not shuffled)
+    assert raw(redis, other, rid="deep") == (0 if wire.identity(second) == kept else -1)

@@ -6,10 +6,17 @@ variable that sets each (``ENV``) and the values allowed (``BOUNDS``, ``NAME_MAX
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Final
 
 import msgspec
 
 from ..core import keys
+
+REQUEST_LIMIT: Final = 64 * 1024
+"""Largest request JSON, in bytes, the enqueue script takes (``queue/scripts/enqueue.lua``'s
+``MAX_REQUEST_BYTES``, pinned equal by a test): it refuses a larger one before reading it, on every
+route (``FCALL``, ``EVALSHA``, ``EVAL``), so that no enqueue holds the queue server for long. The
+workers' ``max_request_bytes`` may only lower it."""
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,8 +41,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """CA bundle for ``rediss://`` connections (``SESSIONFORK_TLS_CA_FILE``)."""
     queue: str = keys.DEFAULT_QUEUE
     reply_channel: str = keys.DEFAULT_REPLY_CHANNEL
-    max_request_bytes: int = 64 * 1024
-    """Largest request payload accepted; larger is ``INVALID_REQUEST`` before any work."""
+    max_request_bytes: int = REQUEST_LIMIT
+    """Largest request payload accepted; larger is ``INVALID_REQUEST`` before any work (at most
+    ``REQUEST_LIMIT``, what the enqueue script takes)."""
     max_fanout: int = 1024
     """Most children one request may create."""
     max_event_bytes: int = 1024 * 1024
@@ -123,7 +131,7 @@ ENV: Mapping[str, str] = {
 
 _DAY = 24 * 3600
 BOUNDS: Mapping[str, tuple[float, float]] = {
-    "max_request_bytes": (1, 512 * 1024 * 1024),  # Redis's largest string
+    "max_request_bytes": (1, REQUEST_LIMIT),  # may only lower the enqueue script's limit
     "max_fanout": (1, 100_000),
     "max_event_bytes": (1, 512 * 1024 * 1024),
     "max_id_length": (1, 128),  # may only lower the id rule's 128

@@ -22,9 +22,10 @@ from typing import Any, Final
 
 from redis.exceptions import NoPermissionError, NoScriptError, ResponseError
 
-from ..core import keys, lua
+from ..core import errors, keys, lua
 from ..core.config import ENQUEUE_MODES as MODES
 from ..core.config import Settings
+from ..core.settings import REQUEST_LIMIT
 from .rq_seam import layout as rq_layout
 
 LIBRARY: Final = "sessionfork"
@@ -54,7 +55,12 @@ def load_library(redis: Any) -> str:
 
 def job_call(request_id: str, payload: bytes, settings: Settings, when: datetime) -> tuple[list[Any], list[Any]]:
     """The enqueue script's KEYS and ARGV for a request: RQ's job hash and queue, the request's
-    record, RQ's queue set; the request id, its JSON, then the job hash ``rq_layout.job_fields``."""
+    record, RQ's queue set; the request id, its JSON, then the job hash ``rq_layout.job_fields``.
+
+    ``INVALID_REQUEST`` for a request over ``REQUEST_LIMIT`` bytes, which the script would refuse:
+    raised before any Redis call, with the worker's message."""
+    if len(payload) > REQUEST_LIMIT:
+        raise errors.invalid(f"request is {len(payload)} bytes, over the limit of {REQUEST_LIMIT}")
     return lua.SCRIPTS["enqueue"].build(dict(
         job=rq_layout.job_key(request_id), queue=rq_layout.queue_key(settings.queue), record=keys.request(request_id),
         queues=rq_layout.QUEUES, request_id=request_id, request=payload,

@@ -15,6 +15,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from ..core import errors, rules, wire
+from ..core.settings import REQUEST_LIMIT
 from ..core.wire import ForkRequest, LiveHandle, NewEvent
 
 MAX_CHANNEL_LENGTH = 256
@@ -24,7 +25,7 @@ MAX_CHANNEL_LENGTH = 256
 class Limits:
     """What a request may ask for (settings ``SESSIONFORK_MAX_*``)."""
 
-    max_request_bytes: int = 65536
+    max_request_bytes: int = REQUEST_LIMIT
     max_fanout: int = 1024
     max_id_length: int = 128
 

@@ -11,17 +11,23 @@
 --            submission too;
 --         -1 the request id was used for a different request: IDEMPOTENCY_CONFLICT, nothing
 --            enqueued (and nothing will be announced for this submission);
---         an error (nothing written) for malformed arguments or keys of the wrong type.
+--         an error (nothing written) for malformed arguments, keys of the wrong type, or a request JSON
+--            over MAX_REQUEST_BYTES (refused before it is read: no request makes the server BUSY).
 -- The job hash keeps the request's identity digest in field sf_identity, whatever its serializer.
 local FIELDS = {'source', 'sessionId', 'count', 'sessionIds', 'boundary',  -- core/wire.py IDENTITY
   'ifLength', 'edits', 'variants', 'summary'}
 local KEPT = 4  -- later fields count only up to the last one given: older digests stay as they were
+local MAX_REQUEST_BYTES = 65536  -- core/settings.py REQUEST_LIMIT (a test pins the two)
+local MAX_DATA_DEPTH = 100  -- core/rules.py MAX_DATA_DEPTH: the worker's depth of edits' data (pinned)
+-- canon reads every request the worker accepts: data nested MAX_DATA_DEPTH deep sits at most 5 levels
+-- down (variants, a variant, edits, an edit, its data), in a request or in the identity the worker keeps.
+local MAX_DEPTH = MAX_DATA_DEPTH + 5
 local function canon(s)  -- JSON text -> {kind, value}: canonical text per value, numbers exact
   local i = 1
   local function ws() i = string.find(s, '[^ \t\r\n]', i) or #s + 1 end
   local value
   local function items(close, depth, object)
-    local out, map = {}, {}
+    local out, map = {}, object and {} or nil  -- an array needs no map: a request may hold 30000 arrays
     i = i + 1
     ws()
     if string.sub(s, i, i) == close then i = i + 1 return out, map end
@@ -47,7 +53,7 @@ local function canon(s)  -- JSON text -> {kind, value}: canonical text per value
     return out, map
   end
   value = function(depth)
-    if depth > 32 then error('too deep') end
+    if depth > MAX_DEPTH then error('too deep') end
     ws()
     local c = string.sub(s, i, i)
     if c == '"' then
@@ -135,6 +141,10 @@ if #KEYS < 3 or #KEYS > 4 then return redis.error_reply('ERR enqueue: 3 or 4 key
 if #ARGV < 2 or #ARGV % 2 ~= 0 then
   return redis.error_reply('ERR enqueue: request id, request JSON, then field value pairs expected')
 end
+if #ARGV[2] > MAX_REQUEST_BYTES then  -- before anything reads it: its cost is bounded by the limit's
+  return redis.error_reply('ERR enqueue: request is ' .. #ARGV[2] .. ' bytes, over the limit of '
+    .. MAX_REQUEST_BYTES)
+end
 if ARGV[1] == '' or string.sub(KEYS[1], -#ARGV[1] - 1) ~= ':' .. ARGV[1] then
   return redis.error_reply('ERR enqueue: KEYS[1] must be the job key of the request id ARGV[1]')
 end
@@ -153,9 +163,12 @@ if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end  -- refused, or claimed 
 local job = redis.call('HMGET', KEYS[1], 'sf_identity', 'data')
 if job[1] then return job[1] == mine and 0 or -1 end  -- queued, not claimed yet
 if job[2] then  -- queued before identities were kept: compare when its data is plain JSON
+  -- data over 6 bytes a request byte (a \u00XX escape each) holds a request over the limit: refused by
+  -- the worker, never the same as this one (which is within it), and not worth reading
+  if #job[2] > 6 * MAX_REQUEST_BYTES + 64 then return -1 end
   local ok, tuple = pcall(cjson.decode, job[2])
   if ok and type(tuple) == 'table' and type(tuple[3]) == 'table' and type(tuple[3][1]) == 'string'
-      and identity(tuple[3][1]) ~= mine then
+      and (#tuple[3][1] > MAX_REQUEST_BYTES or identity(tuple[3][1]) ~= mine) then
     return -1
   end
   return 0
