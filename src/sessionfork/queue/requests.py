@@ -244,7 +244,7 @@ def reply_channel_of(raw: bytes, default: str, limits: Limits) -> str:
     if len(raw) <= limits.max_request_bytes:
         try:
             reply_to = _reply_to_only.decode(raw).reply_to
-        except (msgspec.DecodeError, RecursionError):
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):  # its refusal says why
             reply_to = UNSET
         if reply_to is not UNSET and is_valid_channel(reply_to):
             return reply_to
