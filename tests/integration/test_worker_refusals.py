@@ -52,6 +52,8 @@ def submit_raw(redis: Redis, payload: bytes, request_id: str | None = None) -> t
 # -- invalid requests -----------------------------------------------------------------------------
 
 OVERSIZED = json.dumps({"source": "a", "sessionId": "x" * (64 * 1024)}).encode()
+BIG_EDITS = [{"type": "user/message", "data": {"text": "x" * 1000}} for _ in range(54)]
+"""54 KB of edits: under the 64 KiB request limit, 55 MB written by 1024 children (issue 26 item 8)."""
 
 INVALID: list[Any] = [
     pytest.param({"source": "a", "bogus": 1},
@@ -74,6 +76,9 @@ INVALID: list[Any] = [
     pytest.param({"source": "a", "count": 1025}, "invalid count 1025: expected 1 to 1024", "count",
                  id="count-over-1024"),
     pytest.param(b'{"source": "a", ', "invalid request: not JSON", "JSON", id="not-json"),
+    pytest.param({"source": "a", "count": 1024, "edits": BIG_EDITS},
+                 "invalid request: count 1024 \u00d7 56268 bytes of edits is 57618432 bytes to write, over the "
+                 "limit of 16777216 (SESSIONFORK_MAX_REQUEST_WRITE_BYTES)", "count", id="fan-out-writing-over-16-MiB"),
     pytest.param(b'{"source": "a", "edits": [{"type": "user/message", "data": {"text": "hi \\ud83d"}}]}',
                  "invalid request: edits[0].data.text holds a lone surrogate ('\\ud83d'): text must be valid UTF-8",
                  "edits[0].data.text", id="lone-surrogate-in-an-edit"),

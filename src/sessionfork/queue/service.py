@@ -65,7 +65,7 @@ class ForkService:
         outcomes = Outcomes(queue_redis, ttl=settings.outcome_ttl, stream_maxlen=settings.outcome_stream_maxlen,
                             compact=settings.compact_records)
         limits = Limits(max_request_bytes=settings.max_request_bytes, max_fanout=settings.max_fanout,
-                        max_id_length=settings.max_id_length)
+                        max_id_length=settings.max_id_length, max_write_bytes=settings.max_request_write_bytes)
         return cls(registry, outcomes, reply_channel=settings.reply_channel, limits=limits)
 
     def handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool = True,
