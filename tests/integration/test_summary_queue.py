@@ -147,3 +147,17 @@ def test_cli_fork_with_a_summary(server: EmbeddedServer, client: Client, registr
                          ('{"keepFrom": 1, "x": 2}', "--summary"), ("nope", "not JSON")):
         usage = run_cli(server.url, src, "--summary", "-", stdin=stdin)
         assert usage.returncode == 2 and words in usage.stderr, usage.stderr
+
+
+@pytest.mark.parametrize("huge", [-(2**63) - 5, 2**64 + 7, 10**30])
+def test_a_keep_from_beyond_64_bits_is_invalid_boundary_naming_it(client: Client, registry: Registry, src: str,
+                                                                   huge: int) -> None:
+    """Through the worker, as ``boundary`` answers for the same values (issue 26 item 5): the rule's
+    ``INVALID_BOUNDARY`` naming keepFrom, not an ``INVALID_REQUEST`` about the summary event."""
+    reply = client.fork(src, session_id="h", summary=Summary(keep_from=huge, data="s"), timeout=TIMEOUT)
+    assert isinstance(reply, ForkFailure)
+    assert (reply.code, reply.message) == ("INVALID_BOUNDARY", f'cannot summarise session "src" before keepFrom '
+                                                               f"{huge}: expected 1 to 12 (the snapshot's 12 events)")
+    at = client.fork(src, session_id="h", boundary=huge, timeout=TIMEOUT)
+    assert isinstance(at, ForkFailure) and at.code == "INVALID_BOUNDARY" and str(huge) in at.message
+    assert not registry.exists("h")

@@ -32,6 +32,8 @@ from sessionfork.core.registry import Registry
 from sessionfork.core.wire import Reply
 from sessionfork.queue import jobs
 from sessionfork.queue.client import Client
+from sessionfork.queue.outcomes import Outcomes
+from sessionfork.queue.service import ForkService
 from sessionfork.queue.waiting import wait_for_reply
 
 ID_RULE = "expected 1-128 characters from [A-Za-z0-9._:-]"
@@ -50,6 +52,8 @@ def submit_raw(redis: Redis, payload: bytes, request_id: str | None = None) -> t
 # -- invalid requests -----------------------------------------------------------------------------
 
 OVERSIZED = json.dumps({"source": "a", "sessionId": "x" * (64 * 1024)}).encode()
+BIG_EDITS = [{"type": "user/message", "data": {"text": "x" * 1000}} for _ in range(54)]
+"""54 KB of edits: under the 64 KiB request limit, 55 MB written by 1024 children (issue 26 item 8)."""
 
 INVALID: list[Any] = [
     pytest.param({"source": "a", "bogus": 1},
@@ -72,6 +76,12 @@ INVALID: list[Any] = [
     pytest.param({"source": "a", "count": 1025}, "invalid count 1025: expected 1 to 1024", "count",
                  id="count-over-1024"),
     pytest.param(b'{"source": "a", ', "invalid request: not JSON", "JSON", id="not-json"),
+    pytest.param({"source": "a", "count": 1024, "edits": BIG_EDITS},
+                 "invalid request: count 1024 \u00d7 56268 bytes of edits is 57618432 bytes to write, over the "
+                 "limit of 16777216 (SESSIONFORK_MAX_REQUEST_WRITE_BYTES)", "count", id="fan-out-writing-over-16-MiB"),
+    pytest.param(b'{"source": "a", "edits": [{"type": "user/message", "data": {"text": "hi \\ud83d"}}]}',
+                 "invalid request: edits[0].data.text holds a lone surrogate ('\\ud83d'): text must be valid UTF-8",
+                 "edits[0].data.text", id="lone-surrogate-in-an-edit"),
 ]
 
 
@@ -176,3 +186,23 @@ def test_worker_keeps_serving_after_refusing_jobs(redis: Redis, client: Client, 
     reply = client.fork(source, session_id="after", timeout=TIMEOUT)
 
     assert reply.ok is True
+
+
+def test_text_that_is_not_utf8_is_refused_naming_the_field(redis: Redis, registry: Registry, source: str) -> None:
+    """Bytes that are not UTF-8 (a payload handed to the service as bytes) and a lone surrogate
+    escape: ``INVALID_REQUEST`` naming the field and saying what is wrong (issue 26 item 9), never a
+    ``UnicodeDecodeError`` nor msgspec's "not JSON (Input data was truncated)"."""
+    service = ForkService(registry, Outcomes(redis, ttl=60, stream_maxlen=100), reply_channel="sf:replies")
+    cases = {
+        b'{"source": "a", "replyTo": "r", "edits": [{"type": "t", "data": ["ok", "caf\xe9"]}]}':
+            "invalid request: edits[0].data[1] holds bytes that are not valid UTF-8 (0xe9): text must be valid UTF-8",
+        b'{"source": "a", "variants": [{}, {"edits": [{"type": "t", "x": {"k\\udc00": 1}}]}]}':
+            "invalid request: variants[1].edits[0].x (an object key) holds a lone surrogate ('\\udc00'): text "
+            "must be valid UTF-8 (a \\ud800-\\udbff escape needs its \\udc00-\\udfff pair)",
+        b'{"source": "a", "replyTo": "\xff"}':
+            "invalid request: replyTo holds bytes that are not valid UTF-8 (0xff): text must be valid UTF-8",
+    }
+    for i, (payload, message) in enumerate(cases.items()):
+        reply = service.handle(payload, f"utf8-{i}")
+        assert failure(reply) == ("INVALID_REQUEST", message)
+    assert registry.children(source) == []

@@ -19,5 +19,5 @@ def test_error_codes_are_the_contract() -> None:
     assert [c.value for c in sessionfork.ErrorCode] == [
         "SESSION_NOT_FOUND", "SESSION_NOT_LIVE", "SESSION_ALREADY_EXISTS", "OPEN_TURN", "INVALID_BOUNDARY",
         "PRECONDITION_FAILED",
-        "INVALID_REQUEST", "IDEMPOTENCY_CONFLICT", "INTERNAL",
+        "INVALID_REQUEST", "IDEMPOTENCY_CONFLICT", "INTERNAL", "WRONG_SHARD",
     ]

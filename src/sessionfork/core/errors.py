@@ -26,6 +26,7 @@ class ErrorCode(StrEnum):
     INVALID_REQUEST = "INVALID_REQUEST"
     IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
     INTERNAL = "INTERNAL"
+    WRONG_SHARD = "WRONG_SHARD"
 
 
 class ForkError(Exception):
@@ -93,6 +94,14 @@ def invalid_keep_from(session_id: str, keep_from: object, why: str) -> ForkError
 def precondition_failed(session_id: str, length: int, expected: int) -> ForkError:
     """A guarded fork (``ifLength``) whose source's log does not have the expected length."""
     return ForkError(ErrorCode.PRECONDITION_FAILED, f'session "{session_id}" has {length} events, not {expected}')
+
+
+def wrong_shard(request_id: str, owner: int, served: int, count: int) -> ForkError:
+    """A request enqueued on a queue server (shard ``served`` of ``count``) that is not the one its
+    request id lives on (``owner``): refused, never forked, so that the right shard forks it once."""
+    return ForkError(ErrorCode.WRONG_SHARD,
+                     f'request id "{request_id}" lives on shard {owner} of {count}, not on shard {served}, which this '
+                     f"worker serves: enqueue it on shard {owner}'s queue server (queue.shards.shard_of)")
 
 
 def invalid(message: str) -> ForkError:

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from ..core import errors, lua, rules
 from .registry import Registry, SessionRef
 from .snapshots import ForkPlan, Snapshot
@@ -267,7 +269,12 @@ def check_summary(registry: Registry, summary: Summary | None) -> None:
     k = summary.keep_from
     if isinstance(k, bool) or not isinstance(k, int):
         raise errors.invalid(f"invalid keepFrom {rules.echo(k)}: expected an integer event seq")
-    registry.summary_event("x", summary, 0)
+    # The data is checked in the event the child would get. A keepFrom no log reaches (its toSeq
+    # K-1 outside the 64-bit range) is the summary rule's INVALID_BOUNDARY once the source is read,
+    # as a boundary's is: never an INVALID_REQUEST about the summary event's own toSeq. Clamped,
+    # the check still sees a toSeq at least as long as any real one.
+    clamped = min(max(k, 1), rules.INT_MAX + 1)
+    registry.summary_event("x", summary if clamped == k else msgspec.structs.replace(summary, keep_from=clamped), 0)
 
 
 def _guard(if_length: int | None) -> int | None:

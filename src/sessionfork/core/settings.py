@@ -50,6 +50,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Largest single event accepted on append."""
     max_id_length: int = 128
     """Longest session or request id a request may name (1-128; the id rule allows 128)."""
+    max_request_write_bytes: int = 16 * 1024 * 1024
+    """Most bytes of events one request may add to the registry: each child's edits and summary
+    ``data`` (the JSON the request carries), summed over its children; more is ``INVALID_REQUEST``
+    before any work. A request is at most ``max_request_bytes``, but a fan-out writes its edits
+    once per child: 1024 children of 54 KB of edits would add 64 MB. 16 MiB lets the largest
+    fan-out (1024) carry 16 KiB of edits per child (a long prompt), and every child a 64 KiB
+    request can carry when it has 256 children or fewer."""
     outcome_ttl: int = 24 * 3600
     """Seconds an outcome (and so the idempotency of its request id) is kept: 24 h by default, the
     window payment APIs keep idempotency keys (Stripe), longer than any client's retry schedule."""
@@ -111,6 +118,7 @@ ENV: Mapping[str, str] = {
     "max_fanout": "SESSIONFORK_MAX_FANOUT",
     "max_event_bytes": "SESSIONFORK_MAX_EVENT_BYTES",
     "max_id_length": "SESSIONFORK_MAX_ID_LENGTH",
+    "max_request_write_bytes": "SESSIONFORK_MAX_REQUEST_WRITE_BYTES",
     "outcome_ttl": "SESSIONFORK_OUTCOME_TTL",
     "outcome_stream_maxlen": "SESSIONFORK_OUTCOME_STREAM_MAXLEN",
     "job_ttl": "SESSIONFORK_JOB_TTL",
@@ -135,6 +143,7 @@ BOUNDS: Mapping[str, tuple[float, float]] = {
     "max_fanout": (1, 100_000),
     "max_event_bytes": (1, 512 * 1024 * 1024),
     "max_id_length": (1, 128),  # may only lower the id rule's 128
+    "max_request_write_bytes": (1, 2**40),  # 1 TiB: more than any server holds (no bound at all)
     "outcome_ttl": (1, 3650 * _DAY),
     "outcome_stream_maxlen": (1, 10**12),
     "job_ttl": (1, 3650 * _DAY),

@@ -8,6 +8,8 @@ events keep them (``Event.extra``) so that every field of the original harness r
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 from typing import Any, Final
 
 import msgspec
@@ -241,13 +243,77 @@ _reply_decoder: msgspec.json.Decoder[ForkResult | ForkFailure] = msgspec.json.De
 
 
 def decode_request(raw: bytes | str) -> ForkRequest:
-    """Decode a request; any schema violation is ``INVALID_REQUEST`` naming the field."""
+    """Decode a request; any schema violation is ``INVALID_REQUEST`` naming the field, text that is
+    not valid UTF-8 (a lone surrogate escape, bytes that are not UTF-8) too, saying which."""
     try:
         return _request_decoder.decode(raw)
     except msgspec.ValidationError as exc:
         raise errors.invalid(f"invalid request: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise errors.invalid(f"invalid request: not JSON ({exc})") from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        # msgspec refuses such text for the whole document ("Input data was truncated", or a
+        # UnicodeDecodeError): the slow reader below finds the field, on this failure path only.
+        raise errors.invalid(_bad_text(raw) or f"invalid request: not JSON ({exc})") from None
+
+
+_PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PATH_LIMIT = 200
+"""Most characters of a field path that a message shows (a deep path is cut)."""
+
+
+def _bad_text(raw: bytes | str) -> str | None:
+    """The message for a request whose JSON holds text that is not valid UTF-8, naming the first
+    field (its wire path: ``edits[0].data.text``) that holds it; ``None`` when that is not why
+    the document was refused."""
+    if isinstance(raw, bytes):
+        try:
+            text, utf8 = raw.decode(), True
+        except UnicodeDecodeError:
+            text, utf8 = raw.decode("utf-8", "surrogateescape"), False  # a bad byte: U+DC80-U+DCFF
+    else:
+        text, utf8 = raw, True
+    try:
+        document = json.loads(text)  # Python's reader keeps lone surrogates as they are
+    except (ValueError, RecursionError):
+        return None
+    stack: list[tuple[str, object]] = [("", document)]
+    while stack:
+        path, item = stack.pop()
+        found: str | None = None
+        if isinstance(item, str):
+            found = item
+        elif isinstance(item, dict):
+            for key in item:
+                if _surrogate(key) is not None:
+                    path, found = f"{path or '$'} (an object key)", key
+                    break
+            else:
+                stack.extend((_member(path, key), value) for key, value in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", value) for i, value in reversed(list(enumerate(item))))
+        char = None if found is None else _surrogate(found)
+        if char is not None:
+            shown = path if len(path) <= _PATH_LIMIT else path[:_PATH_LIMIT] + "…"
+            what = (f"a lone surrogate ({char!r}): text must be valid UTF-8 (a \\ud800-\\udbff escape needs "
+                    "its \\udc00-\\udfff pair)") if utf8 else \
+                f"bytes that are not valid UTF-8 (0x{ord(char) - 0xDC00:02x}): text must be valid UTF-8"
+            return f"invalid request: {shown or '$'} holds {what}"
+    return None
+
+
+def _member(path: str, key: str) -> str:
+    return f"{path}.{key}" if path and _PLAIN_KEY.fullmatch(key) else \
+        (key if _PLAIN_KEY.fullmatch(key) else f"{path}[{rules.echo(key, 40)}]")
+
+
+def _surrogate(value: str) -> str | None:
+    """The first lone surrogate of ``value`` (what cannot be encoded as UTF-8), or ``None``."""
+    if value.isascii():
+        return None
+    try:
+        value.encode()
+    except UnicodeEncodeError as exc:
+        return value[exc.start]
+    return None
 
 
 def decode_reply(raw: bytes | str) -> Reply:

@@ -23,7 +23,8 @@ from ..core import keys, wire
 from ..core.wire import ForkFailure, ForkResult
 
 _COLOURS = {"OK": "green", "OPEN_TURN": "yellow", "INVALID_BOUNDARY": "yellow", "SESSION_ALREADY_EXISTS": "yellow",
-            "INVALID_REQUEST": "magenta", "IDEMPOTENCY_CONFLICT": "magenta", "INTERNAL": "red"}
+            "INVALID_REQUEST": "magenta", "IDEMPOTENCY_CONFLICT": "magenta", "WRONG_SHARD": "magenta",
+            "INTERNAL": "red"}
 
 
 class Outcome(msgspec.Struct, rename="camel", kw_only=True):

@@ -15,7 +15,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from ..core import errors, rules, wire
-from ..core.settings import REQUEST_LIMIT
+from ..core.settings import ENV, REQUEST_LIMIT, Settings
 from ..core.wire import ForkRequest, LiveHandle, NewEvent
 
 MAX_CHANNEL_LENGTH = 256
@@ -28,6 +28,9 @@ class Limits:
     max_request_bytes: int = REQUEST_LIMIT
     max_fanout: int = 1024
     max_id_length: int = 128
+    max_write_bytes: int = Settings().max_request_write_bytes
+    """``SESSIONFORK_MAX_REQUEST_WRITE_BYTES``: most bytes of edits and summary data, summed over
+    the children, one request may add (``write_bytes``)."""
 
 
 DEFAULT_LIMITS = Limits()
@@ -168,6 +171,7 @@ def parse(payload: str | bytes, job_id: str, limits: Limits) -> ForkRequest:
         raise errors.invalid(f"invalid ifLength {request.if_length}: expected an integer >= 0")
     edits_of(request)  # each edit's shape (type, reserved fields, JSON), before any work
     variant_ids = _check_variants(request.variants, limits)
+    _check_write_bytes(request, limits)
     named = [("requestId", job_id), ("source", request.source_id)]
     named += [("sessionId", request.session_id)] if request.session_id is not UNSET else []
     named += [(f"sessionIds[{i}]", c) for i, c in enumerate(request.session_ids or ())]
@@ -195,6 +199,39 @@ def _check_variants(variants: list[wire.Variant] | UnsetType, limits: Limits) ->
     if len({cid for _, cid in named}) != len(named):
         raise errors.invalid("invalid variants: session ids must be distinct")
     return named
+
+
+def write_bytes(request: ForkRequest) -> tuple[int, str]:
+    """What ``request`` would add to the registry beyond its children's seeds (stored by reference,
+    O(1)): the JSON bytes of each child's edits and summary ``data``, as the request carries them,
+    summed over its children; and how that sum is made, in the request's field names."""
+    summary = 0 if request.summary is UNSET else len(wire.encode(request.summary.data))
+    also = " and summary.data" if summary else ""
+    if request.variants is not UNSET:
+        total = sum(_edit_bytes(v.edits) + summary for v in request.variants)
+        return total, f"variants: {len(request.variants)} children's edits{also}"
+    per_child = _edit_bytes(request.edits) + summary
+    what = f"{per_child} bytes of edits{also}" if request.edits is not UNSET else f"{per_child} bytes of summary.data"
+    if request.count is not UNSET:
+        return request.count * per_child, f"count {request.count} \u00d7 {what}"
+    if request.session_ids is not UNSET:
+        return len(request.session_ids) * per_child, f"sessionIds: {len(request.session_ids)} \u00d7 {what}"
+    return per_child, f"1 child \u00d7 {what}"
+
+
+def _edit_bytes(edits: list[dict[str, Any]] | UnsetType) -> int:
+    return 0 if edits is UNSET else sum(len(wire.encode(body)) for body in edits)
+
+
+def _check_write_bytes(request: ForkRequest, limits: Limits) -> None:
+    """``INVALID_REQUEST`` for a request that would write more than ``limits.max_write_bytes``
+    (``write_bytes``), naming the fields and the limit."""
+    if request.edits is UNSET and request.summary is UNSET and request.variants is UNSET:
+        return  # nothing but seeds, O(1) per child
+    total, how = write_bytes(request)
+    if total > limits.max_write_bytes:
+        raise errors.invalid(f"invalid request: {how} is {total} bytes to write, over the limit of "
+                             f"{limits.max_write_bytes} ({ENV['max_request_write_bytes']})")
 
 
 def _new_events(edits: list[dict[str, Any]] | UnsetType, field: str) -> list[NewEvent]:
@@ -245,7 +282,7 @@ def reply_channel_of(raw: bytes, default: str, limits: Limits) -> str:
     if len(raw) <= limits.max_request_bytes:
         try:
             reply_to = _reply_to_only.decode(raw).reply_to
-        except (msgspec.DecodeError, RecursionError):
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):  # its refusal says why
             reply_to = UNSET
         if reply_to is not UNSET and is_valid_channel(reply_to):
             return reply_to

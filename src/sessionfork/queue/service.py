@@ -10,7 +10,8 @@
 
 ``ForkService.handle`` is what a worker runs per job. Its guarantees:
 
-* bad input (size, JSON, schema, ids, limits, edits) ends as ``INVALID_REQUEST`` before any work;
+* a request whose id lives on another shard of a sharded queue ends as ``WRONG_SHARD``, and bad
+  input (size, JSON, schema, ids, limits, edits) as ``INVALID_REQUEST``, before any work;
 * a request id forks at most once: a replay returns the first outcome and creates nothing;
 * the outcome is stored before it is announced, and announced exactly once;
 * an unexpected exception is re-raised for RQ to retry; on the last attempt it is first recorded
@@ -25,7 +26,7 @@ from typing import Any, Protocol
 
 from msgspec import UNSET
 
-from ..core import forks, lua
+from ..core import errors, forks, lua, rules
 from ..core.config import Settings
 from ..core.errors import ErrorCode, ForkError
 from ..core.factories import new_session_id, now_ms
@@ -36,6 +37,7 @@ from . import requests, tracing
 from .outages import is_outage
 from .outcomes import Claim, Outcomes, Then
 from .requests import DEFAULT_LIMITS, Limits
+from .shards import shard_of
 
 
 class Start(lua.Prelude, Protocol):
@@ -51,11 +53,15 @@ class ForkService:
 
     def __init__(self, registry: Registry, outcomes: Outcomes, *, reply_channel: str, limits: Limits = DEFAULT_LIMITS,
                  new_id: Callable[[], str] = new_session_id,
-                 monotonic: Callable[[], float] = time.perf_counter) -> None:
+                 monotonic: Callable[[], float] = time.perf_counter, shard: tuple[int, int] | None = None) -> None:
+        """``shard``: ``(index, count)`` of the sharded queue's shard whose server ``outcomes`` is on;
+        a request whose id lives on another shard is refused (``WRONG_SHARD``). ``None``: one queue
+        server, every request id is its own."""
         self.registry = registry
         self.outcomes = outcomes
         self.reply_channel = reply_channel
         self.limits = limits
+        self.shard = shard
         self._new_id = new_id
         self._monotonic = monotonic
 
@@ -65,8 +71,10 @@ class ForkService:
         outcomes = Outcomes(queue_redis, ttl=settings.outcome_ttl, stream_maxlen=settings.outcome_stream_maxlen,
                             compact=settings.compact_records)
         limits = Limits(max_request_bytes=settings.max_request_bytes, max_fanout=settings.max_fanout,
-                        max_id_length=settings.max_id_length)
-        return cls(registry, outcomes, reply_channel=settings.reply_channel, limits=limits)
+                        max_id_length=settings.max_id_length, max_write_bytes=settings.max_request_write_bytes)
+        urls = settings.queue_urls or ()
+        shard = (settings.shard, len(urls)) if len(urls) > 1 and settings.shard is not None else None
+        return cls(registry, outcomes, reply_channel=settings.reply_channel, limits=limits, shard=shard)
 
     def handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool = True,
                enqueued_ms: int | None = None, start: Start | None = None, finish: Then | None = None) -> Reply:
@@ -95,6 +103,7 @@ class ForkService:
                 enqueued_ms: int | None, start: Start | None, finish: Then | None) -> Reply:
         started = self._monotonic()
         try:
+            self._check_shard(job_id)  # first: the right shard validates it, and nothing is read here
             request = requests.parse(payload, job_id, self.limits)
             edits = requests.edits_of(request)
             for events in edits:  # append's rules (event size, JSON), refused as parse refuses
@@ -135,6 +144,18 @@ class ForkService:
         latency = 0 if enqueued_ms is None else max(0, (now_ms() - enqueued_ms) * 1000)
         then = finish if start is not None and start.sent else None  # RQ's order: start, then finish
         return self.outcomes.record(reply, channel, duration_us=elapsed, latency_us=latency, then=then)
+
+    def _check_shard(self, request_id: str) -> None:
+        """``WRONG_SHARD`` when ``request_id`` lives on another shard than the one served (a producer
+        routing with another shard list, or none): forked here, the same id sent to its own shard
+        would fork again, since the two shards' records of it never meet. The refusal is recorded
+        under the id on this server only, so it never holds back the request on its own shard."""
+        if self.shard is None:
+            return
+        served, count = self.shard
+        owner = shard_of(request_id, count)
+        if owner != served:
+            raise errors.wrong_shard(rules.shown_id(request_id), owner, served, count)
 
     def _claim(self, request: ForkRequest, request_id: str, start: Start | None) -> tuple[Claim, ForkPlan | None]:
         """Claim the request id, with the source step in the same trip on a shared single server

@@ -102,7 +102,7 @@ def request_span(payload: str | bytes, request_id: str) -> Iterator[RequestSpan]
         return
     try:
         fields = _fields.decode(payload)
-    except (msgspec.MsgspecError, RecursionError):
+    except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
         fields = _Fields()
     parent = None
     if isinstance(fields.traceparent, str) and rules.is_valid_traceparent(fields.traceparent):
