@@ -330,3 +330,54 @@ def test_a_dead_sentinel_is_skipped_at_once_by_both_clients() -> None:
 
     took_async = asyncio.run(discover())
     assert took < 0.5 and took_async < 0.5, (took, took_async)
+
+
+WAIT = 1.0
+SLACK = 0.75
+"""Seconds a wait may overrun its deadline (a loaded machine; the last read of the store)."""
+
+
+@pytest.mark.serial  # a time bound
+def test_every_sync_wait_returns_by_its_deadline_across_a_failover_then_answers_the_stored_outcome() -> None:
+    with EmbeddedSentinel(replicas=1, sentinels=3) as setup:
+        replica = setup.replicas[0]
+        client = Client(queue_client(SETTINGS, setup.url), SETTINGS)
+        request = client.request("src")
+        client.submit(request)  # no worker: no outcome until the test stores one
+        with pytest.raises(TimeoutError):
+            client.wait(request, 0.2)  # the client's listener, kept for the next waits
+        # Where the kill lands: the listener is subscribed on the primary that dies, the client's
+        # sentinel manager asks the first sentinel first.
+        with setup.primary.client() as direct:
+            assert direct.pubsub_numsub(SETTINGS.reply_channel)[0][1] == 1
+        old_primary = setup.primary.port
+        setup.primary.kill()
+        setup.sentinels[0].kill()  # the primary's host took the first sentinel with it (2 of 3 still vote)
+        voter = setup.sentinels[1].client(socket_timeout=1.0, decode_responses=True)
+
+        def named_primary() -> int:
+            return int(voter.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", setup.service)[1])
+
+        waits: list[tuple[float, bool]] = []  # (seconds, the sentinels still named the dead primary at its start)
+        deadline = time.monotonic() + TIMEOUT
+        while named_primary() != replica.port or len(waits) < 3:
+            before = named_primary() == old_primary
+            began = time.monotonic()
+            with pytest.raises(TimeoutError):
+                client.wait(request, WAIT)
+            waits.append((time.monotonic() - began, before))
+            assert time.monotonic() < deadline, "no promotion"
+        assert any(before for _, before in waits), f"every wait started after the promotion: no race {waits}"
+        assert max(took for took, _ in waits) < WAIT + SLACK, waits
+        # Once the new primary has the outcome, the wait answers it.
+        stored = b'{"type":"fork/result","requestId":"%s","ok":true,"sessions":[]}' % request.request_id.encode()
+        with replica.client() as promoted:
+            promoted.hset(keys.request(request.request_id), mapping={"outcome": stored})
+        began = time.monotonic()
+        reply = client.wait(request, 5)
+        assert isinstance(reply, ForkResult) and reply.request_id == request.request_id
+        assert time.monotonic() - began < 5
+        client.close()
+        client.redis.close()
+        voter.close()
+    print(f"\nwaits of {WAIT}s across a failover: {', '.join(f'{took:.2f}s' for took, _ in waits)}")

@@ -21,8 +21,11 @@ RQ raises the socket time-out of a worker's own connection to cover its blocking
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from redis import Redis
@@ -68,11 +71,50 @@ class _Retry(Retry):
     def call_with_retry(self, do: Callable[[], T], fail: Callable[..., Any],
                         is_retryable: Callable[[Exception], bool] | None = None,
                         with_failure_count: bool = False) -> T:
-        def retryable(error: Exception) -> bool:
-            return (not self._halted[0] and not isinstance(error, AuthenticationError)
-                    and (is_retryable is None or is_retryable(error)))
+        # redis-py's loop, plus the halt and this thread's deadline (``retries_until``).
+        self._backoff.reset()  # type: ignore[no-untyped-call]
+        failures = 0
+        while True:
+            try:
+                return do()
+            except self._supported_errors as error:
+                if (self._halted[0] or isinstance(error, AuthenticationError)
+                        or (is_retryable is not None and not is_retryable(error))):
+                    raise
+                failures += 1
+                if with_failure_count:
+                    fail(error, failures)
+                else:
+                    fail(error)  # the connection's clean-up (a pub/sub's: its reconnection)
+                if self._retries >= 0 and failures > self._retries:
+                    raise
+                pause = self._backoff.compute(failures)
+                until = getattr(_deadlines, "until", None)
+                if until is not None:
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        raise
+                    pause = min(pause, left)
+                if pause > 0:
+                    time.sleep(pause)  # back-off, not synchronisation
 
-        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+_deadlines = threading.local()
+
+
+@contextlib.contextmanager
+def retries_until(deadline: float) -> Iterator[None]:
+    """Within the block, the calling thread's commands (of this module's clients) are retried only
+    until ``deadline`` (``time.monotonic()``): no back-off sleeps past it, and a failure past it is
+    final, the reconnections of a pub/sub read and of a Sentinel discovery included (a sync wait
+    across a failover: its reconnections otherwise added up to many times its time-out). A nested
+    block keeps the earlier deadline."""
+    outer = getattr(_deadlines, "until", None)
+    _deadlines.until = deadline if outer is None else min(outer, deadline)
+    try:
+        yield
+    finally:
+        _deadlines.until = outer
 
 
 def stop_retrying(client: Any) -> None:
