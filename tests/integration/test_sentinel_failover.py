@@ -14,22 +14,37 @@ that scheduler does and counts the resubmissions that were needed.
 from __future__ import annotations
 
 import asyncio
+import signal
 import subprocess
 import threading
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import redis_sentinel_url
-from helpers import SETTINGS, clean_environ, cli_args, outcome_entries, stop, turn, wait_registered, worker_name
+from helpers import (
+    SETTINGS,
+    clean_environ,
+    cli_args,
+    kill,
+    outcome_entries,
+    stop,
+    turn,
+    wait_registered,
+    worker_name,
+)
 from redis import Redis
+from redis.asyncio.sentinel import MasterNotFoundError as AsyncMasterNotFoundError
+from redis.sentinel import MasterNotFoundError
 from rq.job import Job
 
 from sessionfork.core import keys, records
-from sessionfork.core.connections import TRANSIENT, queue_client
+from sessionfork.core.connections import TRANSIENT, async_pool, queue_client
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkRequest, ForkResult, Reply
 from sessionfork.embedded import EmbeddedSentinel, wait_until
+from sessionfork.embedded.server import free_port
 from sessionfork.queue.aio import AsyncClient
 from sessionfork.queue.client import Client
 
@@ -247,3 +262,122 @@ def test_workers_and_clients_follow_a_sentinel_promotion_with_exactly_one_outcom
     print(f"\nsentinel failover: {len(ids)} requests ({dict(phases)}), {len(outstanding)} outstanding at "
           f"the kill, promotion after {promoted_in:.1f}s, {submitter.retried} submit retries, "
           f"{len(resubmitted)} resubmitted (lost enqueues), {time.monotonic() - started:.1f}s in all")
+
+
+STOP_BOUND = 3.0
+"""Seconds from SIGTERM to exit of an idle worker whose servers are all gone (about 0.5 s here;
+before the fix, over 20 s: the sentinels' own retries inside the data connection's)."""
+
+
+@pytest.mark.serial  # a time bound
+def test_a_worker_whose_sentinels_and_servers_are_all_gone_stops_warm_on_sigterm(tmp_path: Path) -> None:
+    with EmbeddedSentinel(replicas=1, sentinels=3) as setup:
+        name = worker_name("orphan")
+        log_path = tmp_path / "worker.log"
+        with log_path.open("wb") as log_file:
+            worker = subprocess.Popen(cli_args(setup.url, "worker", "--name", name, "--log-level", "INFO"),
+                                      env=clean_environ(), stdin=subprocess.DEVNULL, stdout=log_file,
+                                      stderr=subprocess.STDOUT)
+        try:
+            with queue_client(SETTINGS, setup.url) as reader:
+                wait_registered(reader, name, TIMEOUT)
+            nodes = [*setup.sentinels, setup.primary, *setup.replicas]
+            for node in nodes:
+                node.kill()
+            # Where the kill landed: every node is dead, the worker is still running (its dequeue
+            # failed, and its connection retries through sentinels that no longer answer).
+            assert all(node.process is not None and node.process.poll() is not None for node in nodes)
+            assert worker.poll() is None
+            worker.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            try:
+                code = worker.wait(4 * STOP_BOUND)
+            except subprocess.TimeoutExpired:
+                code = None  # still running: reported below, with its log
+            took = time.monotonic() - signalled
+        finally:
+            kill(worker)
+    logged = log_path.read_text()
+    assert code == 0, (code, logged)
+    assert took < STOP_BOUND, f"stopped {took:.1f}s after SIGTERM\n{logged}"
+    assert "warm shut down requested" in logged
+    assert f"worker {name} stopped with Redis unreachable: not unregistered" in logged, logged
+    assert "Traceback" not in logged, logged
+
+
+@pytest.mark.serial  # a time bound
+def test_a_dead_sentinel_is_skipped_at_once_by_both_clients() -> None:
+    # Three sentinels that refuse connections (closed ports): discovery fails after one try of
+    # each, for the sync and the asyncio pools alike (redis-py 8's default policy, 10 retries with
+    # back-off per sentinel, took seconds per discovery, and a discovery runs inside every one of
+    # the data connection's own retries).
+    ports = [free_port() for _ in range(3)]  # nothing listening
+    url = "redis+sentinel://" + ",".join(f"127.0.0.1:{p}" for p in ports) + "/sessionfork/0"
+    client = queue_client(SETTINGS, url)
+    began = time.monotonic()
+    with pytest.raises(MasterNotFoundError):
+        client.connection_pool.sentinel_manager.discover_master("sessionfork")  # type: ignore[attr-defined]
+    took = time.monotonic() - began
+    client.close()
+
+    async def discover() -> float:
+        pool = async_pool(url, max_connections=2, socket_timeout=1.0, socket_connect_timeout=1.0)
+        began = time.monotonic()
+        with pytest.raises(AsyncMasterNotFoundError):
+            await pool.sentinel_manager.discover_master("sessionfork")  # type: ignore[attr-defined]
+        await pool.disconnect()
+        return time.monotonic() - began
+
+    took_async = asyncio.run(discover())
+    assert took < 0.5 and took_async < 0.5, (took, took_async)
+
+
+WAIT = 1.0
+SLACK = 0.75
+"""Seconds a wait may overrun its deadline (a loaded machine; the last read of the store)."""
+
+
+@pytest.mark.serial  # a time bound
+def test_every_sync_wait_returns_by_its_deadline_across_a_failover_then_answers_the_stored_outcome() -> None:
+    with EmbeddedSentinel(replicas=1, sentinels=3) as setup:
+        replica = setup.replicas[0]
+        client = Client(queue_client(SETTINGS, setup.url), SETTINGS)
+        request = client.request("src")
+        client.submit(request)  # no worker: no outcome until the test stores one
+        with pytest.raises(TimeoutError):
+            client.wait(request, 0.2)  # the client's listener, kept for the next waits
+        # Where the kill lands: the listener is subscribed on the primary that dies, the client's
+        # sentinel manager asks the first sentinel first.
+        with setup.primary.client() as direct:
+            assert direct.pubsub_numsub(SETTINGS.reply_channel)[0][1] == 1
+        old_primary = setup.primary.port
+        setup.primary.kill()
+        setup.sentinels[0].kill()  # the primary's host took the first sentinel with it (2 of 3 still vote)
+        voter = setup.sentinels[1].client(socket_timeout=1.0, decode_responses=True)
+
+        def named_primary() -> int:
+            return int(voter.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", setup.service)[1])
+
+        waits: list[tuple[float, bool]] = []  # (seconds, the sentinels still named the dead primary at its start)
+        deadline = time.monotonic() + TIMEOUT
+        while named_primary() != replica.port or len(waits) < 3:
+            before = named_primary() == old_primary
+            began = time.monotonic()
+            with pytest.raises(TimeoutError):
+                client.wait(request, WAIT)
+            waits.append((time.monotonic() - began, before))
+            assert time.monotonic() < deadline, "no promotion"
+        assert any(before for _, before in waits), f"every wait started after the promotion: no race {waits}"
+        assert max(took for took, _ in waits) < WAIT + SLACK, waits
+        # Once the new primary has the outcome, the wait answers it.
+        stored = b'{"type":"fork/result","requestId":"%s","ok":true,"sessions":[]}' % request.request_id.encode()
+        with replica.client() as promoted:
+            promoted.hset(keys.request(request.request_id), mapping={"outcome": stored})
+        began = time.monotonic()
+        reply = client.wait(request, 5)
+        assert isinstance(reply, ForkResult) and reply.request_id == request.request_id
+        assert time.monotonic() - began < 5
+        client.close()
+        client.redis.close()
+        voter.close()
+    print(f"\nwaits of {WAIT}s across a failover: {', '.join(f'{took:.2f}s' for took, _ in waits)}")

@@ -291,10 +291,14 @@ def test_both_clients_enqueue_and_wait_for_each_request_on_its_own_shard() -> No
 
 
 def test_a_shard_behind_sentinel_is_served_and_reached_through_its_sentinel_url() -> None:
-    with EmbeddedSentinel(replicas=0, sentinels=1) as sentinel, EmbeddedServer() as plain:
+    # Three sentinels: the shard's URL has commas of its own, in one comma-separated list everywhere
+    # (SESSIONFORK_QUEUE_URLS, Client.from_urls, AsyncClient.from_urls).
+    with EmbeddedSentinel(replicas=0, sentinels=3) as sentinel, EmbeddedServer() as plain:
         urls = [sentinel.url, plain.url]
+        assert sentinel.url.count(",") == 2
         sync_ids, async_ids = [f"st-s-{i}" for i in range(20)], [f"st-a-{i}" for i in range(20)]
-        client = Client.from_urls(urls, SETTINGS)
+        client = Client.from_urls(",".join(urls), SETTINGS)
+        assert len(client.shards) == 2
         for rid in sync_ids:
             client.submit(client.request("src", request_id=rid))
 

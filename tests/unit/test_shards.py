@@ -4,6 +4,7 @@ docs/any-language.md), and the settings that name the shards."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import zlib
 from collections import Counter
@@ -13,6 +14,8 @@ import pytest
 
 from sessionfork.core import config
 from sessionfork.queue import shards
+from sessionfork.queue.aio import AsyncClient
+from sessionfork.queue.client import Client
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = json.loads((ROOT / "tests/data/shard_vectors.json").read_text())
@@ -90,6 +93,54 @@ def test_queue_urls_are_comma_separated() -> None:
     assert s.queue_urls == ("redis://a:1/0", "redis://b:1/0") and s.shard == 1
 
 
+# Every URL form the docs show (docs/configuration.md, docs/sharding.md, README.md), each a shard.
+DOCUMENTED_URLS = [
+    "redis://queue-0:6379/0",
+    "rediss://:pw@h/3",
+    "redis://h",
+    "unix:///tmp/r.sock",
+    "redis+sentinel://sentinel-1:26379,sentinel-2:26379,sentinel-3:26379/sessionfork/0",
+    "redis+sentinel://sentinel-1,sentinel-2,sentinel-3/queue-1/0",
+    "rediss+sentinel://:s3cret@10.0.0.5,10.0.0.6,[fd00::7]:26380/queue",
+    "redis+sentinel://sf-worker:p,w@[::1]:26380,s2/m",  # a comma in the password too
+    "redis+sentinel://s1:26380/one",
+]
+
+
+@pytest.mark.parametrize("start", range(len(DOCUMENTED_URLS)))
+def test_every_documented_url_form_is_one_shard_of_a_list(start: int) -> None:
+    urls = DOCUMENTED_URLS[start:] + DOCUMENTED_URLS[:start]  # each form first, in the middle and last
+    assert config.split_urls(",".join(urls), "urls") == urls
+    assert config.split_urls(" , ".join(urls), "urls") == urls
+    settings = config.from_environ({"SESSIONFORK_QUEUE_URLS": ",".join(urls), "SESSIONFORK_SHARD": "4"})
+    assert settings.queue_urls == tuple(urls)
+    assert config.from_environ({}, queue_urls=",".join(urls)).queue_urls == tuple(urls)  # --queue-urls
+
+
+def test_both_clients_split_a_list_with_a_multi_sentinel_url_into_its_shards() -> None:
+    urls = ["redis+sentinel://127.0.0.1:1,127.0.0.1:2,127.0.0.1:3/sf/0", "redis://127.0.0.1:4/0"]
+    client = Client.from_urls(",".join(urls))  # no connection is opened yet
+    assert len(client.shards) == 2
+    pool = client.shards[0].connection_pool
+    assert pool.sentinel_manager.sentinels[2].connection_pool.connection_kwargs["port"] == 3  # type: ignore[attr-defined]
+    assert client.shards[1].connection_pool.connection_kwargs["port"] == 4
+
+    async def build() -> list[int]:
+        async with AsyncClient.from_urls(",".join(urls)) as aio:
+            return [len(aio.shards), len(aio.shards[0].connection_pool.sentinel_manager.sentinels)]  # type: ignore[attr-defined]
+
+    assert asyncio.run(build()) == [2, 3]
+
+
+@pytest.mark.parametrize("text", ["q0:6379,q1:6379", "localhost:6379/0", "pw@q0,redis://a:1/0"])
+def test_a_list_that_does_not_begin_with_a_url_is_refused_by_name(text: str) -> None:
+    for call in (lambda: config.from_environ({"SESSIONFORK_QUEUE_URLS": text}),
+                 lambda: Client.from_urls(text)):
+        with pytest.raises(config.ConfigError, match=r"must be a comma-separated list of URLs") as refused:
+            call()
+        assert "pw" not in str(refused.value)
+
+
 @pytest.mark.parametrize(("env", "match"), [
     ({"SESSIONFORK_QUEUE_URLS": "redis://a:1/0,redis://b:1/0", "SESSIONFORK_SHARD": "2"},
      r"SESSIONFORK_SHARD must be between 0 and 1 \(SESSIONFORK_QUEUE_URLS lists 2"),
@@ -98,6 +149,9 @@ def test_queue_urls_are_comma_separated() -> None:
     ({"SESSIONFORK_QUEUE_URLS": "redis://a:1/0,,redis://b:1/0"}, "without empty entries"),
     ({"SESSIONFORK_QUEUE_URLS": "redis://a:1/0,redis://a:1/0"}, "lists a server twice"),
     ({"SESSIONFORK_QUEUE_URLS": "redis://a:1/0,http://b"}, "SESSIONFORK_QUEUE_URLS must be a"),
+    ({"SESSIONFORK_QUEUE_URLS": "redis://a:1/0,"}, "without empty entries"),
+    ({"SESSIONFORK_QUEUE_URLS": "redis://a:1/0,b:1/0"}, "SESSIONFORK_QUEUE_URLS must name a host"),  # no scheme
+    ({"SESSIONFORK_QUEUE_URLS": "redis+sentinel://s1,,s2/m"}, "without empty entries"),
     ({"SESSIONFORK_QUEUE_URLS": "redis://a:1/0", "SESSIONFORK_QUEUE_URL": "redis://b:1/0"}, "exclude each other"),
 ])
 def test_bad_shard_settings_are_refused(env: dict[str, str], match: str) -> None:

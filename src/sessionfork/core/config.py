@@ -6,6 +6,7 @@ that sets it) are in ``settings``; this module reads and checks them, and re-exp
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -16,11 +17,12 @@ from .settings import BOUNDS, ENQUEUE_MODES, ENV, NAME_MAX_LENGTH, Settings
 
 __all__ = ["BOUNDS", "ENQUEUE_MODES", "ENV", "NAME_MAX_LENGTH", "SENTINEL_PORT", "SENTINEL_SCHEMES", "URL_SCHEMES",
            "ConfigError", "SentinelURL", "Settings", "check_url", "from_environ", "parse_sentinel_url", "redacted",
-           "with_shard"]
+           "split_urls", "with_shard"]
 
 URL_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 SENTINEL_PORT = 26379
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")  # RFC 3986's scheme, then "//"
 
 
 class ConfigError(ValueError):
@@ -35,7 +37,7 @@ def from_environ(environ: Mapping[str, str], **overrides: Any) -> Settings:
             raw[field] = environ[var]
     raw.update({k: v for k, v in overrides.items() if v is not None})
     if isinstance(raw.get("queue_urls"), str):
-        raw["queue_urls"] = [part.strip() for part in raw["queue_urls"].split(",")]
+        raw["queue_urls"] = split_urls(raw["queue_urls"], ENV["queue_urls"])
     try:
         settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
@@ -66,6 +68,26 @@ def from_environ(environ: Mapping[str, str], **overrides: Any) -> Settings:
             raise ConfigError(f"{ENV[field]} must be 1-{NAME_MAX_LENGTH} printable ASCII characters without "
                               f"spaces, got {name!r}")
     return settings
+
+
+def split_urls(text: str, what: str) -> list[str]:
+    """The URLs of a comma-separated list (``SESSIONFORK_QUEUE_URLS``, ``from_urls``), each stripped.
+
+    A comma starts a new URL only where what follows it begins with a scheme (``redis://``,
+    ``rediss://``, ``unix://``, ``redis+sentinel://`` ...): the commas between a Sentinel URL's
+    hosts stay in it. An empty entry (``a,,b``, a trailing comma) is kept, empty, for the caller to
+    refuse; ``ConfigError`` (naming ``what``) for a list whose first entry has no scheme.
+    """
+    urls: list[str] = []
+    for part in text.split(","):
+        if urls and urls[-1].strip() and part.strip() and not _SCHEME.match(part.lstrip()):
+            urls[-1] += "," + part  # a Sentinel URL's next host (or a comma of a password)
+        else:
+            urls.append(part)
+    if urls[0].strip() and not _SCHEME.match(urls[0].lstrip()):
+        raise ConfigError(f"{what} must be a comma-separated list of URLs, each beginning with its scheme "
+                          f"({', '.join(s + '://' for s in URL_SCHEMES)}), got {redacted(urls[0].strip())!r}")
+    return [url.strip() for url in urls]
 
 
 def with_shard(settings: Settings, shard: int | None) -> Settings:
@@ -181,7 +203,7 @@ def check_url(url: str, what: str) -> str:
 def redacted(url: str) -> str:
     """``url`` without its password (error messages end up in logs)."""
     head, at, tail = url.rpartition("@")
-    return f"{head.rpartition(':')[0] or head}:***@{tail}" if at else url
+    return f"{head.rpartition(':')[0]}:***@{tail}" if at else url  # "pw@host" (no scheme) too
 
 
 def _number(value: float) -> str:

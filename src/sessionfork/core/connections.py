@@ -7,28 +7,34 @@ Sentinel: a ``redis+sentinel://`` URL (``config.parse_sentinel_url``) gives a cl
 asks the sentinels for the service's primary on every new connection (redis-py's
 ``SentinelConnectionPool``): after a promotion, the retried command reconnects to the new primary,
 so nothing needs a restart. A connection that lands on a demoted primary (a read-only replica) is
-dropped and retried the same way. The time-outs below bound the sentinels' connections too.
+dropped and retried the same way. The time-outs below bound the sentinels' connections too; a
+sentinel is never retried (``NO_RETRY``: the next one is asked).
 
 Bounds: every client has ``settings.socket_timeout`` per command and ``settings.connect_timeout``
 per connection, so a frozen server (or a TLS client talking to a plain server) fails a command
 within those seconds instead of hanging. A dropped connection is retried a few times with
 back-off (a restarting server); a time-out is not retried by the client (it would multiply the
 bound: callers that ride out outages, like the worker, retry the whole step), nor is a refused
-password (retrying cannot fix it). RQ raises the socket time-out of a worker's own connection to
-cover its blocking dequeue.
+password (retrying cannot fix it); ``stop_retrying`` ends a client's retries (a stopping worker).
+RQ raises the socket time-out of a worker's own connection to cover its blocking dequeue.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import copy
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from redis import Redis
 from redis.asyncio import BlockingConnectionPool as AsyncBlockingPool
 from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.cluster import RedisCluster
 from redis.exceptions import AuthenticationError, ClusterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -46,15 +52,79 @@ the step is retried after a back-off, never reported as a failure of the request
 
 
 class _Retry(Retry):
-    """redis-py's ``Retry``, except that a refused password is final: retrying cannot fix it."""
+    """redis-py's ``Retry``, except that a refused password is final (retrying cannot fix it), and
+    that ``halt`` ends the retries of every copy: redis-py deep-copies the policy into each
+    connection, and the copies share the halt (``stop_retrying``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._halted: list[bool] = [False]  # shared by the copies
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Retry:
+        twin = copy.copy(self)  # the halt shared; the back-off (its state) each copy's own
+        twin._backoff = copy.deepcopy(self._backoff, memo)
+        return twin
+
+    def halt(self) -> None:
+        self._halted[0] = True
 
     def call_with_retry(self, do: Callable[[], T], fail: Callable[..., Any],
                         is_retryable: Callable[[Exception], bool] | None = None,
                         with_failure_count: bool = False) -> T:
-        def retryable(error: Exception) -> bool:
-            return not isinstance(error, AuthenticationError) and (is_retryable is None or is_retryable(error))
+        # redis-py's loop, plus the halt and this thread's deadline (``retries_until``).
+        self._backoff.reset()  # type: ignore[no-untyped-call]
+        failures = 0
+        while True:
+            try:
+                return do()
+            except self._supported_errors as error:
+                if (self._halted[0] or isinstance(error, AuthenticationError)
+                        or (is_retryable is not None and not is_retryable(error))):
+                    raise
+                failures += 1
+                if with_failure_count:
+                    fail(error, failures)
+                else:
+                    fail(error)  # the connection's clean-up (a pub/sub's: its reconnection)
+                if self._retries >= 0 and failures > self._retries:
+                    raise
+                pause = self._backoff.compute(failures)
+                until = getattr(_deadlines, "until", None)
+                if until is not None:
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        raise
+                    pause = min(pause, left)
+                if pause > 0:
+                    time.sleep(pause)  # back-off, not synchronisation
 
-        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+_deadlines = threading.local()
+
+
+@contextlib.contextmanager
+def retries_until(deadline: float) -> Iterator[None]:
+    """Within the block, the calling thread's commands (of this module's clients) are retried only
+    until ``deadline`` (``time.monotonic()``): no back-off sleeps past it, and a failure past it is
+    final, the reconnections of a pub/sub read and of a Sentinel discovery included (a sync wait
+    across a failover: its reconnections otherwise added up to many times its time-out). A nested
+    block keeps the earlier deadline."""
+    outer = getattr(_deadlines, "until", None)
+    _deadlines.until = deadline if outer is None else min(outer, deadline)
+    try:
+        yield
+    finally:
+        _deadlines.until = outer
+
+
+def stop_retrying(client: Any) -> None:
+    """From now on, a command of ``client`` (a client of this module's) that fails on a dropped
+    connection fails at once, and so does one retrying now at its next failure: a stopping worker
+    must not ride out an outage (with every sentinel gone, the retries of one command add up to
+    seconds). Safe from a signal handler (one flag)."""
+    retry = client.get_retry()
+    if isinstance(retry, _Retry):
+        retry.halt()
 
 
 def time_outs(settings: Settings) -> dict[str, Any]:
@@ -81,10 +151,16 @@ def is_sentinel_url(url: str) -> bool:
     return url.partition("://")[0] in SENTINEL_SCHEMES
 
 
+NO_RETRY = Retry(NoBackoff(), 0)
+"""The sentinels' connections' policy: none. A dead sentinel is skipped by the pool (the next one
+is asked); redis-py 8's default (10 retries with back-off, per sentinel, inside each of the data
+connection's own retries) made one command with every sentinel gone take a minute or more."""
+
+
 def _sentinel_kwargs(settings: Settings) -> dict[str, Any]:
     # The sentinels' own connections: bounded like every other, no credentials (the URL's are the
-    # data nodes'). A dead sentinel is skipped by the pool, so no retry is needed here.
-    return time_outs(settings)
+    # data nodes'), no retry (NO_RETRY).
+    return {**time_outs(settings), "retry": NO_RETRY}
 
 
 def _node_kwargs(parsed: SentinelURL) -> dict[str, Any]:
@@ -131,6 +207,7 @@ def async_pool(url: str, *, max_connections: int, **connection_kwargs: Any) -> A
         return AsyncBlockingPool.from_url(url, max_connections=max_connections, **connection_kwargs)
     parsed = parse_sentinel_url(url)
     bounds = {k: v for k, v in connection_kwargs.items() if k in ("socket_timeout", "socket_connect_timeout")}
+    bounds["retry"] = AsyncRetry(NoBackoff(), 0)  # as NO_RETRY: a dead sentinel is skipped
     sentinel = AsyncSentinel(list(parsed.sentinels), sentinel_kwargs=bounds)  # type: ignore[no-untyped-call]
     client: AsyncRedis = sentinel.master_for(parsed.service, connection_pool_class=_AsyncBlockingSentinelPool,
                                              max_connections=max_connections,

@@ -52,7 +52,7 @@ from typing import Any, TypeVar
 from redis.asyncio import Redis
 
 from ..core import connections, keys, wire
-from ..core.config import Settings
+from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply, Summary
 from . import requests, shards, tracing
@@ -104,10 +104,10 @@ class AsyncClient:
     def from_urls(cls, urls: str | Sequence[str], settings: Settings | None = None, *, max_connections: int = 4,
                   new_id: Callable[[], str] = new_request_id, recheck_every: float = 1.0,
                   **connection_kwargs: Any) -> AsyncClient:
-        """A client of the queue servers at ``urls`` (a list, or one comma-separated string), in
-        shard order; ``max_connections`` and ``connection_kwargs`` apply to each shard as in
-        ``from_url``."""
-        listed = urls.split(",") if isinstance(urls, str) else list(urls)
+        """A client of the queue servers at ``urls`` (a list, or one comma-separated string split by
+        ``config.split_urls``: a Sentinel URL's hosts stay together), in shard order;
+        ``max_connections`` and ``connection_kwargs`` apply to each shard as in ``from_url``."""
+        listed = split_urls(urls, "urls") if isinstance(urls, str) else list(urls)
         bounded = _bounded(settings or Settings(), connection_kwargs)
         pools = [connections.async_pool(url.strip(), max_connections=max(max_connections - 1, 1),
                                         **bounded) for url in listed]

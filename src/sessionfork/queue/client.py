@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from redis import Redis
 
 from ..core import connections, wire
-from ..core.config import Settings
+from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply, Summary
 from . import jobs, requests, shards, tracing
@@ -53,10 +53,11 @@ class Client:
     @classmethod
     def from_urls(cls, urls: str | Sequence[str], settings: Settings | None = None, *,
                   new_id: Callable[[], str] = new_request_id) -> Client:
-        """A client of the queue servers at ``urls`` (a list, or one comma-separated string), in
-        shard order; each URL any form ``SESSIONFORK_QUEUE_URL`` takes (Sentinel too)."""
+        """A client of the queue servers at ``urls`` (a list, or one comma-separated string split by
+        ``config.split_urls``: a Sentinel URL's hosts stay together), in shard order; each URL
+        any form ``SESSIONFORK_QUEUE_URL`` takes (Sentinel too)."""
         settings = settings or Settings()
-        listed = urls.split(",") if isinstance(urls, str) else list(urls)
+        listed = split_urls(urls, "urls") if isinstance(urls, str) else list(urls)
         return cls([connections.queue_client(settings, url.strip()) for url in listed], settings, new_id=new_id)
 
     def shard_of(self, request_id: str) -> int:

@@ -20,6 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core import wire
+from ..core.connections import retries_until
 from ..core.wire import Reply
 from .outcomes import addressee, read_outcome
 
@@ -45,6 +46,10 @@ class ReplyListener:
     def ready(self, channel: str, deadline: float) -> bool:
         """Subscribed to ``channel``, confirmed by the server (now, or by an earlier wait);
         ``False`` at ``deadline``. A reply announced after this returns reaches the listener."""
+        with retries_until(deadline):  # no reconnection outlasts the deadline (a failover)
+            return self._ready(channel, deadline)
+
+    def _ready(self, channel: str, deadline: float) -> bool:
         if self._pubsub is None:
             self._pubsub = self.redis.pubsub()  # type: ignore[no-untyped-call]
         if channel in self._channels:
@@ -68,6 +73,11 @@ class ReplyListener:
         ``IDEMPOTENCY_CONFLICT``.
         """
         deadline = time.monotonic() + timeout
+        with retries_until(deadline):  # no reconnection outlasts the deadline (a failover)
+            return self._wait(request_id, channel, deadline, digest, announced_after_ready, recheck_every)
+
+    def _wait(self, request_id: str, channel: str, deadline: float, digest: str | None,
+              announced_after_ready: bool, recheck_every: float) -> Reply | None:
         read = not announced_after_ready
         while True:
             try:

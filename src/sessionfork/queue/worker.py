@@ -60,6 +60,9 @@ class ForkWorker(SeamWorker):
         self.on_outcome = on_outcome
         self.push_exc_handler(self._finish_abandoned)  # type: ignore[no-untyped-call]  # rq leaves it untyped
 
+    def redis_clients(self) -> list[Any]:
+        return [self.connection, self.service.registry.redis, self.service.outcomes.redis]
+
     def run_job(self, job: Job, queue: Queue) -> None:
         """Start the job, run its request, finish it: RQ's start bookkeeping rides the request's
         claim, its success bookkeeping the outcome's record (no round trip of their own)."""

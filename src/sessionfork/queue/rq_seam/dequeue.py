@@ -12,6 +12,7 @@ from typing import Any
 from rq.exceptions import DequeueTimeout, StopRequested
 from rq.worker import WorkerStatus
 
+from ...core.connections import stop_retrying
 from .entries import DequeuedJob, entry_of
 from .maintenance import MaintainedWorker
 
@@ -27,7 +28,16 @@ class DequeuingWorker(MaintainedWorker):
 
     def request_stop(self, signum: int, frame: Any) -> None:
         self.stop_signalled = True
+        # A warm stop whatever the servers' state: no command of a stopping worker rides out an
+        # outage (with every sentinel gone, one command's retries took minutes), the one retrying
+        # now included. A command that fails ends its step with StopRequested (``until_up``).
+        for client in self.redis_clients():
+            stop_retrying(client)
         super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+    def redis_clients(self) -> list[Any]:
+        """The Redis clients this worker's steps use (their retries end at a stop request)."""
+        return [self.connection]
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
         """RQ's dequeue loop, made safe for a fork worker.

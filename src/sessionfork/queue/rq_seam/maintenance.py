@@ -29,6 +29,7 @@ class MaintainedWorker(SimpleWorker):
     implement ``refuse_entry`` (a queue entry RQ cannot load) and may add to ``maintain``."""
 
     abandoned_after: int = 30
+    unreachable_at_stop: bool = False  # the loop stopped on a step that found Redis unreachable
 
     def refuse_entry(self, entry: EntryRefused) -> None:
         raise NotImplementedError
@@ -38,7 +39,14 @@ class MaintainedWorker(SimpleWorker):
 
     def teardown(self) -> None:
         # Unregistering is best effort: a stop must not fail because Redis is away or slow
-        # (the registration expires on its own).
+        # (the registration expires on its own). Away when the loop stopped: not even tried
+        # (each command would wait out its connect time-out, per sentinel behind Sentinel).
+        if self.unreachable_at_stop:
+            log.warning("worker %s stopped with Redis unreachable: not unregistered (its registration "
+                        "expires on its own)", self.name)
+            if self.pubsub_thread is not None:  # RQ's command listener: a daemon thread, told to end
+                self.pubsub_thread.stop()
+            return
         try:
             super().teardown()  # type: ignore[no-untyped-call]
         except RedisError as exc:
@@ -130,6 +138,7 @@ class MaintainedWorker(SimpleWorker):
                 if not is_outage(exc):
                     raise
                 if self._stop_requested:
+                    self.unreachable_at_stop = True
                     raise StopRequested() from exc
                 log.warning("Redis unreachable or busy (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
                 time.sleep(delay)  # back-off, not synchronisation

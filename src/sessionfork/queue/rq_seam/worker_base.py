@@ -244,7 +244,11 @@ class SeamWorker(DequeuingWorker):
 
     def teardown(self) -> None:
         # The counters of the jobs since the last beat, before RQ unregisters the worker (best
-        # effort, like the unregistering: a worker killed instead loses at most a second's worth).
+        # effort, like the unregistering: a worker killed instead loses at most a second's worth;
+        # not tried when the loop stopped with Redis unreachable).
+        if self.unreachable_at_stop:
+            super().teardown()
+            return
         try:
             with self.connection.pipeline(transaction=False) as pipe:
                 self.flush_counters(pipe)
