@@ -13,10 +13,11 @@ from contextlib import contextmanager
 import pytest
 from helpers import turn
 from redis.cluster import RedisCluster
+from waits import wait_until
 
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import LiveHandle
-from sessionfork.embedded import EmbeddedCluster, EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
 from sessionfork.ops import lineage
 
 START_TIMEOUT = 60.0

@@ -19,13 +19,14 @@ import pytest
 from helpers import SETTINGS, kill, outcome_entries, session_keys, stored_outcome, turn
 from redis import Redis
 from rq.registry import StartedJobRegistry
+from waits import wait_until
 
 from sessionfork.core import keys, records
 from sessionfork.core.config import Settings
 from sessionfork.core.connections import queue_client
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkRequest, ForkResult, Header
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
 from sessionfork.queue.client import Client
 

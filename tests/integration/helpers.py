@@ -15,11 +15,12 @@ from typing import Any
 import msgspec
 from redis import Redis
 from rq import SimpleWorker
+from waits import wait_until
 
 from sessionfork.core import keys, records, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.wire import NewEvent, Reply
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue.client import Client
 from sessionfork.queue.jobs import fresh_workers
 

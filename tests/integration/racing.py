@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 from redis import Redis
 from redis.cluster import RedisCluster
+from waits import wait_until
 
 from sessionfork.core import forks
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
-from sessionfork.embedded import wait_until
 
 TIMEOUT = 60.0
 

@@ -12,10 +12,11 @@ from typing import Any
 
 from aio_helpers import client_for, source, workers
 from redis import Redis
+from waits import wait_until
 
 from sessionfork import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 
 
 def local_addresses() -> set[str]:

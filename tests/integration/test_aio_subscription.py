@@ -14,12 +14,13 @@ import msgspec
 from aio_helpers import client_for, run, source, until, workers
 from helpers import SETTINGS
 from redis import Redis
+from waits import wait_until
 
 from sessionfork import Registry
 from sessionfork.aio import AsyncClient
 from sessionfork.core import wire
 from sessionfork.core.wire import ForkFailure, ForkResult
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue.outcomes import Outcomes
 
 

@@ -158,7 +158,7 @@ def test_a_python_submit_reusing_a_deleted_jobs_id_is_a_conflict_announced_nowhe
 
 
 def wait_job_done(redis: Redis, job_id: str) -> None:
-    from sessionfork.embedded import wait_until
+    from waits import wait_until
 
     wait_until(lambda: redis.hget(f"rq:job:{job_id}", "status") in (b"finished", b"failed"), 20,
                f"job {job_id} to end")

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 from helpers import clean_environ, cli_args, make_client
 from redis import Redis
+from waits import wait_until
 
 from sessionfork.core import wire
 from sessionfork.core.wire import ForkResult, Header
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue.outcomes import Outcomes
 
 pytestmark = pytest.mark.serial  # run alone: see pyproject's markers

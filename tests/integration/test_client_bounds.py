@@ -20,6 +20,7 @@ from aio_helpers import until
 from helpers import SETTINGS, make_client, registered_worker, start_worker, stop, turn, wait_registered, worker_name
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
+from waits import aoutcome_of, outcome_of
 
 from sessionfork import Registry
 from sessionfork.aio import AsyncClient
@@ -113,12 +114,12 @@ def test_an_async_wait_of_0_answers_an_outcome_already_stored_as_the_sync_client
     request = sync.request("src", session_id="child", request_id="r-stored")
     reply = ForkResult(request_id="r-stored", session=Header(version=0, id="child", created_at=1))
     Outcomes(redis, ttl=60, stream_maxlen=10).record(reply, SETTINGS.reply_channel, digest=wire.digest(request))
-    assert sync.wait(request, 0) == reply
+    assert outcome_of(lambda: sync.wait(request, 0)) == reply
 
     async def main() -> None:
         async with AsyncClient.from_url(server.url, SETTINGS) as client:
-            assert await client.wait(request, 0) == reply
-            assert await client.wait(request, 0.001) == reply
+            assert await aoutcome_of(lambda: client.wait(request, 0)) == reply
+            assert await aoutcome_of(lambda: client.wait(request, 0.001)) == reply
 
     asyncio.run(main())
 

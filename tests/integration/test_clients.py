@@ -30,13 +30,14 @@ from helpers import (
     worker_name,
 )
 from redis import Redis
+from waits import araised, raised, wait_until
 
 from sessionfork.aio import AsyncClient
 from sessionfork.core import wire
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkRequest, ForkResult, Header
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import acl
 from sessionfork.queue import requests, service
 from sessionfork.queue.outcomes import OUTCOME_FIELDS, Outcomes, verdict
@@ -151,18 +152,16 @@ def test_a_stored_outcome_of_another_request_id_is_no_answer() -> None:
 
 def test_both_clients_refuse_a_request_that_cannot_be_sent_as_json(server: EmbeddedServer, redis: Redis) -> None:
     bad = ForkRequest(source="s\udcff", request_id="enc-1")  # a lone surrogate: no UTF-8 for it
-    with pytest.raises(ForkError) as sync_error:
-        make_client(redis).submit(bad)
-    assert sync_error.value.code is ErrorCode.INVALID_REQUEST
+    sync_error = raised(lambda: make_client(redis).submit(bad))
+    assert isinstance(sync_error, ForkError) and sync_error.code is ErrorCode.INVALID_REQUEST, repr(sync_error)
 
     async def main() -> None:
         async with AsyncClient.from_url(server.url, SETTINGS) as client:
-            with pytest.raises(ForkError) as submit_error:
-                await client.submit(bad)
-            assert submit_error.value.code is ErrorCode.INVALID_REQUEST
-            with pytest.raises(ForkError) as fork_error:
-                await client.fork("s\udcff", request_id="enc-2", timeout=5)
-            assert fork_error.value.code is ErrorCode.INVALID_REQUEST
+            submit_error = await araised(lambda: client.submit(bad))
+            assert isinstance(submit_error, ForkError) and submit_error.code is ErrorCode.INVALID_REQUEST, repr(
+                submit_error)
+            fork_error = await araised(lambda: client.fork("s\udcff", request_id="enc-2", timeout=5))
+            assert isinstance(fork_error, ForkError) and fork_error.code is ErrorCode.INVALID_REQUEST, repr(fork_error)
             assert client.replies.waiters == 0
 
     asyncio.run(main())

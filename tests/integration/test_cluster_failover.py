@@ -16,12 +16,13 @@ from redis.cluster import RedisCluster
 from redis.exceptions import ClusterDownError, ClusterError, SlotNotCoveredError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from waits import wait_until
 
 from sessionfork.core import forks, keys
 from sessionfork.core.lua import NotReplicated
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import Header
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 
 TIMEOUT = 60.0
 FAILOVER_FORKS_BEFORE = 30

@@ -15,11 +15,12 @@ from cluster_fixtures import running_cluster
 from helpers import clean_environ, cli_args, make_client, outcome_entries, stop, turn, wait_registered, worker_name
 from redis.cluster import RedisCluster
 from rq.job import Job
+from waits import wait_until
 
 from sessionfork.core import keys, records
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkResult
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
 
 TIMEOUT = 60.0

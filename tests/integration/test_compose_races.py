@@ -15,12 +15,13 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
 from racing import OVER, a_later_fork, counted, ctx_fixture, report_on, run, spawned_fixture, succeeded  # noqa: F401
+from waits import wait_until
 
 from sessionfork.core import forks, wire
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 
 TIMEOUT = 60.0
 APPENDS = 40

@@ -16,12 +16,13 @@ from helpers import turn
 from racing import ctx_fixture, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
 from redis import Redis
 from redis.cluster import RedisCluster
+from waits import wait_until
 
 from sessionfork.core import forks, keys
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import DELETED, Registry
 from sessionfork.core.wire import NewEvent
-from sessionfork.embedded import EmbeddedCluster, EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
 from sessionfork.ops.lineage import lineage
 
 TIMEOUT = 60.0

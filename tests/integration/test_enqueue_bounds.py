@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from redis import Redis
 from redis.exceptions import ResponseError
+from waits import wait_until
 
 from sessionfork.core import keys, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.settings import REQUEST_LIMIT
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import acl
 from sessionfork.queue import enqueue as enqueue_module
 from sessionfork.queue.requests import Limits, parse

@@ -11,6 +11,7 @@ import pytest
 from fault_fixtures import add_sources, own_server_fixture, procs_fixture, rds_fixture, wait_all_outcomes  # noqa: F401
 from helpers import SETTINGS, clean_environ, make_client, start_worker, stored_outcome, worker_name
 from redis import Redis
+from waits import exited
 
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
@@ -62,7 +63,7 @@ def test_sigterm_right_after_dequeue_leaves_the_job_queued_or_done(
     proc = start_dying_worker(own_server.url, "SIGTERM")
     procs.append(proc)
 
-    assert proc.wait(20) == 0
+    assert exited(proc, 20) == 0
 
     assert stored_outcome(rds, rid) is not None or jobs.make_queue(rds, SETTINGS).job_ids == [rid]
 
@@ -74,7 +75,7 @@ def test_job_of_a_worker_killed_right_after_dequeue_is_recovered_quickly(
     rid = client.submit(client.request("src-0", session_id="c"))
     proc = start_dying_worker(own_server.url, "SIGKILL")
     procs.append(proc)
-    assert proc.wait(20) == -signal.SIGKILL
+    assert exited(proc, 20) == -signal.SIGKILL
 
     # WORKER_TTL 16 makes RQ's idle dequeue time-out 1 s, so maintenance runs at least every ~1 s.
     procs.append(start_worker(own_server.url, worker_name("rescuer"), SESSIONFORK_WORKER_TTL=16))

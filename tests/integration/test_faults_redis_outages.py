@@ -23,11 +23,12 @@ from helpers import SETTINGS, make_client, start_worker, stop, worker_name
 from redis import Redis
 from rq.job import Job
 from rq.registry import FailedJobRegistry
+from waits import wait_until
 
 from sessionfork.core import keys
 from sessionfork.core.config import Settings
 from sessionfork.core.connections import queue_client
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: as every fault test (test_faults_*.py)

@@ -28,11 +28,12 @@ from helpers import SETTINGS, kill, make_client, start_worker, stored_outcome, t
 from redis import Redis
 from rq.job import Job
 from rq.registry import FailedJobRegistry
+from waits import wait_until
 
 from sessionfork.core import keys
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkResult
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: the storm

@@ -25,6 +25,7 @@ from fault_fixtures import (  # noqa: F401  (fixtures: procs, own_server, rds)
 from helpers import SETTINGS, make_client, start_worker, stop, wait_registered, worker_name
 from redis import Redis
 from rq import SimpleWorker
+from waits import exited
 
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
@@ -76,7 +77,7 @@ def test_requests_left_queued_by_sigterm_are_answered_by_the_next_worker(
     procs.append(proc)
     wait_in_hand(rds, [first], "big-30")
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(20) == 0
+    assert exited(proc, 20) == 0
 
     procs.append(start_worker(own_server.url, worker_name("next"), **FAULT_ENV))
     wait_all_outcomes(rds, ids)

@@ -27,13 +27,14 @@ from helpers import clean_environ, cli_args, stop, stored_outcome, turn, worker_
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from redis import Redis
+from waits import wait_until
 
 from sessionfork.core import keys, rules
 from sessionfork.core.config import Settings
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult, Header
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs, requests
 from sessionfork.queue.client import Client
 from sessionfork.queue.jobs import fresh_workers

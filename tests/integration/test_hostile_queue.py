@@ -25,10 +25,11 @@ from helpers import (
     worker_name,
 )
 from redis import Redis
+from waits import wait_until
 
 from sessionfork.core import keys, wire
 from sessionfork.core.registry import Registry
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
 
 

@@ -16,10 +16,11 @@ from helpers import make_client, outcome_entries, start_worker, stop, turn, wait
 from redis import Redis
 from rq.job import Job
 from rq.registry import FinishedJobRegistry
+from waits import wait_until
 
 from sessionfork.core import keys
 from sessionfork.core.registry import Registry
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue.client import Client
 from sessionfork.queue.jobs import JSONSerializer
 

@@ -23,10 +23,10 @@ from persist_fixtures import (  # noqa: F401  (fixtures: root, make_backend)
     session_with_turns,
 )
 from redis import Redis
+from waits import wait_until
 
 from sessionfork.core import keys
 from sessionfork.core.registry import Registry
-from sessionfork.embedded import wait_until
 
 # -- at least once, exactly one line per event ---------------------------------------------------
 

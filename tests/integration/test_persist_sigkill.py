@@ -10,10 +10,11 @@ from pathlib import Path
 
 from helpers import kill, stop, turn
 from persist_fixtures import expected_lines, file_lines, file_of, fork, root_fixture  # noqa: F401
+from waits import wait_until
 
 from sessionfork.core import wire
 from sessionfork.core.registry import Registry
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 
 # -- a SIGKILLed backend catches up without a duplicate or a gap ---------------------------------
 

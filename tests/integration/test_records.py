@@ -12,6 +12,7 @@ import pytest
 from helpers import stored_outcome
 from msgspec import UNSET
 from redis import Redis
+from waits import outcome_of
 
 from sessionfork.core import forks, keys, lua, records, wire
 from sessionfork.core.config import Settings
@@ -95,7 +96,8 @@ def test_every_reader_takes_records_written_in_the_old_layout(redis: Redis) -> N
     stored = json.loads(redis.hget(keys.session("mid"), "header") or b"")
     assert stored == {"version": 0, "id": "mid", "createdAt": stored["createdAt"], "cwd": "/w",
                       "parentSession": "root", "seedLength": 2}
-    mid = new.header("mid")
+    mid = outcome_of(lambda: new.header("mid"))
+    assert isinstance(mid, wire.Header), mid  # the old layout read by today's reader
     assert (mid.parent_session, mid.cwd, mid.seed_length) == ("root", "/w", 2)
     child = forks.fork(new, "mid", "leaf")  # a compact child of an old-layout parent
     assert child.parent_session == "mid" and child.cwd == "/w" and child.seed_length == 4

@@ -17,13 +17,14 @@ import pytest
 from helpers import clean_environ, cli_args, start_worker, stop, turn, wait_registered, worker_name
 from racing import ctx_fixture, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
 from redis import Redis
+from waits import wait_until
 
 from sessionfork.core import forks, keys
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.factories import now_ms
 from sessionfork.core.registry import DELETED, UNPERSISTED, Registry
 from sessionfork.core.retention import sweep
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops.jsonl import path_for
 from sessionfork.ops.persist import JsonlBackend
 

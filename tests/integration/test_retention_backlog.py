@@ -17,13 +17,14 @@ from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_re
 from helpers import clean_environ, cli_args, start_worker, stop, turn, wait_registered, worker_name
 from redis import Redis
 from test_deletion import family, raw_state
+from waits import wait_until
 
 from sessionfork.core import keys
 from sessionfork.core.deletion import FLUSH_REASK_MS
 from sessionfork.core.factories import now_ms
 from sessionfork.core.registry import DELETED, UNPERSISTED, Registry
 from sessionfork.core.retention import sweep
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 
 HOUR = 3_600_000
 BACKLOG = 1_100

@@ -14,10 +14,11 @@ from helpers import SETTINGS, make_client, start_worker, stop, turn, wait_regist
 from redis import Redis
 from rq import Worker
 from rq.registry import FinishedJobRegistry
+from waits import wait_until
 
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkRequest
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
 from sessionfork.queue.client import Client
 from sessionfork.queue.outcomes import Outcomes

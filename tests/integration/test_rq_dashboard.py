@@ -15,11 +15,12 @@ from typing import Any
 import yaml
 from helpers import SETTINGS, make_client, start_worker, stop, turn, wait_registered, worker_name
 from redis import Redis
+from waits import wait_until
 
 from sessionfork import NewEvent, Registry
 from sessionfork.aio import AsyncClient
 from sessionfork.core import wire
-from sessionfork.embedded import EmbeddedServer, free_port, wait_until
+from sessionfork.embedded import EmbeddedServer, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

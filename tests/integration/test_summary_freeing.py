@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_registry_fixture  # noqa: F401
 from helpers import turn
+from waits import raised
 
 import sessionfork
 from sessionfork.core import forks, keys
@@ -156,18 +157,17 @@ def test_a_reader_that_a_deletion_overtook_gets_not_found_never_a_placeholder(re
     reg.delete("k8")
     assert freed(reg, src) == 20  # k8's slice of src starts at 8: 12 of its events are placeholders
     assert reg.redis.lrange(keys.session_log(src), 8, 8) == [b""]
-    with pytest.raises(ForkError) as caught:
-        reader.events("k8")
-    assert caught.value.code is ErrorCode.SESSION_NOT_FOUND
+    caught = raised(lambda: reader.events("k8"))
+    assert isinstance(caught, ForkError) and caught.code is ErrorCode.SESSION_NOT_FOUND, repr(caught)
     assert len(kept) == 1 + 40 - 8 and Registry(reg.redis).events("k20") == reader.events("k20")
 
 
 def read_around(monkeypatch: pytest.MonkeyPatch, registry: Registry, sid: str, early: set[int],
-                deletion: Callable[[], object]) -> tuple[list[list[Any]], ForkError]:
+                deletion: Callable[[], object]) -> tuple[list[list[Any]], Exception]:
     """Read ``sid`` (its lineage cached), run ``deletion``, read it again with the answers at
     positions ``early`` of its pipeline (the record's node, say) taken from the first read, as if
     they were answered before the deletion: a cluster's unordered answers, forced. Returns both
-    reads' real answers and what the second read raised."""
+    reads' real answers and what the second read raised (whatever it is: the caller asserts it)."""
     pipeline = type(registry.redis.pipeline())
     real = pipeline.execute
     answers: list[list[Any]] = []
@@ -182,10 +182,10 @@ def read_around(monkeypatch: pytest.MonkeyPatch, registry: Registry, sid: str, e
         patched.setattr(pipeline, "execute", interleaved)
         reader.events(sid)
     deletion()
-    with monkeypatch.context() as patched, pytest.raises(ForkError) as caught:
+    with monkeypatch.context() as patched:
         patched.setattr(pipeline, "execute", interleaved)
-        reader.events(sid)
-    return answers, caught.value
+        caught = raised(lambda: reader.events(sid))
+    return answers, caught
 
 
 def test_a_placeholder_read_after_the_record_answered_is_not_found(registry: Registry,
@@ -198,7 +198,7 @@ def test_a_placeholder_read_after_the_record_answered_is_not_found(registry: Reg
         forks.fork(registry, src, cid, summary=S(keep_from=k, data=cid))
     answers, caught = read_around(monkeypatch, registry, "k8", {0, -1},  # [summary, src's slice, own log, there]
                                   lambda: (registry.delete(src), registry.delete("k8")))
-    assert caught.code is ErrorCode.SESSION_NOT_FOUND
+    assert isinstance(caught, ForkError) and caught.code is ErrorCode.SESSION_NOT_FOUND, repr(caught)
     before, after = answers
     assert before[0] is not None and before[-1] and after[0] is None and not after[-1]  # the forced order
     assert len(after[1]) == len(before[1]) == 40 - 8 and after[1][0] == b""  # full length, placeholders
@@ -215,7 +215,7 @@ def test_an_own_log_read_after_the_record_answered_is_not_found(registry: Regist
     forks.fork(registry, "c", "g", summary=S(keep_from=24, data="keeps c's last two turns"))
     answers, caught = read_around(monkeypatch, registry, "c", {-1},  # [src's slice, own log, there]
                                   lambda: registry.delete("c"))
-    assert caught.code is ErrorCode.SESSION_NOT_FOUND
+    assert isinstance(caught, ForkError) and caught.code is ErrorCode.SESSION_NOT_FOUND, repr(caught)
     before, after = answers
     assert freed(registry, "c") == 12 and before[-1] and not after[-1]  # the forced order
     assert len(after[1]) == len(before[1]) == 20 and after[1][0] == b"" and after[1][12] == before[1][12]

@@ -15,12 +15,13 @@ from helpers import turn
 from racing import ctx_fixture, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
 from redis import Redis
 from redis.cluster import RedisCluster
+from waits import wait_until
 
 import sessionfork
 from sessionfork.core import forks, keys
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
-from sessionfork.embedded import EmbeddedCluster, EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
 
 TIMEOUT = 60.0
 READS = "race:{freeing}:reads"  # test keys (one slot), not sessionfork's

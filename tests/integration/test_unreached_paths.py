@@ -17,12 +17,13 @@ import pytest
 from helpers import SETTINGS, clean_environ, make_client, start_worker, stop, turn, wait_registered, worker_name
 from redis import Redis
 from rq.job import Job
+from waits import wait_until
 
 from sessionfork.core import keys
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult, Header
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
 from sessionfork.queue.outcomes import Outcomes
 

@@ -37,11 +37,12 @@ from helpers import (
 from redis import Redis
 from rq.exceptions import StopRequested
 from rq.job import Job, JobStatus
+from waits import exited, wait_until
 
 from sessionfork.core import keys, wire
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import acl
 from sessionfork.queue import jobs
 from sessionfork.queue.outcomes import Outcomes
@@ -164,7 +165,7 @@ def test_an_idle_worker_exits_0_within_2s_of_a_sigterm_landing_while_it_is_block
         wait_until(lambda: blocked_connection(redis) is not None, 20, "the worker to block in its dequeue")
         began = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(IDLE_STOP * 4) == 0
+        assert exited(proc, IDLE_STOP * 4) == 0
         assert time.monotonic() - began < IDLE_STOP
     finally:
         if proc.poll() is None:
@@ -206,7 +207,7 @@ def test_a_sigterm_does_not_interrupt_the_blocking_dequeue_it_lands_in(server: E
             pipe.rpush(queue.key, job_id)
             clients, _ = pipe.execute()
             still = any(int(c["id"]) == blocked and c["cmd"] in BLOCKING and "b" in c["flags"] for c in clients)
-            assert proc.wait(IDLE_STOP * 4) == 0
+            assert exited(proc, IDLE_STOP * 4) == 0
             if still:  # the dequeue returned the job after the signal: the worker finished it
                 landed_while_blocked += 1
                 assert stored_outcome(redis, job_id) is not None

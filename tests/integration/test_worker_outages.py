@@ -30,12 +30,13 @@ from helpers import (
 from redis import Redis
 from redis.exceptions import ResponseError
 from rq.registry import StartedJobRegistry
+from waits import outcome_of, wait_until
 
 from sessionfork.core import keys, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.connections import queue_client
 from sessionfork.core.registry import Registry
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
 from sessionfork.queue.jobs import fresh_workers
 from sessionfork.queue.outcomes import Outcomes
@@ -101,10 +102,11 @@ def test_a_long_script_makes_the_worker_back_off_not_die(busy_server: EmbeddedSe
             script = threading.Thread(target=other.eval, args=(LONG_SCRIPT, 0, BUSY_FOR))
             script.start()
             script.join(60)
-        reply = client.wait(request, 60)
+        reply = outcome_of(lambda: client.wait(request, 60))
         text = log.read_text(errors="replace")
         assert "BUSY" in text, text  # the worker did meet the busy server
-        assert reply.ok and len(reply.sessions or []) == FANOUT, reply  # the job in hand was finished, not failed
+        assert isinstance(reply, wire.ForkResult), (reply, text)  # the job in hand was finished, not failed
+        assert len(reply.sessions or []) == FANOUT, reply
         assert proc.poll() is None, text
         # ... and it serves on.
         assert client.fork("busy-src", timeout=30).ok

@@ -15,6 +15,7 @@ from helpers import make_client, outcome_entries, stored_outcome
 from msgspec import UNSET
 from redis import Redis
 from rq.job import Job, JobStatus
+from waits import wait_until
 from worker_fixtures import (  # noqa: F401  (fixtures: worker, client, source)
     TIMEOUT,
     client_fixture,
@@ -28,7 +29,7 @@ from worker_fixtures import (  # noqa: F401  (fixtures: worker, client, source)
 from sessionfork.core import keys
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue import jobs
 from sessionfork.queue.client import Client
 from sessionfork.queue.waiting import wait_for_reply

@@ -17,10 +17,11 @@ from helpers import live_client, registered_worker, turn
 from redis import Redis
 from redis.client import PubSub
 from rq.job import Job, JobStatus
+from waits import wait_until
 
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, Reply
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.queue.client import Client
 
 TIMEOUT = 10.0
@@ -73,7 +74,7 @@ def next_message(pubsub: PubSub, timeout: float = TIMEOUT) -> tuple[str, bytes]:
         message = pubsub.get_message(ignore_subscribe_messages=True, timeout=min(left, 1.0))
         if message is not None:
             return message["channel"].decode(), message["data"]
-    raise TimeoutError(f"no message within {timeout}s")
+    raise AssertionError(f"no message within {timeout}s")
 
 
 def job_status(redis: Redis, job_id: str) -> JobStatus | None:
