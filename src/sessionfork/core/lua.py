@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Final, Protocol
 
@@ -50,29 +50,39 @@ class Spec:
     keys: tuple[str, ...]
     args: tuple[str, ...]
     package: str | None = None
+    # The names parsed once (bare name, optional, a sequence), not on every call: a fan-out builds
+    # one create call per child, and parsing 25 names each time was most of its Python cost.
+    _plan: tuple[tuple[tuple[str, bool, bool], ...], tuple[tuple[str, bool, bool], ...]] = field(
+        init=False, repr=False, compare=False)
+    _names: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        plan = tuple(tuple((n.rstrip("?*"), n.endswith(("?", "*")), n.endswith("*")) for n in names)
+                     for names in (self.keys, self.args))
+        object.__setattr__(self, "_plan", plan)
+        object.__setattr__(self, "_names", frozenset(bare for part in plan for bare, _, _ in part))
 
     def build(self, named: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
         """The script's KEYS and ARGV from ``named`` (bare names); ``TypeError`` for a missing,
         unknown or misplaced one (a programming error)."""
-        unknown = set(named) - {n.rstrip("?*") for n in (*self.keys, *self.args)}
+        unknown = named.keys() - self._names
         if unknown:
             raise TypeError(f"{self.name}.lua takes no {', '.join(sorted(unknown))}")
-        return self._fill(self.keys, named), self._fill(self.args, named)
+        return self._fill(self._plan[0], named), self._fill(self._plan[1], named)
 
-    def _fill(self, names: tuple[str, ...], named: Mapping[str, Any]) -> list[Any]:
+    def _fill(self, plan: tuple[tuple[str, bool, bool], ...], named: Mapping[str, Any]) -> list[Any]:
         out: list[Any] = []
         left_out = ""
-        for name in names:
-            bare = name.rstrip("?*")
+        for bare, optional, many in plan:
             value = named.get(bare)
             if value is None:
-                if not name.endswith(("?", "*")):
+                if not optional:
                     raise TypeError(f"{self.name}.lua needs {bare}")
                 left_out = bare
                 continue
             if left_out:
                 raise TypeError(f"{self.name}.lua: {bare} given after {left_out} was left out")
-            if name.endswith("*"):
+            if many:
                 out.extend(value)
             else:
                 out.append(value)

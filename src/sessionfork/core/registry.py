@@ -21,7 +21,11 @@ from .sources import SnapshottingStore
 from .store import SessionRef
 from .wire import Header, NewEvent
 
-__all__ = ["DELETED", "LIVE", "UNPERSISTED", "Registry", "SessionRef"]
+__all__ = ["CREATED", "DELETED", "LIVE", "UNPERSISTED", "Registry", "SessionRef"]
+
+CREATED = 1
+"""``create.lua``'s reply for a record it created now: the caller has the header it sent (the
+script rebuilds a header's wire JSON only for a record that existed already: a replay)."""
 
 
 class Registry(SnapshottingStore):
@@ -123,28 +127,38 @@ class Registry(SnapshottingStore):
                 "pin", record=keys.session(source_id), children=keys.session_children(source_id),
                 needs=keys.session_needs(source_id), need=need, child_ids=list(child_ids)):
             raise errors.not_found(source_id)
-        calls: list[lua.Call] = [
-            self._scripts.op("create", record=keys.session(cid), log=keys.session_log(cid),
-                             turns=keys.session_turns(cid), lifecycle=self._lifecycle_key, **index,
-                             **records.create_args(self.child_header(snap, cid, now, seed),
-                                                   compact=self.compact_records),
-                             instance=self._new_token(), seed_length=seed.length, seed=wire.encode(seed.segments),
-                             request_id=request_id, maxlen=self.lifecycle_maxlen, session_id=cid,
-                             seed_end="" if seed.seed_end is None else seed.seed_end, parent_header=parent,
-                             summary=seed.summary or "", need=need,
-                             **own.get(cid, {"length": seed.length, "last_type": seed.last_type, "last_end": "",
-                                             "markers": "", "edits": ()}))
-            for cid, seed in seeds.items()
-        ]
+        # What every child of one seed shares is built once per seed, not once per child (a fan-out
+        # is one seed for all): the seed's JSON, and the compact record's header fields (no id in
+        # them; the old layout's JSON names the id, so it is the child's own).
+        shared: dict[int, dict[str, Any]] = {}
+        headers: dict[str, Header] = {}
+        calls: list[lua.Call] = []
+        for cid, seed in seeds.items():
+            headers[cid] = header = self.child_header(snap, cid, now, seed)
+            common = shared.get(id(seed))
+            if common is None:
+                common = shared[id(seed)] = {
+                    "lifecycle": self._lifecycle_key, **index, "seed_length": seed.length,
+                    "seed": wire.encode(seed.segments), "request_id": request_id, "maxlen": self.lifecycle_maxlen,
+                    "seed_end": "" if seed.seed_end is None else seed.seed_end, "parent_header": parent,
+                    "summary": seed.summary or "", "need": need,
+                    **(records.create_args(header) if self.compact_records else {})}
+            calls.append(self._scripts.op(
+                "create", record=keys.session(cid), log=keys.session_log(cid), turns=keys.session_turns(cid),
+                **common, **({} if self.compact_records else records.create_args(header, compact=False)),
+                instance=self._new_token(), session_id=cid,
+                **own.get(cid, {"length": seed.length, "last_type": seed.last_type, "last_end": "", "markers": "",
+                                "edits": ()})))
         replies = lua.eval_many(self.redis, calls, replicas=self.wait_replicas, wait_ms=self.wait_timeout_ms)
         if any(raw == -1 for raw in replies) and not self._deleted(source_id):
-            raise self._lost(snap, [c for c, raw in zip(child_ids, replies, strict=True) if isinstance(raw, bytes)])
+            raise self._lost(snap, [c for c, raw in zip(child_ids, replies, strict=True)
+                                    if raw == CREATED or isinstance(raw, bytes)])
         # -1 with the parent deleted: a deletion landed among the children. Those created before it
         # pinned its log (delete.lua kept it), so they are whole children and stay, reported; the
         # others are SESSION_NOT_FOUND in their place (a fan-out reports both: no hidden state).
         results: list[Header | errors.ForkError] = [
             errors.already_exists(cid) if raw is None else
-            errors.not_found(source_id) if raw == -1 else wire.decode_header(raw)
+            errors.not_found(source_id) if raw == -1 else headers[cid] if raw == CREATED else wire.decode_header(raw)
             for cid, raw in zip(child_ids, replies, strict=True)
         ]
         created = [r.id for r in results if isinstance(r, Header)]
