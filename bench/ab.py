@@ -73,9 +73,9 @@ def report(names: tuple[str, str], rounds: list[tuple[dict[str, Any], dict[str, 
     lines.append("")
     for f in FIGURES:
         lines.append(f"{LABELS[f]}, median of {len(rounds)}: {names[0]} {medians[0][f]:,.1f}, "
-                     f"{names[1]} {medians[1][f]:,.1f}, {names[1]} ÷ {names[0]} {medians[1][f] / medians[0][f]:.2f}×")
+                     f"{names[1]} {medians[1][f]:,.1f}, {names[1]} ÷ {names[0]} {medians[1][f] / medians[0][f]:.2f}x")
     for name, m in zip(names, medians, strict=True):
-        lines.append(f"fan-out children/s ÷ single-fork requests/s, {name}: {m['fanout'] / m['single']:.1f}×")
+        lines.append(f"fan-out children/s ÷ single-fork requests/s, {name}: {m['fanout'] / m['single']:.1f}x")
     return lines
 
 

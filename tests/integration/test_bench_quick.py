@@ -41,7 +41,11 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
             "registry cores (cluster masters) beside them for 1,000,000 forks/s",
             "Redis bytes retained per completed request",
             "GB a steady 1000 forks/s holds (default TTL 24 h)"} <= names
-    assert {"single-fork requests/s (1 worker, median of rounds)", "fan-out children/s (64 per request)"} <= names
+    assert {"single-fork requests/s (1 worker, median of rounds)", bench.FAN_OUT} <= names
+    fan_rows = [f for f in figures if f["figure"] == bench.FAN_OUT]  # against the target and single forks
+    assert [f["baseline"] for f in fan_rows] == ["target children/s",
+                                                 "single-fork requests/s (1 worker, median of rounds)"]
+    assert fan_rows[1]["baselineValue"] == next(f["value"] for f in figures if f["figure"].startswith("single-fork"))
     assert "async forks/s, 100 concurrent, 4 workers" in names
     assert names >= SHARD_ROWS
     shards = next(f for f in figures if f["figure"].startswith("forks/s, 2 queue shards"))
@@ -50,7 +54,7 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
                 for p in ("10%", "50%", "100%") for what in ("µs", "Redis bytes/child")}
     assert boundary <= names
     assert {"fork with 2 edits µs, 10-event parent", "Redis bytes/child with 2 edits, less the edits' own bytes",
-            "variant fan-out children/s (64 variants, one edit each)",
+            "variant fan-out children/s (64 variants, one edit each, median of rounds)",
             "bytes a deleted 2000-event parent's log holds, summary child keeping the last turn"} <= names
 
 

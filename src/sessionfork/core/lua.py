@@ -70,6 +70,34 @@ class Spec:
             raise TypeError(f"{self.name}.lua takes no {', '.join(sorted(unknown))}")
         return self._fill(self._plan[0], named), self._fill(self._plan[1], named)
 
+    def build_each(self, shared: Mapping[str, Any],
+                   each: Sequence[Mapping[str, Any]]) -> list[tuple[list[Any], list[Any]]]:
+        """``build({**shared, **item})`` for each item of ``each``, built as one: the names are
+        checked and ``shared``'s values placed once, then each item's values put in their places
+        (the children of a fan-out differ in a few of the create script's names). An item naming
+        other names than the first, or a ``None`` (a left-out name), is built on its own."""
+        if not each:
+            return []
+        varying = each[0].keys()
+        star = next((bare for bare, _, many in self._plan[1] if many and bare in varying), None)
+        keys_t, args_t = self.build({**shared, **{n: None if n == star else _Slot(n) for n in varying}})
+        key_slots = [(i, v.name) for i, v in enumerate(keys_t) if isinstance(v, _Slot)]
+        arg_slots = [(i, v.name) for i, v in enumerate(args_t) if isinstance(v, _Slot)]
+        out: list[tuple[list[Any], list[Any]]] = []
+        for item in each:
+            if item.keys() != varying or None in item.values():
+                out.append(self.build({**shared, **item}))
+                continue
+            call_keys, args = keys_t.copy(), args_t.copy()
+            for i, name in key_slots:
+                call_keys[i] = item[name]
+            for i, name in arg_slots:
+                args[i] = item[name]
+            if star is not None:
+                args.extend(item[star])
+            out.append((call_keys, args))
+        return out
+
     def _fill(self, plan: tuple[tuple[str, bool, bool], ...], named: Mapping[str, Any]) -> list[Any]:
         out: list[Any] = []
         left_out = ""
@@ -89,12 +117,20 @@ class Spec:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """Where ``Spec.build_each`` puts an item's value of ``name``."""
+
+    name: str
+
+
 SCRIPTS: Final[Mapping[str, Spec]] = {spec.name: spec for spec in (
     Spec("append", ("record", "log", "turns", "lifecycle?"),
          ("instance", "last_type", "expect_length", "flush", "maxlen", "session_id", "call_id", "markers", "events*")),
     Spec("create", ("record", "log", "turns", "lifecycle?", "parent_children?", "parent?", "parent_needs?"),
          ("header", "instance", "length", "seed_length", "seed", "last_type", "request_id", "maxlen", "session_id",
-          "seed_end", "parent_header", "last_end", "markers", "summary", "need", "cwd", "parent_id", "edits*")),
+          "seed_end", "parent_header", "last_end", "markers", "summary", "need", "cwd", "parent_id", "parent_stored",
+          "parent_cwd", "parent_parent", "edits*")),
     Spec("delete", ("record", "log", "children", "persisted", "turns", "lifecycle?"),
          ("now", "maxlen", "session_id", "only_disposed", "persisted_first")),
     Spec("dispose", ("record", "lifecycle?", "disposed?"), ("instance", "maxlen", "session_id", "now")),
@@ -130,6 +166,11 @@ class Scripts:
         """The call of script ``name`` with ``named`` keys and arguments, for ``run``/``eval_many``."""
         call_keys, args = SCRIPTS[name].build(named)
         return self.script(name), call_keys, args
+
+    def op_each(self, name: str, shared: Mapping[str, Any], each: Sequence[Mapping[str, Any]]) -> list[Call]:
+        """``op(name, **shared, **item)`` for each item of ``each`` (``Spec.build_each``)."""
+        script = self.script(name)
+        return [(script, call_keys, args) for call_keys, args in SCRIPTS[name].build_each(shared, each)]
 
     def __call__(self, name: str, /, **named: Any) -> Any:
         """Run script ``name`` now (EVALSHA, loading it on NOSCRIPT) with ``named`` keys and arguments."""

@@ -114,6 +114,10 @@ class Registry(SnapshottingStore):
         # boundary fork's seed may end with an event after its turn/end (todo/write): recorded as
         # such, so forking the child without a boundary keeps today's rule (its last event).
         parent = wire.encode_header(snap.source)
+        # And as a compact record holds it, for the script's one-string compare (lib/header.lua).
+        stored = records.create_args(snap.source)
+        parent_stored = {"parent_stored": stored["header"], "parent_cwd": stored["cwd"],
+                         "parent_parent": stored["parent_id"]}
         # On one server the script also indexes the child under its parent and checks that the
         # parent is still the session snapshotted (not deleted either), at least as long
         # (atomically); on a cluster the parent is in another slot: the children are pinned in its
@@ -127,28 +131,29 @@ class Registry(SnapshottingStore):
                 "pin", record=keys.session(source_id), children=keys.session_children(source_id),
                 needs=keys.session_needs(source_id), need=need, child_ids=list(child_ids)):
             raise errors.not_found(source_id)
-        # What every child of one seed shares is built once per seed, not once per child (a fan-out
-        # is one seed for all): the seed's JSON, and the compact record's header fields (no id in
-        # them; the old layout's JSON names the id, so it is the child's own).
-        shared: dict[int, dict[str, Any]] = {}
+        # What the children of one seed share is built once, not once per child (a fan-out is one
+        # seed for all; a summary child has its own): the seed's JSON and the compact record's
+        # header fields (no id in them; the old layout's JSON names the id: each child's own).
         headers: dict[str, Header] = {}
-        calls: list[lua.Call] = []
+        runs: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+        last: ChildSeed | None = None
         for cid, seed in seeds.items():
             headers[cid] = header = self.child_header(snap, cid, now, seed)
-            common = shared.get(id(seed))
-            if common is None:
-                common = shared[id(seed)] = {
-                    "lifecycle": self._lifecycle_key, **index, "seed_length": seed.length,
-                    "seed": wire.encode(seed.segments), "request_id": request_id, "maxlen": self.lifecycle_maxlen,
-                    "seed_end": "" if seed.seed_end is None else seed.seed_end, "parent_header": parent,
-                    "summary": seed.summary or "", "need": need,
-                    **(records.create_args(header) if self.compact_records else {})}
-            calls.append(self._scripts.op(
-                "create", record=keys.session(cid), log=keys.session_log(cid), turns=keys.session_turns(cid),
-                **common, **({} if self.compact_records else records.create_args(header, compact=False)),
-                instance=self._new_token(), session_id=cid,
+            if seed is not last:
+                last = seed
+                runs.append(({"lifecycle": self._lifecycle_key, **index, "seed_length": seed.length,
+                              "seed": wire.encode(seed.segments), "request_id": request_id,
+                              "maxlen": self.lifecycle_maxlen,
+                              "seed_end": "" if seed.seed_end is None else seed.seed_end, "parent_header": parent,
+                              "summary": seed.summary or "", "need": need, **parent_stored,
+                              **(records.create_args(header) if self.compact_records else {})}, []))
+            runs[-1][1].append({
+                "record": keys.session(cid), "log": keys.session_log(cid), "turns": keys.session_turns(cid),
+                **({} if self.compact_records else records.create_args(header, compact=False)),
+                "instance": self._new_token(), "session_id": cid,
                 **own.get(cid, {"length": seed.length, "last_type": seed.last_type, "last_end": "", "markers": "",
-                                "edits": ()})))
+                                "edits": ()})})
+        calls = [call for common, each in runs for call in self._scripts.op_each("create", common, each)]
         replies = lua.eval_many(self.redis, calls, replicas=self.wait_replicas, wait_ms=self.wait_timeout_ms)
         if any(raw == -1 for raw in replies) and not self._deleted(source_id):
             raise self._lost(snap, [c for c, raw in zip(child_ids, replies, strict=True)
