@@ -132,8 +132,9 @@ class Registry(SnapshottingStore):
                 needs=keys.session_needs(source_id), need=need, child_ids=list(child_ids)):
             raise errors.not_found(source_id)
         # What the children of one seed share is built once, not once per child (a fan-out is one
-        # seed for all; a summary child has its own): the seed's JSON and the compact record's
-        # header fields (no id in them; the old layout's JSON names the id: each child's own).
+        # seed for all; a summary child has its own): the seed's JSON, the compact record's header
+        # fields (no id in them; the old layout's JSON names the id: each child's own), and the
+        # log's end for a child without edits of its own.
         headers: dict[str, Header] = {}
         runs: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
         last: ChildSeed | None = None
@@ -146,13 +147,16 @@ class Registry(SnapshottingStore):
                               "maxlen": self.lifecycle_maxlen,
                               "seed_end": "" if seed.seed_end is None else seed.seed_end, "parent_header": parent,
                               "summary": seed.summary or "", "need": need, **parent_stored,
-                              **(records.create_args(header) if self.compact_records else {})}, []))
-            runs[-1][1].append({
-                "record": keys.session(cid), "log": keys.session_log(cid), "turns": keys.session_turns(cid),
-                **({} if self.compact_records else records.create_args(header, compact=False)),
-                "instance": self._new_token(), "session_id": cid,
-                **own.get(cid, {"length": seed.length, "last_type": seed.last_type, "last_end": "", "markers": "",
-                                "edits": ()})})
+                              **(records.create_args(header) if self.compact_records else {}),
+                              "length": seed.length, "last_type": seed.last_type, "last_end": "", "markers": "",
+                              "edits": ()}, []))
+            item = {"record": keys.session(cid), "log": keys.session_log(cid), "turns": keys.session_turns(cid),
+                    "instance": self._new_token(), "session_id": cid}
+            if cid in own:
+                item.update(own[cid])
+            if not self.compact_records:
+                item.update(records.create_args(header, compact=False))
+            runs[-1][1].append(item)
         calls = [call for common, each in runs for call in self._scripts.op_each("create", common, each)]
         replies = lua.eval_many(self.redis, calls, replicas=self.wait_replicas, wait_ms=self.wait_timeout_ms)
         if any(raw == -1 for raw in replies) and not self._deleted(source_id):
