@@ -124,9 +124,10 @@ class Registry(SnapshottingStore):
         # index first (pin.lua refuses a deleted parent: its log may be freed), and it is checked
         # right after they are created.
         index = {} if self._cluster else {"parent_children": keys.session_children(source_id),
-                                          "parent": keys.session(source_id),
-                                          "parent_needs": keys.session_needs(source_id)}
+                                          "parent": keys.session(source_id)}
         need = "" if summary is None else summary.keep_from  # a summary child reads the source from K on
+        if index and summary is not None:  # only a summary child's pin has a need to record (one key fewer)
+            index["parent_needs"] = keys.session_needs(source_id)
         if self._cluster and child_ids and not self._scripts(
                 "pin", record=keys.session(source_id), children=keys.session_children(source_id),
                 needs=keys.session_needs(source_id), need=need, child_ids=list(child_ids)):

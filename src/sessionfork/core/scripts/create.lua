@@ -6,8 +6,8 @@
 -- KEYS[4] = sf:lifecycle, KEYS[5] = the parent's sf:s:{<parent>}:children
 --           (both optional: given only when they share the server, i.e. not on a cluster, where
 --           the registry pins the child under its parent first (pin.lua) and emits the event after)
--- KEYS[6] = the parent's record sf:s:{<parent>}, KEYS[7] = the parent's sf:s:{<parent>}:needs
---           (optional, with KEYS[5]: a forked child on one server)
+-- KEYS[6] = the parent's record sf:s:{<parent>}   (optional, with KEYS[5]: a forked child on one server)
+-- KEYS[7] = the parent's sf:s:{<parent>}:needs     (optional, with KEYS[6]: a summary child on one server)
 -- ARGV    = header (the record's "header" field: lib/header.lua), instance token, len (seed + edits), seedlen, seed JSON, last type, request
 --           id ("" = none), lifecycle stream MAXLEN, session id, seed end: seq of the newest
 --           turn/end of the seed (-1: none; "": unknown, the record gets no turn index, as one
