@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import rq
+from bench import ab
 from bench import main as bench
 from bench.shards import sharded_forks
 
@@ -79,3 +80,16 @@ def test_queue_only_run_reports_the_rq_figures_with_the_rq_version(tmp_path: Pat
     assert result["rq"] == rq.__version__
     assert {f["figure"] for f in result["figures"]} == {
         "single-fork requests/s (1 worker, median of rounds)", "Redis round trips per job, worker side"}
+
+
+@pytest.mark.slow
+def test_the_ab_bench_measures_both_trees_in_alternating_rounds(capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench.ab`` against HEAD's tree (extracted): a round measures it, then this tree (one round:
+    each measurement starts workers of its own; ``run_tree`` checks which tree each one imported)."""
+    assert ab.main(["HEAD", "--rounds", "1", "--fan-requests", "2", "--singles", "5"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.startswith("| 1 |")]
+    assert len(rows) == 1 and all(float(cell.replace(",", "")) > 0 for cell in rows[0].strip("|").split("|"))
+    assert any(line.startswith("fan-out children/s (64 per request), median of 1: HEAD ") for line in out)
+    assert sum(line.startswith("fan-out children/s ÷ single-fork requests/s, ") for line in out) == 2
+

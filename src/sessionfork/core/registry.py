@@ -151,8 +151,9 @@ class Registry(SnapshottingStore):
                               **(records.create_args(header) if self.compact_records else {}),
                               "length": seed.length, "last_type": seed.last_type, "last_end": "", "markers": "",
                               "edits": ()}, []))
-            item = {"record": keys.session(cid), "log": keys.session_log(cid), "turns": keys.session_turns(cid),
-                    "instance": self._new_token(), "session_id": cid}
+            item: dict[str, Any] = {"record": keys.session(cid), "log": keys.session_log(cid),
+                                    "turns": keys.session_turns(cid), "instance": self._new_token(),
+                                    "session_id": cid}
             if cid in own:
                 item.update(own[cid])
             if not self.compact_records:
