@@ -26,7 +26,6 @@ from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
 from sessionfork.embedded import EmbeddedServer, wait_until
 from sessionfork.queue.client import Client
-from sessionfork.queue.requests import Variant
 
 
 def noop() -> None:
@@ -141,6 +140,9 @@ def fork_throughput(server: EmbeddedServer, requests: int, workers: int = 1, cou
         began = time.perf_counter()
         for i in range(requests):
             if variants:
+                # Imported here: bench.ab runs this function against older trees, which lack it.
+                from sessionfork.queue.requests import Variant
+
                 client.submit(client.request("bench-src", variants=[
                     Variant(edits=[NewEvent("user/message", {"text": f"variant {v}"})]) for v in range(variants)]))
                 continue

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import rq
+from bench import ab
 from bench import main as bench
 from bench.shards import sharded_forks
 
@@ -41,7 +42,11 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
             "registry cores (cluster masters) beside them for 1,000,000 forks/s",
             "Redis bytes retained per completed request",
             "GB a steady 1000 forks/s holds (default TTL 24 h)"} <= names
-    assert {"single-fork requests/s (1 worker, median of rounds)", "fan-out children/s (64 per request)"} <= names
+    assert {"single-fork requests/s (1 worker, median of rounds)", bench.FAN_OUT} <= names
+    fan_rows = [f for f in figures if f["figure"] == bench.FAN_OUT]  # against the target and single forks
+    assert [f["baseline"] for f in fan_rows] == ["target children/s",
+                                                 "single-fork requests/s (1 worker, median of rounds)"]
+    assert fan_rows[1]["baselineValue"] == next(f["value"] for f in figures if f["figure"].startswith("single-fork"))
     assert "async forks/s, 100 concurrent, 4 workers" in names
     assert names >= SHARD_ROWS
     shards = next(f for f in figures if f["figure"].startswith("forks/s, 2 queue shards"))
@@ -50,7 +55,7 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
                 for p in ("10%", "50%", "100%") for what in ("µs", "Redis bytes/child")}
     assert boundary <= names
     assert {"fork with 2 edits µs, 10-event parent", "Redis bytes/child with 2 edits, less the edits' own bytes",
-            "variant fan-out children/s (64 variants, one edit each)",
+            "variant fan-out children/s (64 variants, one edit each, median of rounds)",
             "bytes a deleted 2000-event parent's log holds, summary child keeping the last turn"} <= names
 
 
@@ -75,3 +80,16 @@ def test_queue_only_run_reports_the_rq_figures_with_the_rq_version(tmp_path: Pat
     assert result["rq"] == rq.__version__
     assert {f["figure"] for f in result["figures"]} == {
         "single-fork requests/s (1 worker, median of rounds)", "Redis round trips per job, worker side"}
+
+
+@pytest.mark.slow
+def test_the_ab_bench_measures_both_trees_in_alternating_rounds(capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench.ab`` against HEAD's tree (extracted): a round measures it, then this tree (one round:
+    each measurement starts workers of its own; ``run_tree`` checks which tree each one imported)."""
+    assert ab.main(["HEAD", "--rounds", "1", "--fan-requests", "2", "--singles", "5"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.startswith("| 1 |")]
+    assert len(rows) == 1 and all(float(cell.replace(",", "")) > 0 for cell in rows[0].strip("|").split("|"))
+    assert any(line.startswith("fan-out children/s (64 per request), median of 1: HEAD ") for line in out)
+    assert sum(line.startswith("fan-out children/s ÷ single-fork requests/s, ") for line in out) == 2
+

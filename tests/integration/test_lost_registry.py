@@ -19,7 +19,7 @@ from helpers import count_session_keys, turn
 from redis import Redis
 from redis.cluster import RedisCluster
 
-from sessionfork.core import keys
+from sessionfork.core import keys, records
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.forks import create, fork, fork_many
 from sessionfork.core.registry import Registry
@@ -57,6 +57,53 @@ def test_a_new_session_under_the_lost_sources_id_never_becomes_a_seed(redis: Red
     lost(lambda: registry.create_children(snap, ["orphan"]))
     assert not registry.exists("orphan")
     assert registry.children("src") == []
+
+
+@pytest.mark.parametrize("cwd", ["/other", None])
+def test_a_source_recreated_at_the_same_time_with_another_cwd_is_lost(redis: Redis, cwd: str | None) -> None:
+    """The script compares the parent's stored fields first: its header field alone (the same
+    version, createdAt and seedLength) must not pass a parent whose cwd changed."""
+    registry = Registry(redis, clock=lambda: 1_000)
+    registry.append(registry.create("src", cwd="/w"), turn(1))
+    snap = registry.take_snapshot("src")
+    redis.flushall()
+    registry.append(registry.create("src", cwd=cwd), turn(1))
+    assert redis.hget(keys.session("src"), "header") == records.compact_header(snap.source)  # only the cwd differs
+
+    lost(lambda: registry.create_children(snap, ["orphan"]))
+    assert not registry.exists("orphan")
+
+
+def test_a_source_recreated_at_the_same_time_under_another_parent_is_lost(redis: Redis) -> None:
+    registry = Registry(redis, clock=lambda: 1_000)
+    for parent in ("p1", "p2"):
+        registry.append(registry.create(parent), turn(1))
+    fork(registry, "p1", "src")
+    snap = registry.take_snapshot("src")
+    redis.flushall()
+    for parent in ("p1", "p2"):
+        registry.append(registry.create(parent), turn(1))
+    fork(registry, "p2", "src")  # the same header field and cwd, another parent
+    assert redis.hget(keys.session("src"), "header") == records.compact_header(snap.source)
+
+    lost(lambda: registry.create_children(snap, ["orphan"]))
+    assert not registry.exists("orphan")
+
+
+def test_a_source_whose_record_is_spelled_otherwise_still_passes_the_check(redis: Redis) -> None:
+    """The old layout's one JSON header, and compact fields another writer spelled otherwise (the
+    same array with spaces): compared decoded, the same session, so the fork succeeds."""
+    old = Registry(redis, compact_records=False)
+    old.append(old.create("a", cwd="/w"), turn(1))
+    registry = Registry(redis)
+    registry.append(registry.create("b", cwd="/w"), turn(1))
+    raw = redis.hget(keys.session("b"), "header")
+    assert raw is not None and b"," in raw
+    redis.hset(keys.session("b"), "header", raw.replace(b",", b", "))
+    for source in ("a", "b"):
+        created = fork_many(registry, source, [f"{source}-1", f"{source}-2"]).created
+        assert [(h.id, h.parent_session, h.cwd) for h in created] == [(f"{source}-1", source, "/w"),
+                                                                   (f"{source}-2", source, "/w")]
 
 
 def test_a_source_that_shrank_is_lost_too(redis: Redis, registry: Registry) -> None:

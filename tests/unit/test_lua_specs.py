@@ -49,3 +49,25 @@ def test_build_takes_names_in_order_and_leaves_out_trailing_optional_ones() -> N
 def test_build_refuses_a_missing_unknown_or_misplaced_name(named: dict[str, object], message: str) -> None:
     with pytest.raises(TypeError, match=message):
         lua.Spec("t", ("a", "b?", "c?"), ("x", "rest*")).build(named)
+
+
+def test_build_each_builds_what_build_builds_for_each_item() -> None:
+    """A fan-out's calls built as one (the names checked and the shared values placed once) are the
+    calls built one by one: the items' values in their places, a varying sequence last, an item
+    with a left-out name or other names built on its own."""
+    spec = lua.Spec("t", ("a", "b?", "c?"), ("x", "y", "rest*"))
+    shared = {"b": "B", "x": 1}
+    each = [{"a": "A1", "y": "y1", "rest": [2, 3]}, {"a": "A2", "y": "y2", "rest": ()},
+            {"a": "A3", "y": None, "rest": [4]}, {"a": "A4", "y": "y4", "c": "C4", "rest": [5]}]
+    with pytest.raises(TypeError, match="needs y"):
+        spec.build({**shared, **each[2]})
+    good = [each[0], each[1], each[3]]
+    assert spec.build_each(shared, good) == [spec.build({**shared, **item}) for item in good]
+    assert spec.build_each(shared, good)[0] == (["A1", "B"], [1, "y1", 2, 3])
+    assert spec.build_each(shared, good)[2] == (["A4", "B", "C4"], [1, "y4", 5])
+    assert spec.build_each({**shared, "rest": [9]}, [{"a": "A", "y": "y"}] * 2) == [(["A", "B"], [1, "y", 9])] * 2
+    assert spec.build_each(shared, []) == []
+    with pytest.raises(TypeError, match="needs y"):
+        spec.build_each(shared, [each[0], each[2]])
+    with pytest.raises(TypeError, match="takes no z"):
+        spec.build_each(shared, [{**each[0], "z": 0}])

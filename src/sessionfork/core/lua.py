@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Final, Protocol
 
@@ -50,33 +50,78 @@ class Spec:
     keys: tuple[str, ...]
     args: tuple[str, ...]
     package: str | None = None
+    # The names parsed once (bare name, optional, a sequence), not on every call: a fan-out builds
+    # one create call per child, and parsing 25 names each time was most of its Python cost.
+    _plan: tuple[tuple[tuple[str, bool, bool], ...], tuple[tuple[str, bool, bool], ...]] = field(
+        init=False, repr=False, compare=False)
+    _names: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        plan = tuple(tuple((n.rstrip("?*"), n.endswith(("?", "*")), n.endswith("*")) for n in names)
+                     for names in (self.keys, self.args))
+        object.__setattr__(self, "_plan", plan)
+        object.__setattr__(self, "_names", frozenset(bare for part in plan for bare, _, _ in part))
 
     def build(self, named: Mapping[str, Any]) -> tuple[list[Any], list[Any]]:
         """The script's KEYS and ARGV from ``named`` (bare names); ``TypeError`` for a missing,
         unknown or misplaced one (a programming error)."""
-        unknown = set(named) - {n.rstrip("?*") for n in (*self.keys, *self.args)}
+        unknown = named.keys() - self._names
         if unknown:
             raise TypeError(f"{self.name}.lua takes no {', '.join(sorted(unknown))}")
-        return self._fill(self.keys, named), self._fill(self.args, named)
+        return self._fill(self._plan[0], named), self._fill(self._plan[1], named)
 
-    def _fill(self, names: tuple[str, ...], named: Mapping[str, Any]) -> list[Any]:
+    def build_each(self, shared: Mapping[str, Any],
+                   each: Sequence[Mapping[str, Any]]) -> list[tuple[list[Any], list[Any]]]:
+        """``build({**shared, **item})`` for each item of ``each``, built as one: the names are
+        checked and ``shared``'s values placed once, then each item's values put in their places
+        (the children of a fan-out differ in a few of the create script's names). An item naming
+        other names than the first, or a ``None`` (a left-out name), is built on its own."""
+        if not each:
+            return []
+        varying = each[0].keys()
+        star = next((bare for bare, _, many in self._plan[1] if many and bare in varying), None)
+        keys_t, args_t = self.build({**shared, **{n: None if n == star else _Slot(n) for n in varying}})
+        key_slots = [(i, v.name) for i, v in enumerate(keys_t) if isinstance(v, _Slot)]
+        arg_slots = [(i, v.name) for i, v in enumerate(args_t) if isinstance(v, _Slot)]
+        out: list[tuple[list[Any], list[Any]]] = []
+        for item in each:
+            if item.keys() != varying or None in item.values():
+                out.append(self.build({**shared, **item}))
+                continue
+            call_keys, args = keys_t.copy(), args_t.copy()
+            for i, name in key_slots:
+                call_keys[i] = item[name]
+            for i, name in arg_slots:
+                args[i] = item[name]
+            if star is not None:
+                args.extend(item[star])
+            out.append((call_keys, args))
+        return out
+
+    def _fill(self, plan: tuple[tuple[str, bool, bool], ...], named: Mapping[str, Any]) -> list[Any]:
         out: list[Any] = []
         left_out = ""
-        for name in names:
-            bare = name.rstrip("?*")
+        for bare, optional, many in plan:
             value = named.get(bare)
             if value is None:
-                if not name.endswith(("?", "*")):
+                if not optional:
                     raise TypeError(f"{self.name}.lua needs {bare}")
                 left_out = bare
                 continue
             if left_out:
                 raise TypeError(f"{self.name}.lua: {bare} given after {left_out} was left out")
-            if name.endswith("*"):
+            if many:
                 out.extend(value)
             else:
                 out.append(value)
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """Where ``Spec.build_each`` puts an item's value of ``name``."""
+
+    name: str
 
 
 SCRIPTS: Final[Mapping[str, Spec]] = {spec.name: spec for spec in (
@@ -84,7 +129,8 @@ SCRIPTS: Final[Mapping[str, Spec]] = {spec.name: spec for spec in (
          ("instance", "last_type", "expect_length", "flush", "maxlen", "session_id", "call_id", "markers", "events*")),
     Spec("create", ("record", "log", "turns", "lifecycle?", "parent_children?", "parent?", "parent_needs?"),
          ("header", "instance", "length", "seed_length", "seed", "last_type", "request_id", "maxlen", "session_id",
-          "seed_end", "parent_header", "last_end", "markers", "summary", "need", "cwd", "parent_id", "edits*")),
+          "seed_end", "parent_header", "last_end", "markers", "summary", "need", "cwd", "parent_id", "parent_stored",
+          "parent_cwd", "parent_parent", "edits*")),
     Spec("delete", ("record", "log", "children", "persisted", "turns", "lifecycle?"),
          ("now", "maxlen", "session_id", "only_disposed", "persisted_first")),
     Spec("dispose", ("record", "lifecycle?", "disposed?"), ("instance", "maxlen", "session_id", "now")),
@@ -120,6 +166,11 @@ class Scripts:
         """The call of script ``name`` with ``named`` keys and arguments, for ``run``/``eval_many``."""
         call_keys, args = SCRIPTS[name].build(named)
         return self.script(name), call_keys, args
+
+    def op_each(self, name: str, shared: Mapping[str, Any], each: Sequence[Mapping[str, Any]]) -> list[Call]:
+        """``op(name, **shared, **item)`` for each item of ``each`` (``Spec.build_each``)."""
+        script = self.script(name)
+        return [(script, call_keys, args) for call_keys, args in SCRIPTS[name].build_each(shared, each)]
 
     def __call__(self, name: str, /, **named: Any) -> Any:
         """Run script ``name`` now (EVALSHA, loading it on NOSCRIPT) with ``named`` keys and arguments."""

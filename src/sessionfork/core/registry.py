@@ -21,7 +21,11 @@ from .sources import SnapshottingStore
 from .store import SessionRef
 from .wire import Header, NewEvent
 
-__all__ = ["DELETED", "LIVE", "UNPERSISTED", "Registry", "SessionRef"]
+__all__ = ["CREATED", "DELETED", "LIVE", "UNPERSISTED", "Registry", "SessionRef"]
+
+CREATED = 1
+"""``create.lua``'s reply for a record it created now: the caller has the header it sent (the
+script rebuilds a header's wire JSON only for a record that existed already: a replay)."""
 
 
 class Registry(SnapshottingStore):
@@ -110,41 +114,62 @@ class Registry(SnapshottingStore):
         # boundary fork's seed may end with an event after its turn/end (todo/write): recorded as
         # such, so forking the child without a boundary keeps today's rule (its last event).
         parent = wire.encode_header(snap.source)
+        # And as a compact record holds it, for the script's one-string compare (lib/header.lua).
+        stored = records.create_args(snap.source)
+        parent_stored = {"parent_stored": stored["header"], "parent_cwd": stored["cwd"],
+                         "parent_parent": stored["parent_id"]}
         # On one server the script also indexes the child under its parent and checks that the
         # parent is still the session snapshotted (not deleted either), at least as long
         # (atomically); on a cluster the parent is in another slot: the children are pinned in its
         # index first (pin.lua refuses a deleted parent: its log may be freed), and it is checked
         # right after they are created.
         index = {} if self._cluster else {"parent_children": keys.session_children(source_id),
-                                          "parent": keys.session(source_id),
-                                          "parent_needs": keys.session_needs(source_id)}
+                                          "parent": keys.session(source_id)}
         need = "" if summary is None else summary.keep_from  # a summary child reads the source from K on
+        if index and summary is not None:  # only a summary child's pin has a need to record (one key fewer)
+            index["parent_needs"] = keys.session_needs(source_id)
         if self._cluster and child_ids and not self._scripts(
                 "pin", record=keys.session(source_id), children=keys.session_children(source_id),
                 needs=keys.session_needs(source_id), need=need, child_ids=list(child_ids)):
             raise errors.not_found(source_id)
-        calls: list[lua.Call] = [
-            self._scripts.op("create", record=keys.session(cid), log=keys.session_log(cid),
-                             turns=keys.session_turns(cid), lifecycle=self._lifecycle_key, **index,
-                             **records.create_args(self.child_header(snap, cid, now, seed),
-                                                   compact=self.compact_records),
-                             instance=self._new_token(), seed_length=seed.length, seed=wire.encode(seed.segments),
-                             request_id=request_id, maxlen=self.lifecycle_maxlen, session_id=cid,
-                             seed_end="" if seed.seed_end is None else seed.seed_end, parent_header=parent,
-                             summary=seed.summary or "", need=need,
-                             **own.get(cid, {"length": seed.length, "last_type": seed.last_type, "last_end": "",
-                                             "markers": "", "edits": ()}))
-            for cid, seed in seeds.items()
-        ]
+        # What the children of one seed share is built once, not once per child (a fan-out is one
+        # seed for all; a summary child has its own): the seed's JSON, the compact record's header
+        # fields (no id in them; the old layout's JSON names the id: each child's own), and the
+        # log's end for a child without edits of its own.
+        headers: dict[str, Header] = {}
+        runs: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+        last: ChildSeed | None = None
+        for cid, seed in seeds.items():
+            headers[cid] = header = self.child_header(snap, cid, now, seed)
+            if seed is not last:
+                last = seed
+                runs.append(({"lifecycle": self._lifecycle_key, **index, "seed_length": seed.length,
+                              "seed": wire.encode(seed.segments), "request_id": request_id,
+                              "maxlen": self.lifecycle_maxlen,
+                              "seed_end": "" if seed.seed_end is None else seed.seed_end, "parent_header": parent,
+                              "summary": seed.summary or "", "need": need, **parent_stored,
+                              **(records.create_args(header) if self.compact_records else {}),
+                              "length": seed.length, "last_type": seed.last_type, "last_end": "", "markers": "",
+                              "edits": ()}, []))
+            item: dict[str, Any] = {"record": keys.session(cid), "log": keys.session_log(cid),
+                                    "turns": keys.session_turns(cid), "instance": self._new_token(),
+                                    "session_id": cid}
+            if cid in own:
+                item.update(own[cid])
+            if not self.compact_records:
+                item.update(records.create_args(header, compact=False))
+            runs[-1][1].append(item)
+        calls = [call for common, each in runs for call in self._scripts.op_each("create", common, each)]
         replies = lua.eval_many(self.redis, calls, replicas=self.wait_replicas, wait_ms=self.wait_timeout_ms)
         if any(raw == -1 for raw in replies) and not self._deleted(source_id):
-            raise self._lost(snap, [c for c, raw in zip(child_ids, replies, strict=True) if isinstance(raw, bytes)])
+            raise self._lost(snap, [c for c, raw in zip(child_ids, replies, strict=True)
+                                    if raw == CREATED or isinstance(raw, bytes)])
         # -1 with the parent deleted: a deletion landed among the children. Those created before it
         # pinned its log (delete.lua kept it), so they are whole children and stay, reported; the
         # others are SESSION_NOT_FOUND in their place (a fan-out reports both: no hidden state).
         results: list[Header | errors.ForkError] = [
             errors.already_exists(cid) if raw is None else
-            errors.not_found(source_id) if raw == -1 else wire.decode_header(raw)
+            errors.not_found(source_id) if raw == -1 else headers[cid] if raw == CREATED else wire.decode_header(raw)
             for cid, raw in zip(child_ids, replies, strict=True)
         ]
         created = [r.id for r in results if isinstance(r, Header)]

@@ -94,7 +94,8 @@ class SessionStore(LogReader):
                                 **records.create_args(header, compact=self.compact_records), instance=token,
                                 length=0, seed_length=0, seed="[]", last_type="",
                                 request_id="", maxlen=self.lifecycle_maxlen, session_id=sid, seed_end=-1,
-                                parent_header="", last_end="", markers="", summary="", need="", edits=())
+                                parent_header="", last_end="", markers="", summary="", need="", parent_stored="",
+                                parent_cwd="", parent_parent="", edits=())
         if created is None:
             raise errors.already_exists(sid)
         if self._cluster:

@@ -6,8 +6,8 @@
 -- KEYS[4] = sf:lifecycle, KEYS[5] = the parent's sf:s:{<parent>}:children
 --           (both optional: given only when they share the server, i.e. not on a cluster, where
 --           the registry pins the child under its parent first (pin.lua) and emits the event after)
--- KEYS[6] = the parent's record sf:s:{<parent>}, KEYS[7] = the parent's sf:s:{<parent>}:needs
---           (optional, with KEYS[5]: a forked child on one server)
+-- KEYS[6] = the parent's record sf:s:{<parent>}   (optional, with KEYS[5]: a forked child on one server)
+-- KEYS[7] = the parent's sf:s:{<parent>}:needs     (optional, with KEYS[6]: a summary child on one server)
 -- ARGV    = header (the record's "header" field: lib/header.lua), instance token, len (seed + edits), seedlen, seed JSON, last type, request
 --           id ("" = none), lifecycle stream MAXLEN, session id, seed end: seq of the newest
 --           turn/end of the seed (-1: none; "": unknown, the record gets no turn index, as one
@@ -18,11 +18,14 @@
 --           seed's slice ["@<id>", 0, 1] reads it from field "summary"), need: the first seq of
 --           the parent the child reads (a summary child's keepFrom, recorded in KEYS[7] with the
 --           pin; "" = 0, all), cwd ("" = none, else "=" followed by the cwd: the compact layout's
---           "cwd" field), parent id ("" = none: the compact layout's "parent" field), then the
---           edits' stored JSON (none for a plain child)
--- Returns the header (wire JSON) of the record now under KEYS[1] when it is ours (created now, created
--- earlier by the same request id: a replay, or by this very call: a client's retry after a lost
--- reply, recognised by the fresh instance token), false when another owner has the id, or -1 when
+--           "cwd" field), parent id ("" = none: the compact layout's "parent" field), the parent's
+--           header as its compact record holds it (used with KEYS[6]: its "header" field, its "cwd"
+--           field as the cwd argument writes it, its "parent" field or ""), then the edits' stored
+--           JSON (none for a plain child)
+-- Returns 1 for a record created now (the caller has the header it sent); the header (wire JSON) of
+-- the record under KEYS[1] when it was ours already (created earlier by the same request id: a
+-- replay, or by this very call: a client's retry after a lost reply, recognised by the fresh
+-- instance token); false when another owner has the id, or -1 when
 -- the parent is not the session the source step read, or is shorter than the seed (the server
 -- restarted empty, or lost writes in a failover): the seed could not be read, so no child.
 -- A deleted parent (a tombstone: no header) is not the session read either: the fork fails
@@ -38,7 +41,12 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 if KEYS[6] then
   local parent = redis.call('HMGET', KEYS[6], 'header', 'len', 'cwd', 'parent')
-  if not parent[1] or not same_header(header_of(parent[1], parent[3], parent[4]), cjson.decode(ARGV[11]))
+  -- Compared as stored first (the old layout's JSON, or the compact fields this release writes for
+  -- the header read: one string compare each, where decoding both took most of a child's script
+  -- time); a record written otherwise is compared decoded.
+  local same = parent[1] and (parent[1] == ARGV[11] or (parent[1] == ARGV[18]
+    and (parent[3] and '=' .. parent[3] or '') == ARGV[19] and (parent[4] or '') == ARGV[20]))
+  if not parent[1] or not (same or same_header(header_of(parent[1], parent[3], parent[4]), cjson.decode(ARGV[11])))
       or tonumber(parent[2]) < tonumber(ARGV[4]) then
     return -1
   end
@@ -73,7 +81,7 @@ if ARGV[14] ~= '' then
   fields[#fields + 1] = 'summary'; fields[#fields + 1] = ARGV[14]
 end
 redis.call('HSET', KEYS[1], unpack(fields))
-local first = 18
+local first = 21
 if #ARGV >= first then
   redis.call('HSET', KEYS[1], 'edits', #ARGV - first + 1)  -- how many events the fork appended (lineage)
   for i = first, #ARGV, 4000 do
@@ -98,4 +106,4 @@ if KEYS[5] then
     redis.call('ZADD', KEYS[7], ARGV[15], ARGV[9])
   end
 end
-return header_json(ARGV[9], ARGV[1], cwd, parent_id)
+return 1
