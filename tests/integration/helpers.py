@@ -170,3 +170,14 @@ def session_keys(redis: Redis) -> set[str]:
 def count_session_keys(redis: Redis) -> int:
     """How many ``sf:s:*`` keys exist (records, logs and children sets)."""
     return sum(1 for _ in redis.scan_iter(match="sf:s:*", count=1000))
+
+
+LONG_SCRIPT = """
+local t0 = redis.call('TIME')
+while true do
+  local t = redis.call('TIME')
+  if (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > tonumber(ARGV[1]) * 1000 then return 1 end
+end
+"""
+"""A script that runs for ARGV[1] milliseconds of server time: a server busy with a long script
+(past its busy-reply threshold, every other client gets BUSY)."""

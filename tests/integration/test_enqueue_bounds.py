@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from helpers import LONG_SCRIPT
 from redis import Redis
 from redis.exceptions import ResponseError
 from waits import wait_until
@@ -32,14 +33,6 @@ WORST_MS = BUSY_MS  # the worst accepted request: 20-50 ms measured on a loaded 
 REFUSED_MS = 100  # a refusal: the server's copy of the argument into Lua, about 1 ms a MB (35 ms for 32 MB)
 PASSWORDS = {acl.SCHEDULER: "scheduler-secret", acl.WORKER: "worker-secret", acl.HOST: "host-secret",
              acl.PERSIST: "persist-secret"}
-# Runs for ARGV[1] milliseconds of server time: the probe's check that it sees a BUSY server.
-LONG_SCRIPT = """
-local t0 = redis.call('TIME')
-while true do
-  local t = redis.call('TIME')
-  if (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > tonumber(ARGV[1]) * 1000 then return 1 end
-end
-"""
 
 
 @pytest.fixture(scope="module")

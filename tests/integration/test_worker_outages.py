@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from helpers import (
+    LONG_SCRIPT,
     SETTINGS,
     clean_environ,
     cli_args,
@@ -48,14 +49,6 @@ pytestmark = pytest.mark.slow
 FANOUT = 10_000  # children of the job a fault lands in: a second or so of work, a wide window
 BUSY_FOR = 3.0  # seconds the long script runs
 
-# Runs for ARGV[1] seconds of server time: long past any busy-reply threshold.
-LONG_SCRIPT = """
-local t0 = redis.call('TIME')
-while true do
-  local t = redis.call('TIME')
-  if (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > tonumber(ARGV[1]) * 1000000 then return 1 end
-end
-"""
 
 
 @pytest.fixture
@@ -99,7 +92,7 @@ def test_a_long_script_makes_the_worker_back_off_not_die(busy_server: EmbeddedSe
         wait_until(lambda: in_hand(redis, "busy-fanout", name), 60, "the worker to take the fan-out", 0.002)
         # Any client's long script, started while the worker is mid-job: its next command gets BUSY.
         with busy_server.client() as other:
-            script = threading.Thread(target=other.eval, args=(LONG_SCRIPT, 0, BUSY_FOR))
+            script = threading.Thread(target=other.eval, args=(LONG_SCRIPT, 0, int(BUSY_FOR * 1000)))
             script.start()
             script.join(60)
         reply = outcome_of(lambda: client.wait(request, 60))
