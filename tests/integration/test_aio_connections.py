@@ -122,7 +122,9 @@ def test_every_fork_gets_its_outcome_while_its_connections_are_killed(
         return False
 
     def killer() -> None:
-        for threshold in (20, 80, 140, 200, 260):
+        # The last one well before the end: on a loaded machine a kill lands 30-50 replies after
+        # its threshold (seen: the one after 260 landed once all 300 were in, a race not run).
+        for threshold in (10, 50, 90, 130, 170):
             wait_until(lambda t=threshold: len(done) >= t, 120, f"{threshold} replies")
             wait_until(kill, 60, f"a kill after {threshold} replies to hit a connection")
 
