@@ -306,3 +306,54 @@ def test_thousands_of_cancelled_calls_each_end_at_their_cancellation(server: Emb
     assert {how for how, _ in ended} == {"TimeoutError"}
     late = sorted(seconds for _, seconds in ended if not 1.5 <= seconds < 2.5)
     assert not late, late
+
+
+
+def sync_clients(server: EmbeddedServer) -> dict[str, Callable[[], SyncClient]]:
+    return {
+        # from_urls: each command bounded by the settings' socket_timeout (longer than the call here).
+        "from_urls": lambda: SyncClient.from_urls(server.url, Settings(socket_timeout=30, connect_timeout=30)),
+        # redis-py's own defaults: a timed-out command sent again 10 times, with back-off (issue 26 #6:
+        # a 1 s fork took 8-10 s with a 0.5 s socket_timeout).
+        "redis-py retries": lambda: SyncClient(Redis(port=server.port, socket_timeout=0.5)),
+        # No time-outs at all: only the call's own deadline bounds it.
+        "no time-outs": lambda: SyncClient(Redis(port=server.port, socket_timeout=None, socket_connect_timeout=None)),
+    }
+
+
+SYNC_SLACK = aio.HARD_AFTER + 0.25  # the cut HARD_AFTER past the deadline, and a thread's hand-off
+
+
+def sync_took(call: Callable[[SyncClient], object], client: SyncClient) -> tuple[str, float]:
+    """(the ``TimeoutError``'s message, seconds) of ``call``; fails if it returns or raises another."""
+    began = time.monotonic()
+    with pytest.raises(TimeoutError) as raised:
+        call(client)
+    return str(raised.value), time.monotonic() - began
+
+
+@pytest.mark.parametrize("call", ["fork", "wait"])
+@pytest.mark.parametrize("kind", ["from_urls", "redis-py retries", "no time-outs"])
+def test_the_sync_clients_calls_raise_timeout_error_by_their_deadline(frozen: EmbeddedServer, kind: str,
+                                                                      call: str) -> None:
+    """Issue 26 #6: the sync client's ``fork`` and ``wait`` raise ``TimeoutError`` within
+    ``HARD_AFTER`` of their deadline against a frozen server, whatever the ``Redis`` (its retries
+    multiplied the socket time-out, or it has none); the cut call's listener is not this thread's
+    any more (its work still holds it), so the next call subscribes anew."""
+    client = sync_clients(frozen)[kind]()
+    if call == "fork":
+        message, seconds = sync_took(lambda c: c.fork("src", timeout=1.0, request_id="r-sync"), client)
+    else:
+        message, seconds = sync_took(lambda c: c.wait(c.request("src", request_id="r-sync"), 1.0), client)
+    assert 1.0 <= seconds < 1.0 + SYNC_SLACK, seconds
+    assert message == "no reply to request r-sync within 1.0s"
+    assert client._local.__dict__.get("listeners") == {}
+
+
+def test_the_sync_clients_submit_raises_timeout_error_within_its_retry_bound(frozen: EmbeddedServer,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aio, "SUBMIT_RETRY_FOR", 1.0)
+    client = sync_clients(frozen)["no time-outs"]()
+    message, seconds = sync_took(lambda c: c.submit(c.request("src", request_id="r-sync-submit")), client)
+    assert 1.0 <= seconds < 1.0 + SYNC_SLACK, seconds
+    assert message == "request r-sync-submit not enqueued within 1.0s"
