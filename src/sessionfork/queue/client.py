@@ -7,6 +7,10 @@
 A request id (given, or generated as ``req-<uuid4>``) makes a submission idempotent: submitting
 it again, or retrying after a time-out, never forks twice and always answers the first outcome.
 
+Bounds: ``fork`` and ``wait`` return or raise ``TimeoutError`` by their deadline (``HARD_AFTER``
+past it at most), ``submit`` by ``SUBMIT_RETRY_FOR`` seconds, whatever the server and ``redis`` do
+(its retries, no time-outs): a call's Redis work runs in a thread of its own (``_within``).
+
 A sharded queue: give one client per queue server, in shard order (``Client([r0, r1, r2])`` or
 ``Client.from_urls([...])``); each request is enqueued on, and waited for on, the shard
 ``shards.shard_of(request_id, n)`` names, so a retry and a waiter find it again.
