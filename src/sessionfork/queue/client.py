@@ -205,10 +205,11 @@ def _within(deadline: float, work: Callable[[], T], what: str, *, on_cut: Callab
     """``work()``'s result (or its error) if it ends by ``deadline`` (``time.monotonic``), else
     ``TimeoutError(what)`` then. The work runs in a daemon thread of its own, so that no Redis
     call holds the caller past the deadline: a frozen server, a ``Redis`` whose ``Retry`` sends a
-    timed-out command again (redis-py's default: 3 more times, with back-off: 8-10 s for a 0.5 s
-    ``socket_timeout``), one without time-outs. Cut (the deadline, or the caller interrupted):
-    ``on_cut`` runs in the caller's thread at once, and ``after_cut`` in the work's thread when the
-    work ends, whenever redis-py gives up (what it used is never shared with a later call)."""
+    timed-out command again (redis-py 8's ``Redis(host, port)``: 10 more times, with back-off: a 1 s
+    fork took 9 s with a 0.5 s ``socket_timeout``), one without time-outs. Cut (the deadline, or
+    the caller interrupted): ``on_cut`` runs in the caller's thread at once, and ``after_cut`` in
+    the work's thread when the work ends, whenever redis-py gives up (what it used is never shared
+    with a later call)."""
     lock, ended = threading.Lock(), threading.Event()
     result: list[tuple[bool, Any]] = []
     cut = False
