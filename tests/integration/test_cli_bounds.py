@@ -116,6 +116,20 @@ def test_a_frozen_server_is_status_3_within_the_socket_timeout(frozen: EmbeddedS
     assert took < 2 + 2 + 5, took  # one command's time-out and one connect, plus the interpreter's start
 
 
+def test_fork_wait_1_against_a_frozen_server_is_status_4_within_its_deadline(frozen: EmbeddedServer) -> None:
+    """Issue 26 #6: ``fork --wait 1`` with a socket time-out far longer (30 s) ends within HARD_AFTER of
+    its deadline (it took the socket time-out: the enqueue blocked): status 4, the client's
+    ``TimeoutError``. The interpreter's start is measured by a run that touches no server."""
+    from sessionfork.queue.aio import HARD_AFTER
+
+    _, _, start = run(None, "--help")
+    status, stderr, took = run(frozen.url, "fork", "src", "--wait", "1", "--request-id", "r-cli-frozen", bound=60,
+                               SESSIONFORK_SOCKET_TIMEOUT="30", SESSIONFORK_CONNECT_TIMEOUT="30")
+    assert status == NO_REPLY, stderr
+    assert stderr.strip() == "error: no reply to request r-cli-frozen within 1.0s", stderr
+    assert took < start + 1.0 + HARD_AFTER + 0.5, (took, start)
+
+
 def test_a_frozen_server_is_status_3_within_the_default_bound(frozen: EmbeddedServer) -> None:
     status, stderr, took = run(frozen.url, "health", bound=60)
     assert status == UNREACHABLE, stderr

@@ -100,11 +100,10 @@ def fork(obj: Context, source: str, instance: str | None, session_id: str | None
     request = client.request(src, session_id=session_id, count=count, request_id=request_id, reply_to=reply_to,
                              session_ids=session_ids.split(",") if session_ids else None, boundary=boundary,
                              if_length=if_length, edits=edits, variants=variants, summary=summary)
-    request_id = client.submit(request)
     if wait_s == 0:
-        click.echo(wire.encode({"requestId": request_id, "queued": True}).decode())
+        click.echo(wire.encode({"requestId": client.submit(request), "queued": True}).decode())
         return
-    reply = client.wait(request, wait_s)
+    reply = client.fork_request(request, wait_s)  # subscribed, enqueued and answered within --wait
     click.echo(wire.encode(reply).decode())
     sys.exit(0 if reply.ok else 1)
 

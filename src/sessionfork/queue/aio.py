@@ -60,7 +60,7 @@ from .enqueue import AsyncEnqueuer, job_call
 from .outages import is_lost
 from .outcomes import OUTCOME_FIELDS, verdict
 from .requests import Variant
-from .subscriptions import ReplyRouter
+from .subscriptions import ReplyRouter, cancels, honour_cancel
 
 T = TypeVar("T")
 log = logging.getLogger("sessionfork.aio")
@@ -149,10 +149,10 @@ class AsyncClient:
         Sent again for up to ``SUBMIT_RETRY_FOR`` seconds while its reply is lost."""
         request, call = self._job(request)
         assert isinstance(request.request_id, str)
-        deadline = asyncio.get_running_loop().time() + SUBMIT_RETRY_FOR
+        deadline, since = asyncio.get_running_loop().time() + SUBMIT_RETRY_FOR, cancels()
         enqueue = self._enqueuers[self.shard_of(request.request_id)]
         async with _by(deadline + HARD_AFTER, f"request {request.request_id} not enqueued within {SUBMIT_RETRY_FOR}s"):
-            await _again(lambda: enqueue(*call), deadline)
+            await _again(lambda: enqueue(*call), deadline, since)
         return request.request_id
 
     async def wait(self, request: ForkRequest, timeout: float) -> Reply:
@@ -165,11 +165,11 @@ class AsyncClient:
         """
         request, timeout = requests.checked(request, to_wait=True), requests.wait_bound(timeout)
         assert isinstance(request.request_id, str)
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline, since = asyncio.get_running_loop().time() + timeout, cancels()
         router = self.routers[self.shard_of(request.request_id)]
         async with router.expect(request.request_id, self._channel(request), deadline) as woken, \
                 _by(deadline + HARD_AFTER, _no_reply(request.request_id, timeout)):
-            return await self._answer(request, woken, None, deadline, timeout)
+            return await self._answer(request, woken, None, deadline, timeout, since)
 
     async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
                    session_ids: list[str] | None = None, count: int | None = None,
@@ -187,12 +187,12 @@ class AsyncClient:
         request, call = self._job(request)
         rid = request.request_id
         assert isinstance(rid, str)
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline, since = asyncio.get_running_loop().time() + timeout, cancels()
         router = self.routers[self.shard_of(rid)]
         async with router.expect(rid, self._channel(request), deadline) as woken, \
                 _by(deadline + HARD_AFTER, _no_reply(rid, timeout)):
-            first = await _again(lambda: self._enqueue_and_read(rid, call), deadline)
-            return await self._answer(request, woken, first, deadline, timeout)
+            first = await _again(lambda: self._enqueue_and_read(rid, call), deadline, since)
+            return await self._answer(request, woken, first, deadline, timeout, since)
 
     async def _enqueue_and_read(self, request_id: str, call: tuple[list[str], list[Any]]) -> list[Any]:
         """The enqueue script and the first read of the stored outcome, in one round trip."""
@@ -211,10 +211,11 @@ class AsyncClient:
         return request, job_call(request.request_id, payload, self.settings, datetime.now(UTC))
 
     async def _answer(self, request: ForkRequest, woken: asyncio.Event, first: list[Any] | None,
-                      deadline: float, timeout: float) -> Reply:
+                      deadline: float, timeout: float, since: int) -> Reply:
         """Read the stored outcome (``first``: read already) until it answers; between reads, wait
         for a wake-up (``woken``) or ``recheck_every`` seconds. A read whose reply is lost (a
-        dropped connection) is sent again soon, until the deadline."""
+        dropped connection) is sent again soon, until the deadline. ``since``: the task's
+        ``cancels()`` when the call began (a cancellation redis-py swallowed is raised after the read)."""
         assert isinstance(request.request_id, str)
         rid, digest = request.request_id, wire.digest(request)
         redis = self.shards[self.shard_of(rid)]
@@ -228,6 +229,7 @@ class AsyncClient:
                     if not is_lost(exc):
                         raise
                     log.info("reading the outcome of %s failed (%s); reading it again", rid, exc)
+                honour_cancel(since)
             if stored is not None:
                 found = verdict(rid, stored, digest)
                 if found is not None:
@@ -270,17 +272,22 @@ async def _by(deadline: float, what: str) -> AsyncIterator[None]:
 _RETRY_FIRST, _RETRY_MAX = 0.05, 1.0
 """Back-off between attempts of a command whose reply was lost (seconds, doubling)."""
 
-async def _again(send: Callable[[], Awaitable[T]], deadline: float) -> T:
-    """``send()``, sent again after a back-off while its reply is lost, until ``deadline`` (loop time)."""
+async def _again(send: Callable[[], Awaitable[T]], deadline: float, since: int) -> T:
+    """``send()``, sent again after a back-off while its reply is lost, until ``deadline`` (loop time).
+    ``since``: the task's ``cancels()`` when the call began (``honour_cancel``)."""
     loop = asyncio.get_running_loop()
     retry_in = _RETRY_FIRST
     while True:
         try:
-            return await send()
+            result = await send()
         except Exception as exc:
+            honour_cancel(since)
             left = deadline - loop.time()
             if not is_lost(exc) or left <= retry_in:
                 raise
             log.info("a command's reply was lost (%s); sending it again", exc)
             await asyncio.sleep(retry_in)  # back-off, not synchronisation
             retry_in = min(retry_in * 2, _RETRY_MAX)
+        else:
+            honour_cancel(since)
+            return result

@@ -7,6 +7,10 @@
 A request id (given, or generated as ``req-<uuid4>``) makes a submission idempotent: submitting
 it again, or retrying after a time-out, never forks twice and always answers the first outcome.
 
+Bounds: ``fork`` and ``wait`` return or raise ``TimeoutError`` by their deadline (``HARD_AFTER``
+past it at most), ``submit`` by ``SUBMIT_RETRY_FOR`` seconds, whatever the server and ``redis`` do
+(its retries, no time-outs): a call's Redis work runs in a thread of its own (``_within``).
+
 A sharded queue: give one client per queue server, in shard order (``Client([r0, r1, r2])`` or
 ``Client.from_urls([...])``); each request is enqueued on, and waited for on, the shard
 ``shards.shard_of(request_id, n)`` names, so a retry and a waiter find it again.
@@ -14,10 +18,12 @@ A sharded queue: give one client per queue server, in shard order (``Client([r0,
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any, TypeVar
 
 from redis import Redis
 
@@ -25,10 +31,13 @@ from ..core import connections, wire
 from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply, Summary
-from . import jobs, requests, shards, tracing
+from . import aio, jobs, requests, shards, tracing
 from .enqueue import Enqueuer, job_call
 from .requests import Variant
 from .waiting import ReplyListener
+
+T = TypeVar("T")
+log = logging.getLogger("sessionfork.client")
 
 
 class Client:
@@ -85,8 +94,12 @@ class Client:
                               traceparent=tracing.current_traceparent())
 
     def submit(self, request: ForkRequest) -> str:
-        """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op."""
-        return self._submit(request)[0]
+        """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op.
+        Returns or raises within ``SUBMIT_RETRY_FOR`` seconds (then ``TimeoutError``: the request
+        may be enqueued all the same), whatever the server and ``redis`` do (``_within``)."""
+        request, limit = requests.prepare(request, self._new_id)[0], aio.SUBMIT_RETRY_FOR
+        return _within(time.monotonic() + limit, lambda: self._submit(request)[0],
+                       f"request {request.request_id} not enqueued within {limit}s")
 
     def _submit(self, request: ForkRequest) -> tuple[str, int]:
         """The request id, and the enqueue script's answer (1: enqueued now)."""
@@ -106,17 +119,39 @@ class Client:
         subscribed to the reply channel after the wait (one subscription per thread and queue
         server, kept for the next wait: ``close`` ends it).
         """
-        return self._wait(requests.checked(request, to_wait=True), requests.wait_bound(timeout))
+        request, timeout = requests.checked(request, to_wait=True), requests.wait_bound(timeout)
+        return self._bounded(request, timeout, lambda listener, deadline: self._wait(listener, request, deadline,
+                                                                                    timeout))
 
-    def _wait(self, request: ForkRequest, timeout: float, *, announced_after_ready: bool = False) -> Reply:
+    def _wait(self, listener: ReplyListener, request: ForkRequest, deadline: float, timeout: float, *,
+              announced_after_ready: bool = False) -> Reply:
+        """The reply by ``deadline`` (``time.monotonic``) of a call of ``timeout`` seconds."""
         assert isinstance(request.request_id, str), "submit() the request first"
         channel = requests.reply_channel(request, self.settings.reply_channel)
-        reply = self._listener(self.shard_of(request.request_id)).wait(
-            request.request_id, channel, timeout, digest=wire.digest(request),
-            announced_after_ready=announced_after_ready, recheck_every=self.recheck_every)
+        reply = listener.wait(request.request_id, channel, max(deadline - time.monotonic(), 0.0),
+                              digest=wire.digest(request), announced_after_ready=announced_after_ready,
+                              recheck_every=self.recheck_every)
         if reply is None:
-            raise TimeoutError(f"no reply to request {request.request_id} within {timeout}s")
+            raise TimeoutError(_no_reply(request.request_id, timeout))
         return reply
+
+    def _bounded(self, request: ForkRequest, timeout: float,
+                 work: Callable[[ReplyListener, float], Reply]) -> Reply:
+        """``work(listener, deadline)`` with this thread's listener of the request's shard, cut
+        ``HARD_AFTER`` seconds past the deadline (``_within``: ``TimeoutError``). A call cut there
+        leaves its listener to the work still running (which closes it when it ends): this
+        thread's next wait subscribes anew."""
+        assert isinstance(request.request_id, str)
+        shard = self.shard_of(request.request_id)
+        listener, listeners = self._listener(shard), self._local.__dict__["listeners"]
+        deadline = time.monotonic() + timeout
+
+        def cut() -> None:
+            if listeners.get(shard) is listener:
+                del listeners[shard]
+
+        return _within(deadline + aio.HARD_AFTER, lambda: work(listener, deadline),
+                       _no_reply(request.request_id, timeout), on_cut=cut, after_cut=listener.close)
 
     def _listener(self, shard: int) -> ReplyListener:
         listeners: dict[int, ReplyListener] = self._local.__dict__.setdefault("listeners", {})
@@ -145,8 +180,66 @@ class Client:
         request = self.request(source, session_id=session_id, session_ids=session_ids, count=count,
                                request_id=request_id, reply_to=reply_to, boundary=boundary,
                                if_length=if_length, edits=edits, variants=variants, summary=summary)
-        assert isinstance(request.request_id, str)
+        return self.fork_request(request, timeout)
+
+    def fork_request(self, request: ForkRequest, timeout: float) -> Reply:
+        """``fork`` of a request built already (``request``): subscribed first, then enqueued, then
+        its reply awaited, all within ``timeout`` seconds (``INVALID_REQUEST`` for one that is not
+        0 to ``MAX_WAIT``); the CLI's ``fork --wait``."""
+        request, timeout = requests.checked(request, to_wait=True), requests.wait_bound(timeout)
         channel = requests.reply_channel(request, self.settings.reply_channel)
-        ready = self._listener(self.shard_of(request.request_id)).ready(channel, time.monotonic() + timeout)
-        _, enqueued = self._submit(request)
-        return self._wait(request, timeout, announced_after_ready=ready and enqueued == 1)
+
+        def work(listener: ReplyListener, deadline: float) -> Reply:
+            ready = listener.ready(channel, deadline)
+            _, enqueued = self._submit(request)
+            return self._wait(listener, request, deadline, timeout, announced_after_ready=ready and enqueued == 1)
+
+        return self._bounded(request, timeout, work)
+
+
+def _no_reply(request_id: str, timeout: float) -> str:
+    return f"no reply to request {request_id} within {timeout}s"
+
+
+def _within(deadline: float, work: Callable[[], T], what: str, *, on_cut: Callable[[], None] | None = None,
+            after_cut: Callable[[], None] | None = None) -> T:
+    """``work()``'s result (or its error) if it ends by ``deadline`` (``time.monotonic``), else
+    ``TimeoutError(what)`` then. The work runs in a daemon thread of its own, so that no Redis
+    call holds the caller past the deadline: a frozen server, a ``Redis`` whose ``Retry`` sends a
+    timed-out command again (redis-py 8's ``Redis(host, port)``: 10 more times, with back-off: a 1 s
+    fork took 9 s with a 0.5 s ``socket_timeout``), one without time-outs. Cut (the deadline, or
+    the caller interrupted): ``on_cut`` runs in the caller's thread at once, and ``after_cut`` in
+    the work's thread when the work ends, whenever redis-py gives up (what it used is never shared
+    with a later call)."""
+    lock, ended = threading.Lock(), threading.Event()
+    result: list[tuple[bool, Any]] = []
+    cut = False
+
+    def run() -> None:
+        try:
+            result.append((True, work()))
+        except BaseException as exc:  # handed to the caller (or dropped, if it has gone)
+            result.append((False, exc))
+        with lock:
+            ended.set()
+            late = cut
+        if late and after_cut is not None:
+            try:
+                after_cut()
+            except Exception:  # nobody to hand it to: the caller has gone
+                log.warning("cleaning up after a call cut at its deadline failed", exc_info=True)
+
+    threading.Thread(target=run, name="sessionfork-call", daemon=True).start()
+    try:
+        ended.wait(max(deadline - time.monotonic(), 0.0))
+    finally:
+        with lock:
+            cut = not ended.is_set()
+        if cut and on_cut is not None:
+            on_cut()
+    if cut:
+        raise TimeoutError(what)
+    ok, value = result[0]
+    if ok:
+        return value  # type: ignore[no-any-return]
+    raise value
