@@ -15,6 +15,7 @@ import rq
 from helpers import count_session_keys, outcome_entries
 from redis import Redis
 from rq.job import JobStatus
+from waits import outcome_of
 from worker_fixtures import (  # noqa: F401  (fixtures: worker, client, source)
     TIMEOUT,
     client_fixture,
@@ -203,6 +204,7 @@ def test_text_that_is_not_utf8_is_refused_naming_the_field(redis: Redis, registr
             "invalid request: replyTo holds bytes that are not valid UTF-8 (0xff): text must be valid UTF-8",
     }
     for i, (payload, message) in enumerate(cases.items()):
-        reply = service.handle(payload, f"utf8-{i}")
+        reply = outcome_of(lambda p=payload, i=i: service.handle(p, f"utf8-{i}"))
+        assert not isinstance(reply, str), reply  # an outcome, never an exception out of the parser
         assert failure(reply) == ("INVALID_REQUEST", message)
     assert registry.children(source) == []
