@@ -29,12 +29,12 @@ from sessionfork.core import wire
 from sessionfork.core.config import Settings
 from sessionfork.core.wire import ForkResult, Header
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import aio
+from sessionfork.queue import requests
 from sessionfork.queue.outcomes import Outcomes
 
 pytestmark = pytest.mark.serial  # asserts time bounds: run alone (see pyproject's markers)
 
-SLACK = aio.HARD_AFTER + 1.0  # seconds past a deadline: the hard cancellation, the loop's own delays
+SLACK = requests.HARD_AFTER + 1.0  # seconds past a deadline: the hard cancellation, the loop's own delays
 
 
 def took(call: Callable[[AsyncClient], Awaitable[object]], client: Callable[[], AsyncClient]) -> tuple[str, float]:
@@ -78,7 +78,7 @@ def test_wait_raises_timeout_error_by_its_deadline(frozen: EmbeddedServer, kind:
 @pytest.mark.parametrize("kind", ["from_url", "no time-outs"])
 def test_submit_raises_timeout_error_within_its_retry_bound(frozen: EmbeddedServer, kind: str,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(aio, "SUBMIT_RETRY_FOR", 1.0)
+    monkeypatch.setattr(requests, "SUBMIT_RETRY_FOR", 1.0)
 
     async def submit(c: AsyncClient) -> object:
         return await c.submit(await c.request("src", request_id="r-frozen-submit"))
@@ -322,7 +322,7 @@ def sync_clients(server: EmbeddedServer) -> dict[str, Callable[[], SyncClient]]:
     }
 
 
-SYNC_SLACK = aio.HARD_AFTER + 0.25  # the cut HARD_AFTER past the deadline, and a thread's hand-off
+SYNC_SLACK = requests.HARD_AFTER + 0.25  # the cut HARD_AFTER past the deadline, and a thread's hand-off
 
 
 def sync_took(call: Callable[[SyncClient], object], client: SyncClient) -> tuple[str, float]:
@@ -353,7 +353,7 @@ def test_the_sync_clients_calls_raise_timeout_error_by_their_deadline(frozen: Em
 
 def test_the_sync_clients_submit_raises_timeout_error_within_its_retry_bound(frozen: EmbeddedServer,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(aio, "SUBMIT_RETRY_FOR", 1.0)
+    monkeypatch.setattr(requests, "SUBMIT_RETRY_FOR", 1.0)
     client = sync_clients(frozen)["no time-outs"]()
     message, seconds = sync_took(lambda c: c.submit(c.request("src", request_id="r-sync-submit")), client)
     assert 1.0 <= seconds < 1.0 + SYNC_SLACK, seconds

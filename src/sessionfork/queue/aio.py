@@ -27,9 +27,9 @@ Connections: the subscription has one connection of its own (same server and opt
 ``AsyncClient.from_url(url, max_connections=4)`` never opens more than 4 (3 for commands).
 
 Bounds: ``fork`` and ``wait`` return or raise ``TimeoutError`` at their deadline (after a last
-read of the stored outcome, as the sync client's), and ``submit`` within ``SUBMIT_RETRY_FOR``
+read of the stored outcome, as the sync client's), and ``submit`` within ``requests.SUBMIT_RETRY_FOR``
 seconds, whatever the server does (a frozen one included) and whatever client ``redis`` is: a
-command still in flight ``HARD_AFTER`` seconds past the deadline is cancelled. ``from_url`` and
+command still in flight ``requests.HARD_AFTER`` seconds past the deadline is cancelled. ``from_url`` and
 ``from_urls`` give each command the settings' ``socket_timeout`` and each connection their
 ``connect_timeout`` (a command whose reply does not come in time is sent again, until the deadline).
 
@@ -64,11 +64,6 @@ from .subscriptions import ReplyRouter, cancels, honour_cancel
 
 T = TypeVar("T")
 log = logging.getLogger("sessionfork.aio")
-SUBMIT_RETRY_FOR = 10.0
-"""How long ``submit`` sends the enqueue again while its reply is lost (seconds)."""
-HARD_AFTER = 0.5
-"""Seconds past a call's deadline at which a command still in flight is cancelled (a frozen server,
-a client without time-outs): until then a last read of the stored outcome may still answer."""
 
 
 class AsyncClient:
@@ -146,12 +141,13 @@ class AsyncClient:
 
     async def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op.
-        Sent again for up to ``SUBMIT_RETRY_FOR`` seconds while its reply is lost."""
+        Sent again for up to ``requests.SUBMIT_RETRY_FOR`` seconds while its reply is lost."""
         request, call = self._job(request)
         assert isinstance(request.request_id, str)
-        deadline, since = asyncio.get_running_loop().time() + SUBMIT_RETRY_FOR, cancels()
+        limit = requests.SUBMIT_RETRY_FOR
+        deadline, since = asyncio.get_running_loop().time() + limit, cancels()
         enqueue = self._enqueuers[self.shard_of(request.request_id)]
-        async with _by(deadline + HARD_AFTER, f"request {request.request_id} not enqueued within {SUBMIT_RETRY_FOR}s"):
+        async with _by(deadline + requests.HARD_AFTER, f"request {request.request_id} not enqueued within {limit}s"):
             await _again(lambda: enqueue(*call), deadline, since)
         return request.request_id
 
@@ -168,7 +164,7 @@ class AsyncClient:
         deadline, since = asyncio.get_running_loop().time() + timeout, cancels()
         router = self.routers[self.shard_of(request.request_id)]
         async with router.expect(request.request_id, self._channel(request), deadline) as woken, \
-                _by(deadline + HARD_AFTER, _no_reply(request.request_id, timeout)):
+                _by(deadline + requests.HARD_AFTER, _no_reply(request.request_id, timeout)):
             return await self._answer(request, woken, None, deadline, timeout, since)
 
     async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
@@ -190,7 +186,7 @@ class AsyncClient:
         deadline, since = asyncio.get_running_loop().time() + timeout, cancels()
         router = self.routers[self.shard_of(rid)]
         async with router.expect(rid, self._channel(request), deadline) as woken, \
-                _by(deadline + HARD_AFTER, _no_reply(rid, timeout)):
+                _by(deadline + requests.HARD_AFTER, _no_reply(rid, timeout)):
             first = await _again(lambda: self._enqueue_and_read(rid, call), deadline, since)
             return await self._answer(request, woken, first, deadline, timeout, since)
 

@@ -7,8 +7,8 @@
 A request id (given, or generated as ``req-<uuid4>``) makes a submission idempotent: submitting
 it again, or retrying after a time-out, never forks twice and always answers the first outcome.
 
-Bounds: ``fork`` and ``wait`` return or raise ``TimeoutError`` by their deadline (``HARD_AFTER``
-past it at most), ``submit`` by ``SUBMIT_RETRY_FOR`` seconds, whatever the server and ``redis`` do
+Bounds: ``fork`` and ``wait`` return or raise ``TimeoutError`` by their deadline (``requests.HARD_AFTER``
+past it at most), ``submit`` by ``requests.SUBMIT_RETRY_FOR`` seconds, whatever the server and ``redis`` do
 (its retries, no time-outs): a call's Redis work runs in a thread of its own (``_within``).
 
 A sharded queue: give one client per queue server, in shard order (``Client([r0, r1, r2])`` or
@@ -31,7 +31,7 @@ from ..core import connections, wire
 from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply, Summary
-from . import aio, jobs, requests, shards, tracing
+from . import jobs, requests, shards, tracing
 from .enqueue import Enqueuer, job_call
 from .requests import Variant
 from .waiting import ReplyListener
@@ -97,7 +97,7 @@ class Client:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op.
         Returns or raises within ``SUBMIT_RETRY_FOR`` seconds (then ``TimeoutError``: the request
         may be enqueued all the same), whatever the server and ``redis`` do (``_within``)."""
-        request, limit = requests.prepare(request, self._new_id)[0], aio.SUBMIT_RETRY_FOR
+        request, limit = requests.prepare(request, self._new_id)[0], requests.SUBMIT_RETRY_FOR
         return _within(time.monotonic() + limit, lambda: self._submit(request)[0],
                        f"request {request.request_id} not enqueued within {limit}s")
 
@@ -150,7 +150,7 @@ class Client:
             if listeners.get(shard) is listener:
                 del listeners[shard]
 
-        return _within(deadline + aio.HARD_AFTER, lambda: work(listener, deadline),
+        return _within(deadline + requests.HARD_AFTER, lambda: work(listener, deadline),
                        _no_reply(request.request_id, timeout), on_cut=cut, after_cut=listener.close)
 
     def _listener(self, shard: int) -> ReplyListener:

@@ -117,6 +117,13 @@ def prepare(request: object, new_id: Callable[[], str]) -> tuple[ForkRequest, by
 
 MAX_WAIT = 86400
 """The longest a client call waits for its reply (seconds): a day."""
+SUBMIT_RETRY_FOR = 10.0
+"""How long a client's ``submit`` may take (seconds): the asyncio client sends the enqueue again
+while its reply is lost, the sync client's is cut there (``TimeoutError``)."""
+HARD_AFTER = 0.5
+"""Seconds past a call's deadline at which both clients cut a call still in Redis (a frozen server,
+a client without time-outs): the asyncio client cancels the command, the sync client leaves its
+work's thread; until then a last read of the stored outcome may still answer."""
 
 
 def wait_bound(timeout: object) -> float:
