@@ -29,7 +29,8 @@ Connections: the subscription has one connection of its own (same server and opt
 Bounds: ``fork`` and ``wait`` return or raise ``TimeoutError`` at their deadline (after a last
 read of the stored outcome, as the sync client's), and ``submit`` within ``requests.SUBMIT_RETRY_FOR``
 seconds, whatever the server does (a frozen one included) and whatever client ``redis`` is: a
-command still in flight ``requests.HARD_AFTER`` seconds past the deadline is cancelled. ``from_url`` and
+call's Redis work runs in a task of its own, left (and cancelled until it ends) ``requests.HARD_AFTER``
+seconds past the deadline, or at once when the call is cancelled. ``from_url`` and
 ``from_urls`` give each command the settings' ``socket_timeout`` and each connection their
 ``connect_timeout`` (a command whose reply does not come in time is sent again, until the deadline).
 
@@ -44,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeVar
@@ -145,10 +146,13 @@ class AsyncClient:
         request, call = self._job(request)
         assert isinstance(request.request_id, str)
         limit = requests.SUBMIT_RETRY_FOR
-        deadline, since = asyncio.get_running_loop().time() + limit, cancels()
+        deadline = asyncio.get_running_loop().time() + limit
         enqueue = self._enqueuers[self.shard_of(request.request_id)]
-        async with _by(deadline + requests.HARD_AFTER, f"request {request.request_id} not enqueued within {limit}s"):
-            await _again(lambda: enqueue(*call), deadline, since)
+
+        async def work() -> None:
+            await _again(lambda: enqueue(*call), deadline, cancels())
+
+        await _cut(deadline + requests.HARD_AFTER, f"request {request.request_id} not enqueued within {limit}s", work())
         return request.request_id
 
     async def wait(self, request: ForkRequest, timeout: float) -> Reply:
@@ -161,11 +165,11 @@ class AsyncClient:
         """
         request, timeout = requests.checked(request, to_wait=True), requests.wait_bound(timeout)
         assert isinstance(request.request_id, str)
-        deadline, since = asyncio.get_running_loop().time() + timeout, cancels()
+        deadline = asyncio.get_running_loop().time() + timeout
         router = self.routers[self.shard_of(request.request_id)]
-        async with router.expect(request.request_id, self._channel(request), deadline) as woken, \
-                _by(deadline + requests.HARD_AFTER, _no_reply(request.request_id, timeout)):
-            return await self._answer(request, woken, None, deadline, timeout, since)
+        async with router.expect(request.request_id, self._channel(request), deadline) as woken:
+            answer = self._answer(request, woken, None, deadline, timeout)
+            return await _cut(deadline + requests.HARD_AFTER, _no_reply(request.request_id, timeout), answer)
 
     async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
                    session_ids: list[str] | None = None, count: int | None = None,
@@ -183,12 +187,15 @@ class AsyncClient:
         request, call = self._job(request)
         rid = request.request_id
         assert isinstance(rid, str)
-        deadline, since = asyncio.get_running_loop().time() + timeout, cancels()
+        deadline = asyncio.get_running_loop().time() + timeout
         router = self.routers[self.shard_of(rid)]
-        async with router.expect(rid, self._channel(request), deadline) as woken, \
-                _by(deadline + requests.HARD_AFTER, _no_reply(rid, timeout)):
-            first = await _again(lambda: self._enqueue_and_read(rid, call), deadline, since)
-            return await self._answer(request, woken, first, deadline, timeout, since)
+
+        async def work(woken: asyncio.Event) -> Reply:
+            first = await _again(lambda: self._enqueue_and_read(rid, call), deadline, cancels())
+            return await self._answer(request, woken, first, deadline, timeout)
+
+        async with router.expect(rid, self._channel(request), deadline) as woken:
+            return await _cut(deadline + requests.HARD_AFTER, _no_reply(rid, timeout), work(woken))
 
     async def _enqueue_and_read(self, request_id: str, call: tuple[list[str], list[Any]]) -> list[Any]:
         """The enqueue script and the first read of the stored outcome, in one round trip."""
@@ -207,12 +214,13 @@ class AsyncClient:
         return request, job_call(request.request_id, payload, self.settings, datetime.now(UTC))
 
     async def _answer(self, request: ForkRequest, woken: asyncio.Event, first: list[Any] | None,
-                      deadline: float, timeout: float, since: int) -> Reply:
+                      deadline: float, timeout: float) -> Reply:
         """Read the stored outcome (``first``: read already) until it answers; between reads, wait
         for a wake-up (``woken``) or ``recheck_every`` seconds. A read whose reply is lost (a
-        dropped connection) is sent again soon, until the deadline. ``since``: the task's
-        ``cancels()`` when the call began (a cancellation redis-py swallowed is raised after the read)."""
+        dropped connection) is sent again soon, until the deadline. Run in a task of its own
+        (``_cut``): a cancellation redis-py swallowed is raised after the read (``honour_cancel``)."""
         assert isinstance(request.request_id, str)
+        since = cancels()
         rid, digest = request.request_id, wire.digest(request)
         redis = self.shards[self.shard_of(rid)]
         loop = asyncio.get_running_loop()
@@ -251,18 +259,42 @@ def _bounded(settings: Settings, connection_kwargs: dict[str, Any]) -> dict[str,
     return {**connections.time_outs(settings), **connection_kwargs}
 
 
-@contextlib.asynccontextmanager
-async def _by(deadline: float, what: str) -> AsyncIterator[None]:
-    """Cancel the block at ``deadline`` (loop time) and raise ``TimeoutError(what)``: no command in it
-    (a frozen server's, a client's without time-outs) outlasts its call's deadline."""
-    bound = asyncio.timeout_at(deadline)
+async def _cut(deadline: float, what: str, work: Coroutine[Any, Any, T]) -> T:
+    """``work``'s result, ``work`` run in a task of its own: at ``deadline`` (loop time) a
+    ``TimeoutError(what)``, and at the caller's cancellation a ``CancelledError``, at once either way,
+    whatever ``work`` is doing (a frozen server's command, its client's retries, a cancellation
+    redis-py swallowed): ``work`` is then cancelled until it ends (``_abandon``), its outcome dropped."""
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(work)
+    task.add_done_callback(_retrieved)
     try:
-        async with bound:
-            yield
-    except TimeoutError:
-        if not bound.expired():  # the block's own, with its message
-            raise
-        raise TimeoutError(what) from None
+        done, _ = await asyncio.wait((task,), timeout=max(deadline - loop.time(), 0.0))
+    except BaseException:  # the caller's cancellation: it ends the call now, not when work lets it
+        _abandon(task)
+        raise
+    if not done:
+        _abandon(task)
+        raise TimeoutError(what)
+    return task.result()
+
+
+_RECANCEL = 0.05
+"""Seconds between the cancellations of a call's abandoned work (``_abandon``)."""
+
+
+def _abandon(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task``, and again every ``_RECANCEL`` seconds until it ends: on Python 3.11,
+    redis-py's ``asyncio.wait_for`` around a socket write or read can swallow one cancellation
+    (the command then goes on, retried for as long as its client's time-outs allow)."""
+    if not task.done():
+        task.cancel()
+        task.get_loop().call_later(_RECANCEL, _abandon, task)
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    # An abandoned call's error is nobody's: read it, so asyncio does not log it as never retrieved.
+    if not task.cancelled():
+        task.exception()
 
 
 _RETRY_FIRST, _RETRY_MAX = 0.05, 1.0
