@@ -83,7 +83,7 @@ def test_a_command_whose_reply_was_lost_is_sent_again_until_it_answers() -> None
         return "answered"
 
     async def main() -> str:
-        return await _again(send, asyncio.get_running_loop().time() + 10, 0)
+        return await _again(send, asyncio.get_running_loop().time() + 10)
 
     assert asyncio.run(main()) == "answered" and attempts == [0, 1, 2]
 
@@ -93,7 +93,7 @@ def test_any_other_error_of_a_command_is_raised_at_once() -> None:
         raise ResponseError("WRONGTYPE")
 
     async def main() -> str:
-        return await _again(send, asyncio.get_running_loop().time() + 10, 0)
+        return await _again(send, asyncio.get_running_loop().time() + 10)
 
     with pytest.raises(ResponseError):
         asyncio.run(main())

@@ -61,7 +61,7 @@ from .enqueue import AsyncEnqueuer, job_call
 from .outages import is_lost
 from .outcomes import OUTCOME_FIELDS, verdict
 from .requests import Variant
-from .subscriptions import ReplyRouter, cancels, honour_cancel
+from .subscriptions import ReplyRouter
 
 T = TypeVar("T")
 log = logging.getLogger("sessionfork.aio")
@@ -150,7 +150,7 @@ class AsyncClient:
         enqueue = self._enqueuers[self.shard_of(request.request_id)]
 
         async def work() -> None:
-            await _again(lambda: enqueue(*call), deadline, cancels())
+            await _again(lambda: enqueue(*call), deadline)
 
         await _cut(deadline + requests.HARD_AFTER, f"request {request.request_id} not enqueued within {limit}s", work())
         return request.request_id
@@ -191,7 +191,7 @@ class AsyncClient:
         router = self.routers[self.shard_of(rid)]
 
         async def work(woken: asyncio.Event) -> Reply:
-            first = await _again(lambda: self._enqueue_and_read(rid, call), deadline, cancels())
+            first = await _again(lambda: self._enqueue_and_read(rid, call), deadline)
             return await self._answer(request, woken, first, deadline, timeout)
 
         async with router.expect(rid, self._channel(request), deadline) as woken:
@@ -218,9 +218,8 @@ class AsyncClient:
         """Read the stored outcome (``first``: read already) until it answers; between reads, wait
         for a wake-up (``woken``) or ``recheck_every`` seconds. A read whose reply is lost (a
         dropped connection) is sent again soon, until the deadline. Run in a task of its own
-        (``_cut``): a cancellation redis-py swallowed is raised after the read (``honour_cancel``)."""
+        (``_cut``)."""
         assert isinstance(request.request_id, str)
-        since = cancels()
         rid, digest = request.request_id, wire.digest(request)
         redis = self.shards[self.shard_of(rid)]
         loop = asyncio.get_running_loop()
@@ -233,7 +232,6 @@ class AsyncClient:
                     if not is_lost(exc):
                         raise
                     log.info("reading the outcome of %s failed (%s); reading it again", rid, exc)
-                honour_cancel(since)
             if stored is not None:
                 found = verdict(rid, stored, digest)
                 if found is not None:
@@ -300,22 +298,17 @@ def _retrieved(task: asyncio.Task[Any]) -> None:
 _RETRY_FIRST, _RETRY_MAX = 0.05, 1.0
 """Back-off between attempts of a command whose reply was lost (seconds, doubling)."""
 
-async def _again(send: Callable[[], Awaitable[T]], deadline: float, since: int) -> T:
-    """``send()``, sent again after a back-off while its reply is lost, until ``deadline`` (loop time).
-    ``since``: the task's ``cancels()`` when the call began (``honour_cancel``)."""
+async def _again(send: Callable[[], Awaitable[T]], deadline: float) -> T:
+    """``send()``, sent again after a back-off while its reply is lost, until ``deadline`` (loop time)."""
     loop = asyncio.get_running_loop()
     retry_in = _RETRY_FIRST
     while True:
         try:
-            result = await send()
+            return await send()
         except Exception as exc:
-            honour_cancel(since)
             left = deadline - loop.time()
             if not is_lost(exc) or left <= retry_in:
                 raise
             log.info("a command's reply was lost (%s); sending it again", exc)
             await asyncio.sleep(retry_in)  # back-off, not synchronisation
             retry_in = min(retry_in * 2, _RETRY_MAX)
-        else:
-            honour_cancel(since)
-            return result

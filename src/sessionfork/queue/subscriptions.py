@@ -46,10 +46,9 @@ def honour_cancel(since: int) -> None:
     """Raise ``CancelledError`` if the current task was cancelled after its ``cancels()`` was
     ``since`` and is still running: the cancellation was swallowed. On Python 3.11, redis-py's
     ``asyncio.wait_for`` around each socket write returns the write's result when a cancellation
-    comes as the write ends (seen under load: a few of 1,000 cancelled calls ran to their own
-    deadline); called after every command of a call, it ends the call there instead. A task's
-    ``asyncio.timeout`` that expired takes its request back when it exits (``uncancel``), so a
-    swallowed one raised here becomes that block's ``TimeoutError``, as it would have."""
+    comes as the write ends; called after a command the caller's own task sends (a waiter's
+    SUBSCRIBE, ``aclose``'s), it ends the call there instead (a call's other commands run in a task
+    of their own, which the client cancels until it ends: ``aio._cut``)."""
     if cancels() > since:
         raise asyncio.CancelledError
 
