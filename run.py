@@ -178,7 +178,7 @@ REPORT_ENV = "SESSIONFORK_MUTATION_REPORT"
 LUA_CHECK = """
 from sessionfork.core import lua
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import enqueue
+from sessionfork.protocol import enqueue
 with EmbeddedServer() as server, server.client() as redis:
     for spec in lua.SCRIPTS.values():
         redis.script_load(lua.source(f"{spec.name}.lua", spec.package))

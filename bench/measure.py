@@ -20,12 +20,12 @@ from rq import Queue
 from rq.registry import FinishedJobRegistry
 
 from sessionfork.aio import AsyncClient
+from sessionfork.clients.client import Client
 from sessionfork.core import forks
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
 from sessionfork.embedded import EmbeddedServer, wait_until
-from sessionfork.queue.client import Client
 
 
 def noop() -> None:
@@ -141,7 +141,7 @@ def fork_throughput(server: EmbeddedServer, requests: int, workers: int = 1, cou
         for i in range(requests):
             if variants:
                 # Imported here: bench.ab runs this function against older trees, which lack it.
-                from sessionfork.queue.requests import Variant
+                from sessionfork.protocol.requests import Variant
 
                 client.submit(client.request("bench-src", variants=[
                     Variant(edits=[NewEvent("user/message", {"text": f"variant {v}"})]) for v in range(variants)]))

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from redis import Redis
 
 from bench.measure import dataset_bytes
+from sessionfork.clients.client import Client
 from sessionfork.core import forks, keys, records, retention
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
 from sessionfork.embedded import EmbeddedServer, wait_until
-from sessionfork.queue.client import Client
 
 SOURCE = "mem-src"
 WORKER_ENV: Mapping[str, str] = {"SESSIONFORK_JOB_TTL": "1", "SESSIONFORK_MAINTENANCE_INTERVAL": "1"}

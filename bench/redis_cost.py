@@ -17,11 +17,12 @@ from redis.connection import AbstractConnection
 from rq import Queue
 
 from bench.measure import flushed, start_fork_workers, stop_processes, write_session
+from sessionfork.clients.client import Client
 from sessionfork.core import keys, records
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedServer, wait_until
-from sessionfork.queue.client import Client
+from sessionfork.protocol import rq_layout
 
 
 def redis_cpu_us(redis: Redis) -> float:
@@ -53,7 +54,7 @@ def steps_cpu_per_fork(server: EmbeddedServer, jobs: int) -> float:
     record): ``ForkService.handle`` run in a loop on ``jobs`` requests built beforehand, no RQ job
     around it (no dequeue, no RQ start or finish bookkeeping). The same source and server as
     ``redis_cpu_per_job``: the difference between the two is RQ's per-job share."""
-    from sessionfork.queue import requests
+    from sessionfork.protocol import requests
 
     flushed(server)
     _, service = _fork_context(Settings(redis_url=server.url))
@@ -96,7 +97,9 @@ def waiter_cpu_us(server: EmbeddedServer, requests: int, chunks: int = 10) -> fl
                 wait_until(lambda last=last: all(any(redis.hmget(keys.request(r), list(records.OUTCOME_MARKS)))
                                                  for r in last),
                            120, "the submitted requests to complete", interval=0.01)
-                wait_until(lambda: redis.llen(submitter.queue.key) == 0, 120, "the queue to drain", interval=0.01)
+                queue_key = rq_layout.queue_key(submitter.settings.queue)
+                wait_until(lambda queue_key=queue_key: redis.llen(queue_key) == 0, 120, "the queue to drain",
+                           interval=0.01)
                 spent[wait] += redis_cpu_us(redis) - before
         return (spent[True] - spent[False]) / (per_chunk * chunks)
     finally:
@@ -142,13 +145,15 @@ def _fork_context(settings: Settings) -> tuple[Any, Any]:
 def queued_fork_worker(settings: Settings, jobs: int) -> Any:
     """A ``ForkWorker`` in this process, on the servers ``settings`` names (flushed by the caller),
     with ``jobs`` single-fork requests of a 12-event source queued before it starts."""
-    from sessionfork.queue.worker import ForkWorker
+    from sessionfork.worker.fork_worker import ForkWorker
+    from sessionfork.worker.jobs import make_queue
 
     context, service = _fork_context(settings)
     client = Client(context.queue_redis(), settings)
     for i in range(jobs):
         client.submit(client.request("bench-src", session_id=f"c-{i}"))
-    return ForkWorker([client.queue], service=service, connection=service.outcomes.redis, abandoned_after=30)
+    return ForkWorker([make_queue(client.redis, client.settings)], service=service,
+                      connection=service.outcomes.redis, abandoned_after=30)
 
 
 def _worker_bursts(server: EmbeddedServer, jobs: int) -> tuple[Callable[[], object], Callable[[], object]]:

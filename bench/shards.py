@@ -34,7 +34,7 @@ from sessionfork.core import keys
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedServer, wait_until
-from sessionfork.queue.shards import shard_of
+from sessionfork.protocol.shards import shard_of
 
 MAX_CONNECTIONS = 4
 """Per shard: the client's connections, one of them its subscription (16 measured no faster)."""

@@ -37,14 +37,14 @@ from typing import Any
 from redis import Redis
 
 from bench import audit, reaper
+from sessionfork.clients.client import Client
 from sessionfork.core import keys, records, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.factories import now_ms
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
 from sessionfork.embedded import EmbeddedServer, wait_until
-from sessionfork.queue.client import Client
-from sessionfork.queue.jobs import fresh_workers
+from sessionfork.worker.jobs import fresh_workers
 
 TIMEOUT = 60.0
 WINDOW = 16

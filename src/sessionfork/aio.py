@@ -3,7 +3,7 @@
 Importing it loads no RQ (the client enqueues RQ jobs with a script of its own) and no worker.
 """
 
-from .queue.aio import AsyncClient
-from .queue.requests import Variant
+from .clients.aio import AsyncClient
+from .protocol.requests import Variant
 
 __all__ = ["AsyncClient", "Variant"]

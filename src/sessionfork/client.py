@@ -3,7 +3,7 @@
 Importing it loads the queue side's client only: no worker, no fork service.
 """
 
-from .queue.client import Client
-from .queue.requests import Variant
+from .clients.client import Client
+from .protocol.requests import Variant
 
 __all__ = ["Client", "Variant"]

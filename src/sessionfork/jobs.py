@@ -15,8 +15,8 @@ from rq import get_current_job
 from .core.config import from_environ
 from .core.registry import Registry
 from .core.wire import Reply
-from .queue.jobs import JOB_FUNCTION, JSONSerializer, is_final_attempt
-from .queue.service import ForkService
+from .worker.jobs import JOB_FUNCTION, JSONSerializer, is_final_attempt
+from .worker.service import ForkService
 
 __all__ = ["JOB_FUNCTION", "JSONSerializer", "fork"]
 

@@ -5,7 +5,7 @@ Usage: python raw_producer.py PORT[,PORT...] SOURCE CHILD REQUEST_ID [RESULT_TTL
 FIELDS: a JSON object of more request fields (``ifLength``, ``edits``, ``variants``) merged into the
 request; with ``variants`` the CHILD argument is ignored (a variant fan-out names its children).
 It follows the README's "Any-language enqueue" recipe step by step; ENQUEUE is the README's script
-(``src/sessionfork/queue/scripts/enqueue.lua``, a test checks they are the same text). ROUTE ``eval``
+(``src/sessionfork/protocol/scripts/enqueue.lua``, a test checks they are the same text). ROUTE ``eval``
 (default) sends it with EVAL; ``fcall`` calls the loaded library's ``sf_enqueue`` instead. Several
 ports: a sharded queue, the servers in shard order; the request goes to (and is awaited on) the
 shard the recipe's routing function names, computed here without sessionfork.

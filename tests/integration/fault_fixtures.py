@@ -21,14 +21,14 @@ from redis import Redis
 from rq.registry import StartedJobRegistry
 from waits import wait_until
 
+from sessionfork.clients.client import Client
 from sessionfork.core import keys, records
 from sessionfork.core.config import Settings
 from sessionfork.core.connections import queue_client
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkRequest, ForkResult, Header
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
-from sessionfork.queue.client import Client
+from sessionfork.worker import jobs
 
 BIG = 4000
 """Children of the fan-out a fault is injected into (about 0.2 s of work for a worker)."""

@@ -17,12 +17,12 @@ from redis import Redis
 from rq import SimpleWorker
 from waits import wait_until
 
+from sessionfork.clients.client import Client
 from sessionfork.core import keys, records, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.wire import NewEvent, Reply
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue.client import Client
-from sessionfork.queue.jobs import fresh_workers
+from sessionfork.worker.jobs import fresh_workers, make_queue
 
 WORKER_ENV: Mapping[str, str] = {
     "SESSIONFORK_ABANDONED_AFTER": "2",
@@ -119,6 +119,11 @@ def turn(n: int) -> list[NewEvent]:
         NewEvent("assistant/message", {"text": f"answer {n}"}),
         NewEvent("turn/end", {"turn": n, "reason": {"kind": "completed"}}),
     ]
+
+
+def queue_of(client: Client) -> Any:
+    """The RQ queue ``client`` enqueues on (its first shard's): the sync client itself holds no RQ."""
+    return make_queue(client.redis, client.settings)
 
 
 def make_client(redis: Redis, **settings: Any) -> Client:

@@ -36,8 +36,8 @@ from sessionfork.core.wire import ForkResult, Header, NewEvent, Reply
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import acl
 from sessionfork.ops.persist import JsonlBackend
-from sessionfork.queue import enqueue as enqueue_module
-from sessionfork.queue.rq_seam.worker_base import RQ_MAJOR
+from sessionfork.protocol import enqueue as enqueue_module
+from sessionfork.worker.rq_seam.worker_base import RQ_MAJOR
 
 PASSWORDS = {acl.SCHEDULER: "scheduler-secret", acl.WORKER: "worker-secret", acl.HOST: "host-secret",
              acl.PERSIST: "persist-secret"}

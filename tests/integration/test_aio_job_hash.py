@@ -13,8 +13,8 @@ from rq.job import Job
 
 from sessionfork.core import wire
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
-from sessionfork.queue.rq_seam import layout as rq_layout
+from sessionfork.protocol import rq_layout
+from sessionfork.worker import jobs
 
 # -- the job hash -------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from sessionfork import NewEvent, Registry
 from sessionfork.core import wire
 from sessionfork.core.wire import ForkFailure, ForkResult
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue.rq_seam import layout as rq_layout
+from sessionfork.protocol import rq_layout
 
 # -- semantics ------------------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from sessionfork.aio import AsyncClient
 from sessionfork.core import wire
 from sessionfork.core.wire import ForkFailure, ForkResult
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue.outcomes import Outcomes
+from sessionfork.worker.outcomes import Outcomes
 
 
 async def answered_on_a_new_subscription(client: AsyncClient, redis: Redis, outcomes: Outcomes, request_id: str,

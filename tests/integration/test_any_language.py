@@ -19,11 +19,11 @@ from redis import Redis
 from sessionfork import NewEvent, Registry
 from sessionfork.core import keys, lua, wire
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue.outcomes import read_outcome
+from sessionfork.protocol.outcomes import read_outcome
 
 PRODUCER = Path(__file__).parent.parent / "data" / "raw_producer.py"
 RECIPE = (Path(__file__).parents[2] / "docs" / "any-language.md").read_text()
-ENQUEUE = lua.source("enqueue.lua", "sessionfork.queue")
+ENQUEUE = lua.source("enqueue.lua", "sessionfork.protocol")
 
 
 @pytest.fixture
@@ -76,7 +76,7 @@ def test_raw_producer_rebuilds_a_compact_reply_as_the_clients_read_it(server: Em
 
 def test_raw_producer_fcalls_the_loaded_library_and_gets_its_fork_reply(server: EmbeddedServer, registry: Registry,
                                                                         redis: Redis, worker: None) -> None:
-    from sessionfork.queue.enqueue import load_library
+    from sessionfork.protocol.enqueue import load_library
 
     load_library(redis)
     add_source(registry, "fc-src")

@@ -10,16 +10,16 @@ from collections.abc import Iterator
 
 import msgspec
 import pytest
-from helpers import clean_environ, cli_args, live_client, registered_worker, turn
+from helpers import clean_environ, cli_args, live_client, queue_of, registered_worker, turn
 from redis import Redis
 
+from sessionfork.clients.client import Client
+from sessionfork.clients.waiting import wait_for_reply
 from sessionfork.core import keys, wire
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult, NewEvent, Reply
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
-from sessionfork.queue.client import Client
-from sessionfork.queue.waiting import wait_for_reply
+from sessionfork.worker import jobs
 
 TIMEOUT = 30.0
 OPEN = [NewEvent("turn/start", {"turn": 9}), NewEvent("tool/call", {"id": "t1"})]
@@ -104,7 +104,7 @@ def test_a_boundary_that_is_not_an_integer_is_invalid_request(redis: Redis, clie
                                                               running: str, value: str) -> None:
     rid = f"raw-{uuid.uuid4().hex}"
     payload = f'{{"requestId": "{rid}", "source": "run", "sessionId": "c", "boundary": {value}}}'.encode()
-    assert jobs.enqueue(client.queue, payload, rid, client.settings)
+    assert jobs.enqueue(queue_of(client), payload, rid, client.settings)
     reply = wait_for_reply(redis, rid, keys.DEFAULT_REPLY_CHANNEL, TIMEOUT)
     assert reply is not None
     code, message = failure(reply)

@@ -23,7 +23,7 @@ from waits import wait_until
 from sessionfork.core import wire
 from sessionfork.core.wire import ForkResult, Header
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue.outcomes import Outcomes
+from sessionfork.worker.outcomes import Outcomes
 
 pytestmark = pytest.mark.serial  # run alone: see pyproject's markers
 
@@ -120,7 +120,7 @@ def test_fork_wait_1_against_a_frozen_server_is_status_4_within_its_deadline(fro
     """Issue 26 #6: ``fork --wait 1`` with a socket time-out far longer (30 s) ends within HARD_AFTER of
     its deadline (it took the socket time-out: the enqueue blocked): status 4, the client's
     ``TimeoutError``. The interpreter's start is measured by a run that touches no server."""
-    from sessionfork.queue.requests import HARD_AFTER
+    from sessionfork.protocol.requests import HARD_AFTER
 
     _, _, start = run(None, "--help")
     status, stderr, took = run(frozen.url, "fork", "src", "--wait", "1", "--request-id", "r-cli-frozen", bound=60,

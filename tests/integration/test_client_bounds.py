@@ -29,8 +29,8 @@ from sessionfork.core import wire
 from sessionfork.core.config import Settings
 from sessionfork.core.wire import ForkResult, Header
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import requests
-from sessionfork.queue.outcomes import Outcomes
+from sessionfork.protocol import requests
+from sessionfork.worker.outcomes import Outcomes
 
 pytestmark = pytest.mark.serial  # asserts time bounds: run alone (see pyproject's markers)
 

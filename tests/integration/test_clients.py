@@ -33,15 +33,17 @@ from redis import Redis
 from waits import araised, raised, wait_until
 
 from sessionfork.aio import AsyncClient
+from sessionfork.clients.waiting import wait_for_reply
 from sessionfork.core import wire
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkRequest, ForkResult, Header
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import acl
-from sessionfork.queue import requests, service
-from sessionfork.queue.outcomes import OUTCOME_FIELDS, Outcomes, verdict
-from sessionfork.queue.waiting import wait_for_reply
+from sessionfork.protocol import requests
+from sessionfork.protocol.outcomes import OUTCOME_FIELDS, verdict
+from sessionfork.worker import service
+from sessionfork.worker.outcomes import Outcomes
 
 FORGED_CHILD = "forged-child"
 

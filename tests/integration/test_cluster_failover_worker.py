@@ -21,7 +21,7 @@ from sessionfork.core import keys, records
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkResult
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
+from sessionfork.worker import jobs
 
 TIMEOUT = 60.0
 BEFORE, AFTER = 200, 20

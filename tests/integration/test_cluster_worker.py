@@ -19,10 +19,10 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their 
 )
 from helpers import clean_environ, cli_args, make_client, stop, wait_registered, worker_name
 
+from sessionfork.clients.client import Client
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult, Header, NewEvent
 from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
-from sessionfork.queue.client import Client
 
 TIMEOUT = 60.0
 

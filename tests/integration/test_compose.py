@@ -215,9 +215,9 @@ def test_a_variant_fan_out_resumed_after_a_crash_gives_each_child_its_own_edits_
     """The first attempt dies after creating the first child; the source moves on (the guard
     would now fail); the retry creates the rest from the stored snapshot, each with its own edits,
     and the first child keeps its edits once."""
-    from sessionfork.queue.outcomes import Outcomes
-    from sessionfork.queue.requests import Limits
-    from sessionfork.queue.service import ForkService
+    from sessionfork.protocol.requests import Limits
+    from sessionfork.worker.outcomes import Outcomes
+    from sessionfork.worker.service import ForkService
 
     svc = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
                       limits=Limits(max_fanout=16))

@@ -19,6 +19,7 @@ from helpers import (
     cli_args,
     live_client,
     make_client,
+    queue_of,
     registered_worker,
     start_worker,
     stop,
@@ -29,12 +30,12 @@ from redis import Redis
 
 from sessionfork.aio import AsyncClient
 from sessionfork.client import Client, Variant
+from sessionfork.clients.waiting import wait_for_reply
 from sessionfork.core import keys, wire
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult, NewEvent, Reply
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
-from sessionfork.queue.waiting import wait_for_reply
+from sessionfork.worker import jobs
 
 TIMEOUT = 30.0
 RETRY = [NewEvent("turn/start", {"turn": 3}), NewEvent("user/message", {"text": "again"}, extra={"surfaceOp": "x"})]
@@ -65,7 +66,7 @@ def failure(reply: Reply) -> tuple[str, str]:
 
 def raw_request(redis: Redis, client: Client, body: dict[str, object]) -> Reply:
     rid = f"raw-{uuid.uuid4().hex}"
-    assert jobs.enqueue(client.queue, json.dumps({"requestId": rid, **body}).encode(), rid, client.settings)
+    assert jobs.enqueue(queue_of(client), json.dumps({"requestId": rid, **body}).encode(), rid, client.settings)
     reply = wait_for_reply(redis, rid, keys.DEFAULT_REPLY_CHANNEL, TIMEOUT)
     assert reply is not None
     return reply

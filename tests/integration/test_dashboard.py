@@ -19,9 +19,9 @@ from sessionfork.core.wire import Reply
 from sessionfork.embedded import EmbeddedServer, free_port
 from sessionfork.ops.metrics import JsonFormatter, Observer
 from sessionfork.ops.stats import compute_stats, format_line, read_outcomes
-from sessionfork.queue.outcomes import Outcomes
-from sessionfork.queue.requests import Limits
-from sessionfork.queue.service import ForkService
+from sessionfork.protocol.requests import Limits
+from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.service import ForkService
 
 
 def service(redis: Redis, registry: Registry) -> ForkService:

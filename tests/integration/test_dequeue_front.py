@@ -6,18 +6,18 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from helpers import outcome_entries
+from helpers import outcome_entries, queue_of
 from redis import Redis
 
 from sessionfork import NewEvent, Registry
+from sessionfork.clients.client import Client
 from sessionfork.core.config import Settings
 from sessionfork.core.wire import ForkFailure, ForkResult
-from sessionfork.queue import jobs
-from sessionfork.queue.client import Client
-from sessionfork.queue.outcomes import Outcomes
-from sessionfork.queue.requests import Limits
-from sessionfork.queue.service import ForkService
-from sessionfork.queue.worker import ForkWorker
+from sessionfork.protocol.requests import Limits
+from sessionfork.worker import jobs
+from sessionfork.worker.fork_worker import ForkWorker
+from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.service import ForkService
 
 TURN = [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})]
 
@@ -48,7 +48,7 @@ def test_a_front_entry_taken_by_another_worker_never_lends_its_hash(redis: Redis
                                  abandoned_after=30)
     assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
     assert worker.taken == [b"front-1"]  # the race happened: the worker's hint was gone
-    redis.rpush(client.queue.key, b"front-1")  # the other worker gave it back
+    redis.rpush(queue_of(client).key, b"front-1")  # the other worker gave it back
     assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
     for i, request_id in enumerate(ids):  # each request ran its own payload: its own child
         reply = service.outcomes.get(request_id)
@@ -61,7 +61,7 @@ def test_a_bad_entry_at_the_front_is_refused_with_an_outcome(redis: Redis, regis
     registry.append(registry.create("src"), TURN)
     client = Client(redis)
     first = client.submit(client.request("src", session_id="ok-child", request_id="good-1"))
-    redis.rpush(client.queue.key, b"no-such-job", b"bad:id", b"\xff\xfe")  # after it: the front at its finish
+    redis.rpush(queue_of(client).key, b"no-such-job", b"bad:id", b"\xff\xfe")  # after it: the front at its finish
     service = _service(redis, registry)
     worker = ForkWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis, abandoned_after=30)
     assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
@@ -71,4 +71,4 @@ def test_a_bad_entry_at_the_front_is_refused_with_an_outcome(redis: Redis, regis
         assert raw is not None, entry
     refused = service.outcomes.get("no-such-job")
     assert isinstance(refused, ForkFailure) and refused.code == "INVALID_REQUEST"
-    assert redis.llen(client.queue.key) == 0 and redis.llen(client.queue.intermediate_queue_key) == 0
+    assert redis.llen(queue_of(client).key) == 0 and redis.llen(queue_of(client).intermediate_queue_key) == 0

@@ -19,7 +19,7 @@ from sessionfork.core import rules, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.wire import ForkFailure
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
+from sessionfork.worker import jobs
 
 TRACED_WORKER = Path(__file__).parent.parent / "data" / "traced_worker.py"
 HOSTILE = "\x1b[31mred\x1b[0m\r\n\x00\u202egnp.exe\u2028" + "A" * 20_000

@@ -22,8 +22,8 @@ from sessionfork.core.config import Settings
 from sessionfork.core.settings import REQUEST_LIMIT
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import acl
-from sessionfork.queue import enqueue as enqueue_module
-from sessionfork.queue.requests import Limits, parse
+from sessionfork.protocol import enqueue as enqueue_module
+from sessionfork.protocol.requests import Limits, parse
 
 pytestmark = pytest.mark.serial  # run alone: asserts time bounds (see pyproject's markers)
 

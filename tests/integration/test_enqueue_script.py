@@ -1,4 +1,4 @@
-"""The enqueue script (``queue/scripts/enqueue.lua``) on a real server: it sees conflicts with jobs
+"""The enqueue script (``protocol/scripts/enqueue.lua``) on a real server: it sees conflicts with jobs
 whichever client queued them (issue 16 #2), validates before it writes (#8), compares numbers
 exactly (#14), agrees with ``wire.identity`` on random requests (issue 18), and runs as the
 ``sf_enqueue`` function of the library ``sessionfork load-functions`` loads (issue 16 #5).
@@ -23,7 +23,7 @@ from sessionfork.aio import AsyncClient
 from sessionfork.core import keys, wire
 from sessionfork.core.config import Settings
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import enqueue as enqueue_module
+from sessionfork.protocol import enqueue as enqueue_module
 
 QUEUE = "rq:queue:sessionfork"
 
@@ -238,7 +238,7 @@ def test_an_unknown_enqueue_mode_is_a_config_error() -> None:
 def test_the_job_function_is_one_constant_whoever_writes_data(redis: Redis) -> None:
     import zlib
 
-    from sessionfork.queue.rq_seam import layout
+    from sessionfork.protocol import rq_layout as layout
 
     assert raw(redis, {"requestId": "fn-1", "source": "sa"}, rid="fn-1") == 1  # the script's default data
     by_script = json.loads(redis.hget("rq:job:fn-1", "data") or b"")
@@ -276,7 +276,7 @@ def test_a_library_of_another_release_is_never_run_by_the_clients(redis: Redis) 
 
 def test_the_scripts_limits_are_the_workers() -> None:
     from sessionfork.core import rules, settings
-    from sessionfork.queue.requests import Limits
+    from sessionfork.protocol.requests import Limits
 
     def constant(name: str) -> int:
         found = re.search(rf"^local {name} = (\d+) ", enqueue_module.SOURCE, re.MULTILINE)
@@ -382,7 +382,7 @@ def deep_requests(draw: st.DrawFn) -> wire.ForkRequest:
 @given(first=deep_requests(), second=deep_requests(), shuffled=st.booleans())
 def test_the_script_reads_a_raw_request_and_the_workers_kept_form_alike_at_every_accepted_depth(
         redis: Redis, first: wire.ForkRequest, second: wire.ForkRequest, shuffled: bool) -> None:
-    from sessionfork.queue.requests import Limits, parse
+    from sessionfork.protocol.requests import Limits, parse
 
     text = _json_text(first, shuffled)
     kept = wire.identity(parse(text, "deep", Limits()))  # the worker accepts it, and keeps this

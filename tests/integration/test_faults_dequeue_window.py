@@ -14,7 +14,7 @@ from redis import Redis
 from waits import exited
 
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
+from sessionfork.worker import jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: as every fault test (test_faults_*.py)
 
@@ -24,9 +24,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: as every fault te
 DIES_AFTER_DEQUEUE = """
 import os, signal, sys
 from sessionfork.core import config
-from sessionfork.queue import jobs
+from sessionfork.worker import jobs
 from sessionfork.cli.app import Context
-from sessionfork.queue.worker import ForkWorker
+from sessionfork.worker.fork_worker import ForkWorker
 
 url, name, signame = sys.argv[1:4]
 

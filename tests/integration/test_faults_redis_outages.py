@@ -29,7 +29,7 @@ from sessionfork.core import keys
 from sessionfork.core.config import Settings
 from sessionfork.core.connections import queue_client
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
+from sessionfork.worker import jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: as every fault test (test_faults_*.py)
 

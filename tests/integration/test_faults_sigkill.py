@@ -34,7 +34,7 @@ from sessionfork.core import keys
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkResult
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
+from sessionfork.worker import jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: the storm
 

@@ -28,7 +28,7 @@ from rq import SimpleWorker
 from waits import exited
 
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
+from sessionfork.worker import jobs
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]  # serial: an idle stop's time bound
 

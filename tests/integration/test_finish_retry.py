@@ -14,16 +14,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from rq.job import Job
 
 from sessionfork import NewEvent, Registry
+from sessionfork.clients.client import Client
 from sessionfork.core import keys
 from sessionfork.core.config import Settings
 from sessionfork.core.wire import ForkFailure
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
-from sessionfork.queue.client import Client
-from sessionfork.queue.outcomes import Outcomes
-from sessionfork.queue.requests import Limits
-from sessionfork.queue.service import ForkService
-from sessionfork.queue.worker import ForkWorker
+from sessionfork.protocol.requests import Limits
+from sessionfork.worker import jobs
+from sessionfork.worker.fork_worker import ForkWorker
+from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.service import ForkService
 
 
 class PrimaryDiesInFinish(ForkWorker):

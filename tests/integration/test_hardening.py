@@ -17,17 +17,17 @@ from rq.job import Job
 from waits import outcome_of, raised
 
 from sessionfork import ErrorCode, ForkError, LiveHandle, NewEvent, Registry
+from sessionfork.clients.client import Client
+from sessionfork.clients.waiting import wait_for_reply
 from sessionfork.core.config import Settings
 from sessionfork.core.wire import ForkFailure, ForkResult
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
-from sessionfork.queue.client import Client
-from sessionfork.queue.outcomes import Outcomes
-from sessionfork.queue.requests import Limits
-from sessionfork.queue.rq_seam.entries import ForkJob
-from sessionfork.queue.service import ForkService
-from sessionfork.queue.waiting import wait_for_reply
-from sessionfork.queue.worker import ForkWorker
+from sessionfork.protocol.requests import Limits
+from sessionfork.worker import jobs
+from sessionfork.worker.fork_worker import ForkWorker
+from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.rq_seam.entries import ForkJob
+from sessionfork.worker.service import ForkService
 
 TURN = [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})]
 

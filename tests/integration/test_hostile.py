@@ -29,17 +29,18 @@ from hypothesis import strategies as st
 from redis import Redis
 from waits import wait_until
 
+from sessionfork.clients.client import Client
+from sessionfork.clients.waiting import wait_for_reply
 from sessionfork.core import keys, rules
 from sessionfork.core.config import Settings
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult, Header
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs, requests
-from sessionfork.queue.client import Client
-from sessionfork.queue.jobs import fresh_workers
-from sessionfork.queue.requests import Limits
-from sessionfork.queue.waiting import wait_for_reply
+from sessionfork.protocol import requests
+from sessionfork.protocol.requests import Limits
+from sessionfork.worker import jobs
+from sessionfork.worker.jobs import fresh_workers
 
 SETTINGS = Settings()
 LIMIT = SETTINGS.max_request_bytes

@@ -30,7 +30,7 @@ from waits import wait_until
 from sessionfork.core import keys, wire
 from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
+from sessionfork.worker import jobs
 
 
 @pytest.fixture

@@ -12,17 +12,17 @@ from collections.abc import Iterator
 
 import pytest
 from bench.memory import BAR, LISTPACK_VALUE, RQ_JOBS, request_memory, steady_workload
-from helpers import make_client, outcome_entries, start_worker, stop, turn, wait_registered, worker_name
+from helpers import make_client, outcome_entries, queue_of, start_worker, stop, turn, wait_registered, worker_name
 from redis import Redis
 from rq.job import Job
 from rq.registry import FinishedJobRegistry
 from waits import wait_until
 
+from sessionfork.clients.client import Client
 from sessionfork.core import keys
 from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue.client import Client
-from sessionfork.queue.jobs import JSONSerializer
+from sessionfork.worker.jobs import JSONSerializer
 
 
 def test_a_completed_request_retains_at_most_1024_bytes_at_redis_defaults(server: EmbeddedServer) -> None:
@@ -83,7 +83,7 @@ def test_rq_shows_a_finished_job_for_job_ttl(server: EmbeddedServer, redis: Redi
         wait_registered(redis, name)
         client = make_client(redis)
         # A producer's hash may ask for a week (the any-language example did): the worker caps it.
-        client.queue.enqueue_call("sessionfork.jobs.fork", args=('{"source":"src","sessionId":"c1"}',),
+        queue_of(client).enqueue_call("sessionfork.jobs.fork", args=('{"source":"src","sessionId":"c1"}',),
                                   job_id="r-1", result_ttl=604800)
         finished = FinishedJobRegistry("sessionfork", connection=redis)
         wait_until(lambda: "r-1" in finished.get_job_ids(), 20, "the job to finish")

@@ -11,9 +11,9 @@ from redis import Redis
 from sessionfork.core import keys, lua, wire
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, NewEvent
-from sessionfork.queue.outcomes import Outcomes
-from sessionfork.queue.requests import Limits
-from sessionfork.queue.service import ForkService
+from sessionfork.protocol.requests import Limits
+from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.service import ForkService
 
 TURN = [NewEvent("turn/start", {}), NewEvent("turn/end", {})]
 

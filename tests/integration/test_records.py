@@ -19,8 +19,9 @@ from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult, Header, NewEvent
 from sessionfork.ops import diff, lineage
-from sessionfork.queue.outcomes import Outcomes, read_outcome
-from sessionfork.queue.service import ForkService
+from sessionfork.protocol.outcomes import read_outcome
+from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.service import ForkService
 
 TURN = [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})]
 HEADERS = [

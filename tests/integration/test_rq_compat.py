@@ -16,15 +16,15 @@ from rq import Worker
 from rq.registry import FinishedJobRegistry
 from waits import wait_until
 
+from sessionfork.clients.client import Client
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkRequest
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
-from sessionfork.queue.client import Client
-from sessionfork.queue.outcomes import Outcomes
-from sessionfork.queue.rq_seam import worker_base
-from sessionfork.queue.service import ForkService
-from sessionfork.queue.worker import ForkWorker
+from sessionfork.worker import jobs
+from sessionfork.worker.fork_worker import ForkWorker
+from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.rq_seam import worker_base
+from sessionfork.worker.service import ForkService
 
 RQ = str(Path(sys.executable).parent / "rq")
 

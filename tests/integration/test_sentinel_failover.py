@@ -40,14 +40,14 @@ from redis.sentinel import MasterNotFoundError
 from rq.job import Job
 from waits import wait_until
 
+from sessionfork.clients.aio import AsyncClient
+from sessionfork.clients.client import Client
 from sessionfork.core import keys, records
 from sessionfork.core.connections import TRANSIENT, async_pool, queue_client
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkRequest, ForkResult, Reply
 from sessionfork.embedded import EmbeddedSentinel
 from sessionfork.embedded.server import free_port
-from sessionfork.queue.aio import AsyncClient
-from sessionfork.queue.client import Client
 
 TIMEOUT = 60.0
 AFTER = 30  # requests submitted after the promotion

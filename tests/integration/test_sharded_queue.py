@@ -28,14 +28,14 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.cluster import RedisCluster
 from waits import outcome_of
 
+from sessionfork.clients.aio import AsyncClient
+from sessionfork.clients.client import Client
 from sessionfork.core import keys
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult, Reply
 from sessionfork.embedded import EmbeddedCluster, EmbeddedSentinel, EmbeddedServer
 from sessionfork.ops.stats import read_sharded
-from sessionfork.queue.aio import AsyncClient
-from sessionfork.queue.client import Client
-from sessionfork.queue.shards import shard_of
+from sessionfork.protocol.shards import shard_of
 
 pytestmark = pytest.mark.serial  # run alone: see pyproject's markers
 

@@ -87,8 +87,8 @@ sys.modules["opentelemetry"] = None  # as if the package were not installed
 from redis import Redis
 from sessionfork.aio import AsyncClient
 from sessionfork.core import wire
-from sessionfork.queue import tracing
-from sessionfork.queue.client import Client
+from sessionfork.protocol import tracing
+from sessionfork.clients.client import Client
 request = Client(Redis(port=1)).request("a", request_id="r1")
 with tracing.request_span(b'{"source":"a","traceparent":"00-TRACE-SPAN-01"}', "r1") as span:
     span.finish(wire.ForkFailure(request_id="r1", code="OPEN_TURN", message="m"))

@@ -24,8 +24,8 @@ from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult, Header
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
-from sessionfork.queue.outcomes import Outcomes
+from sessionfork.worker import jobs
+from sessionfork.worker.outcomes import Outcomes
 
 TIMEOUT = 20.0
 DAY = 24 * 3600

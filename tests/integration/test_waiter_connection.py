@@ -13,13 +13,13 @@ import pytest
 from helpers import make_client, start_worker, stop, turn, wait_registered, worker_name
 from redis import Redis
 
+from sessionfork.clients.client import Client
+from sessionfork.clients.waiting import wait_for_reply
 from sessionfork.core import keys, wire
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue.client import Client
-from sessionfork.queue.outcomes import Outcomes
-from sessionfork.queue.waiting import wait_for_reply
+from sessionfork.worker.outcomes import Outcomes
 
 
 class CountingRedis(Redis):

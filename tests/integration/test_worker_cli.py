@@ -9,9 +9,9 @@ import subprocess
 from helpers import clean_environ, cli_args, start_worker, stop, turn, wait_registered, worker_name
 from worker_fixtures import client_fixture, source_fixture, worker_fixture  # noqa: F401
 
+from sessionfork.clients.client import Client
 from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue.client import Client
 
 
 def run_cli(*args: str, url: str | None, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:

@@ -44,11 +44,11 @@ from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import acl
-from sessionfork.queue import jobs
-from sessionfork.queue.outcomes import Outcomes
-from sessionfork.queue.requests import Limits
-from sessionfork.queue.service import ForkService
-from sessionfork.queue.worker import ForkWorker
+from sessionfork.protocol.requests import Limits
+from sessionfork.worker import jobs
+from sessionfork.worker.fork_worker import ForkWorker
+from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.service import ForkService
 
 pytestmark = pytest.mark.serial  # run alone: see pyproject's markers
 

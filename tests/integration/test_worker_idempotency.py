@@ -9,7 +9,7 @@ import uuid
 import msgspec
 import pytest
 import rq
-from helpers import outcome_entries, stored_outcome, turn
+from helpers import outcome_entries, queue_of, stored_outcome, turn
 from msgspec import UNSET
 from redis import Redis
 from rq.job import Job, JobStatus
@@ -23,12 +23,12 @@ from worker_fixtures import (  # noqa: F401  (fixtures: worker, client, source)
     worker_fixture,
 )
 
+from sessionfork.clients.client import Client
 from sessionfork.core import keys, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkResult
-from sessionfork.queue import jobs
-from sessionfork.queue.client import Client
+from sessionfork.worker import jobs
 
 
 @pytest.fixture
@@ -63,7 +63,7 @@ def test_rerun_job_of_a_finished_request_answers_its_first_outcome_and_creates_n
     request = client.request(source, count=2, request_id="rerun-1")
     client.submit(request)  # the enqueue script sees the kept request: nothing queued
     assert not redis.exists("rq:job:rerun-1")
-    assert jobs.enqueue(client.queue, wire.encode(request), "rerun-1", client.settings)  # RQ's own enqueue does
+    assert jobs.enqueue(queue_of(client), wire.encode(request), "rerun-1", client.settings)  # RQ's own enqueue does
     wait_job_status(redis, "rerun-1", JobStatus.FINISHED)  # the worker ran the new job
     again = client.wait(request, TIMEOUT)
 
@@ -113,7 +113,7 @@ def test_worker_ends_a_reused_request_id_as_a_conflict_and_announces_nothing(
     with subscribed(redis, keys.DEFAULT_REPLY_CHANNEL) as pubsub:
         request = client.request(source, session_id="c2", request_id="dup-job")
         # RQ's own enqueue (the clients' enqueue script would refuse it: -1, nothing queued)
-        assert jobs.enqueue(client.queue, wire.encode(request), "dup-job", client.settings)
+        assert jobs.enqueue(queue_of(client), wire.encode(request), "dup-job", client.settings)
         wait_job_status(redis, "dup-job", JobStatus.FINISHED)  # the worker ran it...
         published = pubsub.get_message(timeout=0.5)
 

@@ -38,11 +38,11 @@ from sessionfork.core.config import Settings
 from sessionfork.core.connections import queue_client
 from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
-from sessionfork.queue.jobs import fresh_workers
-from sessionfork.queue.outcomes import Outcomes
-from sessionfork.queue.requests import Limits
-from sessionfork.queue.service import ForkService
+from sessionfork.protocol.requests import Limits
+from sessionfork.worker import jobs
+from sessionfork.worker.jobs import fresh_workers
+from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.service import ForkService
 
 pytestmark = pytest.mark.slow
 

@@ -26,13 +26,13 @@ from worker_fixtures import (  # noqa: F401  (fixtures: worker, client, source)
     worker_fixture,
 )
 
+from sessionfork.clients.client import Client
+from sessionfork.clients.waiting import wait_for_reply
 from sessionfork.core import keys
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue import jobs
-from sessionfork.queue.client import Client
-from sessionfork.queue.waiting import wait_for_reply
+from sessionfork.worker import jobs
 
 # -- outcomes: stored, streamed, RQ result, reply channel -----------------------------------------
 

@@ -27,15 +27,15 @@ from worker_fixtures import (  # noqa: F401  (fixtures: worker, client, source)
     worker_fixture,
 )
 
+from sessionfork.clients.client import Client
+from sessionfork.clients.waiting import wait_for_reply
 from sessionfork.core import keys
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import Reply
-from sessionfork.queue import jobs
-from sessionfork.queue.client import Client
-from sessionfork.queue.outcomes import Outcomes
-from sessionfork.queue.service import ForkService
-from sessionfork.queue.waiting import wait_for_reply
+from sessionfork.worker import jobs
+from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.service import ForkService
 
 ID_RULE = "expected 1-128 characters from [A-Za-z0-9._:-]"
 

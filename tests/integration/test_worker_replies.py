@@ -19,10 +19,10 @@ from worker_fixtures import (  # noqa: F401  (fixtures: worker, client, source)
     worker_fixture,
 )
 
+from sessionfork.clients.client import Client
 from sessionfork.core import keys
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ChildError, ForkResult, LiveHandle
-from sessionfork.queue.client import Client
 
 # -- success --------------------------------------------------------------------------------------
 

@@ -17,12 +17,12 @@ import pytest
 from helpers import SETTINGS, clean_environ, cli_args, outcome_entries, stop, turn, wait_registered, worker_name
 from worker_fixtures import next_message, subscribed
 
+from sessionfork.clients.client import Client
 from sessionfork.core import keys, wire
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue.client import Client
-from sessionfork.queue.shards import shard_of
+from sessionfork.protocol.shards import shard_of
 
 TIMEOUT = 30.0
 
@@ -63,7 +63,7 @@ def test_a_misrouted_request_is_refused_and_forks_once_on_its_own_shard(
         assert isinstance(refused, ForkFailure), refused
         assert (refused.code, refused.message) == (
             "WRONG_SHARD", f'request id "{rid}" lives on shard 1 of 2, not on shard 0, which this worker serves: '
-                           "enqueue it on shard 1's queue server (queue.shards.shard_of)")
+                           "enqueue it on shard 1's queue server (protocol.shards.shard_of)")
         assert (channel, wire.decode_reply(published)) == (keys.DEFAULT_REPLY_CHANNEL, refused)  # published
         assert [(e.request, e.code) for e in outcome_entries(q0)] == [(rid, "WRONG_SHARD")]  # streamed
         assert misrouted.fork("src", request_id=rid, timeout=TIMEOUT) == refused  # stored: a resend is answered
@@ -87,7 +87,7 @@ def test_a_worker_checks_only_a_sharded_queue(deployment: tuple[EmbeddedServer, 
     """The service knows its shard from the settings (``SESSIONFORK_SHARD`` of
     ``SESSIONFORK_QUEUE_URLS``); one queue server (one URL listed, or none) has no shard to check."""
     from sessionfork.core.config import Settings
-    from sessionfork.queue.service import ForkService
+    from sessionfork.worker.service import ForkService
 
     registry_server, shards = deployment
     urls = tuple(s.url for s in shards)

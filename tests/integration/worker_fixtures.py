@@ -19,10 +19,10 @@ from redis.client import PubSub
 from rq.job import Job, JobStatus
 from waits import wait_until
 
+from sessionfork.clients.client import Client
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, Reply
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.queue.client import Client
 
 TIMEOUT = 10.0
 

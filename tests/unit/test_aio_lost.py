@@ -12,9 +12,9 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from sessionfork.queue.aio import _again
-from sessionfork.queue.outages import is_lost
-from sessionfork.queue.subscriptions import ReplyRouter
+from sessionfork.clients.aio import _again
+from sessionfork.clients.subscriptions import ReplyRouter
+from sessionfork.core.outages import is_lost
 
 CLOSED_UNDER_A_WRITE = "'NoneType' object has no attribute 'writelines'"
 

@@ -11,8 +11,8 @@ import pytest
 from sessionfork.core import wire
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.wire import LiveHandle, NewEvent
-from sessionfork.queue import requests
-from sessionfork.queue.requests import Limits, Variant
+from sessionfork.protocol import requests
+from sessionfork.protocol.requests import Limits, Variant
 
 LIMITS = Limits(max_request_bytes=65536, max_fanout=16)
 

@@ -6,7 +6,7 @@ import pytest
 from redis.cluster import key_slot
 
 from sessionfork.core import keys
-from sessionfork.queue.rq_seam import layout as rq_layout
+from sessionfork.protocol import rq_layout
 
 IDS = ["a", "s1", "session-3f2b8c1e-0000-4000-8000-000000000000", "A.b_c:d-e", "x" * 128]
 

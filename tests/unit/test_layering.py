@@ -12,19 +12,25 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "sessionfork"
 SOURCES = sorted(PACKAGE.rglob("*.py"))
-# The queue side's job, seam and worker modules, and the public job function, speak RQ.
-RQ_MODULES = {"sessionfork.jobs", "sessionfork.queue.jobs", "sessionfork.queue.rq_seam.worker_base",
-              "sessionfork.queue.rq_seam.dequeue", "sessionfork.queue.rq_seam.maintenance",
-              "sessionfork.queue.rq_seam.entries", "sessionfork.queue.worker"}
-SEAM = "sessionfork.queue.rq_seam"
-"""The RQ seam (a package: ``worker_base``, ``dequeue``, ``maintenance`` and ``entries`` import RQ,
-``layout`` and ``riders`` do not)."""
+# The worker's job, seam and worker modules, and the public job function, speak RQ.
+RQ_MODULES = {"sessionfork.jobs", "sessionfork.worker.jobs", "sessionfork.worker.rq_seam.worker_base",
+              "sessionfork.worker.rq_seam.dequeue", "sessionfork.worker.rq_seam.maintenance",
+              "sessionfork.worker.rq_seam.entries", "sessionfork.worker.fork_worker"}
+SEAM = "sessionfork.worker.rq_seam"
+"""The RQ seam (a package of the worker side: ``worker_base``, ``dequeue``, ``maintenance`` and
+``entries`` import RQ, ``riders`` does not)."""
+RQ_LAYOUT = "sessionfork.protocol.rq_layout"
+"""RQ's key names and job hash fields, which producers and workers agree on: no RQ import, but the
+one module outside the seam that spells RQ's keys."""
 # RQ's documented API: what a module other than the seam may import from rq.
 DOCUMENTED_RQ = {"Queue", "Retry", "Worker", "Job", "get_current_job", "DuplicateJobError", "AbandonedJobError"}
 # Entry points read the environment; nothing else does.
 ENVIRON_MODULES = {"sessionfork.cli", "sessionfork.jobs"}
-# Layers, lowest first: a module imports only from its own layer or a lower one.
-LAYERS = ["core", "queue", "ops", "cli"]
+# Layers, lowest first: a module imports only from its own layer or a lower one. The two sides of
+# the queue share a layer and never import each other: a scheduler's clients load no worker code,
+# a worker loads no client.
+LAYERS = [("core",), ("protocol",), ("clients", "worker"), ("ops",), ("cli",)]
+SIDES = {"clients", "worker"}
 
 
 def module_name(path: Path) -> str:
@@ -63,7 +69,13 @@ def imported(path: Path) -> set[str]:
 
 def layer(name: str) -> int | None:
     parts = name.split(".")
-    return LAYERS.index(parts[1]) if len(parts) > 1 and parts[1] in LAYERS else None
+    found = [i for i, names in enumerate(LAYERS) if len(parts) > 1 and parts[1] in names]
+    return found[0] if found else None
+
+
+def side(name: str) -> str | None:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in SIDES else None
 
 
 def test_only_the_queue_side_modules_import_rq() -> None:
@@ -103,7 +115,7 @@ def code_strings(path: Path) -> list[str]:
 
 def test_rq_key_layout_is_named_only_in_the_seam() -> None:
     for path in SOURCES:
-        if not module_name(path).startswith(SEAM):
+        if not module_name(path).startswith(SEAM) and module_name(path) != RQ_LAYOUT:
             assert not [s for s in code_strings(path) if "rq:" in s], path
     for script in PACKAGE.rglob("*.lua"):
         # Scripts take their keys from KEYS: RQ's names come from the seam, never spelt in Lua code.
@@ -123,8 +135,8 @@ def test_a_scheduler_importing_the_client_loads_neither_the_worker_nor_the_fork_
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(ast.literal_eval(out.stdout.strip()))
     assert "sessionfork.client" in loaded
-    assert not loaded & {"sessionfork.queue.worker", "sessionfork.queue.service",
-                         "sessionfork.queue.rq_seam.worker_base", "sessionfork.queue.rq_seam.entries",
+    assert not loaded & {"sessionfork.worker.fork_worker", "sessionfork.worker.service",
+                         "sessionfork.worker.rq_seam.worker_base", "sessionfork.worker.rq_seam.entries",
                          "sessionfork.cli"}
 
 
@@ -149,12 +161,14 @@ def test_imports_go_down_the_layers(path: Path) -> None:
         if name.startswith("sessionfork."):
             target = layer(name)
             assert target is None or target <= own, f"{module_name(path)} imports {name}"
+            here, there = side(module_name(path)), side(name)
+            assert not (here and there and here != there), f"{module_name(path)} imports the other side's {name}"
 
 
 def test_imports_of_sibling_modules_are_seen() -> None:
     """The cycle test below sees ``from ..core import errors`` as an import of ``core.errors``."""
-    assert {"sessionfork.core.errors", "sessionfork.core.forks", "sessionfork.queue.requests"} <= \
-        imported(PACKAGE / "queue" / "service.py")
+    assert {"sessionfork.core.errors", "sessionfork.core.forks", "sessionfork.protocol.requests"} <= \
+        imported(PACKAGE / "worker" / "service.py")
 
 
 def test_no_import_cycle() -> None:
@@ -185,12 +199,13 @@ def test_key_names_are_built_only_in_keys() -> None:
         assert 'f"sf:' not in text and "'sf:" not in text and '"sf:' not in text, path.name
 
 
-# The fork path, each step in one place (issue 18): the queue side enters the session core through
+# The fork path, each step in one place (issue 18): the queue's sides enter the session core through
 # ``core/forks.py`` only, one entry per step, and never calls the registry's fork steps itself.
 FORK_STEPS = {"take_snapshot", "prepare_fork", "look_ops", "plan_of", "create_children", "create_child",
               "confirm_replays", "read_snapshot", "child_header", "is_cluster"}
 FORK_ENTRIES = {"check_edits", "check_summary", "source_step", "child_step", "created_by"}
-QUEUE_SOURCES = [p for p in SOURCES if module_name(p).startswith("sessionfork.queue")]
+QUEUE_SOURCES = [p for p in SOURCES
+                 if module_name(p).startswith(("sessionfork.protocol", "sessionfork.clients", "sessionfork.worker"))]
 
 
 @pytest.mark.parametrize("path", QUEUE_SOURCES, ids=module_name)
@@ -207,7 +222,7 @@ def test_the_queue_side_enters_the_fork_core_by_its_step_entries(path: Path) -> 
 
 
 def test_the_service_runs_a_request_through_one_entry_per_step() -> None:
-    service = PACKAGE / "queue" / "service.py"
+    service = PACKAGE / "worker" / "service.py"
     called = [node.attr for node in ast.walk(tree(service)) if isinstance(node, ast.Attribute)
               and isinstance(node.value, ast.Name) and node.value.id == "forks"]
     assert sorted(called) == sorted(FORK_ENTRIES)  # each once: claim+source, children, what a failure left

@@ -14,14 +14,14 @@ SRC = Path(__file__).parents[2] / "src" / "sessionfork"
 
 
 def test_every_script_file_is_in_the_one_table() -> None:
-    files = {(pkg, p.name[:-4]) for pkg in ("sessionfork.core", "sessionfork.queue")
+    files = {(pkg, p.name[:-4]) for pkg in ("sessionfork.core", "sessionfork.protocol", "sessionfork.worker")
              for p in resources.files(pkg).joinpath("scripts").iterdir() if p.name.endswith(".lua")}
     table = {(spec.package or "sessionfork.core", name) for name, spec in lua.SCRIPTS.items()}
     assert table == files
 
 
 def test_no_call_site_registers_or_evaluates_a_script_itself() -> None:
-    allowed = {SRC / "core" / "lua.py", SRC / "queue" / "rq_seam" / "maintenance.py"}  # RQ's own requeue
+    allowed = {SRC / "core" / "lua.py", SRC / "worker" / "rq_seam" / "maintenance.py"}  # RQ's own requeue
     offenders = [f"{path}:{n}" for path in SRC.rglob("*.py") if path not in allowed
                  for n, line in enumerate(path.read_text().splitlines(), 1)
                  if re.search(r"register_script|lua\.register\(|\.evalsha\(|\.eval\(", line)]

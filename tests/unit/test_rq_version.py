@@ -6,7 +6,7 @@ import os
 
 import rq
 
-from sessionfork.queue.rq_seam.worker_base import RQ_MAJOR
+from sessionfork.worker.rq_seam.worker_base import RQ_MAJOR
 
 
 def test_the_seam_knows_the_installed_rq_major() -> None:

@@ -11,9 +11,9 @@ from sessionfork.core import config
 from sessionfork.core.config import Settings
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
-from sessionfork.queue import requests
-from sessionfork.queue.requests import Limits
-from sessionfork.queue.service import ForkService
+from sessionfork.protocol import requests
+from sessionfork.protocol.requests import Limits
+from sessionfork.worker.service import ForkService
 
 
 def limits(**given: Any) -> Limits:

@@ -1,4 +1,4 @@
-"""The shard routing rule (``queue.shards``): jump consistent hash of CRC-32, pinned by the test
+"""The shard routing rule (``protocol.shards``): jump consistent hash of CRC-32, pinned by the test
 vectors other languages check against (``tests/data/shard_vectors.json``, quoted in
 docs/any-language.md), and the settings that name the shards."""
 
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from sessionfork.clients.aio import AsyncClient
+from sessionfork.clients.client import Client
 from sessionfork.core import config
-from sessionfork.queue import shards
-from sessionfork.queue.aio import AsyncClient
-from sessionfork.queue.client import Client
+from sessionfork.protocol import shards
 
 ROOT = Path(__file__).resolve().parents[2]
 VECTORS = json.loads((ROOT / "tests/data/shard_vectors.json").read_text())

@@ -10,8 +10,8 @@ import pytest
 
 import sessionfork
 from sessionfork.core import errors, wire
-from sessionfork.queue import requests
-from sessionfork.queue.requests import Limits
+from sessionfork.protocol import requests
+from sessionfork.protocol.requests import Limits
 
 LIMITS = Limits(max_request_bytes=65536, max_fanout=16)
 EDIT = [{"type": "user/message", "data": {"text": "x"}}]

@@ -229,7 +229,7 @@ def load_functions(obj: Context) -> None:
     """Load (or replace) the enqueue library on the queue server (FUNCTION LOAD REPLACE): then
     schedulers enqueue with FCALL sf_enqueue, the one thing the sf-scheduler ACL role may run.
     Run it as an admin user after each upgrade (and after the server lost its data)."""
-    from ..queue.enqueue import FUNCTION, load_library
+    from ..protocol.enqueue import FUNCTION, load_library
 
     name = load_library(obj.queue_redis())
     click.echo(f"loaded library {name} (function {FUNCTION}) on the queue server")

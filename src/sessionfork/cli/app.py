@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from ..core import config, connections
 from ..core.errors import ForkError
 from ..core.registry import Registry
-from ..queue.service import ForkService
+from ..worker.service import ForkService
 
 F = TypeVar("F", bound=Callable[..., Any])
 LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 import msgspec
 
+from ..clients.client import Client
 from ..core import wire
 from ..core.config import Settings
 from ..core.connections import queue_client, registry_client
@@ -23,8 +24,7 @@ from ..core.registry import Registry
 from ..core.wire import LiveHandle, NewEvent, Summary
 from ..embedded import EmbeddedServer, wait_until
 from ..ops import lineage
-from ..queue.client import Client
-from ..queue.requests import Variant
+from ..protocol.requests import Variant
 
 Echo = Callable[[str], None]
 
@@ -156,6 +156,6 @@ def _compose(client: Client, registry: Registry, sid: Callable[[str], str],
 
 
 def _worker_up(client: Client, settings: Settings) -> bool:
-    from ..queue.jobs import fresh_workers
+    from ..worker.jobs import fresh_workers
 
     return bool(fresh_workers(client.redis, settings))

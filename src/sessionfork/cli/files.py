@@ -13,7 +13,7 @@ import msgspec
 
 from ..core.errors import ForkError
 from ..core.wire import NewEvent, Summary
-from ..queue.requests import Variant
+from ..protocol.requests import Variant
 
 _json = msgspec.json.Decoder(Any)
 

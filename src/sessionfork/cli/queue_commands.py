@@ -8,10 +8,10 @@ from typing import IO
 import click
 import msgspec
 
+from ..clients.client import Client
 from ..core import config, wire
-from ..queue import jobs
-from ..queue.client import Client
-from ..queue.requests import MAX_WAIT
+from ..protocol.requests import MAX_WAIT
+from ..worker import jobs
 from .app import LOG_LEVELS, Context, clean_errors, cli
 from .files import read_edits, read_summary, read_variants
 
@@ -37,8 +37,8 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
            log_format: str, metrics_port: int | None, shard: int | None) -> None:
     """Run a fork worker until SIGTERM (finishes the fork in hand, then exits 0)."""
     from ..ops.metrics import Observer, configure_logging
-    from ..queue.shard_check import check_shard
-    from ..queue.worker import ForkWorker
+    from ..worker.fork_worker import ForkWorker
+    from ..worker.shard_check import check_shard
 
     configure_logging(log_format, log_level.upper())
     obj.settings = s = config.with_shard(obj.settings, shard)
@@ -114,7 +114,7 @@ def fork(obj: Context, source: str, instance: str | None, session_id: str | None
 def health(obj: Context) -> None:
     """Exit 0 when a worker of the queue (of every shard, when sharded; of the one SESSIONFORK_SHARD
     names, when set) has a fresh heartbeat, 1 otherwise."""
-    from ..queue.jobs import fresh_workers
+    from ..worker.jobs import fresh_workers
 
     shards = obj.shard_redis()
     unhealthy = False

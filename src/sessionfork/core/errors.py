@@ -101,7 +101,7 @@ def wrong_shard(request_id: str, owner: int, served: int, count: int) -> ForkErr
     request id lives on (``owner``): refused, never forked, so that the right shard forks it once."""
     return ForkError(ErrorCode.WRONG_SHARD,
                      f'request id "{request_id}" lives on shard {owner} of {count}, not on shard {served}, which this '
-                     f"worker serves: enqueue it on shard {owner}'s queue server (queue.shards.shard_of)")
+                     f"worker serves: enqueue it on shard {owner}'s queue server (protocol.shards.shard_of)")
 
 
 def invalid(message: str) -> ForkError:

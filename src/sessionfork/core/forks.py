@@ -8,7 +8,7 @@ step never show in the child.
 This module is the queue side's only way into the session core: a request checks its edits
 (``check_edits``), runs ``source_step`` (its claim riding along), then ``child_step``;
 ``created_by`` says what a failed one left. No
-module of ``queue/`` calls the registry's fork steps itself (a layering test checks).
+module of ``worker/`` calls the registry's fork steps itself (a layering test checks).
 """
 
 from __future__ import annotations

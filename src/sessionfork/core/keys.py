@@ -77,7 +77,7 @@ server holds these for the request ids routed to it)::
                                   it is, written by its first worker (``queue.shard_check``)
     sessionfork            RQ queue name; RQ derives its own keys from it (rq:queue:sessionfork,
                                   rq:job:<request id>, rq:queues ...), named for sessionfork's own
-                                  use only in queue/rq_seam/layout.py
+                                  use only in protocol/rq_layout.py
 """
 
 from __future__ import annotations

@@ -35,7 +35,8 @@ Op = Call | tuple[str, ...]
 _REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
 
 
-_QUEUE: Final = "sessionfork.queue"
+_WORKER: Final = "sessionfork.worker"
+_PROTOCOL: Final = "sessionfork.protocol"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,13 +141,13 @@ SCRIPTS: Final[Mapping[str, Spec]] = {spec.name: spec for spec in (
     Spec("settle", ("record",), ("seed",)),
     Spec("snapshot", ("record", "turns", "log"), ("instance", "boundary", "if_length", "keep", "session_id")),
     Spec("turn", ("record", "turns", "log"), ("index",)),
-    Spec("claim", ("record",), ("digest", "children", "ttl", "identity", "names"), _QUEUE),
+    Spec("claim", ("record",), ("digest", "children", "ttl", "identity", "names"), _WORKER),
     Spec("record", ("record", "stream"),
          ("outcome", "channel", "ttl", "maxlen", "digest", "request_id", "code", "run_us", "latency_us", "names",
-          "fields*"), _QUEUE),
-    Spec("enqueue", ("job", "queue", "record", "queues?"), ("request_id", "request", "fields*"), _QUEUE),
+          "fields*"), _WORKER),
+    Spec("enqueue", ("job", "queue", "record", "queues?"), ("request_id", "request", "fields*"), _PROTOCOL),
 )}
-"""Every Lua script of the project, by name (``queue.enqueue`` sends ``enqueue`` as FCALL or EVALSHA)."""
+"""Every Lua script of the project, by name (``protocol.enqueue`` sends ``enqueue`` as FCALL or EVALSHA)."""
 
 
 class Scripts:

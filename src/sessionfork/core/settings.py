@@ -13,7 +13,7 @@ import msgspec
 from ..core import keys
 
 REQUEST_LIMIT: Final = 64 * 1024
-"""Largest request JSON, in bytes, the enqueue script takes (``queue/scripts/enqueue.lua``'s
+"""Largest request JSON, in bytes, the enqueue script takes (``protocol/scripts/enqueue.lua``'s
 ``MAX_REQUEST_BYTES``, pinned equal by a test): it refuses a larger one before reading it, on every
 route (``FCALL``, ``EVALSHA``, ``EVAL``), so that no enqueue holds the queue server for long. The
 workers' ``max_request_bytes`` may only lower it."""
@@ -31,7 +31,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     queue_urls: tuple[str, ...] | None = None
     """Sharded queue: one independent queue server per shard, in shard order
     (``SESSIONFORK_QUEUE_URLS``, comma-separated; each any URL form of ``redis_url``). A request
-    lives on shard ``queue.shards.shard_of(request_id, len(queue_urls))``. Excludes ``queue_url``."""
+    lives on shard ``protocol.shards.shard_of(request_id, len(queue_urls))``. Excludes ``queue_url``."""
     shard: int | None = None
     """The shard a worker serves, 0-based (``SESSIONFORK_SHARD``); required by a worker when
     ``queue_urls`` lists more than one server."""
@@ -102,7 +102,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     enqueue: str = "auto"
     """How the clients run the enqueue script (``SESSIONFORK_ENQUEUE``): ``auto`` = ``FCALL`` of the
     loaded ``sessionfork`` library, else ``EVALSHA``; ``fcall`` = the library only; ``eval`` = never
-    the library (``queue.enqueue``)."""
+    the library (``protocol.enqueue``)."""
 
 
 ENV: Mapping[str, str] = {

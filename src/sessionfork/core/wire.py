@@ -323,7 +323,7 @@ def decode_reply(raw: bytes | str) -> Reply:
 IDENTITY_FIELDS: Final = ("source", "sessionId", "count", "sessionIds", "boundary", "ifLength", "edits",
                           "variants", "summary")
 """The wire names of the fields that make two requests under one request id "the same", in order.
-``queue/scripts/enqueue.lua`` lists the same names (``FIELDS``; a test pins the two, and a property
+``protocol/scripts/enqueue.lua`` lists the same names (``FIELDS``; a test pins the two, and a property
 test runs the script against ``identity`` on random requests)."""
 _IDENTITY_ATTRS: Final = tuple(f.name for name in IDENTITY_FIELDS for f in msgspec.structs.fields(ForkRequest)
                                if f.encode_name == name)

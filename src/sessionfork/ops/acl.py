@@ -10,7 +10,7 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
 
 ``sf-scheduler`` (enqueues requests and reads replies; the queue server)
     * enqueue: ``FCALL sf_enqueue`` only (the project's enqueue script as a Redis Functions
-      library, loaded by an admin with ``sessionfork load-functions``; ``queue.enqueue``): a
+      library, loaded by an admin with ``sessionfork load-functions``; ``protocol.enqueue``): a
       selector grants ``FCALL`` declaring ``rq:job:*``, ``rq:queue:<queue>``, ``sf:req:*`` and
       ``rq:queues`` (a declared key needs read and write access); the function's own commands
       (``TYPE``, ``EXISTS``, ``HGET``/``HMGET``, ``HSET``, ``RPUSH``, ``SADD``) are checked against
@@ -73,7 +73,7 @@ from collections.abc import Mapping, Sequence
 
 from ..core import keys
 from ..core.config import Settings
-from ..queue.rq_seam import layout as rq_layout
+from ..protocol import rq_layout as rq_layout
 
 SCHEDULER = "sf-scheduler"
 WORKER = "sf-worker"

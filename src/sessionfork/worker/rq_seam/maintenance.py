@@ -1,7 +1,7 @@
 """The maintenance half of the RQ seam's worker (``MaintainedWorker``): RQ's maintenance pass kept
 running through outages and bad entries, with jobs stranded by a killed worker requeued, and the
 back-off every Redis step of the loop runs under (``until_up``). Every RQ name used here is listed,
-with its reason, in the package docstring (``sessionfork.queue.rq_seam``)."""
+with its reason, in the package docstring (``sessionfork.worker.rq_seam``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from rq.exceptions import StopRequested
 from rq.registry import clean_registries
 from rq.utils import now
 
-from ..outages import is_outage
+from ...core.outages import is_outage
 from .entries import EntryRefused, is_text
 
 T = TypeVar("T")

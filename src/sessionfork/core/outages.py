@@ -9,7 +9,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..core.connections import TRANSIENT
+from .connections import TRANSIENT
 
 # Error replies of a server that is up but cannot serve for a while: a script or function running
 # past ``busy-reply-threshold`` (BUSY), a data set still loading (LOADING), a replica cut off from

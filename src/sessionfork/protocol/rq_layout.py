@@ -1,9 +1,9 @@
 """RQ's key names and job hash, written without RQ (part of the RQ seam: see its package docstring).
 
-Both clients enqueue with ``scripts/enqueue.lua`` (``queue.enqueue``; the README's any-language
+Both clients enqueue with ``scripts/enqueue.lua`` (``protocol.enqueue``; the README's any-language
 recipe: create the job hash and push its id, only when no job has that id and the request id is
 not kept for a different request) and ``job_fields``, the one writer of the job hash: exactly the
-hash RQ's own unique enqueue writes for ``queue.jobs.enqueue`` (RQ 2.12 and 3;
+hash RQ's own unique enqueue writes for ``worker.jobs.enqueue`` (RQ 2.12 and 3;
 ``tests/integration/test_aio_job_hash.py`` compares the two field by field), plus the script's
 ``sf_identity``, so that workers, ``rq info`` and rq-dashboard read it like any RQ job. The job
 function's name is ``JOB_FUNCTION``, inside ``data``; the script's default ``data`` (a raw producer
@@ -21,10 +21,10 @@ from typing import Final
 
 import msgspec
 
-from ...core.config import Settings
+from ..core.config import Settings
 
 JOB_FUNCTION: Final = "sessionfork.jobs.fork"
-"""The job function's dotted path: a public contract (``queue.jobs`` uses the same)."""
+"""The job function's dotted path: a public contract (``worker.jobs`` uses the same)."""
 
 QUEUES: Final = "rq:queues"
 """RQ's set of queue keys."""
@@ -54,7 +54,7 @@ def job_fields(payload: bytes, settings: Settings, when: datetime) -> list[bytes
     """The RQ job hash of a request ``payload`` enqueued at ``when`` (UTC), as HSET field-value pairs.
 
     ``data`` is RQ's job tuple ``[function, null, [payload as a string], {}]`` as JSON (the
-    serializer's ``queue.jobs.JSONSerializer``), zlib-compressed as RQ stores it.
+    serializer's ``worker.jobs.JSONSerializer``), zlib-compressed as RQ stores it.
     """
     text = payload.decode()
     data = zlib.compress(msgspec.json.encode([JOB_FUNCTION, None, [text], {}]))

@@ -1,7 +1,7 @@
 """The worker class of the RQ seam (``SeamWorker``): a job's RQ bookkeeping (start, finish, failure),
 the heartbeat and registration, on top of the dequeue (``dequeue``) and maintenance
 (``maintenance``) halves. Every RQ name used here is listed, with its reason, in the package
-docstring (``sessionfork.queue.rq_seam``); the job classes are in ``entries``."""
+docstring (``sessionfork.worker.rq_seam``); the job classes are in ``entries``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Outcomes: stored under the request id first, then announced (outcome stream, reply channel).
-
-Lives on the queue server (a single Redis primary, the one RQ uses). ``Outcomes`` is the worker's
-side (claim, record); ``OUTCOME_FIELDS``, ``verdict`` and ``read_outcome`` are the scheduler's
-side (the sync wait itself: ``waiting``). Pub/sub only wakes a waiter: the answer is always the
-stored outcome (a published message is not an answer: anyone may publish on a channel).
-"""
+"""The worker's side of outcomes: a request id's claim and its one outcome, stored under the
+request id first, then announced (outcome stream, reply channel), on the queue server. What a
+scheduler reads of them, and the shapes both sides agree on, are ``protocol.outcomes``."""
 
 from __future__ import annotations
 
@@ -20,17 +16,10 @@ from ..core import keys, lua, records, wire
 from ..core.errors import ErrorCode
 from ..core.snapshots import Snapshot
 from ..core.wire import ForkFailure, Reply
+from ..protocol.outcomes import OUTCOME_NAMES, code_of, short_digest, shown_id
 
 log = logging.getLogger("sessionfork.outcomes")
 _ids = msgspec.json.Decoder(list[str])
-DIGEST_CHARS = 32
-"""A request digest is kept as its first 32 hex digits (128 bits): enough to tell two requests
-apart, half the bytes of a retained record's digest."""
-
-
-def short_digest(digest: str) -> str:
-    """The stored form of a request digest (``invalid:`` digests keep their prefix)."""
-    return digest[:DIGEST_CHARS + (8 if digest.startswith("invalid:") else 0)]
 
 
 class _StoredSnapshot(msgspec.Struct, array_like=True):
@@ -46,11 +35,6 @@ class _StoredSnapshot(msgspec.Struct, array_like=True):
 
 
 _snapshot_codec = msgspec.json.Decoder(_StoredSnapshot)
-
-
-def code_of(reply: Reply) -> str:
-    """``OK`` for a result, the error code for a failure: the outcome stream's ``code`` field."""
-    return reply.code if isinstance(reply, ForkFailure) else "OK"
 
 
 class Then(Protocol):
@@ -96,7 +80,7 @@ class Outcomes:
         ``lua.run``; ``claim_of`` reads its result."""
         return self._scripts.op("claim", record=keys.request(request_id), digest=short_digest(wire.digest(request)),
                                 children=wire.encode(list(children)), ttl=self.ttl, identity=wire.identity(request),
-                                names=_NAMES)
+                                names=OUTCOME_NAMES)
 
     @staticmethod
     def claim_of(reply: list[Any], request_id: str) -> Claim:
@@ -143,7 +127,7 @@ class Outcomes:
         named = dict(record=keys.request(reply.request_id) if key is None else key, stream=keys.OUTCOME_STREAM,
                      outcome=raw, channel=channel, ttl=self.ttl, maxlen=self.stream_maxlen,
                      digest=short_digest(digest), request_id=reply.request_id, code=code_of(reply),
-                     run_us=duration_us, latency_us=latency_us, names=_NAMES, fields=records.flat(fields))
+                     run_us=duration_us, latency_us=latency_us, names=OUTCOME_NAMES, fields=records.flat(fields))
         if then is not None and then.redis is self.redis:
             stored, *rest = self._record_then(reply, named, then)
         else:
@@ -189,79 +173,7 @@ class Outcomes:
                                                                    list(records.STORED_OUTCOME)))
 
 
-SHOWN_ID_MAX = 256
-"""Characters of an id that an outcome, a log line or a message shows (a longer one is cut, with "...")."""
-
-
-def shown_id(raw: bytes) -> str:
-    """A request id as it may be shown anywhere: printable, one line, at most ``SHOWN_ID_MAX`` chars.
-
-    A valid id shows as itself. A backslash shows as ``\\\\``, bytes that are not UTF-8 as ``\\xff``,
-    other unprintable characters (a newline, a NUL) as Python escapes (``\\n``, ``\\x00``).
-    """
-    out: list[str] = []
-    for ch in raw.decode(errors="surrogateescape"):
-        if "\udc80" <= ch <= "\udcff":
-            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch.isprintable():
-            out.append(ch)
-        else:
-            out.append(ch.encode("unicode_escape").decode("ascii"))
-    text = "".join(out)
-    return text if len(text) <= SHOWN_ID_MAX else text[:SHOWN_ID_MAX - 3] + "..."
-
-
 def _decode_snapshot(raw: bytes) -> Snapshot:
     s = _snapshot_codec.decode(raw)
     return Snapshot(s.source, s.length, s.seed_length, tuple((a, b, c) for a, b, c in s.segments), s.seed_end,
                     s.last_type)
-
-
-OUTCOME_FIELDS = records.OUTCOME_FIELDS
-"""What a waiter reads of a request's record (``keys.request``), in ``verdict``'s order: the one
-stored-outcome read of both clients (``HMGET sf:req:<id> digest outcome child header cwd parent``)."""
-_NAMES = " ".join(records.STORED_OUTCOME)
-
-
-def verdict(request_id: str, fields: Sequence[bytes | str | None], digest: str | None) -> Reply | None:
-    """The answer a request with ``digest`` gets from its record's ``OUTCOME_FIELDS``, or ``None``
-    (not answered yet). The one verdict of the sync and the asyncio clients.
-
-    ``IDEMPOTENCY_CONFLICT`` when the id was claimed by a request with another digest; else the
-    stored outcome, when it is this request id's. A reply seen on a channel is never an answer: it
-    only wakes the waiter, which then reads the record (anyone may publish on a channel).
-    """
-    stored_digest, *outcome = fields
-    stored = None if stored_digest is None else wire.text(stored_digest)
-    # An "invalid:" digest marks a request refused before it was understood: its outcome stands.
-    if digest is not None and stored and not stored.startswith("invalid:") and stored != short_digest(digest):
-        return conflict(request_id)
-    reply = records.decode_outcome(request_id, outcome)
-    return reply if reply is not None and reply.request_id == request_id else None
-
-
-def addressee(data: Any) -> str | None:
-    """The request id a message on a reply channel names, or ``None`` when it is not a reply.
-
-    Used only to decide whom to wake: the answer is always read from the stored outcome.
-    """
-    if isinstance(data, str):
-        data = data.encode()
-    if not isinstance(data, bytes):
-        return None
-    try:
-        return wire.decode_reply(data).request_id
-    except (msgspec.DecodeError, RecursionError):
-        return None  # not a reply: anyone may publish on a channel
-
-
-def read_outcome(redis: Redis, request_id: str, digest: str | None) -> Reply | None:
-    """``verdict`` on the record read now (sync I/O; the asyncio client reads the same fields)."""
-    return verdict(request_id, redis.hmget(keys.request(request_id), list(OUTCOME_FIELDS)), digest)
-
-
-def conflict(request_id: str) -> ForkFailure:
-    return ForkFailure(request_id=request_id, code=ErrorCode.IDEMPOTENCY_CONFLICT.value,
-                       message=f'request id "{request_id}" was already used for a different request')

@@ -31,9 +31,9 @@ from ..core import connections, wire
 from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply, Summary
-from . import jobs, requests, shards, tracing
-from .enqueue import Enqueuer, job_call
-from .requests import Variant
+from ..protocol import requests, shards, tracing
+from ..protocol.enqueue import Enqueuer, job_call
+from ..protocol.requests import Variant
 from .waiting import ReplyListener
 
 T = TypeVar("T")
@@ -53,8 +53,7 @@ class Client:
         if not self.shards:
             raise ValueError("a Client needs at least one queue server")
         self.settings = settings or Settings()
-        self.queues = [jobs.make_queue(shard, self.settings) for shard in self.shards]
-        self.redis, self.queue = self.shards[0], self.queues[0]
+        self.redis = self.shards[0]
         self._new_id = new_id
         self._enqueuers = [Enqueuer(shard, self.settings) for shard in self.shards]
         self._local = threading.local()  # each thread's reply listeners, by shard

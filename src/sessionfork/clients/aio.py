@@ -3,14 +3,14 @@
     async with AsyncClient.from_url("redis://localhost:6379/0") as client:
         reply = await client.fork("sess-a", session_id="child-1", timeout=5)
 
-Same semantics as the sync ``queue.client.Client``: a request id makes a submission idempotent
+Same semantics as the sync ``clients.client.Client``: a request id makes a submission idempotent
 (submitting it again, or waiting again after a time-out, never forks twice and answers the first
 outcome), a request id reused for a different request answers ``IDEMPOTENCY_CONFLICT``, and
 ``wait`` raises ``TimeoutError`` when no reply comes in time.
 
 RQ has no asyncio API: a request is enqueued by ``scripts/enqueue.lua`` (the README's any-language
-recipe; ``FCALL sf_enqueue`` when its library is loaded, see ``queue.enqueue``) with the job hash
-RQ's own enqueue writes (``rq_seam.layout``). Importing this module imports no RQ.
+recipe; ``FCALL sf_enqueue`` when its library is loaded, see ``protocol.enqueue``) with the job hash
+RQ's own enqueue writes (``protocol.rq_layout``). Importing this module imports no RQ.
 
 One subscription per client (``ReplyRouter``) serves every waiter: a message wakes the waiters of
 the request id it names, and the answer is the stored outcome read then (a message is never the
@@ -55,12 +55,12 @@ from redis.asyncio import Redis
 from ..core import connections, keys, wire
 from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
+from ..core.outages import is_lost
 from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply, Summary
-from . import requests, shards, tracing
-from .enqueue import AsyncEnqueuer, job_call
-from .outages import is_lost
-from .outcomes import OUTCOME_FIELDS, verdict
-from .requests import Variant
+from ..protocol import requests, shards, tracing
+from ..protocol.enqueue import AsyncEnqueuer, job_call
+from ..protocol.outcomes import OUTCOME_FIELDS, verdict
+from ..protocol.requests import Variant
 from .subscriptions import ReplyRouter
 
 T = TypeVar("T")

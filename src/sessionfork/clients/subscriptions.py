@@ -29,8 +29,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ..core import wire
-from .outages import LOST, is_lost
-from .outcomes import addressee
+from ..core.outages import LOST, is_lost
+from ..protocol.outcomes import addressee
 
 log = logging.getLogger("sessionfork.aio")
 

@@ -2,7 +2,7 @@
 
 The job function's dotted path, ``sessionfork.jobs.fork``, is a public contract: a job is
 ``fork(<request JSON as a string>)`` with the request id as RQ job id, serialized as JSON (never
-pickled). ``queue.worker.ForkWorker`` refuses any job that is not exactly that.
+pickled). ``worker.fork_worker.ForkWorker`` refuses any job that is not exactly that.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from rq.exceptions import DuplicateJobError
 from rq.job import Job
 
 from ..core.config import Settings
-from .rq_seam.layout import JOB_FUNCTION as JOB_FUNCTION
+from ..protocol.rq_layout import JOB_FUNCTION as JOB_FUNCTION
 
 
 class JSONSerializer:
@@ -40,7 +40,7 @@ def enqueue(queue: Queue, payload: bytes, request_id: str, settings: Settings) -
     """Enqueue one request as a unique job with RQ's own API (the job id is the request id).
 
     Returns False when a job with that id exists already (RQ's unique enqueue). The clients do not
-    use it: they enqueue with the enqueue script (``queue.enqueue``), which also refuses a request
+    use it: they enqueue with the enqueue script (``protocol.enqueue``), which also refuses a request
     id kept for a different request and keeps the request's identity in the job hash; this is the
     reference the job hash is checked against, and a way to reach the worker's own conflict check.
     """

@@ -1,7 +1,7 @@
 """The dequeue of the RQ seam's worker (``DequeuingWorker``): RQ's dequeue loop made safe for a fork
 worker (a stop request never strands a job, an entry RQ cannot load is refused), with the dequeue
 of the entry the last job's finish saw at the queue's front in one round trip. Every RQ name used
-here is listed, with its reason, in the package docstring (``sessionfork.queue.rq_seam``)."""
+here is listed, with its reason, in the package docstring (``sessionfork.worker.rq_seam``)."""
 
 from __future__ import annotations
 

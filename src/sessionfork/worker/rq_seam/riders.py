@@ -1,6 +1,6 @@
 """A worker's RQ bookkeeping of one job as riders of the request's own round trips (no RQ import:
 the commands are ``SeamWorker.start`` and ``SeamWorker.finish``'s, added to the pipelines that
-``core.lua.run`` and ``queue.outcomes.Outcomes.record`` send)."""
+``core.lua.run`` and ``worker.outcomes.Outcomes.record`` send)."""
 
 from __future__ import annotations
 

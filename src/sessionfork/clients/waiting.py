@@ -22,7 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..core import wire
 from ..core.connections import retries_until
 from ..core.wire import Reply
-from .outcomes import addressee, read_outcome
+from ..protocol.outcomes import addressee, read_outcome
 
 _LOST = (RedisConnectionError, RedisTimeoutError)
 

@@ -26,7 +26,7 @@ from ..core import errors, keys, lua
 from ..core.config import ENQUEUE_MODES as MODES
 from ..core.config import Settings
 from ..core.settings import REQUEST_LIMIT
-from .rq_seam import layout as rq_layout
+from . import rq_layout as rq_layout
 
 LIBRARY: Final = "sessionfork"
 FUNCTION: Final = "sf_enqueue"

@@ -1,6 +1,6 @@
 """Queue entries as a fork worker loads them (``ForkJob``, and ``DequeuedJob`` for the dequeue) and
 the refusal of those it cannot load (``EntryRefused``): every RQ name used here is listed, with its
-reason, in the package docstring (``sessionfork.queue.rq_seam``)."""
+reason, in the package docstring (``sessionfork.worker.rq_seam``)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
 """The seam: the one place that knows RQ beyond its documented API (checked against RQ 2.12 and 3.0).
 
-Six modules, so that what must not import RQ need not, and each stays small. The worker class
+Five modules, so that what must not import RQ need not, and each stays small. The worker class
 is three layers, each importing only the one below: ``worker_base.SeamWorker`` (a job's start,
 success and failure bookkeeping, the heartbeat and registration) on ``dequeue.DequeuingWorker``
 (the dequeue loop and the stop flag) on ``maintenance.MaintainedWorker`` (the maintenance pass,
 the requeue of stranded jobs, the outage back-off ``until_up``). ``entries`` holds the job classes
 and the refusal of queue entries RQ cannot load; all four import RQ. ``riders`` (a job's start and
-success bookkeeping as riders of the request's own round trips) and ``layout`` (RQ's key names and
-job hash fields, for the asyncio client, which enqueues without RQ) import no RQ. This package's
-``__init__`` imports nothing.
+success bookkeeping as riders of the request's own round trips) imports no RQ. RQ's key names and
+job hash fields are ``protocol.rq_layout`` (what producers and workers agree on; the asyncio
+client enqueues without RQ), which imports no RQ either. This package's ``__init__`` imports nothing.
 
 Everything else in sessionfork uses RQ's documented API only: ``Queue``, ``Job`` and its public
 attributes, ``Retry``, the registries, ``Worker.all``, a custom serializer, a custom worker class
@@ -68,11 +68,11 @@ RQ names used here, and why:
   ``get_first_seen``, ``get_first_seen_key``, ``cleanup``), ``queue.acquire_maintenance_lock`` /
   ``release_maintenance_lock``: maintenance, plus requeueing a job stranded in the intermediate
   queue by a killed worker after ``abandoned_after`` seconds (RQ waits minutes, then fails it).
-* RQ's key layout (``layout``): ``rq:job:<id>``, ``rq:queue:<name>``, ``rq:queues`` for the
+* RQ's key layout (``protocol.rq_layout``): ``rq:job:<id>``, ``rq:queue:<name>``, ``rq:queues`` for the
   clients' enqueue script, and the patterns of the ACL rules (``rq:job:*``, ``rq:*``,
   ``rq:pubsub:*``). ``tests/integration/test_aio_job_hash.py`` pins them against RQ's ``Job.key_for``,
   ``Queue.key`` and ``Queue.redis_queues_keys``.
-* RQ's job hash fields (``layout.job_fields``): what RQ's unique enqueue writes (``data`` as
+* RQ's job hash fields (``protocol.rq_layout.job_fields``): what RQ's unique enqueue writes (``data`` as
   zlib-compressed JSON, ``description``, timestamps in RQ's format, empty callback fields ...),
   compared field by field with RQ's own in ``tests/integration/test_aio_job_hash.py``.
 """

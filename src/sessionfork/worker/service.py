@@ -30,14 +30,14 @@ from ..core import errors, forks, lua, rules
 from ..core.config import Settings
 from ..core.errors import ErrorCode, ForkError
 from ..core.factories import new_session_id, now_ms
+from ..core.outages import is_outage
 from ..core.registry import Registry
 from ..core.snapshots import ForkPlan
 from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, NewEvent, Reply, Summary
-from . import requests, tracing
-from .outages import is_outage
+from ..protocol import requests, tracing
+from ..protocol.requests import DEFAULT_LIMITS, Limits
+from ..protocol.shards import shard_of
 from .outcomes import Claim, Outcomes, Then
-from .requests import DEFAULT_LIMITS, Limits
-from .shards import shard_of
 
 
 class Start(lua.Prelude, Protocol):

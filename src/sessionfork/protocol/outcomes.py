@@ -1,0 +1,108 @@
+"""What producers, clients and workers agree on about an outcome: its stored fields, its digest
+form, how an id is shown, and the verdict a waiter reads from a request's record.
+
+Outcomes live on the queue server (a single Redis primary, the one RQ uses), stored under the
+request id first, then announced (outcome stream, reply channel). The worker writes them
+(``worker.outcomes``); a scheduler reads them (``verdict``, ``read_outcome``; the sync wait itself:
+``clients.waiting``). Pub/sub only wakes a waiter: the answer is always the stored outcome (a
+published message is not an answer: anyone may publish on a channel).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from redis import Redis
+
+from ..core import keys, records, wire
+from ..core.errors import ErrorCode
+from ..core.wire import ForkFailure, Reply
+
+DIGEST_CHARS = 32
+"""A request digest is kept as its first 32 hex digits (128 bits): enough to tell two requests
+apart, half the bytes of a retained record's digest."""
+
+
+def short_digest(digest: str) -> str:
+    """The stored form of a request digest (``invalid:`` digests keep their prefix)."""
+    return digest[:DIGEST_CHARS + (8 if digest.startswith("invalid:") else 0)]
+
+
+def code_of(reply: Reply) -> str:
+    """``OK`` for a result, the error code for a failure: the outcome stream's ``code`` field."""
+    return reply.code if isinstance(reply, ForkFailure) else "OK"
+
+
+SHOWN_ID_MAX = 256
+"""Characters of an id that an outcome, a log line or a message shows (a longer one is cut, with "...")."""
+
+
+def shown_id(raw: bytes) -> str:
+    """A request id as it may be shown anywhere: printable, one line, at most ``SHOWN_ID_MAX`` chars.
+
+    A valid id shows as itself. A backslash shows as ``\\\\``, bytes that are not UTF-8 as ``\\xff``,
+    other unprintable characters (a newline, a NUL) as Python escapes (``\\n``, ``\\x00``).
+    """
+    out: list[str] = []
+    for ch in raw.decode(errors="surrogateescape"):
+        if "\udc80" <= ch <= "\udcff":
+            out.append(f"\\x{ord(ch) - 0xDC00:02x}")
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    text = "".join(out)
+    return text if len(text) <= SHOWN_ID_MAX else text[:SHOWN_ID_MAX - 3] + "..."
+
+
+OUTCOME_FIELDS = records.OUTCOME_FIELDS
+"""What a waiter reads of a request's record (``keys.request``), in ``verdict``'s order: the one
+stored-outcome read of both clients (``HMGET sf:req:<id> digest outcome child header cwd parent``)."""
+OUTCOME_NAMES = " ".join(records.STORED_OUTCOME)
+"""The stored outcome's field names, space-separated, as the claim and record scripts take them."""
+
+
+def verdict(request_id: str, fields: Sequence[bytes | str | None], digest: str | None) -> Reply | None:
+    """The answer a request with ``digest`` gets from its record's ``OUTCOME_FIELDS``, or ``None``
+    (not answered yet). The one verdict of the sync and the asyncio clients.
+
+    ``IDEMPOTENCY_CONFLICT`` when the id was claimed by a request with another digest; else the
+    stored outcome, when it is this request id's. A reply seen on a channel is never an answer: it
+    only wakes the waiter, which then reads the record (anyone may publish on a channel).
+    """
+    stored_digest, *outcome = fields
+    stored = None if stored_digest is None else wire.text(stored_digest)
+    # An "invalid:" digest marks a request refused before it was understood: its outcome stands.
+    if digest is not None and stored and not stored.startswith("invalid:") and stored != short_digest(digest):
+        return conflict(request_id)
+    reply = records.decode_outcome(request_id, outcome)
+    return reply if reply is not None and reply.request_id == request_id else None
+
+
+def addressee(data: Any) -> str | None:
+    """The request id a message on a reply channel names, or ``None`` when it is not a reply.
+
+    Used only to decide whom to wake: the answer is always read from the stored outcome.
+    """
+    if isinstance(data, str):
+        data = data.encode()
+    if not isinstance(data, bytes):
+        return None
+    try:
+        return wire.decode_reply(data).request_id
+    except (msgspec.DecodeError, RecursionError):
+        return None  # not a reply: anyone may publish on a channel
+
+
+def read_outcome(redis: Redis, request_id: str, digest: str | None) -> Reply | None:
+    """``verdict`` on the record read now (sync I/O; the asyncio client reads the same fields)."""
+    return verdict(request_id, redis.hmget(keys.request(request_id), list(OUTCOME_FIELDS)), digest)
+
+
+def conflict(request_id: str) -> ForkFailure:
+    return ForkFailure(request_id=request_id, code=ErrorCode.IDEMPOTENCY_CONFLICT.value,
+                       message=f'request id "{request_id}" was already used for a different request')
