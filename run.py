@@ -41,25 +41,14 @@ ROOT = Path(__file__).resolve().parent
 BIN_DIR = "Scripts" if os.name == "nt" else "bin"
 # The older RQ major that sessionfork still supports: its last release.
 RQ2 = "rq==2.12.0"
-# What runs again on RQ 2: everything that touches RQ (the worker, faults, hostile input, ACLs, the
-# job hashes the asyncio client writes, rq info and rq-dashboard).
-RQ2_SUITE = ["tests/unit", "tests/integration/test_worker_replies.py", "tests/integration/test_worker_refusals.py",
-             "tests/integration/test_worker_idempotency.py", "tests/integration/test_worker_outcomes.py",
-             "tests/integration/test_worker_cli.py",
-             "tests/integration/test_faults_sigkill.py", "tests/integration/test_faults_sigterm.py",
-             "tests/integration/test_faults_redis_outages.py", "tests/integration/test_faults_dequeue_window.py",
-             "tests/integration/test_hostile.py", "tests/integration/test_hostile_queue.py",
-             "tests/integration/test_hardening.py",
-             "tests/integration/test_worker_exit.py", "tests/integration/test_worker_outages.py",
-             "tests/integration/test_outcome_rules.py", "tests/integration/test_acl.py",
-             "tests/integration/test_rq_compat.py", "tests/integration/test_unreached_paths.py",
-             "tests/integration/test_aio_job_hash.py", "tests/integration/test_aio_semantics.py",
-             "tests/integration/test_aio_connections.py", "tests/integration/test_aio_subscription.py",
-             "tests/integration/test_rq_dashboard.py",
-             "tests/integration/test_enqueue_script.py"]
+# What runs again on RQ 2: the tests marked ``rq`` (each file that touches RQ says so: the worker,
+# faults, hostile input, ACLs, the job hashes the asyncio client writes, rq info and rq-dashboard;
+# tests/project/test_test_tree.py checks that every test importing rq carries the mark).
+RQ2_MARK = "rq"
+SLOWEST = 25  # each pytest phase prints its slowest tests (--durations)
 
 # The one system package the suite needs: a headless browser for the lineage page test
-# (tests/integration/browser.py looks for these names), and how it is installed on Debian.
+# (tests/support/browser.py looks for these names), and how it is installed on Debian.
 BROWSERS = ("chromium", "chromium-browser")
 BROWSER_INSTALL = (("apt-get", "update", "-qq"), ("apt-get", "install", "-y", "-qq", "chromium"))
 BROWSER_HINT = ("error: the lineage page test needs Debian's chromium; install it with "
@@ -144,22 +133,27 @@ def test(bin_dir: Path, rest: list[str]) -> int:
     code = run(str(rq2 / "mypy"))
     if code:
         return code
-    return suite(rq2, *RQ2_SUITE, env={"SESSIONFORK_EXPECT_RQ": "2"})
+    return suite(rq2, mark=RQ2_MARK, env={"SESSIONFORK_EXPECT_RQ": "2"})
 
 
-def phases(*paths: str) -> list[list[str]]:
+def phases(mark: str | None = None) -> list[list[str]]:
     """The suite's two pytest runs: every test not marked ``serial`` in ``PARALLEL`` processes (each
     test file in one), then the ``serial`` ones alone (they assert a time bound or measure, so a
-    neighbour's load must not weigh on them). Together they run every test once."""
-    return [["-n", str(PARALLEL), "--dist", "loadfile", "-m", "not serial", *paths], ["-m", "serial", *paths]]
+    neighbour's load must not weigh on them). Together they run every test once (``mark``: every
+    test with that mark). Each prints its ``SLOWEST`` tests."""
+    only = f"{mark} and " if mark else ""
+    slowest = f"--durations={SLOWEST}"
+    return [["-n", str(PARALLEL), "--dist", "loadfile", "-m", f"{only}not serial", slowest],
+            ["-m", f"{only}serial", slowest]]
 
 
 PARALLEL = 2  # pytest-xdist processes of the parallel phase (this machine has 2 cores)
 
 
-def suite(bin_dir: Path, *paths: str, env: dict[str, str] | None = None) -> int:
-    """The suite (``paths``: all of it), in its two ``phases``; the first failing phase's status."""
-    for args in phases(*paths):
+def suite(bin_dir: Path, *, mark: str | None = None, env: dict[str, str] | None = None) -> int:
+    """The suite (``mark``: its tests with that mark), in its two ``phases``; the first failing
+    phase's status."""
+    for args in phases(mark):
         print(f"\n== pytest {' '.join(args)} ==", flush=True)
         code = run(str(bin_dir / "python"), "-m", "pytest", *args, env=env)
         if code:

@@ -4,10 +4,10 @@ Both clients enqueue with ``scripts/enqueue.lua`` (``protocol.enqueue``; the REA
 recipe: create the job hash and push its id, only when no job has that id and the request id is
 not kept for a different request) and ``job_fields``, the one writer of the job hash: exactly the
 hash RQ's own unique enqueue writes for ``worker.jobs.enqueue`` (RQ 2.12 and 3;
-``tests/integration/test_aio_job_hash.py`` compares the two field by field), plus the script's
+``tests/protocol/test_aio_job_hash.py`` compares the two field by field), plus the script's
 ``sf_identity``, so that workers, ``rq info`` and rq-dashboard read it like any RQ job. The job
 function's name is ``JOB_FUNCTION``, inside ``data``; the script's default ``data`` (a raw producer
-that sends none) names the same function (``tests/integration/test_enqueue_script.py`` pins it).
+that sends none) names the same function (``tests/protocol/test_enqueue_script.py`` pins it).
 Imports no RQ.
 
 RQ derives its key names from a job id and a queue name; its documentation does not promise them.

@@ -12,7 +12,7 @@ client enqueues without RQ), which imports no RQ either. This package's ``__init
 
 Everything else in sessionfork uses RQ's documented API only: ``Queue``, ``Job`` and its public
 attributes, ``Retry``, the registries, ``Worker.all``, a custom serializer, a custom worker class
-and job class, exception handlers. ``tests/unit/test_layering.py`` fails when another module
+and job class, exception handlers. ``tests/project/test_layering.py`` fails when another module
 imports ``rq`` beyond those names or touches an underscore name of an RQ object.
 
 RQ names used here, and why:
@@ -70,9 +70,9 @@ RQ names used here, and why:
   queue by a killed worker after ``abandoned_after`` seconds (RQ waits minutes, then fails it).
 * RQ's key layout (``protocol.rq_layout``): ``rq:job:<id>``, ``rq:queue:<name>``, ``rq:queues`` for the
   clients' enqueue script, and the patterns of the ACL rules (``rq:job:*``, ``rq:*``,
-  ``rq:pubsub:*``). ``tests/integration/test_aio_job_hash.py`` pins them against RQ's ``Job.key_for``,
+  ``rq:pubsub:*``). ``tests/protocol/test_aio_job_hash.py`` pins them against RQ's ``Job.key_for``,
   ``Queue.key`` and ``Queue.redis_queues_keys``.
 * RQ's job hash fields (``protocol.rq_layout.job_fields``): what RQ's unique enqueue writes (``data`` as
   zlib-compressed JSON, ``description``, timestamps in RQ's format, empty callback fields ...),
-  compared field by field with RQ's own in ``tests/integration/test_aio_job_hash.py``.
+  compared field by field with RQ's own in ``tests/protocol/test_aio_job_hash.py``.
 """

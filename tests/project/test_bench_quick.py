@@ -1,0 +1,95 @@
+"""A tiny run of the benchmark, so it cannot rot (no timing is asserted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import rq
+from bench import ab
+from bench import main as bench
+from bench.shards import sharded_forks
+
+from sessionfork.embedded import EmbeddedServer
+
+pytestmark = [pytest.mark.serial, pytest.mark.rq]  # run alone: see pyproject's markers
+
+SHARD_ROWS = {"forks/s, 2 queue shards (2 worker processes in all, median of rounds)",
+              "CPU cores busy, 1 queue shard (workers + Redis servers + client)",
+              "CPU cores busy, 2 queue shards (workers + Redis servers + client)"}
+
+
+@pytest.mark.slow
+def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert table.startswith(f"\nRQ {rq.__version__}\n\n| figure | sessionfork | baseline |")
+    assert "RQ SimpleWorker no-op jobs/s" in table and "RQ Worker no-op jobs/s" in table
+    figures = json.loads((tmp_path / "bench.json").read_text())["figures"]
+    addon = "Redis CPU µs a waiting sync scheduler adds per fork"  # differences: noise may make them negative
+    rq_share = "Redis CPU µs per fork job spent on RQ's job bookkeeping (worker side less own steps)"
+    not_positive = [(f["figure"], f["value"]) for f in figures if f["figure"] not in (addon, rq_share)
+                    and f["value"] <= 0]
+    assert not not_positive, not_positive  # named: a quick run's differences are small
+    names = {f["figure"] for f in figures}
+    assert {addon, rq_share, "Redis CPU µs per fork, worker side (queue + registry, median of rounds)",
+            "Redis CPU µs per fork, sessionfork's own steps (no RQ job: claim, source, child, record)",
+            "forks/s one primary carries at 100 % of a core (queue and registry on it, waiting schedulers)",
+            "forks/s one queue primary carries at 100 % of a core (waiting schedulers, registry apart)",
+            "Redis CPU µs per fork on the registry (its own server)",
+            "queue primaries (shards) for 1,000,000 forks/s, registry apart",
+            "registry cores (cluster masters) beside them for 1,000,000 forks/s",
+            "Redis bytes retained per completed request",
+            "GB a steady 1000 forks/s holds (default TTL 24 h)"} <= names
+    assert {"single-fork requests/s (1 worker, median of rounds)", bench.FAN_OUT} <= names
+    fan_rows = [f for f in figures if f["figure"] == bench.FAN_OUT]  # against the target and single forks
+    assert [f["baseline"] for f in fan_rows] == ["target children/s",
+                                                 "single-fork requests/s (1 worker, median of rounds)"]
+    assert fan_rows[1]["baselineValue"] == next(f["value"] for f in figures if f["figure"].startswith("single-fork"))
+    assert "async forks/s, 100 concurrent, 4 workers" in names
+    assert names >= SHARD_ROWS
+    shards = next(f for f in figures if f["figure"].startswith("forks/s, 2 queue shards"))
+    assert shards["baseline"] == "forks/s, 1 queue shard (2 worker processes)" and shards["ratio"] > 0
+    boundary = {f"boundary fork at {p} of a 2000-event parent, {what}"
+                for p in ("10%", "50%", "100%") for what in ("µs", "Redis bytes/child")}
+    assert boundary <= names
+    assert {"fork with 2 edits µs, 10-event parent", "Redis bytes/child with 2 edits, less the edits' own bytes",
+            "variant fan-out children/s (64 variants, one edit each, median of rounds)",
+            "bytes a deleted 2000-event parent's log holds, summary child keeping the last turn"} <= names
+
+
+@pytest.mark.slow
+def test_the_shard_bench_runs_every_fork_on_the_shard_list_it_is_given() -> None:
+    """One queue server takes every outcome; two share them (the same 2 worker processes in both)."""
+    with EmbeddedServer() as registry, EmbeddedServer() as a, EmbeddedServer() as b:
+        one = sharded_forks(registry, [a], 30)
+        two = sharded_forks(registry, [a, b], 30)
+    warm = 2  # per shard, before the timed requests
+    assert one.outcomes == [30 + warm] and one.rate > 0 and one.cores > 0
+    assert sum(two.outcomes) == 30 + 2 * warm and min(two.outcomes) > warm, two.outcomes
+    assert two.rate > 0 and two.cores > 0
+
+
+@pytest.mark.slow
+def test_queue_only_run_reports_the_rq_figures_with_the_rq_version(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench.main(["--quick", "--queue-only", "--out", str(tmp_path)]) == 0
+    assert f"RQ {rq.__version__}" in capsys.readouterr().out
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["rq"] == rq.__version__
+    assert {f["figure"] for f in result["figures"]} == {
+        "single-fork requests/s (1 worker, median of rounds)", "Redis round trips per job, worker side"}
+
+
+@pytest.mark.slow
+def test_the_ab_bench_measures_both_trees_in_alternating_rounds(capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench.ab`` against HEAD's tree (extracted): a round measures it, then this tree (one round:
+    each measurement starts workers of its own; ``run_tree`` checks which tree each one imported)."""
+    assert ab.main(["HEAD", "--rounds", "1", "--fan-requests", "2", "--singles", "5"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.startswith("| 1 |")]
+    assert len(rows) == 1 and all(float(cell.replace(",", "")) > 0 for cell in rows[0].strip("|").split("|"))
+    assert any(line.startswith("fan-out children/s (64 per request), median of 1: HEAD ") for line in out)
+    assert sum(line.startswith("fan-out children/s ÷ single-fork requests/s, ") for line in out) == 2
+

@@ -1,0 +1,201 @@
+"""The documentation is the contract: README.md and every docs/*.md page.
+
+Every ``python`` block runs: a page's blocks in order, as one script, against a real server and a
+real worker (``redis://localhost:6379/0`` replaced by the test's server; each page on its own
+database, so pages do not see each other's sessions). A line ``print(...)  # text`` promises that
+``text`` is printed. The ``sessionfork`` lines of the Getting started page's ``sh`` blocks run too
+(all but ``worker``, which the test runs itself). The CLI table, the settings table and the error
+codes match the code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import run
+from click.testing import CliRunner
+from redis import Redis
+from rq import Worker
+
+from sessionfork.cli import cli
+from sessionfork.core import config
+from sessionfork.embedded import EmbeddedServer
+
+pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+PLACEHOLDER = "redis://localhost:6379/0"
+
+
+def page(name: str) -> str:
+    return (DOCS / name).read_text()
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def promised_output(script: str) -> list[str]:
+    return re.findall(r"^\s*print\(.*\)\s+# (.+?)\s*$", script, flags=re.M)
+
+
+def sh_commands(text: str) -> list[str]:
+    blocks = re.findall(r"^```sh\n(.*?)^```", text, flags=re.S | re.M)
+    return [line.split("#")[0].rstrip(" &") for block in blocks for line in block.splitlines()
+            if line.startswith("sessionfork ")]
+
+
+EXAMPLE_PAGES = [p for p in PAGES if python_blocks(p.read_text())]
+
+
+def test_the_pages_with_examples_are_found() -> None:
+    names = {p.relative_to(ROOT).as_posix() for p in EXAMPLE_PAGES}
+    assert {"README.md", "docs/getting-started.md", "docs/agent-hosts.md", "docs/schedulers.md"} <= names
+
+
+def run_worker(url: str, name: str) -> subprocess.Popen[bytes]:
+    """A worker process, once it has registered (so a SIGTERM finds its handler installed)."""
+    worker = subprocess.Popen([sys.executable, "-m", "sessionfork", "--redis-url", url, "worker",
+                               "--name", name, "--log-level", "WARNING"])
+    with Redis.from_url(url, socket_timeout=5) as conn:
+        deadline = time.monotonic() + 60
+        while not any(w.name == name for w in Worker.all(connection=conn)):
+            assert worker.poll() is None, "the worker exited"
+            assert time.monotonic() < deadline, "the worker did not register"
+            time.sleep(0.05)
+    return worker
+
+
+@pytest.mark.parametrize("path", EXAMPLE_PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_python_examples_run_against_a_real_server_and_worker(server: EmbeddedServer, path: Path) -> None:
+    db = 1 + EXAMPLE_PAGES.index(path)  # one database per page
+    assert db < 16, "more pages with examples than Redis databases: give them their own servers"
+    url = server.url.rsplit("/", 1)[0] + f"/{db}"
+    with server.client() as setup:
+        setup.execute_command("SELECT", db)
+        setup.flushdb()
+    text = path.read_text()
+    script = "\n".join(python_blocks(text))
+    assert PLACEHOLDER in script, f"{path.name}: its examples name no server"
+    script = script.replace(PLACEHOLDER, url) + "\nprint('examples ok')\n"
+    worker = run_worker(url, f"docs-{db}")
+    try:
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        for expected in promised_output(script):
+            assert expected in out.stdout, (expected, out.stdout)
+        assert out.stdout.rstrip().endswith("examples ok")
+        if path.name == "getting-started.md":
+            commands = sh_commands(text)
+            assert len(commands) == 4 and commands[0].split()[-3:] == ["worker", "--name", "w1"]
+            for line in commands[1:]:
+                argv = shlex.split(line.replace(PLACEHOLDER, url))[1:]
+                run = subprocess.run([sys.executable, "-m", "sessionfork", *argv], capture_output=True,
+                                     text=True, timeout=60)
+                assert run.returncode == 0, (line, run.stdout, run.stderr)
+                assert run.stdout.strip(), line
+    finally:
+        worker.terminate()
+        assert worker.wait(30) == 0
+
+
+def test_the_promised_messages_are_checked() -> None:
+    """The error messages the agent-host examples print are part of what the run checks."""
+    promised = promised_output("\n".join(python_blocks(page("agent-hosts.md"))))
+    assert 'cannot fork session "sess-b" inside an open turn (last event: tool/call)' in promised
+    assert 'cannot fork session "sess-c" at boundary 4: inside the turn opened at seq 3' in promised
+
+
+def test_every_command_in_the_cli_table_exists() -> None:
+    table = page("cli.md")
+    documented = set(re.findall(r"^\| `([a-z-]+)", table, flags=re.M))
+    listed = CliRunner().invoke(cli, ["--help"]).output
+    commands = set(re.findall(r"^  ([a-z-]+) ", listed[listed.index("Commands:"):], flags=re.M))
+    assert documented == commands
+
+
+def test_every_setting_is_documented_with_its_default() -> None:
+    table = page("configuration.md")
+    documented = set(re.findall(r"^\| `([A-Z_]+)`", table, flags=re.M))
+    assert documented == set(config.ENV.values())
+    defaults = config.Settings()
+    for field, var in config.ENV.items():
+        value = getattr(defaults, field)
+        if isinstance(value, int) and not isinstance(value, bool):
+            assert re.search(rf"^\| `{var}` \| {value} \|", table, flags=re.M), var
+    for field, (low, high) in config.BOUNDS.items():  # the range column states the checked bounds
+        shown = "\u2013".join(str(int(b)) if float(b).is_integer() else str(b) for b in (low, high))
+        assert re.search(rf"^\| `{config.ENV[field]}` \| [^|]+ \| {shown} \|", table, flags=re.M), field
+
+
+def test_every_error_code_is_documented() -> None:
+    from sessionfork import ErrorCode
+
+    codes = page("wire-format.md")
+    for code in ErrorCode:
+        assert f"| `{code.value}` |" in codes
+
+
+def test_every_public_name_is_in_the_api_reference() -> None:
+    import sessionfork
+
+    reference = page("reference.md")
+    for name in sessionfork.__all__:
+        assert f"\n::: sessionfork.{name}\n" in reference, name
+    assert "\n::: sessionfork.client.Client\n" in reference
+    assert "\n::: sessionfork.aio.AsyncClient\n" in reference
+
+
+def test_every_page_is_in_the_site_navigation() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for p in DOCS.glob("*.md"):
+        assert f": {p.name}\n" in nav, p.name
+
+
+def test_the_readme_is_a_front_page_linking_into_the_site() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 150
+    assert "python3 run.py demo" in readme and "python3 run.py test" in readme
+    linked = set(re.findall(r"\]\(docs/([a-z-]+\.md)\)", readme))
+    assert linked == {p.name for p in DOCS.glob("*.md")}, "every page is linked from the README"
+    assert "](lineage.png)" in page("lineage.md") and (DOCS / "lineage.png").exists()
+
+
+def build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    """The test command's docs build (``run.docs_build``), with this interpreter's mkdocs."""
+    cmd = run.docs_build(Path(sys.executable).parent, site, config)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+
+
+def test_the_site_builds_strictly_and_a_broken_link_anchor_or_reference_fails_it(tmp_path: Path) -> None:
+    done = build(ROOT / "mkdocs.yml", tmp_path / "site")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "site" / "reference" / "index.html").read_text().count('id="sessionfork.Registry"') == 1
+    copy = tmp_path / "copy"
+    shutil.copytree(DOCS, copy / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", copy / "mkdocs.yml")
+    (copy / "src").symlink_to(ROOT / "src")
+    guarantees = (copy / "docs" / "guarantees.md").read_text()
+    index = (copy / "docs" / "index.md").read_text()
+    reference = (copy / "docs" / "reference.md").read_text()
+    for name, broken, expected in [
+        ("guarantees.md", guarantees.replace("](storage.md)", "](storag.md)", 1), "storag.md"),
+        ("index.md", index.replace("](guarantees.md)", "](guarantees.md#no-such-section)", 1), "no-such-section"),
+        ("reference.md", reference.replace("::: sessionfork.fork\n", "::: sessionfork.forks_gone\n"),
+         "sessionfork.forks_gone"),
+    ]:
+        for page_name, text in [("guarantees.md", guarantees), ("index.md", index), ("reference.md", reference)]:
+            (copy / "docs" / page_name).write_text(broken if page_name == name else text)
+        done = build(copy / "mkdocs.yml", tmp_path / "broken-site")
+        assert done.returncode != 0 and expected in done.stderr, (name, done.stderr[-2000:])

@@ -1,0 +1,134 @@
+"""``python3 run.py test`` does its own set-up: the headless browser first, then the docs build.
+
+``run.ensure_browser`` installs Debian's ``chromium`` with apt-get when it is missing and this runs
+as root; otherwise it installs nothing and the command stops, with a one-line instruction, before
+running anything. Fakes stand in for PATH, apt-get and the steps (nothing is installed or run here).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import run
+
+
+class Apt:
+    """A fake ``subprocess.run`` for apt-get: records each command; ``install`` puts chromium on PATH."""
+
+    def __init__(self, path: set[str], fail: bool = False) -> None:
+        self.path, self.fail, self.calls = path, fail, []  # type: list[tuple[list[str], dict[str, str]]]
+
+    def __call__(self, cmd: list[str], env: dict[str, str], **output: Any) -> Any:
+        assert output == {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+        self.calls.append((cmd, env))
+        if "install" in cmd and not self.fail:
+            self.path.add("chromium")
+        return subprocess.CompletedProcess(cmd, 1 if self.fail else 0, stdout="E: apt says why" if self.fail else "")
+
+    def which(self, name: str) -> str | None:
+        return f"/usr/bin/{name}" if name in self.path else None
+
+
+def test_a_present_browser_needs_nothing() -> None:
+    for name in run.BROWSERS:
+        apt = Apt({name, "apt-get"})
+        assert run.ensure_browser(apt.which, is_root=True, sh=apt) is None
+        assert apt.calls == []
+
+
+def test_as_root_a_missing_browser_is_installed_with_apt_get_non_interactively() -> None:
+    apt = Apt({"apt-get"})
+    assert run.ensure_browser(apt.which, is_root=True, sh=apt) is None
+    assert [cmd for cmd, _ in apt.calls] == [["apt-get", "update", "-qq"],
+                                             ["apt-get", "install", "-y", "-qq", "chromium"]]
+    assert all(env["DEBIAN_FRONTEND"] == "noninteractive" for _, env in apt.calls)
+    assert "chromium" in apt.path
+
+
+def test_without_root_nothing_is_installed_and_the_instruction_is_one_line() -> None:
+    apt = Apt({"apt-get"})
+    hint = run.ensure_browser(apt.which, is_root=False, sh=apt)
+    assert apt.calls == []
+    assert hint is not None and "\n" not in hint
+    assert "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium" in hint
+
+
+def test_a_failed_install_or_no_apt_get_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    apt = Apt({"apt-get"}, fail=True)
+    assert "apt-get update -qq failed" in (run.ensure_browser(apt.which, is_root=True, sh=apt) or "")
+    assert "E: apt says why" in capsys.readouterr().err
+    no_apt = Apt(set())
+    assert run.ensure_browser(no_apt.which, is_root=True, sh=no_apt) == run.BROWSER_HINT
+    assert no_apt.calls == []
+
+
+def test_the_test_command_stops_before_anything_when_the_browser_cannot_be_had(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    ran: list[str] = []
+    monkeypatch.setattr(run, "ensure_browser", lambda: run.BROWSER_HINT)
+    monkeypatch.setattr(run, "ensure_env", lambda *a: ran.append("ensure_env") or Path("/nonexistent"))
+    monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append(" ".join(cmd)) or 0)
+    assert run.main(["test"]) == 1
+    assert ran == []
+    assert capsys.readouterr().err.strip() == run.BROWSER_HINT
+
+
+def test_the_test_command_sets_up_the_browser_then_builds_the_docs_strictly_before_pytest(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+    monkeypatch.setattr(run, "ensure_browser", lambda: ran.append("browser") and None)
+    monkeypatch.setattr(run, "ensure_env", lambda *a: ran.append("env") or Path("/venv/bin"))
+    monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append(" ".join(cmd)) or 0)
+    assert run.main(["test", "tests/unit"]) == 0
+    assert ran[:2] == ["browser", "env"]
+    steps = [cmd.split()[0].rsplit("/", 1)[-1] for cmd in ran[2:]]
+    assert steps == ["ruff", "mypy", "mkdocs", "python"]
+    assert ran[4].startswith("/venv/bin/mkdocs build --strict --config-file")
+    assert ran[5] == "/venv/bin/python -m pytest tests/unit"
+
+
+def test_a_failed_docs_build_fails_the_test_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+    monkeypatch.setattr(run, "ensure_browser", lambda: None)
+    monkeypatch.setattr(run, "ensure_env", lambda *a: Path("/venv/bin"))
+    monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append(cmd[0]) or int("mkdocs" in cmd[0]))
+    assert run.main(["test"]) == 1
+    assert ran[-1] == "/venv/bin/mkdocs"
+
+
+def test_the_whole_suite_runs_in_parallel_then_the_serial_tests_alone_on_each_rq(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[tuple[str, dict[str, str] | None]] = []
+    monkeypatch.setattr(run, "ensure_browser", lambda: None)
+    monkeypatch.setattr(run, "ensure_env", lambda *a: Path("/rq2/bin" if a and a[0] == ".venv-rq2" else "/venv/bin"))
+    monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append((" ".join(cmd), env)) or 0)
+    assert run.main(["test"]) == 0
+    pytest_runs = [(cmd, env) for cmd, env in ran if " -m pytest" in cmd]
+    assert pytest_runs == [
+        ("/venv/bin/python -m pytest -n 2 --dist loadfile -m not serial --durations=25", None),
+        ("/venv/bin/python -m pytest -m serial --durations=25", None),
+        ("/rq2/bin/python -m pytest -n 2 --dist loadfile -m rq and not serial --durations=25",
+         {"SESSIONFORK_EXPECT_RQ": "2"}),
+        ("/rq2/bin/python -m pytest -m rq and serial --durations=25", {"SESSIONFORK_EXPECT_RQ": "2"})]
+
+
+def test_a_failed_parallel_phase_stops_the_suite_before_the_serial_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+    monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append(" ".join(cmd)) or int("not serial" in ran[-1]))
+    assert run.suite(Path("/venv/bin")) == 1
+    assert ran == ["/venv/bin/python -m pytest -n 2 --dist loadfile -m not serial --durations=25"]
+
+
+def test_the_two_phases_select_every_test_once() -> None:
+    """``not serial`` and ``serial``: each test is in exactly one of them, and the serial marker is
+    the registered one (``--strict-markers`` would fail a misspelt one)."""
+    parallel, serial = run.phases()
+    assert parallel[parallel.index("-m") + 1] == "not " + serial[serial.index("-m") + 1] == "not serial"
+    assert "serial:" in (Path(run.ROOT) / "pyproject.toml").read_text()
+    parallel, serial = run.phases("rq")
+    assert (parallel[parallel.index("-m") + 1], serial[serial.index("-m") + 1]) == \
+        ("rq and not serial", "rq and serial")
+    assert '"rq:' in (Path(run.ROOT) / "pyproject.toml").read_text()
