@@ -16,6 +16,7 @@ import msgspec
 import pytest
 from helpers import (
     SETTINGS,
+    apply_acl,
     clean_environ,
     cli_args,
     make_client,
@@ -68,8 +69,7 @@ def acl_server() -> Iterator[EmbeddedServer]:
     """A server of this module's own, with the three users created by a default-user client."""
     with EmbeddedServer() as srv:
         admin = srv.client()
-        for line in acl.acl_rules(SETTINGS, PASSWORDS):
-            admin.execute_command(*shlex.split(line))  # type: ignore[no-untyped-call]
+        apply_acl(admin, SETTINGS, PASSWORDS)
         admin.close()
         # the operator's step: load the enqueue library (FCALL sf_enqueue), as an admin
         subprocess.run(cli_args(srv.url, "load-functions"), env=clean_environ(), check=True, timeout=60,

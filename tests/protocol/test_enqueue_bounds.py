@@ -6,13 +6,12 @@
 
 from __future__ import annotations
 
-import shlex
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from helpers import LONG_SCRIPT
+from helpers import LONG_SCRIPT, apply_acl
 from redis import Redis
 from redis.exceptions import ResponseError
 from waits import wait_until
@@ -40,8 +39,7 @@ def busy_server() -> Iterator[EmbeddedServer]:
     """A server that answers BUSY after BUSY_MS of script, its ACL users created, the library loaded."""
     with EmbeddedServer(extra_args=["--busy-reply-threshold", str(BUSY_MS)]) as srv:
         admin = srv.client()
-        for line in acl.acl_rules(Settings(), PASSWORDS):
-            admin.execute_command(*shlex.split(line))  # type: ignore[no-untyped-call]
+        apply_acl(admin, Settings(), PASSWORDS)
         enqueue_module.load_library(admin)
         admin.close()
         yield srv

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -186,3 +187,12 @@ end
 """
 """A script that runs for ARGV[1] milliseconds of server time: a server busy with a long script
 (past its busy-reply threshold, every other client gets BUSY)."""
+
+
+def apply_acl(redis: Redis, settings: Settings, passwords: dict[str, str]) -> None:
+    """Create sessionfork's ACL users on ``redis`` (a default-user client): ``ops.acl``'s rules, as an
+    operator would apply them (``sessionfork acl``'s lines, one ``ACL SETUSER`` each)."""
+    from sessionfork.ops import acl
+
+    for line in acl.acl_rules(settings, passwords):
+        redis.execute_command(*shlex.split(line))  # type: ignore[no-untyped-call]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import random
-import shlex
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 import pytest
 from helpers import (
     SETTINGS,
+    apply_acl,
     clean_environ,
     cli_args,
     make_client,
@@ -124,8 +124,7 @@ def test_the_stop_handler_of_an_idle_worker_never_raises(redis: Redis) -> None:
 
 def test_a_worker_whose_loop_fails_exits_1_with_one_error_line(server: EmbeddedServer, redis: Redis) -> None:
     passwords = {user: f"{user}-pw" for user in acl.USERS}
-    for line in acl.acl_rules(SETTINGS, passwords):
-        redis.execute_command(*shlex.split(line))
+    apply_acl(redis, SETTINGS, passwords)
     redis.execute_command("ACL", "SETUSER", acl.WORKER, "-blmove")  # the loop's dequeue now fails
     try:
         url = f"redis://{acl.WORKER}:{passwords[acl.WORKER]}@127.0.0.1:{server.port}/0"
