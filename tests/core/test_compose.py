@@ -76,7 +76,7 @@ def test_a_guard_that_is_not_a_length_is_invalid_request(registry: Registry, src
 
 
 def test_edits_follow_the_seed_in_the_create_step(redis: Redis, registry: Registry, src: str) -> None:
-    registry._clock = lambda: 1_234  # the fork's time
+    registry.state.clock = lambda: 1_234  # the fork's time
     child = forks.fork(registry, src, "c", boundary=3, edits=RETRY)
     assert (child.seed_length, child.created_at) == (4, 1_234)
     events = registry.events("c")
@@ -221,7 +221,7 @@ def test_a_variant_fan_out_resumed_after_a_crash_gives_each_child_its_own_edits_
 
     svc = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
                       limits=Limits(max_fanout=16))
-    real = registry.create_children
+    real = registry.forks.create_children
 
     def dies_after_one(snap: object, ids: list[str], **kwargs: object) -> object:
         real(snap, ids[:1], **kwargs)  # type: ignore[arg-type]
@@ -230,10 +230,10 @@ def test_a_variant_fan_out_resumed_after_a_crash_gives_each_child_its_own_edits_
     payload = ('{"source": "src", "ifLength": 8, "variants": ['
                '{"sessionId": "v1", "edits": [{"type": "user/message", "data": 1}]}, {},'
                '{"sessionId": "v3", "edits": [{"type": "user/message", "data": 3}, {"type": "x"}]}]}')
-    monkeypatch.setattr(registry, "create_children", dies_after_one)
+    monkeypatch.setattr(registry.forks, "create_children", dies_after_one)
     with pytest.raises(RuntimeError):
         svc.handle(payload, "resume-1", final_attempt=False)
-    monkeypatch.setattr(registry, "create_children", real)
+    monkeypatch.setattr(registry.forks, "create_children", real)
     assert registry.length("v1") == 9 and not registry.exists("v3")
     registry.append(src, turn(3))  # the source moves on: the stored snapshot still decides
     reply = svc.handle(payload, "resume-1", final_attempt=True)

@@ -213,7 +213,7 @@ def test_retention_sweeps_a_cluster(cluster_registry: Registry) -> None:
     logs = registry.events("leaf")
     for sid in ("root", "mid", "sib"):
         registry.dispose(sid)
-    swept = sweep(registry, now_ms=registry._clock() + 1000, older_than_ms=1)
+    swept = sweep(registry, now_ms=registry.state.clock() + 1000, older_than_ms=1)
     assert sorted(s.id for s in swept) == ["mid", "root", "sib"]
     assert Registry(registry.redis).events("leaf") == logs
     assert not registry.redis.zcard(keys.DISPOSED_INDEX)

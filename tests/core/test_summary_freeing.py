@@ -17,6 +17,7 @@ from waits import raised
 
 import sessionfork
 from sessionfork.core import forks, keys
+from sessionfork.core.deletion import Deleter
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.factories import now_ms
 from sessionfork.core.registry import Registry
@@ -331,15 +332,15 @@ def test_freeing_is_idempotent_and_a_killed_step_is_resumed(reg: Registry, monke
     forks.fork(reg, src, "b", summary=S(keep_from=20, data="b"))
     logs = {cid: reg.events(cid) for cid in ("a", "b")}
     with monkeypatch.context() as m:  # killed right after delete.lua: no release step ran
-        m.setattr(Registry, "_release_up", lambda self, parent, child: None)
+        m.setattr(Deleter, "release", lambda self, parent, child: None)
         reg.delete(src)
     assert freed(reg, src) == 0  # pinned longer than needed: memory, never data
     reg.delete("a")  # the next release in the lineage resumes it
     assert freed(reg, src) == 20
     state = raw(reg, src)
-    reg._release_up(src, "")  # a step run again changes nothing
-    reg._release_up(src, "a")
-    reg._release_up(src, "stranger", "30")  # a late raise for a child unpinned meanwhile: no entry
+    reg.deletion.release(src, "")  # a step run again changes nothing
+    reg.deletion.release(src, "a")
+    reg.deletion.release(src, "stranger", "30")  # a late raise for a child unpinned meanwhile: no entry
     assert raw(reg, src) == state and Registry(reg.redis).events("b") == logs["b"]
 
 
@@ -348,8 +349,8 @@ def test_a_pin_keeps_the_least_need_of_its_attempts(cluster_registry: Registry) 
     it must not leave a need above what the child that takes the id reads."""
     reg = cluster_registry
     src = source(reg, "src", 10)
-    reg._scripts("pin", record=keys.session(src), children=keys.session_children(src),
-                 needs=keys.session_needs(src), need=36, child_ids=["c", "p"])  # a crashed attempt
+    reg.state.scripts("pin", record=keys.session(src), children=keys.session_children(src),
+                      needs=keys.session_needs(src), need=36, child_ids=["c", "p"])  # a crashed attempt
     forks.fork(reg, src, "c", summary=S(keep_from=8, data="s"))
     forks.fork(reg, src, "p")
     assert reg.redis.zrange(keys.session_needs(src), 0, -1, withscores=True) == [(b"c", 8.0)]
@@ -371,7 +372,7 @@ def test_a_tombstone_of_the_previous_version_raises_no_need_beyond_what_is_read(
     log = reg.events("low")
     reg.delete(src)
     with monkeypatch.context() as m:  # deleted as the previous version did: no freeing step
-        m.setattr(Registry, "_release_up", lambda self, parent, child: None)
+        m.setattr(Deleter, "release", lambda self, parent, child: None)
         reg.delete("c")
     reg.redis.hdel(keys.session("c"), "keptfrom")
     reg.delete("x")  # c's least need is now 5: 16 in src's seqs, but without keptfrom it says 5

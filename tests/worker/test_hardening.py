@@ -94,7 +94,7 @@ def test_a_transient_outage_on_the_last_attempt_is_retried_not_reported(redis: R
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     registry.append(registry.create("src"), TURN)
     svc = service(redis, registry)
-    real = registry.create_children
+    real = registry.forks.create_children
     calls = {"n": 0}
 
     def flaky(*args: Any, **kwargs: Any) -> Any:
@@ -103,7 +103,7 @@ def test_a_transient_outage_on_the_last_attempt_is_retried_not_reported(redis: R
             raise RedisConnectionError("blip")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(registry, "create_children", flaky)
+    monkeypatch.setattr(registry.forks, "create_children", flaky)
     payload = '{"source":"src","sessionId":"c1"}'
     with pytest.raises(RedisConnectionError):
         svc.handle(payload, "r1", final_attempt=True)
@@ -133,16 +133,16 @@ def test_two_attempts_of_one_fan_out_give_every_child_the_same_seed(redis: Redis
         # The first attempt took its snapshot; before it stores it, the source moves on and a
         # second attempt of the same request creates one child, then dies.
         registry.append("src", TURN)
-        create = registry.create_children
+        create = registry.forks.create_children
 
         def dies(snap2: Any, ids: Any, **kwargs: Any) -> Any:
             create(snap2, ids[:1], **kwargs)
             raise RuntimeError("second attempt dies")
 
-        monkeypatch.setattr(registry, "create_children", dies)
+        monkeypatch.setattr(registry.forks, "create_children", dies)
         with pytest.raises(RuntimeError):
             second.handle(payload, "fan-1", final_attempt=False)
-        monkeypatch.setattr(registry, "create_children", create)
+        monkeypatch.setattr(registry.forks, "create_children", create)
         return remember(request_id, snap)
 
     monkeypatch.setattr(first.outcomes, "keep_snapshot", racing)

@@ -1,4 +1,4 @@
-"""Snapshot, fork and fan-out, composed from the registry's two atomic steps.
+"""Snapshot, fork and fan-out, composed from the registry's two atomic steps (``Registry.forks``).
 
 A fork is one atomic step on the source's slot (live? instance? boundary? length) and one on each
 child's slot (create if absent). Between the two nothing can go wrong for the child: the seed is
@@ -36,8 +36,8 @@ def snapshot(registry: Registry, source: SessionRef, *, boundary: int | None = N
     ``INVALID_BOUNDARY`` or ``OPEN_TURN``. The events are fresh objects: mutating them never
     changes the source.
     """
-    snap = registry.take_snapshot(source, _checked(boundary), if_length=_guard(if_length))
-    return registry.read_snapshot(snap), snap.meta
+    snap = registry.forks.take_snapshot(source, _checked(boundary), if_length=_guard(if_length))
+    return registry.forks.read_snapshot(snap), snap.meta
 
 
 def fork(registry: Registry, source: SessionRef, session_id: str | None = None, *,
@@ -69,9 +69,9 @@ def fork(registry: Registry, source: SessionRef, session_id: str | None = None, 
             raise errors.invalid("request_id needs an explicit session_id: a generated id cannot be replayed")
         own = check_edits(registry, edits)
         check_summary(registry, summary)
-        snap = registry.take_snapshot(source, _checked(boundary), if_length=_guard(if_length),
-                                      keep_from=keep_of(summary))
-        return registry.create_child(snap, edits=own, summary=summary)
+        snap = registry.forks.take_snapshot(source, _checked(boundary), if_length=_guard(if_length),
+                                            keep_from=keep_of(summary))
+        return registry.forks.create_child(snap, edits=own, summary=summary)
     result = fork_many(registry, source, [session_id], request_id=request_id, boundary=boundary,
                        if_length=if_length, edits=edits, summary=summary)
     if result.failed:
@@ -124,8 +124,8 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
         same = check_edits(registry, edits)
         own = dict.fromkeys(ids, same) if same else {}
     check_summary(registry, summary)
-    plan = registry.prepare_fork(source, ids, request_id=request_id, boundary=_checked(boundary),
-                                 if_length=_guard(if_length), keep_from=keep_of(summary))
+    plan = registry.forks.prepare_fork(source, ids, request_id=request_id, boundary=_checked(boundary),
+                                       if_length=_guard(if_length), keep_from=keep_of(summary))
     return create(registry, plan, ids, request_id=request_id, edits=own, summary=summary)
 
 
@@ -137,22 +137,22 @@ def source_step(registry: Registry, source: SessionRef, child_ids: Sequence[str]
     of the request id) in the same round trip when it runs on the registry's own single server.
     ``prelude`` (``lua.run``'s: the worker's RQ bookkeeping) goes ahead of the rider, on its server.
 
-    Returns the rider's result (``None`` without one) and the ``ForkPlan`` (``registry.prepare_fork``'s,
+    Returns the rider's result (``None`` without one) and the ``ForkPlan`` (``registry.forks.prepare_fork``'s,
     ids trusted: checked by the caller), or ``None`` for the plan when the rider ran alone, on
     another server or beside a cluster: ``child_step`` then runs the source step itself. The
     source step only reads, so a caller whose claim says the request is not new drops the plan.
     ``keep_from``: a summary's, checked in the source step where it can be (``prepare_fork``).
     """
     if rider is None:
-        return None, registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary,
-                                           if_length=if_length, keep_from=keep_from)
+        return None, registry.forks.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary,
+                                                 if_length=if_length, keep_from=keep_from)
     redis, op = rider
-    if redis is not registry.redis or registry.is_cluster:
+    if redis is not registry.redis or registry.forks.is_cluster:
         return lua.run(redis, [op], prelude=prelude)[0], None
     sid, instance = split_ref(source)
-    look = registry.look_ops(sid, instance, child_ids, boundary, if_length, keep_from)
+    look = registry.forks.look_ops(sid, instance, child_ids, boundary, if_length, keep_from)
     first, *results = lua.run(redis, [op, *look], prelude=prelude)
-    return first, registry.plan_of(sid, child_ids, request_id, boundary, results, if_length, keep_from)
+    return first, registry.forks.plan_of(sid, child_ids, request_id, boundary, results, if_length, keep_from)
 
 
 def child_step(registry: Registry, source: SessionRef, child_ids: Sequence[str], *, request_id: str = "",
@@ -170,8 +170,8 @@ def child_step(registry: Registry, source: SessionRef, child_ids: Sequence[str],
     as for ``fork`` (checked by the caller).
     """
     if plan is None:
-        plan = registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary,
-                                     if_length=if_length, keep_from=keep_of(summary))
+        plan = registry.forks.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary,
+                                           if_length=if_length, keep_from=keep_of(summary))
     if snapshot is None and keep is not None and plan.snapshot is not None:
         snapshot = keep(plan.snapshot)
     return create(registry, plan, child_ids, request_id=request_id, snapshot=snapshot, edits=edits,
@@ -182,7 +182,7 @@ def created_by(registry: Registry, source: SessionRef, child_ids: Sequence[str],
                boundary: int | None = None) -> list[str]:
     """Those of ``child_ids`` that ``request_id`` created, sorted (for an ``INTERNAL`` outcome:
     no hidden partial state)."""
-    plan = registry.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary)
+    plan = registry.forks.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary)
     return sorted(plan.replayed)
 
 
@@ -191,7 +191,7 @@ def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, requ
            summary: Summary | None = None) -> FanOut:
     """The child step of a prepared fork: create ``child_ids`` (checked, distinct) from ``plan``.
 
-    ``plan`` is ``registry.prepare_fork``'s for exactly these ids; ``snapshot``, when given,
+    ``plan`` is ``registry.forks.prepare_fork``'s for exactly these ids; ``snapshot``, when given,
     replaces its snapshot (the one a fan-out request stored first: all its children share it).
     Raises the plan's error unless this request created a child already (a replay needs no live
     source); when every id exists, ``SESSION_ALREADY_EXISTS`` comes after the source's own
@@ -219,12 +219,12 @@ def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, requ
         # in place of each child it did not create (no hidden partial state).
         made = dict.fromkeys(todo, error)
     else:
-        made = dict(zip(todo, registry.create_children(snap, todo, request_id=request_id, edits=edits,
-                                                       summary=summary), strict=True))
+        made = dict(zip(todo, registry.forks.create_children(snap, todo, request_id=request_id, edits=edits,
+                                                             summary=summary), strict=True))
     lost = [e for e in made.values() if isinstance(e, errors.ForkError) and e.code in _SOURCE_ERRORS]
     if lost and not plan.replayed and not any(isinstance(h, Header) for h in made.values()):
         raise lost[0]  # nothing of this request exists: the source's error is the outcome
-    registry.confirm_replays(list(plan.replayed.values()))
+    registry.forks.confirm_replays(list(plan.replayed.values()))
     return _settle(child_ids, made, plan.replayed)
 
 

@@ -1,4 +1,4 @@
-"""Reading a session's log across its lineage: ``LogReader``, the store's read path.
+"""Reading a session's log across its lineage: ``LogReader``, the registry's read path.
 
 Seeds are kept by reference: a forked child's record references its parent's seed and a slice
 of its parent's own log (immutable, since logs are append-only), so a fork costs the same whatever
@@ -9,18 +9,15 @@ seed by value), then reads every slice in one pipelined round trip.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from redis import Redis
-from redis.cluster import RedisCluster
-
 from ..core import errors, keys, records, rules, wire
 from .snapshots import SUMMARY_MARK, Segments, decode_segments, window
+from .state import Lineage, RegistryState
 from .wire import Event, Header
 
-_LINEAGE_CACHE = 4096  # sessions whose seed references a registry remembers (they never change)
+LINEAGE_CACHE = 4096  # sessions whose seed references a registry remembers (they never change)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,44 +29,31 @@ class _Record:
 
 
 class LogReader:
-    """The read path of ``store.SessionStore`` (its base): a session's events, seed included, and
-    the resolution of seed references, with the lineage cache. ``SessionStore`` sets the
-    attributes declared here."""
+    """A registry's read path (a part of ``registry.Registry``): a session's events, seed
+    included, and the resolution of seed references, with the state's lineage cache."""
 
-    redis: Redis | RedisCluster
-    _lineages: OrderedDict[str, tuple[int, tuple[tuple[str, int, int], ...]]]
-    """Seed length and resolved segments of the sessions read (at most ``_LINEAGE_CACHE``, the
-    oldest dropped first)."""
+    def __init__(self, state: RegistryState) -> None:
+        self.state = state
+        self.redis = state.redis
 
     def events(self, session_id: str, start: int = 0, stop: int | None = None) -> list[Event]:
-        """Events with ``start <= seq < stop`` (the whole log by default), inherited seed included.
-
-        One pipelined round trip for all the slices, whatever the depth of the lineage; the first
-        read of a session also reads its record and, unless cached, its parent's seed (at most three
-        round trips; seed references never change, so they are remembered). A session deleted
-        meanwhile is ``SESSION_NOT_FOUND``, never a partial log nor an undecodable one.
-        """
+        """``Registry.events``."""
         sid = rules.check_id(session_id)
-        known = self._lineages.get(sid)
+        known = self.state.lineages.get(sid)
         if known is None:
             record = self._record(sid)
             known = self._remember(sid, record.seed_length, self.resolve(sid, record.segments))
-        return self._read(sid, known[1], known[0], max(start, 0), stop)
+        return self.read(sid, known[1], known[0], max(start, 0), stop)
 
-    def _remember(self, sid: str, seed_length: int, segments: Segments) -> tuple[int, Segments]:
-        known = self._lineages[sid] = (seed_length, segments)
-        if len(self._lineages) > _LINEAGE_CACHE:
-            self._lineages.popitem(last=False)
+    def _remember(self, sid: str, seed_length: int, segments: Segments) -> Lineage:
+        lineages = self.state.lineages
+        known = lineages[sid] = (seed_length, segments)
+        if len(lineages) > LINEAGE_CACHE:
+            lineages.popitem(last=False)
         return known
 
     def resolve(self, sid: str, segments: Segments) -> Segments:
-        """``segments`` of ``sid``'s seed with every reference (``[parent, -b, -a]``: events
-        ``[a, b)`` of the parent's seed; ``[parent, -n, 0]`` its first ``n``) replaced by the slices
-        it stands for.
-
-        A reference is one level deep (a fork stores its source's seed by value first), so this
-        reads at most one record, and none when the parent's lineage is cached (it never changes).
-        """
+        """``Registry.resolve``."""
         if all(lo >= 0 for _, lo, _ in segments):
             return segments
         out: list[tuple[str, int, int]] = []
@@ -77,7 +61,7 @@ class LogReader:
             if lo >= 0:
                 out.append((owner, lo, hi))
                 continue
-            known = self._lineages.get(owner)
+            known = self.state.lineages.get(owner)
             if known is None:
                 seed_length, seed, length = self.redis.hmget(keys.session(owner), ["seedlen", "seed", "len"])
                 seed_length = seed_length if seed_length is not None else length  # absent: never appended
@@ -99,8 +83,11 @@ class LogReader:
         return _Record(records.decode_header(sid, header, cwd, parent), int(length), int(seed_length),
                        decode_segments(seed))
 
-    def _read(self, sid: str, segments: Sequence[tuple[str, int, int]], seed_length: int,
-              start: int, stop: int | None) -> list[Event]:
+    def read(self, sid: str, segments: Sequence[tuple[str, int, int]], seed_length: int,
+             start: int, stop: int | None) -> list[Event]:
+        """Events ``[start, stop)`` (``stop=None``: to the end of the own log) of ``sid``, whose seed
+        is ``seed_length`` events in ``segments`` (resolved: ``resolve``); ``SESSION_NOT_FOUND``
+        when it was deleted meanwhile, never a partial log."""
         # Walk the log's pieces (ancestor slices, then the own log) and fetch the overlap of each
         # with [start, stop) in one pipeline; ancestor slices are immutable, so no lock is needed.
         # ``stop=None`` reads the own log to its end, whatever its length now.
@@ -141,7 +128,7 @@ class LogReader:
                 raise RuntimeError(f"an ancestor log of {sid!r} is shorter than, or freed within, what its seed "
                                    "references")
         if not there:
-            self._lineages.pop(sid, None)
+            self.state.lineages.pop(sid, None)
             raise errors.not_found(sid)
         return [wire.decode_stored_event(raw, first_seq + i) for first_seq, raws in pieces
                 for i, raw in enumerate(raws)]

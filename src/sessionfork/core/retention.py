@@ -57,7 +57,7 @@ def sweep(registry: Registry, *, now_ms: int, older_than_ms: int, limit: int = 1
     not written whole yet is left for a later pass and
     **passed over**: the sweep goes on to the sessions disposed after it (no head-of-line
     blocking), examining at most ``SCAN_PAGES`` pages of ``limit`` index entries per call; the
-    backend is asked for a flush of each at most once a minute (``DeletingStore.ask_flush``).
+    backend is asked for a flush of each at most once a minute (``Registry.ask_flush``).
     """
     cutoff = now_ms - older_than_ms
     out: list[Swept] = []

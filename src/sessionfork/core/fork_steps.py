@@ -1,0 +1,408 @@
+"""The two atomic steps of a fork: ``ForkSteps``, the part of ``registry.Registry`` that
+``forks`` composes them from.
+
+A fork is one script on the source's slot (live? instance? boundary? length?: ``prepare_fork``)
+and one on each child's slot (create if absent: ``create_children``). No step touches two
+sessions, so forks run unchanged on a Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from msgspec import UNSET
+from redis.commands.core import Script
+
+from ..core import errors, keys, lua, records, rules, wire
+from .deletion import Deleter
+from .logs import LogReader
+from .snapshots import (
+    SUMMARY_MARK,
+    ChildSeed,
+    ForkPlan,
+    Snapshot,
+    edit_fields,
+    parse_snapshot,
+    plain_seed,
+    summary_seed,
+)
+from .state import RegistryState
+from .store import SessionRef, SessionStore, split_ref
+from .wire import Event, Header, NewEvent
+
+CREATED = 1
+"""``create.lua``'s reply for a record it created now: the caller has the header it sent (the
+script rebuilds a header's wire JSON only for a record that existed already: a replay)."""
+
+
+class ForkSteps:
+    """The source step of a fork (``prepare_fork``, ``take_snapshot``), the reads of its result
+    (``turn_at``, ``read_snapshot``) and the child step (``create_children``), on the state's
+    connection; they read logs through ``logs``, encode events as ``store`` does, and release a
+    parent's log through ``deletion``."""
+
+    def __init__(self, state: RegistryState, logs: LogReader, store: SessionStore, deletion: Deleter) -> None:
+        self.state = state
+        self.redis = state.redis
+        self.logs = logs
+        self.store = store
+        self.deletion = deletion
+
+    @property
+    def is_cluster(self) -> bool:
+        """Whether the connection is a ``RedisCluster`` (the steps then take more round trips)."""
+        return self.state.cluster
+
+    # -- the source step -------------------------------------------------------------------------
+
+    def take_snapshot(self, source: SessionRef, boundary: int | None = None, *,
+                      if_length: int | None = None, keep_from: int | None = None) -> Snapshot:
+        """The source step alone: ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, ``PRECONDITION_FAILED``
+        (with ``if_length``), then ``INVALID_BOUNDARY`` (with ``boundary``) or ``OPEN_TURN`` (without)."""
+        plan = self.prepare_fork(source, boundary=boundary, if_length=if_length, keep_from=keep_from)
+        if plan.error is not None:
+            raise plan.error
+        assert plan.snapshot is not None
+        return plan.snapshot
+
+    def prepare_fork(self, source: SessionRef, child_ids: Sequence[str] = (), *,
+                     request_id: str = "", boundary: int | None = None,
+                     if_length: int | None = None, keep_from: int | None = None) -> ForkPlan:
+        """The source step, plus a look at the children-to-be, in one round trip.
+
+        The source step is one script on the source's slot: live? instance? boundary? length?
+        Each child id that exists lands in ``existing``, or in ``replayed`` when ``request_id``
+        created it (a replay after a crash). With ``if_length``, a source whose log does not have
+        exactly that many events is ``PRECONDITION_FAILED``, checked in the same script, right after
+        live/instance and before the boundary. Ids are checked here, before any Redis call. A
+        ``boundary`` inside the source's inherited seed is checked by one more read on the ancestor
+        that holds that event (its events up to there never change, so the check needs no
+        atomicity with the source step). ``keep_from`` (a summary's): its ``keepFrom - 1`` is checked
+        between turns in the same script when it falls in the source's own events (one round trip
+        saved), ``INVALID_BOUNDARY`` otherwise; elsewhere ``create_children`` checks it.
+        """
+        sid, instance = split_ref(source)
+        child_ids = [rules.check_id(c) for c in child_ids]
+        ops = self.look_ops(sid, instance, child_ids, boundary, if_length, keep_from)
+        if not self.state.cluster:
+            return self.plan_of(sid, child_ids, request_id, boundary, lua.run(self.redis, ops), if_length, keep_from)
+        # A cluster pipeline cannot carry scripts, and the children live on several nodes.
+        pipe = self.redis.pipeline(transaction=False)
+        for op in ops[:-1]:
+            pipe.execute_command(*op)
+        taken = pipe.execute() if child_ids else []
+        return self.plan_of(sid, child_ids, request_id, boundary, [*taken, self._call(ops[-1])], if_length,
+                            keep_from)
+
+    def _call(self, op: lua.Op) -> Any:
+        """One script call: pipelined on a server; on a cluster through the cluster client, which
+        follows a failover's new topology itself."""
+        if not self.state.cluster:
+            return lua.run(self.redis, [op])[0]
+        script, script_keys, args = op
+        assert isinstance(script, Script)
+        return script(keys=list(script_keys), args=list(args))
+
+    def look_ops(self, sid: str, instance: str, child_ids: Sequence[str],
+                 boundary: int | None = None, if_length: int | None = None,
+                 keep_from: int | None = None) -> list[lua.Op]:
+        """The read-only commands of ``prepare_fork`` (the source step last), for ``lua.run``."""
+        ops: list[lua.Op] = [("HMGET", keys.session(child), "req", *records.HEADER_FIELDS) for child in child_ids]
+        ops.append(self.state.scripts.op("snapshot", record=keys.session(sid), turns=keys.session_turns(sid),
+                                         log=keys.session_log(sid), instance=instance,
+                                         boundary="" if boundary is None else boundary,
+                                         if_length="" if if_length is None else if_length,
+                                         keep="" if keep_from is None else keep_from - 1, session_id=sid))
+        return ops
+
+    def _check_seed(self, sid: str, snap: Snapshot, boundary: int) -> Snapshot:
+        """Finish the boundary rule for a boundary the source step could not check itself: one
+        inside the source's inherited seed (checked on the ancestor that holds it), or on a record
+        written before turn indexes (checked by reading the prefix)."""
+        seed_end, last = self.turn_at(sid, snap, boundary,
+                                      lambda start: errors.boundary_inside_turn(sid, boundary, start))
+        return dataclasses.replace(snap, seed_end=seed_end, last_type=last)
+
+    def turn_at(self, sid: str, snap: Snapshot, seq: int,
+                inside: Callable[[int], errors.ForkError]) -> tuple[int | None, str]:
+        """Where event ``seq < snap.length`` of ``snap``'s source stands: the seq of the newest
+        ``turn/end`` at or before it (-1: none) and its type; raises ``inside(seq of the turn/start)``
+        when it is inside a turn. One read on the log that holds it (events up to ``seq`` never
+        change: no atomicity with the source step needed), mapped to ``sid``'s numbering (a summary
+        child numbers the kept events of its source from 1)."""
+        segments = self.logs.resolve(sid, snap.segments)  # a reference names the parent, not the owner
+        if seq >= snap.seed_length:
+            owner, index, summary_first = sid, seq - snap.seed_length, False
+        else:
+            owner, index = rules.owner_of(segments, seq)
+            summary_first = str(segments[0][0]).startswith(SUMMARY_MARK)
+        if owner.startswith(SUMMARY_MARK):
+            return -1, rules.SUMMARY  # seq 0 of a summary child: before any turn
+        turn = self.state.scripts.op("turn", record=keys.session(owner), turns=keys.session_turns(owner),
+                                     log=keys.session_log(owner), index=index)
+        reply = self._call(turn)
+        status = wire.text(reply[0])
+        if status != "NOINDEX":
+            shift = int(reply[-1]) + index - seq  # owner's seq = sid's seq + shift
+            if status == "INSIDE":
+                raise inside(int(reply[1]) - shift)
+            end = int(reply[1]) - shift
+            return (end if int(reply[1]) >= 0 and end >= int(summary_first) else -1), wire.text(reply[2])
+        types = [e.type for e in self.logs.read(sid, segments, snap.seed_length, 0, seq + 1)]
+        error = rules.check_boundary_in(sid, types, seq)
+        if error is not None:
+            starts = [i for i, kind in enumerate(types) if kind == rules.TURN_START]
+            raise inside(starts[-1]) if starts else error
+        ends = [i for i, kind in enumerate(types) if kind == rules.TURN_END]
+        return ends[-1] if ends else -1, types[-1]
+
+    def plan_of(self, sid: str, child_ids: Sequence[str], request_id: str, boundary: int | None,
+                results: Sequence[Any], if_length: int | None = None, keep_from: int | None = None) -> ForkPlan:
+        """The ``ForkPlan`` that the results of ``look_ops`` describe."""
+        *taken, reply = results
+        existing: list[str] = []
+        replayed: dict[str, Header] = {}
+        for child, (req, header, cwd, parent) in zip(child_ids, taken, strict=True):
+            if header is None:
+                continue
+            if request_id and req is not None and wire.text(req) == request_id:
+                replayed[child] = records.decode_header(child, header, cwd, parent)
+            else:
+                existing.append(child)
+        try:
+            snap, unchecked = parse_snapshot(sid, reply, boundary, if_length, keep_from)
+            if unchecked and boundary is not None:
+                snap = self._check_seed(sid, snap, boundary)
+            return ForkPlan(snap, None, existing, replayed)
+        except errors.ForkError as exc:
+            return ForkPlan(None, exc, existing, replayed)
+
+    def read_snapshot(self, snap: Snapshot) -> list[Event]:
+        """The events a snapshot covers: fresh objects, safe for the caller to mutate."""
+        sid = snap.source.id
+        return self.logs.read(sid, self.logs.resolve(sid, snap.segments), snap.seed_length, 0, snap.length)
+
+    # -- the child step --------------------------------------------------------------------------
+
+    def child_header(self, snap: Snapshot, child_id: str, now: int | None = None,
+                     seed: ChildSeed | None = None) -> Header:
+        seed = seed or ChildSeed(snap.length, [], None, "")
+        return Header(version=wire.HEADER_VERSION, id=child_id, created_at=self.state.clock() if now is None else now,
+                      cwd=snap.source.cwd, parent_session=snap.source.id, seed_length=seed.length,
+                      kept_from=UNSET if seed.kept_from is None else seed.kept_from)
+
+    def check_keep_from(self, snap: Snapshot, keep_from: int) -> None:
+        """The summary rule: ``1 <= keep_from <= E + 1`` (``E`` the snapshot's last seq) and event
+        ``keep_from - 1`` between turns, else ``INVALID_BOUNDARY`` naming the source and
+        ``keep_from``. One read on the log that holds that event (it never changes)."""
+        sid = snap.source.id
+        if not 1 <= keep_from <= snap.length:
+            raise errors.invalid_keep_from(sid, keep_from, f"expected 1 to {snap.length} (the snapshot's "
+                                           f"{snap.length} events)")
+        if snap.between_turns == keep_from - 1:
+            return  # the source step checked it
+        self.turn_at(sid, snap, keep_from - 1,
+                     lambda start: errors.invalid_keep_from(sid, keep_from, f"event {keep_from - 1} is inside "
+                                                            f"the turn opened at seq {start}"))
+
+    def summary_event(self, source_id: str, summary: wire.Summary, now: int) -> bytes:
+        """The stored JSON of a summary child's first event (``INVALID_REQUEST`` as ``append``)."""
+        data = {"summary": summary.data,
+                "summarizes": {"session": source_id, "fromSeq": 0, "toSeq": summary.keep_from - 1}}
+        return self.store.encode_events([NewEvent(rules.SUMMARY, data)], now)[0]
+
+    def create_children(self, snap: Snapshot, child_ids: Sequence[str], *, request_id: str = "",
+                        edits: Mapping[str, Sequence[NewEvent]] | None = None,
+                        summary: wire.Summary | None = None) -> list[Header | errors.ForkError]:
+        """The child step for each id: create it from ``snap``, atomically on its own slot.
+
+        One pipelined round trip for all children, which also indexes them under the parent (on
+        a cluster, a second round trip does). A child already created by the same ``request_id`` is returned as it is (a
+        replay), so a request forks at most once; any other existing id is
+        ``SESSION_ALREADY_EXISTS`` in its place of the result. With ``wait_replicas``, the
+        children are acknowledged by that many replicas before this returns
+        (``lua.NotReplicated`` otherwise). A source that is no longer the session ``snap`` was
+        taken from, or is shorter (its server restarted empty), raises ``SESSION_NOT_FOUND`` and
+        leaves no child: none may name a seed that cannot be read. ``child_ids`` are checked by
+        the caller.
+
+        ``edits`` (by child id; checked by ``forks.check_edits``) are appended to that child right after
+        its seed, in the script that creates it: seqs ``snap.length…``, the fork's time (its
+        header's ``createdAt``); ``last``, ``lastend`` and the turn index follow them. A replay
+        returns the child as it is, never appending them again.
+
+        ``summary``: each child is a summary child (``snapshots.summary_seed``; ``keep_from``
+        checked first: ``INVALID_BOUNDARY``), whose edits follow its kept events.
+        """
+        source_id = snap.source.id
+        state = self.state
+        now = state.clock()
+        if summary is not None and child_ids:
+            self.check_keep_from(snap, summary.keep_from)
+            event = self.summary_event(source_id, summary, now)
+            seeds = {cid: summary_seed(snap, cid, summary.keep_from, event) for cid in child_ids}
+        else:
+            plain_one = plain_seed(snap)
+            seeds = dict.fromkeys(child_ids, plain_one)
+        own = {cid: edit_fields(seeds[cid], self.store.encode_events(events, now), [e.type for e in events])
+               for cid, events in (edits or {}).items() if events and cid in seeds}
+        if any(lo < 0 for _, lo, _ in snap.segments):
+            # The source's seed holds a reference: store it by value first (once per source), so
+            # that its children's reference to it is one level deep whatever the lineage depth.
+            resolved = self.logs.resolve(source_id, snap.segments)
+            state.scripts("settle", record=keys.session(source_id), seed=wire.encode([list(s) for s in resolved]))
+        # The child's "last" feeds the no-boundary rule only; a seed ends between turns, and a
+        # boundary fork's seed may end with an event after its turn/end (todo/write): recorded as
+        # such, so forking the child without a boundary keeps today's rule (its last event).
+        parent = wire.encode_header(snap.source)
+        # And as a compact record holds it, for the script's one-string compare (lib/header.lua).
+        stored = records.create_args(snap.source)
+        parent_stored = {"parent_stored": stored["header"], "parent_cwd": stored["cwd"],
+                         "parent_parent": stored["parent_id"]}
+        # On one server the script also indexes the child under its parent and checks that the
+        # parent is still the session snapshotted (not deleted either), at least as long
+        # (atomically); on a cluster the parent is in another slot: the children are pinned in its
+        # index first (pin.lua refuses a deleted parent: its log may be freed), and it is checked
+        # right after they are created.
+        index = {} if state.cluster else {"parent_children": keys.session_children(source_id),
+                                           "parent": keys.session(source_id)}
+        need = "" if summary is None else summary.keep_from  # a summary child reads the source from K on
+        if index and summary is not None:  # only a summary child's pin has a need to record (one key fewer)
+            index["parent_needs"] = keys.session_needs(source_id)
+        if state.cluster and child_ids and not state.scripts(
+                "pin", record=keys.session(source_id), children=keys.session_children(source_id),
+                needs=keys.session_needs(source_id), need=need, child_ids=list(child_ids)):
+            raise errors.not_found(source_id)
+        # What the children of one seed share is built once, not once per child (a fan-out is one
+        # seed for all; a summary child has its own): the seed's JSON, the compact record's header
+        # fields (no id in them; the old layout's JSON names the id: each child's own), and the
+        # log's end for a child without edits of its own.
+        headers: dict[str, Header] = {}
+        runs: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+        last: ChildSeed | None = None
+        for cid, seed in seeds.items():
+            headers[cid] = header = self.child_header(snap, cid, now, seed)
+            if seed is not last:
+                last = seed
+                runs.append(({"lifecycle": state.lifecycle_key, **index, "seed_length": seed.length,
+                              "seed": wire.encode(seed.segments), "request_id": request_id,
+                              "maxlen": state.lifecycle_maxlen,
+                              "seed_end": "" if seed.seed_end is None else seed.seed_end, "parent_header": parent,
+                              "summary": seed.summary or "", "need": need, **parent_stored,
+                              **(records.create_args(header) if state.compact_records else {}),
+                              "length": seed.length, "last_type": seed.last_type, "last_end": "", "markers": "",
+                              "edits": ()}, []))
+            item: dict[str, Any] = {"record": keys.session(cid), "log": keys.session_log(cid),
+                                    "turns": keys.session_turns(cid), "instance": state.new_token(),
+                                    "session_id": cid}
+            if cid in own:
+                item.update(own[cid])
+            if not state.compact_records:
+                item.update(records.create_args(header, compact=False))
+            runs[-1][1].append(item)
+        calls = [call for common, each in runs for call in state.scripts.op_each("create", common, each)]
+        replies = lua.eval_many(self.redis, calls, replicas=state.wait_replicas, wait_ms=state.wait_timeout_ms)
+        if any(raw == -1 for raw in replies) and not self._deleted(source_id):
+            raise self._lost(snap, [c for c, raw in zip(child_ids, replies, strict=True)
+                                    if raw == CREATED or isinstance(raw, bytes)])
+        # -1 with the parent deleted: a deletion landed among the children. Those created before it
+        # pinned its log (delete.lua kept it), so they are whole children and stay, reported; the
+        # others are SESSION_NOT_FOUND in their place (a fan-out reports both: no hidden state).
+        results: list[Header | errors.ForkError] = [
+            errors.already_exists(cid) if raw is None else
+            errors.not_found(source_id) if raw == -1 else headers[cid] if raw == CREATED else wire.decode_header(raw)
+            for cid, raw in zip(child_ids, replies, strict=True)
+        ]
+        created = [r.id for r in results if isinstance(r, Header)]
+        if state.cluster:
+            if created:
+                self._check_parent(snap, created)
+            pipe = self.redis.pipeline(transaction=False)
+            if created:  # pinned already; repeated for records indexed before pins existed
+                pipe.sadd(keys.session_children(source_id), *created)
+            for cid in created:
+                state.emit(pipe, "session/created", cid, seeds[cid].length + len((edits or {}).get(cid, ())))
+            refused = [cid for cid, r in zip(child_ids, results, strict=True) if not isinstance(r, Header)]
+            stale = self._not_children(source_id, refused)
+            pipe.execute()
+            for cid in stale:  # pinned above, but another session owns the id: take the pin back
+                # through release.lua: a parent deleted meanwhile whose last pin this was is freed
+                self.deletion.release(source_id, cid)
+            if state.wait_replicas and created:  # the parent's index entry must survive a failover
+                lua.wait_for_replicas(self.redis, [keys.session_children(source_id)], state.wait_replicas,
+                                      state.wait_timeout_ms)
+        return results
+
+    def _not_children(self, parent: str, ids: list[str]) -> list[str]:
+        """Those of ``ids`` whose record (or tombstone) does not name ``parent`` as its parent."""
+        if not ids:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for cid in ids:
+            pipe.hmget(keys.session(cid), ["header", "parent"])
+        stale = []
+        for cid, (header, parent_field) in zip(ids, pipe.execute(), strict=True):
+            if records.parent_of(header, parent_field) != parent:
+                stale.append(cid)
+        return stale
+
+    def _check_parent(self, snap: Snapshot, created: list[str]) -> None:
+        """On a cluster: the parent must still be the session snapshotted, at least as long, after
+        its children were created on other slots; else they are deleted and the fork fails."""
+        sid = snap.source.id
+        header, cwd, parent_id, length, deleted = self.redis.hmget(
+            keys.session(sid), [*records.HEADER_FIELDS, "len", "deleted"])
+        if deleted is not None:
+            return  # deleted after pin.lua pinned them: its log stays for them, they are whole
+        if header is None or records.decode_header(sid, header, cwd, parent_id) != snap.source or length is None \
+                or int(length) < snap.length:
+            raise self._lost(snap, created)
+
+    def _lost(self, snap: Snapshot, created: Sequence[str]) -> errors.ForkError:
+        """The parent vanished or shrank between the two steps (its server restarted empty or
+        lost writes): delete what this call created, whose seed cannot be read, and report the
+        source as not found. A retry of the request answers from what the registry holds now."""
+        for cid in created:  # only records created from ``snap`` now: no one holds their tokens yet
+            self.redis.delete(keys.session(cid), keys.session_log(cid), keys.session_turns(cid))
+            # And its pin in the parent's index, through release.lua: a parent deleted meanwhile
+            # whose last pin this was has its log freed now (a plain SREM would leak it forever).
+            self.deletion.release(snap.source.id, cid)
+        return errors.not_found(snap.source.id)
+
+    def _deleted(self, sid: str) -> bool:
+        """Whether ``sid``'s record is a tombstone (deleted; its log kept while pinned)."""
+        return bool(self.redis.hexists(keys.session(sid), "deleted"))
+
+    def confirm_replays(self, replayed: Sequence[Header]) -> None:
+        """Finish what an earlier attempt of a request may have left undone for its children.
+
+        That attempt created them, then may have stopped before the steps that follow the child
+        step: on a cluster, indexing under the parent and the ``session/created`` event (repeated
+        here: consumers are idempotent); anywhere, the WAIT for replicas.
+        """
+        if not replayed:
+            return
+        state = self.state
+        if state.cluster:
+            pipe = self.redis.pipeline(transaction=False)
+            for child in replayed:
+                if child.parent_session is not UNSET:
+                    pipe.sadd(keys.session_children(child.parent_session), child.id)
+                state.emit(pipe, "session/created", child.id, 0 if child.seed_length is UNSET else child.seed_length)
+            pipe.execute()
+        if state.wait_replicas:
+            indexes = [keys.session_children(c.parent_session) for c in replayed
+                       if state.cluster and c.parent_session is not UNSET]
+            lua.wait_for_replicas(self.redis, [*(keys.session(c.id) for c in replayed), *indexes],
+                                  state.wait_replicas, state.wait_timeout_ms)
+
+    def create_child(self, snap: Snapshot, child_id: str | None = None, *, request_id: str = "",
+                     edits: Sequence[NewEvent] = (), summary: wire.Summary | None = None) -> Header:
+        """``create_children`` for one child (generated id by default); raises on failure."""
+        cid = self.state.new_id() if child_id is None else rules.check_id(child_id)
+        (result,) = self.create_children(snap, [cid], request_id=request_id, edits={cid: edits}, summary=summary)
+        if isinstance(result, errors.ForkError):
+            raise result
+        return result
