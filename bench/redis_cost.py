@@ -58,8 +58,8 @@ def steps_cpu_per_fork(server: EmbeddedServer, jobs: int) -> float:
 
     flushed(server)
     _, service = _fork_context(Settings(redis_url=server.url))
-    payloads = [requests.prepare(requests.build("bench-src", f"own-{i}", session_id=f"c-{i}"), str)[1]
-                for i in range(jobs)]
+    built = [requests.build("bench-src", {"request_id": f"own-{i}", "session_id": f"c-{i}"}, str) for i in range(jobs)]
+    payloads = [requests.prepare(request, str)[1] for request in built]
     redis = server.client()
     before = redis_cpu_us(redis)
     for i, payload in enumerate(payloads):

@@ -4,6 +4,6 @@ Importing it loads no RQ (the client enqueues RQ jobs with a script of its own) 
 """
 
 from .clients.aio import AsyncClient
-from .protocol.requests import Variant
+from .protocol.requests import ForkOptions, Variant
 
-__all__ = ["AsyncClient", "Variant"]
+__all__ = ["AsyncClient", "ForkOptions", "Variant"]

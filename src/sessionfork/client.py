@@ -4,6 +4,6 @@ Importing it loads the queue side's client only: no worker, no fork service.
 """
 
 from .clients.client import Client
-from .protocol.requests import Variant
+from .protocol.requests import ForkOptions, Variant
 
-__all__ = ["Client", "Variant"]
+__all__ = ["Client", "ForkOptions", "Variant"]

@@ -171,9 +171,10 @@ def test_both_clients_refuse_a_request_that_cannot_be_sent_as_json(server: Embed
 
 
 def test_one_reply_channel_rule_for_clients_and_worker(monkeypatch: pytest.MonkeyPatch, redis: Redis) -> None:
-    request = requests.build("s", "r-1")
+    request = requests.build("s", {"request_id": "r-1"}, str)
     assert requests.reply_channel(request, "sf:replies") == "sf:replies"
-    assert requests.reply_channel(requests.build("s", "r-1", reply_to="sf:replies:me"), "x") == "sf:replies:me"
+    mine = requests.build("s", {"request_id": "r-1", "reply_to": "sf:replies:me"}, str)
+    assert requests.reply_channel(mine, "x") == "sf:replies:me"
     # The worker's service picks its channel through the same function.
     seen: list[str] = []
     real = requests.reply_channel
@@ -185,7 +186,7 @@ def test_one_reply_channel_rule_for_clients_and_worker(monkeypatch: pytest.Monke
     monkeypatch.setattr(service.requests, "reply_channel", spy)
     svc = service.ForkService.from_settings(Registry(redis), redis,
                                             msgspec.structs.replace(SETTINGS, reply_channel="chan"))
-    reply = svc.handle(wire.encode(requests.build("nobody", "r-2")), "r-2")
+    reply = svc.handle(wire.encode(requests.build("nobody", {"request_id": "r-2"}, str)), "r-2")
     assert isinstance(reply, ForkFailure) and reply.code == "SESSION_NOT_FOUND"
     assert seen == ["chan"]
 

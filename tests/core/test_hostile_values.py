@@ -171,6 +171,29 @@ def test_a_client_timeout_that_is_not_0_to_a_day_is_invalid_request_before_any_r
     asyncio.run(both())
 
 
+@pytest.mark.parametrize("method", ["request", "fork"])
+def test_an_unknown_option_is_a_type_error_naming_it_before_any_redis_call(method: str) -> None:
+    """A misspelt option (``sesion_id=``) is refused as Python refuses an unknown keyword, by both
+    clients' ``request`` and ``fork``, on a server that does not exist (no Redis call is made), and
+    before the id factory is asked for an id."""
+    sync, client = dead_clients()
+    asked: list[str] = []
+    sync._new_id = client._new_id = lambda: asked.append("id") or "req-x"  # type: ignore[method-assign]
+    with pytest.raises(TypeError, match=rf"^Client\.{method}\(\) got an unexpected keyword argument 'sesion_id'$"):
+        getattr(sync, method)("s", sesion_id="c", count=2)
+
+    async def both() -> None:
+        async with client:
+            with pytest.raises(TypeError, match=rf"^AsyncClient\.{method}\(\) got an unexpected keyword argument "
+                                                r"'sesion_id'$"):
+                await getattr(client, method)("s", timeout=1, sesion_id="c") if method == "fork" else \
+                    await client.request("s", sesion_id="c")
+
+    asyncio.run(both())
+    assert asked == []
+    assert sync.request("s", session_id="c", count=None).session_id == "c"  # a known option, None: not asked for
+
+
 @pytest.mark.parametrize("request_value", ["req-1", None, 5, {"requestId": "x"}, object()],
                          ids=["str", "none", "int", "dict", "object"])
 def test_a_client_request_that_is_not_a_fork_request_is_invalid_request_before_any_redis_call(

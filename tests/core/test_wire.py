@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -155,3 +157,19 @@ def test_any_json_event_round_trips_through_storage(
     # Python's == treats 1 and 1.0 alike; the JSON text must match too.
     assert wire.encode(event.data) == wire.encode(data)
     assert wire.encode(event.extra) == wire.encode(extra)
+
+
+def test_the_request_identity_is_defined_once_and_both_sides_use_it() -> None:
+    """``wire.identity`` (and ``wire.digest``, its sha256) is the one Python definition of what makes
+    two requests "the same": no other module defines or reads the identity fields, and the clients
+    and the worker call it (the enqueue script's copy is pinned by test_enqueue_script.py)."""
+    src = Path(wire.__file__).resolve().parents[1]
+    texts = {p.relative_to(src).as_posix(): p.read_text() for p in src.rglob("*.py")}
+    defining = {name for name, text in texts.items() for node in ast.walk(ast.parse(text))
+                if isinstance(node, ast.FunctionDef) and node.name in ("identity", "digest")}
+    assert defining == {"core/wire.py"}
+    assert {name for name, text in texts.items() if "IDENTITY_FIELDS" in text} == {"core/wire.py"}
+    for side in ("clients/client.py", "clients/aio.py"):
+        assert "wire.digest(request)" in texts[side], side
+    worker = "".join(text for name, text in texts.items() if name.startswith("worker/"))
+    assert "wire.digest(request)" in worker and "wire.identity(request)" in worker

@@ -24,6 +24,7 @@ from sessionfork.protocol.outcomes import read_outcome
 PRODUCER = Path(__file__).parent.parent / "data" / "raw_producer.py"
 RECIPE = (Path(__file__).parents[2] / "docs" / "any-language.md").read_text()
 ENQUEUE = lua.source("enqueue.lua", "sessionfork.protocol")
+SHIPPED = Path(__file__).resolve().parents[2] / "src" / "sessionfork" / "protocol" / "scripts" / "enqueue.lua"
 
 
 @pytest.fixture
@@ -106,7 +107,7 @@ def test_raw_producer_guards_edits_and_variants(server: EmbeddedServer, registry
     assert [wire_event(e) for e in registry.events("rc-1")[2:]] == [
         {"type": "turn/start", "data": {"turn": 2}}, {"type": "user/message", "data": "retry", "surfaceOp": "s"}]
     other = produce(server, "rc-src", "rc-1", "rc-e", "604800", "", "", json.dumps({"ifLength": 2, "edits": edits[:1]}))
-    assert other["code"] == "IDEMPOTENCY_CONFLICT"
+    assert other.get("code") == "IDEMPOTENCY_CONFLICT", other
     fields = {"variants": [{"sessionId": "rv-1", "edits": edits[1:]}, {"sessionId": "rv-2"}]}
     fan = produce(server, "rc-src", "-", "rc-v", "604800", "", "", json.dumps(fields))
     assert [h["id"] for h in fan["sessions"]] == ["rv-1", "rv-2"]  # type: ignore[attr-defined]
@@ -134,7 +135,7 @@ def test_a_raw_producer_reusing_a_request_id_gets_a_conflict_and_never_two_outco
     conflict = produce(server, "sb", "b2", "rB", result_ttl)
 
     assert again == first
-    assert (conflict["ok"], conflict["code"]) == (False, "IDEMPOTENCY_CONFLICT")
+    assert (conflict["ok"], conflict.get("code")) == (False, "IDEMPOTENCY_CONFLICT")
     assert not registry.exists("b2") and redis.llen("rq:queue:sessionfork") == 0
     assert [e.code for e in outcome_entries(redis) if e.request == "rB"] == ["OK"]  # one outcome, announced once
 
@@ -199,13 +200,18 @@ def test_an_identical_raw_retry_of_data_nested_at_the_workers_limit_is_the_same_
     assert redis.lrange("rq:queue:sessionfork", 0, -1) == []
 
 
-def test_raw_producer_imports_neither_rq_nor_sessionfork_and_runs_the_readme_script() -> None:
+def test_raw_producer_imports_neither_rq_nor_sessionfork_and_runs_the_shipped_script() -> None:
+    """The producer reads the script from the shipped file (no copy of its own to drift), the one
+    the recipe shows."""
     tree = ast.parse(PRODUCER.read_text())
     imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                 for alias in node.names}
     imported |= {(node.module or "").split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
-    assert imported == {"json", "sys", "time", "zlib", "redis"}  # zlib: CRC-32, for the shard of a sharded queue
-    assigned = next(n.value.value for n in tree.body if isinstance(n, ast.Assign)  # type: ignore[attr-defined]
+    assert imported == {"json", "sys", "time", "zlib", "pathlib", "redis"}  # zlib: CRC-32, for a sharded queue's shard
+    assigned = next(n.value for n in tree.body if isinstance(n, ast.Assign)
                     and getattr(n.targets[0], "id", "") == "ENQUEUE")
-    assert assigned == ENQUEUE
+    assert isinstance(assigned, ast.Call) and getattr(assigned.func, "attr", "") == "read_text"  # a file, read
+    read = eval(compile(ast.Expression(assigned.func.value), str(PRODUCER), "eval"),  # type: ignore[attr-defined]
+                {"Path": Path, "__file__": str(PRODUCER)})
+    assert read == SHIPPED and read.read_text() == ENQUEUE
     assert ENQUEUE in RECIPE

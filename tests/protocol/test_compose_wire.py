@@ -61,13 +61,13 @@ def test_the_key_order_of_an_edit_does_not_change_the_digest() -> None:
 
 
 def test_the_builder_writes_the_wire_shapes() -> None:
-    request = requests.build("a", "r1", if_length=3, edits=[NewEvent("x", 1, {"k": True})])
+    request = requests.build("a", {"request_id": "r1", "if_length": 3, "edits": [NewEvent("x", 1, {"k": True})]}, str)
     assert msgspec.to_builtins(request) == {"source": "a", "requestId": "r1", "ifLength": 3,
                                             "edits": [{"type": "x", "data": 1, "k": True}]}
     assert requests.edits_of(parse(wire.encode(request)))[0] == [NewEvent("x", 1, {"k": True})]
-    fan = requests.build("a", "r", variants=[Variant("v", [NewEvent("y")]), Variant()])
+    fan = requests.build("a", {"request_id": "r", "variants": [Variant("v", [NewEvent("y")]), Variant()]}, str)
     assert msgspec.to_builtins(fan)["variants"] == [{"sessionId": "v", "edits": [{"type": "y", "data": None}]}, {}]
-    assert requests.build("a", "r", edits=[]).edits is msgspec.UNSET
+    assert requests.build("a", {"request_id": "r", "edits": []}, str).edits is msgspec.UNSET
 
 
 @pytest.mark.parametrize(("kwargs", "words"), [
@@ -77,7 +77,7 @@ def test_the_builder_writes_the_wire_shapes() -> None:
 ])
 def test_the_builder_refuses_what_is_not_an_event(kwargs: dict[str, object], words: str) -> None:
     with pytest.raises(ForkError) as info:
-        requests.build("a", "r", **kwargs)  # type: ignore[arg-type]
+        requests.build("a", {"request_id": "r", **kwargs}, str)  # type: ignore[typeddict-item]
     assert info.value.code is ErrorCode.INVALID_REQUEST and words in info.value.message
 
 

@@ -120,9 +120,13 @@ def test_boundaries_two_to_the_53_and_one_more_are_different_requests(redis: Red
 
 
 def test_the_scripts_identity_fields_are_pythons() -> None:
+    """The script's copy of ``wire.identity``'s definition (its fields, in order, and how many are
+    always kept) is Python's: a change to either side fails here."""
     listed = re.search(r"local FIELDS = \{([^}]*)\}", enqueue_module.SOURCE)
-    assert listed is not None
+    kept = re.search(r"^local KEPT = (\d+) ", enqueue_module.SOURCE, flags=re.M)
+    assert listed is not None and kept is not None
     assert tuple(re.findall(r"'([^']*)'", listed.group(1))) == wire.IDENTITY_FIELDS
+    assert int(kept.group(1)) == wire.IDENTITY_KEPT
 
 
 ids = st.text("ab1.e-\"\\/\u00e9\u2028", min_size=1, max_size=4)  # digits, dots, escapes, non-ASCII

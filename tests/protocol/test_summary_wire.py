@@ -50,11 +50,12 @@ def test_a_malformed_summary_is_invalid_request(body: bytes) -> None:
 
 
 def test_the_builder_and_the_header() -> None:
-    request = requests.build("a", "r1", summary=sessionfork.Summary(keep_from=4, data={"t": "s"}))
+    summary = sessionfork.Summary(keep_from=4, data={"t": "s"})
+    request = requests.build("a", {"request_id": "r1", "summary": summary}, str)
     assert msgspec.to_builtins(request) == {"source": "a", "requestId": "r1",
                                             "summary": {"keepFrom": 4, "data": {"t": "s"}}}
     with pytest.raises(errors.ForkError, match=r"summary must be a sessionfork\.Summary"):
-        requests.build("a", "r1", summary={"keepFrom": 4})  # type: ignore[arg-type]
+        requests.build("a", {"request_id": "r1", "summary": {"keepFrom": 4}}, str)  # type: ignore[typeddict-item]
     old = b'{"version":1,"id":"c","createdAt":5,"parentSession":"p","seedLength":3}'
     assert wire.decode_header(old).kept_from is msgspec.UNSET
     header = wire.Header(1, "c", 5, parent_session="p", seed_length=3, kept_from=7)

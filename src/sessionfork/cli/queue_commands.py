@@ -10,7 +10,7 @@ import msgspec
 
 from ..clients.client import Client
 from ..core import config, wire
-from ..protocol.requests import MAX_WAIT
+from ..protocol.requests import MAX_WAIT, ForkOptions
 from ..worker import jobs
 from .app import LOG_LEVELS, Context, clean_errors, cli
 from .files import read_edits, read_summary, read_variants
@@ -97,9 +97,10 @@ def fork(obj: Context, source: str, instance: str | None, session_id: str | None
     summary = None if summary_file is None else read_summary(summary_file)
     client = Client(obj.shard_redis(), obj.settings)
     src: str | wire.LiveHandle = wire.LiveHandle(source, instance) if instance else source
-    request = client.request(src, session_id=session_id, count=count, request_id=request_id, reply_to=reply_to,
-                             session_ids=session_ids.split(",") if session_ids else None, boundary=boundary,
-                             if_length=if_length, edits=edits, variants=variants, summary=summary)
+    options: ForkOptions = {"session_id": session_id, "session_ids": session_ids.split(",") if session_ids else None,
+                            "count": count, "request_id": request_id, "reply_to": reply_to, "boundary": boundary,
+                            "if_length": if_length, "edits": edits, "variants": variants, "summary": summary}
+    request = client.request(src, **options)
     if wait_s == 0:
         click.echo(wire.encode({"requestId": client.submit(request), "queued": True}).decode())
         return

@@ -48,7 +48,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from redis.asyncio import Redis
 
@@ -56,11 +56,11 @@ from ..core import connections, keys, wire
 from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
 from ..core.outages import is_lost
-from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply, Summary
+from ..core.wire import ForkRequest, LiveHandle, Reply
 from ..protocol import requests, shards, tracing
 from ..protocol.enqueue import AsyncEnqueuer, job_call
 from ..protocol.outcomes import OUTCOME_FIELDS, verdict
-from ..protocol.requests import Variant
+from ..protocol.requests import ForkOptions
 from .subscriptions import ReplyRouter
 
 T = TypeVar("T")
@@ -126,19 +126,15 @@ class AsyncClient:
             await router.aclose()
             await redis.aclose()
 
-    async def request(self, source: str | LiveHandle, *, session_id: str | None = None,
-                      session_ids: list[str] | None = None, count: int | None = None,
-                      request_id: str | None = None, reply_to: str | None = None,
-                      boundary: int | None = None, if_length: int | None = None,
-                      edits: Sequence[NewEvent] | None = None,
-                      variants: Sequence[Variant] | None = None, summary: Summary | None = None) -> ForkRequest:
-        """Build a request (no I/O): as ``Client.request``; ``INVALID_REQUEST`` for a bad request id.
-        ``boundary``, ``if_length``, ``edits``, ``variants``, ``summary``: as for ``Client.request``. With
-        OpenTelemetry installed, it carries the current trace context (``traceparent``)."""
-        return requests.build(source, request_id or self._new_id(), session_id=session_id, session_ids=session_ids,
-                              count=count, reply_to=reply_to, boundary=boundary, if_length=if_length,
-                              edits=edits, variants=variants, summary=summary,
-                              traceparent=tracing.current_traceparent())
+    async def request(self, source: str | LiveHandle, **options: Unpack[ForkOptions]) -> ForkRequest:
+        """Build a request (no I/O) forking ``source`` with ``options`` (``ForkOptions``), as
+        ``Client.request``: a generated request id when none is given, ``TypeError`` for an unknown
+        option, ``INVALID_REQUEST`` for a bad one. With OpenTelemetry installed, it carries the
+        current trace context (``traceparent``)."""
+        return self._build(source, options, "AsyncClient.request")
+
+    def _build(self, source: str | LiveHandle, options: ForkOptions, where: str) -> ForkRequest:
+        return requests.build(source, options, self._new_id, traceparent=tracing.current_traceparent(), where=where)
 
     async def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op.
@@ -171,19 +167,15 @@ class AsyncClient:
             answer = self._answer(request, woken, None, deadline, timeout)
             return await _cut(deadline + requests.HARD_AFTER, _no_reply(request.request_id, timeout), answer)
 
-    async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
-                   session_ids: list[str] | None = None, count: int | None = None,
-                   request_id: str | None = None, reply_to: str | None = None,
-                   boundary: int | None = None, if_length: int | None = None,
-                   edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None,
-             summary: Summary | None = None) -> Reply:
-        """Submit a fork request and wait for its reply (subscribed first; enqueue and the first
+    async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0,
+                   **options: Unpack[ForkOptions]) -> Reply:
+        """Submit a fork request (``request(source, **options)``: the options are ``ForkOptions``)
+        and wait for its reply, within ``timeout`` seconds (subscribed first; enqueue and the first
         read of the stored outcome in one round trip, sent again when its reply is lost).
-        ``INVALID_REQUEST`` for a ``timeout`` that is not 0 to ``MAX_WAIT`` seconds."""
+        ``INVALID_REQUEST`` for a ``timeout`` that is not 0 to ``MAX_WAIT`` seconds, and as
+        ``request`` for the options (``TypeError`` for an unknown one), before anything is sent."""
+        request = self._build(source, options, "AsyncClient.fork")
         timeout = requests.wait_bound(timeout)
-        request = await self.request(source, session_id=session_id, session_ids=session_ids, count=count,
-                                     request_id=request_id, reply_to=reply_to, boundary=boundary,
-                                     if_length=if_length, edits=edits, variants=variants, summary=summary)
         request, call = self._job(request)
         rid = request.request_id
         assert isinstance(rid, str)

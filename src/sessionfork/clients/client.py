@@ -23,17 +23,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from redis import Redis
 
 from ..core import connections, wire
 from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
-from ..core.wire import ForkRequest, LiveHandle, NewEvent, Reply, Summary
+from ..core.wire import ForkRequest, LiveHandle, Reply
 from ..protocol import requests, shards, tracing
 from ..protocol.enqueue import Enqueuer, job_call
-from ..protocol.requests import Variant
+from ..protocol.requests import ForkOptions
 from .waiting import ReplyListener
 
 T = TypeVar("T")
@@ -42,7 +42,7 @@ log = logging.getLogger("sessionfork.client")
 
 class Client:
     """A scheduler's handle on the fork queue: ``redis`` is the queue server, or the queue servers
-    of a sharded queue in shard order (``redis`` and ``queue`` are then the first shard's).
+    of a sharded queue in shard order (``redis`` is then the first shard's).
     ``recheck_every``: seconds a wait goes without news before it reads the stored outcome again."""
 
     recheck_every: float = 1.0
@@ -72,25 +72,18 @@ class Client:
         """The shard (index into ``shards``) that holds ``request_id``."""
         return shards.shard_of(request_id, len(self.shards))
 
-    def request(self, source: str | LiveHandle, *, session_id: str | None = None,
-                session_ids: list[str] | None = None, count: int | None = None,
-                request_id: str | None = None, reply_to: str | None = None,
-                boundary: int | None = None, if_length: int | None = None,
-                edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None,
-             summary: Summary | None = None) -> ForkRequest:
-        """Build a request (a generated request id when none is given); ``INVALID_REQUEST`` for a
-        request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id). ``boundary``: fork at
-        that inclusive event seq (the child's seed is events ``[0, boundary]``). ``if_length``: fork
-        only if the source's log has exactly that many events (``PRECONDITION_FAILED``). ``edits``:
-        events appended to every child right after its seed, in the step that creates it.
-        ``variants`` (``Variant(session_id=None, edits=())``): one snapshot, each child its own id
-        and edits (exclusive with ``session_id``, ``session_ids``, ``count`` and ``edits``).
-        ``summary`` (``sessionfork.Summary(keep_from=K, data=...)``): each child a summary child. With
+    def request(self, source: str | LiveHandle, **options: Unpack[ForkOptions]) -> ForkRequest:
+        """Build a request (no I/O) forking ``source`` with ``options``: each is documented, once, on
+        ``ForkOptions`` (``session_id``, ``session_ids``, ``count``, ``request_id``, ``reply_to``,
+        ``boundary``, ``if_length``, ``edits``, ``variants``, ``summary``). A generated request id
+        (``new_id``) when none is given. ``TypeError`` for an unknown option; ``INVALID_REQUEST`` for
+        a request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id), edits that are not
+        ``NewEvent``, variants that are not ``Variant``, a summary that is not a ``Summary``. With
         OpenTelemetry installed, it carries the current trace context (``traceparent``)."""
-        return requests.build(source, request_id or self._new_id(), session_id=session_id, session_ids=session_ids,
-                              count=count, reply_to=reply_to, boundary=boundary, if_length=if_length,
-                              edits=edits, variants=variants, summary=summary,
-                              traceparent=tracing.current_traceparent())
+        return self._build(source, options, "Client.request")
+
+    def _build(self, source: str | LiveHandle, options: ForkOptions, where: str) -> ForkRequest:
+        return requests.build(source, options, self._new_id, traceparent=tracing.current_traceparent(), where=where)
 
     def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op.
@@ -163,23 +156,17 @@ class Client:
         for listener in self._local.__dict__.pop("listeners", {}).values():
             listener.close()
 
-    def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, session_id: str | None = None,
-             session_ids: list[str] | None = None, count: int | None = None,
-             request_id: str | None = None, reply_to: str | None = None,
-             boundary: int | None = None, if_length: int | None = None,
-             edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None,
-             summary: Summary | None = None) -> Reply:
-        """Submit a fork request and wait for its reply.
+    def fork(self, source: str | LiveHandle, *, timeout: float = 10.0, **options: Unpack[ForkOptions]) -> Reply:
+        """Submit a fork request (``request(source, **options)``: the options are ``ForkOptions``)
+        and wait for its reply, within ``timeout`` seconds.
 
         The reply subscription is confirmed before the request is enqueued, so a new request's
         outcome is announced to it: the stored outcome is read once, when a message wakes the
         waiter (an id already used reads it at once). ``INVALID_REQUEST`` for a ``timeout`` that is not
-        0 to ``MAX_WAIT`` seconds (``requests.wait_bound``)."""
-        timeout = requests.wait_bound(timeout)
-        request = self.request(source, session_id=session_id, session_ids=session_ids, count=count,
-                               request_id=request_id, reply_to=reply_to, boundary=boundary,
-                               if_length=if_length, edits=edits, variants=variants, summary=summary)
-        return self.fork_request(request, timeout)
+        0 to ``MAX_WAIT`` seconds (``requests.wait_bound``), and as ``request`` for the options
+        (``TypeError`` for an unknown one), before anything is sent."""
+        request = self._build(source, options, "Client.fork")
+        return self.fork_request(request, requests.wait_bound(timeout))
 
     def fork_request(self, request: ForkRequest, timeout: float) -> Reply:
         """``fork`` of a request built already (``request``): subscribed first, then enqueued, then

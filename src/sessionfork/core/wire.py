@@ -324,13 +324,16 @@ IDENTITY_FIELDS: Final = ("source", "sessionId", "count", "sessionIds", "boundar
                           "variants", "summary")
 """The wire names of the fields that make two requests under one request id "the same", in order.
 ``protocol/scripts/enqueue.lua`` lists the same names (``FIELDS``; a test pins the two, and a property
-test runs the script against ``identity`` on random requests)."""
+test runs the script against ``identity`` on random requests). ``identity`` is the one Python
+definition: both clients (``digest``, to read the outcome) and the worker (``digest`` and
+``identity``, kept with the claim) use it."""
 _IDENTITY_ATTRS: Final = tuple(f.name for name in IDENTITY_FIELDS for f in msgspec.structs.fields(ForkRequest)
                                if f.encode_name == name)
 
 
-_IDENTITY_KEPT: Final = 4
-"""The identity fields always written; the later ones (``boundary`` on) only up to the last given."""
+IDENTITY_KEPT: Final = 4
+"""The identity fields always written; the later ones (``boundary`` on) only up to the last given
+(the script's ``KEPT``, pinned with ``FIELDS``)."""
 _canonical = msgspec.json.Encoder(order="deterministic")  # object keys sorted: edits in any key order
 
 
@@ -345,7 +348,7 @@ def identity(request: ForkRequest) -> bytes:
     enqueue script compares it.
     """
     fields = [getattr(request, attr) for attr in _IDENTITY_ATTRS]
-    while len(fields) > _IDENTITY_KEPT and fields[-1] is UNSET:
+    while len(fields) > IDENTITY_KEPT and fields[-1] is UNSET:
         fields.pop()
     return _canonical.encode([None if f is UNSET else f for f in fields])
 

@@ -7,9 +7,9 @@ it returns is trusted downstream (the fork steps do not check the ids again).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final, TypedDict
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -60,31 +60,79 @@ def _edits(edits: Sequence[NewEvent] | None) -> Any:
     return [edit_json(e) for e in edits]
 
 
-def build(source: str | LiveHandle, request_id: str, *, session_id: str | None = None,
-          session_ids: list[str] | None = None, count: int | None = None, reply_to: str | None = None,
-          boundary: int | None = None, traceparent: str | UnsetType = UNSET, if_length: int | None = None,
-          edits: Sequence[NewEvent] | None = None, variants: Sequence[Variant] | None = None,
-          summary: wire.Summary | None = None) -> ForkRequest:
-    """A request as the clients send it (``None``, ``UNSET``, no edits: the field is absent);
-    ``INVALID_REQUEST`` for a request id outside ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id) or
-    edits that are not ``NewEvent``, or a ``summary`` that is not a ``sessionfork.Summary``. The rest
-    is checked by ``parse`` where the request is run."""
+class ForkOptions(TypedDict, total=False):
+    """A fork's options: the keywords of both clients' ``request()`` and ``fork()``, each one
+    optional (absent or ``None``: not asked for). An option not named here is a ``TypeError``, from
+    mypy and at run time (``check_options``). At most one of ``session_id``, ``session_ids``,
+    ``count`` and ``variants``; none of them: one child with a generated id."""
+
+    session_id: str | None
+    """The one child's id (default: generated)."""
+    session_ids: list[str] | None
+    """A fan-out: one child per id (distinct)."""
+    count: int | None
+    """A fan-out: this many children with generated ids."""
+    request_id: str | None
+    """The idempotency key, ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id; ``INVALID_REQUEST``
+    otherwise); default: the client's ``new_id()``, ``req-<uuid4>``."""
+    reply_to: str | None
+    """The channel the outcome is announced on (default: the settings' reply channel)."""
+    boundary: int | None
+    """Fork at that inclusive event seq: the child's seed is events ``[0, boundary]`` (default: the
+    end of the log)."""
+    if_length: int | None
+    """Fork only if the source's log has exactly that many events (else ``PRECONDITION_FAILED``)."""
+    edits: Sequence[NewEvent] | None
+    """Events appended to every child right after its seed, in the step that creates it."""
+    variants: Sequence[Variant] | None
+    """One snapshot, each child its own id and edits (``Variant(session_id=None, edits=())``);
+    exclusive with ``session_id``, ``session_ids``, ``count`` and ``edits``."""
+    summary: wire.Summary | None
+    """Each child a summary child (``sessionfork.Summary(keep_from=K, data=...)``): one
+    ``session/summary`` event holding ``data``, then the source's events ``K...`` renumbered from 1."""
+
+
+OPTION_NAMES: Final = frozenset(ForkOptions.__annotations__)
+
+
+def check_options(options: Mapping[str, object], where: str) -> None:
+    """``TypeError`` naming an option ``ForkOptions`` does not have, as Python's for an unknown
+    keyword of ``where`` (the caller's name: ``Client.fork``)."""
+    unknown = sorted(options.keys() - OPTION_NAMES)
+    if unknown:
+        raise TypeError(f"{where}() got an unexpected keyword argument {unknown[0]!r}")
+
+
+def build(source: str | LiveHandle, options: ForkOptions, new_id: Callable[[], str], *,
+          traceparent: str | UnsetType = UNSET, where: str = "build") -> ForkRequest:
+    """A request as the clients send it: a fork of ``source`` with ``options`` (``None``,
+    ``UNSET``, no edits: the field is absent), its request id ``options["request_id"]`` or, when
+    none is given, ``new_id()``. ``TypeError`` for an unknown option (``check_options``, naming
+    ``where``), before anything else; ``INVALID_REQUEST`` for a request id outside
+    ``[A-Za-z0-9_-]{1,128}`` (it is the RQ job id) or edits that are not ``NewEvent``, or a
+    ``summary`` that is not a ``sessionfork.Summary``. The rest is checked by ``parse`` where the
+    request is run."""
+    check_options(options, where)
+    request_id = options.get("request_id") or new_id()
     rules.check_request_id(request_id)
 
-    def given(value: Any) -> Any:
+    def given(name: str) -> Any:
+        value = options.get(name)
         return UNSET if value is None else value
 
     wire_variants: Any = UNSET
+    variants, summary = options.get("variants"), options.get("summary")
     if variants is not None:
         if not isinstance(variants, Sequence) or not all(isinstance(v, Variant) for v in variants):
             raise errors.invalid("variants must be a sequence of sessionfork.client.Variant")
-        wire_variants = [wire.Variant(session_id=given(v.session_id), edits=_edits(v.edits)) for v in variants]
+        wire_variants = [wire.Variant(session_id=UNSET if v.session_id is None else v.session_id,
+                                      edits=_edits(v.edits)) for v in variants]
     if summary is not None and not isinstance(summary, wire.Summary):
         raise errors.invalid(f"summary must be a sessionfork.Summary, got {type(summary).__name__}")
-    return ForkRequest(source=source, request_id=request_id, session_id=given(session_id),
-                       session_ids=given(session_ids), count=given(count), reply_to=given(reply_to),
-                       traceparent=traceparent, boundary=given(boundary), if_length=given(if_length),
-                       edits=_edits(edits), variants=wire_variants, summary=given(summary))
+    return ForkRequest(source=source, request_id=request_id, session_id=given("session_id"),
+                       session_ids=given("session_ids"), count=given("count"), reply_to=given("reply_to"),
+                       traceparent=traceparent, boundary=given("boundary"), if_length=given("if_length"),
+                       edits=_edits(options.get("edits")), variants=wire_variants, summary=given("summary"))
 
 
 def checked(request: object, *, to_wait: bool = False) -> ForkRequest:
