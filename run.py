@@ -173,8 +173,9 @@ LUA_CHECK = """
 from sessionfork.core import lua
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.protocol import enqueue
+from sessionfork.worker import outcomes
 with EmbeddedServer() as server, server.client() as redis:
-    for spec in lua.SCRIPTS.values():
+    for spec in [*lua.SCRIPTS.values(), *outcomes.SCRIPTS.values(), enqueue.SPEC]:
         redis.script_load(lua.source(f"{spec.name}.lua", spec.package))
     enqueue.load_library(redis)
 """

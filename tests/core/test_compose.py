@@ -6,6 +6,7 @@ edits). Through the queue: ``test_compose_queue``; a race against appends: ``tes
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import msgspec
 import pytest
@@ -223,8 +224,8 @@ def test_a_variant_fan_out_resumed_after_a_crash_gives_each_child_its_own_edits_
                       limits=Limits(max_fanout=16))
     real = registry.forks.create_children
 
-    def dies_after_one(snap: object, ids: list[str], **kwargs: object) -> object:
-        real(snap, ids[:1], **kwargs)  # type: ignore[arg-type]
+    def dies_after_one(snap: Any, spec: Any, ids: Any = None) -> object:
+        real(snap, spec, list(ids or spec.child_ids)[:1])
         raise RuntimeError("worker killed")
 
     payload = ('{"source": "src", "ifLength": 8, "variants": ['

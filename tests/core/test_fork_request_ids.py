@@ -35,7 +35,7 @@ def test_a_replay_whose_first_attempt_made_the_child_after_its_source_step_gets_
     assert not plan.replayed and not plan.existing  # the interleaving: the child was not there yet
     first = forks.fork(registry, "src", "child", request_id="req-1")
     before = state(redis)
-    again = forks.create(registry, plan, ["child"], request_id="req-1")
+    again = forks.create(registry, forks.make_spec("src", ["child"], request_id="req-1"), plan)
     assert again.created == [first] and again.failed == []
     assert state(redis) == before
 

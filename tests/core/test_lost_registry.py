@@ -22,7 +22,7 @@ from waits import outcome_of
 
 from sessionfork.core import keys, records
 from sessionfork.core.errors import ErrorCode, ForkError
-from sessionfork.core.forks import create, fork, fork_many
+from sessionfork.core.forks import create, fork, fork_many, make_spec
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent
 
@@ -40,7 +40,7 @@ def test_a_server_restarted_empty_between_the_steps_yields_no_child(redis: Redis
     plan = registry.prepare_fork("src", ids, request_id="r-1")  # the source step
     redis.flushall()  # the server restarts empty before the child step
 
-    lost(lambda: create(registry, plan, ids, request_id="r-1"))
+    lost(lambda: create(registry, make_spec("src", ids, request_id="r-1"), plan))
     assert count_session_keys(redis) == 0
     assert redis.xlen(keys.LIFECYCLE_STREAM) == 0  # no session/created for a child that is not there
 

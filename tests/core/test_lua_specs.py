@@ -1,4 +1,5 @@
-"""One table of Lua scripts (``core.lua.SCRIPTS``), each called by name with named KEYS and ARGV."""
+"""The tables of Lua scripts (the core's ``lua.SCRIPTS``, the worker's ``outcomes.SCRIPTS``, the
+enqueue ``SPEC``), each script called by name with named KEYS and ARGV."""
 
 from __future__ import annotations
 
@@ -7,16 +8,17 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from script_tables import ALL
 
 from sessionfork.core import lua
 
 SRC = Path(__file__).parents[2] / "src" / "sessionfork"
 
 
-def test_every_script_file_is_in_the_one_table() -> None:
+def test_every_script_file_is_in_a_table_of_its_own_package() -> None:
     files = {(pkg, p.name[:-4]) for pkg in ("sessionfork.core", "sessionfork.protocol", "sessionfork.worker")
              for p in resources.files(pkg).joinpath("scripts").iterdir() if p.name.endswith(".lua")}
-    table = {(spec.package or "sessionfork.core", name) for name, spec in lua.SCRIPTS.items()}
+    table = {(spec.package or "sessionfork.core", name) for name, spec in ALL.items()}
     assert table == files
 
 
@@ -28,9 +30,9 @@ def test_no_call_site_registers_or_evaluates_a_script_itself() -> None:
     assert offenders == []
 
 
-@pytest.mark.parametrize("name", sorted(lua.SCRIPTS))
+@pytest.mark.parametrize("name", sorted(ALL))
 def test_each_spec_names_as_many_keys_as_its_script_reads(name: str) -> None:
-    spec = lua.SCRIPTS[name]
+    spec = ALL[name]
     text = lua.source(f"{name}.lua", spec.package)
     used = {int(n) for n in re.findall(r"KEYS\[(\d+)\]", text)}
     assert max(used) == len(spec.keys), name

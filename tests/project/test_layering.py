@@ -203,7 +203,7 @@ def test_key_names_are_built_only_in_keys() -> None:
 # ``core/forks.py`` only, one entry per step, and never calls the registry's fork steps itself.
 FORK_STEPS = {"take_snapshot", "prepare_fork", "look_ops", "plan_of", "create_children", "create_child",
               "confirm_replays", "read_snapshot", "child_header", "is_cluster"}
-FORK_ENTRIES = {"check_edits", "check_summary", "source_step", "child_step", "created_by"}
+FORK_ENTRIES = {"check", "source_ops", "plan", "create", "created_by"}
 QUEUE_SOURCES = [p for p in SOURCES
                  if module_name(p).startswith(("sessionfork.protocol", "sessionfork.clients", "sessionfork.worker"))]
 
@@ -225,4 +225,42 @@ def test_the_service_runs_a_request_through_one_entry_per_step() -> None:
     service = PACKAGE / "worker" / "service.py"
     called = [node.attr for node in ast.walk(tree(service)) if isinstance(node, ast.Attribute)
               and isinstance(node.value, ast.Name) and node.value.id == "forks"]
-    assert sorted(called) == sorted(FORK_ENTRIES)  # each once: claim+source, children, what a failure left
+    assert sorted(called) == sorted(FORK_ENTRIES)  # each once: check, source ops, plan, children, what a failure left
+
+
+# Strings that name a module of another layer: none, but RQ's job function path, which producers
+# write into RQ's job hash (RQ imports it in the worker; the protocol only spells the name).
+NAMED_BY_STRING = {("sessionfork.protocol.rq_layout", "sessionfork.jobs")}
+
+
+def layer_of(name: str) -> str:
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def named_elsewhere(source: str, name: str) -> list[str]:
+    """The strings of ``source`` (module ``name``'s code, docstrings and logger names left out)
+    that name a module of another layer than ``name``'s: imports the import graph does not show."""
+    module = ast.parse(source)
+    docstrings = {id(n.body[0].value) for n in ast.walk(module)
+                  if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef) and n.body
+                  and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    logger_names = {id(arg) for n in ast.walk(module) if isinstance(n, ast.Call)
+                    and isinstance(n.func, ast.Attribute) and n.func.attr == "getLogger" for arg in n.args}
+    return [n.value for n in ast.walk(module) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and id(n) not in docstrings and id(n) not in logger_names and n.value in MODULES
+            and "." in n.value and layer_of(n.value) != layer_of(name) and (name, n.value) not in NAMED_BY_STRING]
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=module_name)
+def test_no_module_names_another_layers_module_by_string(path: Path) -> None:
+    # A script's package, a job function, an importlib call: a module may spell only its own
+    # layer's modules (logger names are names, not imports).
+    assert named_elsewhere(path.read_text(), module_name(path)) == []
+
+
+def test_a_module_named_by_a_string_of_another_layer_is_seen() -> None:
+    # What core/lua.py once did: the worker's and the protocol's script packages, named by string.
+    source = '"""Doc: sessionfork.worker."""\nimport logging\nlog = logging.getLogger("sessionfork.worker")\n' \
+             '_WORKER = "sessionfork.worker"\nOWN = "sessionfork.core.keys"\n'
+    assert named_elsewhere(source, "sessionfork.core.lua") == ["sessionfork.worker"]

@@ -135,8 +135,8 @@ def test_two_attempts_of_one_fan_out_give_every_child_the_same_seed(redis: Redis
         registry.append("src", TURN)
         create = registry.forks.create_children
 
-        def dies(snap2: Any, ids: Any, **kwargs: Any) -> Any:
-            create(snap2, ids[:1], **kwargs)
+        def dies(snap2: Any, spec: Any, ids: Any = None) -> Any:
+            create(snap2, spec, list(ids or spec.child_ids)[:1])
             raise RuntimeError("second attempt dies")
 
         monkeypatch.setattr(registry.forks, "create_children", dies)

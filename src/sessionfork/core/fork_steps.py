@@ -9,7 +9,7 @@ sessions, so forks run unchanged on a Redis Cluster.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from msgspec import UNSET
@@ -28,8 +28,9 @@ from .snapshots import (
     plain_seed,
     summary_seed,
 )
+from .specs import ForkSpec
 from .state import RegistryState
-from .store import SessionRef, SessionStore, split_ref
+from .store import SessionStore, split_ref
 from .wire import Event, Header, NewEvent
 
 CREATED = 1
@@ -57,44 +58,38 @@ class ForkSteps:
 
     # -- the source step -------------------------------------------------------------------------
 
-    def take_snapshot(self, source: SessionRef, boundary: int | None = None, *,
-                      if_length: int | None = None, keep_from: int | None = None) -> Snapshot:
+    def take_snapshot(self, spec: ForkSpec) -> Snapshot:
         """The source step alone: ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, ``PRECONDITION_FAILED``
         (with ``if_length``), then ``INVALID_BOUNDARY`` (with ``boundary``) or ``OPEN_TURN`` (without)."""
-        plan = self.prepare_fork(source, boundary=boundary, if_length=if_length, keep_from=keep_from)
+        plan = self.prepare_fork(spec)
         if plan.error is not None:
             raise plan.error
         assert plan.snapshot is not None
         return plan.snapshot
 
-    def prepare_fork(self, source: SessionRef, child_ids: Sequence[str] = (), *,
-                     request_id: str = "", boundary: int | None = None,
-                     if_length: int | None = None, keep_from: int | None = None) -> ForkPlan:
+    def prepare_fork(self, spec: ForkSpec) -> ForkPlan:
         """The source step, plus a look at the children-to-be, in one round trip.
 
         The source step is one script on the source's slot: live? instance? boundary? length?
-        Each child id that exists lands in ``existing``, or in ``replayed`` when ``request_id``
-        created it (a replay after a crash). With ``if_length``, a source whose log does not have
-        exactly that many events is ``PRECONDITION_FAILED``, checked in the same script, right after
-        live/instance and before the boundary. Ids are checked here, before any Redis call. A
-        ``boundary`` inside the source's inherited seed is checked by one more read on the ancestor
-        that holds that event (its events up to there never change, so the check needs no
-        atomicity with the source step). ``keep_from`` (a summary's): its ``keepFrom - 1`` is checked
-        between turns in the same script when it falls in the source's own events (one round trip
-        saved), ``INVALID_BOUNDARY`` otherwise; elsewhere ``create_children`` checks it.
+        Each child id that exists lands in ``existing``, or in ``replayed`` when the spec's
+        ``request_id`` created it (a replay after a crash). With ``if_length``, a source whose log
+        does not have exactly that many events is ``PRECONDITION_FAILED``, checked in the same
+        script, right after live/instance and before the boundary. A ``boundary`` inside the
+        source's inherited seed is checked by one more read on the ancestor that holds that event
+        (its events up to there never change, so the check needs no atomicity with the source
+        step). A summary's ``keepFrom - 1`` is checked between turns in the same script when it
+        falls in the source's own events (one round trip saved), ``INVALID_BOUNDARY`` otherwise;
+        elsewhere ``create_children`` checks it. The spec's ids are trusted (checked at its edge).
         """
-        sid, instance = split_ref(source)
-        child_ids = [rules.check_id(c) for c in child_ids]
-        ops = self.look_ops(sid, instance, child_ids, boundary, if_length, keep_from)
+        ops = self.look_ops(spec)
         if not self.state.cluster:
-            return self.plan_of(sid, child_ids, request_id, boundary, lua.run(self.redis, ops), if_length, keep_from)
+            return self.plan_of(spec, lua.run(self.redis, ops))
         # A cluster pipeline cannot carry scripts, and the children live on several nodes.
         pipe = self.redis.pipeline(transaction=False)
         for op in ops[:-1]:
             pipe.execute_command(*op)
-        taken = pipe.execute() if child_ids else []
-        return self.plan_of(sid, child_ids, request_id, boundary, [*taken, self._call(ops[-1])], if_length,
-                            keep_from)
+        taken = pipe.execute() if spec.child_ids else []
+        return self.plan_of(spec, [*taken, self._call(ops[-1])])
 
     def _call(self, op: lua.Op) -> Any:
         """One script call: pipelined on a server; on a cluster through the cluster client, which
@@ -105,16 +100,12 @@ class ForkSteps:
         assert isinstance(script, Script)
         return script(keys=list(script_keys), args=list(args))
 
-    def look_ops(self, sid: str, instance: str, child_ids: Sequence[str],
-                 boundary: int | None = None, if_length: int | None = None,
-                 keep_from: int | None = None) -> list[lua.Op]:
-        """The read-only commands of ``prepare_fork`` (the source step last), for ``lua.run``."""
-        ops: list[lua.Op] = [("HMGET", keys.session(child), "req", *records.HEADER_FIELDS) for child in child_ids]
-        ops.append(self.state.scripts.op("snapshot", record=keys.session(sid), turns=keys.session_turns(sid),
-                                         log=keys.session_log(sid), instance=instance,
-                                         boundary="" if boundary is None else boundary,
-                                         if_length="" if if_length is None else if_length,
-                                         keep="" if keep_from is None else keep_from - 1, session_id=sid))
+    def look_ops(self, spec: ForkSpec) -> list[lua.Op]:
+        """The read-only commands of ``prepare_fork`` (the source step last), for ``lua.run`` on the
+        registry's server; ``plan_of`` reads their results."""
+        ops: list[lua.Op] = [("HMGET", keys.session(child), "req", *records.HEADER_FIELDS)
+                             for child in spec.child_ids]
+        ops.append(self.state.scripts.op("snapshot", **snapshot_args(spec)))
         return ops
 
     def _check_seed(self, sid: str, snap: Snapshot, boundary: int) -> Snapshot:
@@ -158,13 +149,13 @@ class ForkSteps:
         ends = [i for i, kind in enumerate(types) if kind == rules.TURN_END]
         return ends[-1] if ends else -1, types[-1]
 
-    def plan_of(self, sid: str, child_ids: Sequence[str], request_id: str, boundary: int | None,
-                results: Sequence[Any], if_length: int | None = None, keep_from: int | None = None) -> ForkPlan:
+    def plan_of(self, spec: ForkSpec, results: Sequence[Any]) -> ForkPlan:
         """The ``ForkPlan`` that the results of ``look_ops`` describe."""
+        sid, request_id, boundary = spec.source_id, spec.request_id, spec.boundary
         *taken, reply = results
         existing: list[str] = []
         replayed: dict[str, Header] = {}
-        for child, (req, header, cwd, parent) in zip(child_ids, taken, strict=True):
+        for child, (req, header, cwd, parent) in zip(spec.child_ids, taken, strict=True):
             if header is None:
                 continue
             if request_id and req is not None and wire.text(req) == request_id:
@@ -172,7 +163,7 @@ class ForkSteps:
             else:
                 existing.append(child)
         try:
-            snap, unchecked = parse_snapshot(sid, reply, boundary, if_length, keep_from)
+            snap, unchecked = parse_snapshot(sid, reply, boundary, spec.if_length, spec.keep_from)
             if unchecked and boundary is not None:
                 snap = self._check_seed(sid, snap, boundary)
             return ForkPlan(snap, None, existing, replayed)
@@ -213,10 +204,10 @@ class ForkSteps:
                 "summarizes": {"session": source_id, "fromSeq": 0, "toSeq": summary.keep_from - 1}}
         return self.store.encode_events([NewEvent(rules.SUMMARY, data)], now)[0]
 
-    def create_children(self, snap: Snapshot, child_ids: Sequence[str], *, request_id: str = "",
-                        edits: Mapping[str, Sequence[NewEvent]] | None = None,
-                        summary: wire.Summary | None = None) -> list[Header | errors.ForkError]:
-        """The child step for each id: create it from ``snap``, atomically on its own slot.
+    def create_children(self, snap: Snapshot, spec: ForkSpec,
+                        child_ids: Sequence[str] | None = None) -> list[Header | errors.ForkError]:
+        """The child step for each of ``child_ids`` (default: the spec's; a subset of them, in the
+        spec's order, when some exist already): create it from ``snap``, atomically on its own slot.
 
         One pipelined round trip for all children, which also indexes them under the parent (on
         a cluster, a second round trip does). A child already created by the same ``request_id`` is returned as it is (a
@@ -225,17 +216,18 @@ class ForkSteps:
         children are acknowledged by that many replicas before this returns
         (``lua.NotReplicated`` otherwise). A source that is no longer the session ``snap`` was
         taken from, or is shorter (its server restarted empty), raises ``SESSION_NOT_FOUND`` and
-        leaves no child: none may name a seed that cannot be read. ``child_ids`` are checked by
-        the caller.
+        leaves no child: none may name a seed that cannot be read.
 
-        ``edits`` (by child id; checked by ``forks.check_edits``) are appended to that child right after
+        The spec's ``edits`` (checked by ``forks.check``) are appended to that child right after
         its seed, in the script that creates it: seqs ``snap.length…``, the fork's time (its
         header's ``createdAt``); ``last``, ``lastend`` and the turn index follow them. A replay
         returns the child as it is, never appending them again.
 
-        ``summary``: each child is a summary child (``snapshots.summary_seed``; ``keep_from``
-        checked first: ``INVALID_BOUNDARY``), whose edits follow its kept events.
+        The spec's ``summary``: each child is a summary child (``snapshots.summary_seed``;
+        ``keep_from`` checked first: ``INVALID_BOUNDARY``), whose edits follow its kept events.
         """
+        child_ids = spec.child_ids if child_ids is None else child_ids
+        request_id, summary, edits = spec.request_id, spec.summary, spec.edits_by_id()
         source_id = snap.source.id
         state = self.state
         now = state.clock()
@@ -247,7 +239,7 @@ class ForkSteps:
             plain_one = plain_seed(snap)
             seeds = dict.fromkeys(child_ids, plain_one)
         own = {cid: edit_fields(seeds[cid], self.store.encode_events(events, now), [e.type for e in events])
-               for cid, events in (edits or {}).items() if events and cid in seeds}
+               for cid, events in edits.items() if cid in seeds}
         if any(lo < 0 for _, lo, _ in snap.segments):
             # The source's seed holds a reference: store it by value first (once per source), so
             # that its children's reference to it is one level deep whatever the lineage depth.
@@ -323,7 +315,7 @@ class ForkSteps:
             if created:  # pinned already; repeated for records indexed before pins existed
                 pipe.sadd(keys.session_children(source_id), *created)
             for cid in created:
-                state.emit(pipe, "session/created", cid, seeds[cid].length + len((edits or {}).get(cid, ())))
+                state.emit(pipe, "session/created", cid, seeds[cid].length + len(edits.get(cid, ())))
             refused = [cid for cid, r in zip(child_ids, results, strict=True) if not isinstance(r, Header)]
             stale = self._not_children(source_id, refused)
             pipe.execute()
@@ -398,11 +390,13 @@ class ForkSteps:
             lua.wait_for_replicas(self.redis, [*(keys.session(c.id) for c in replayed), *indexes],
                                   state.wait_replicas, state.wait_timeout_ms)
 
-    def create_child(self, snap: Snapshot, child_id: str | None = None, *, request_id: str = "",
-                     edits: Sequence[NewEvent] = (), summary: wire.Summary | None = None) -> Header:
-        """``create_children`` for one child (generated id by default); raises on failure."""
-        cid = self.state.new_id() if child_id is None else rules.check_id(child_id)
-        (result,) = self.create_children(snap, [cid], request_id=request_id, edits={cid: edits}, summary=summary)
-        if isinstance(result, errors.ForkError):
-            raise result
-        return result
+
+def snapshot_args(spec: ForkSpec) -> dict[str, Any]:
+    """``snapshot.lua``'s named KEYS and ARGV for ``spec``'s source step (the source checked:
+    ``INVALID_REQUEST`` for a bad id or an empty instance token)."""
+    sid, instance = split_ref(spec.source)
+    keep_from = spec.keep_from
+    return {"record": keys.session(sid), "turns": keys.session_turns(sid), "log": keys.session_log(sid),
+            "instance": instance, "boundary": "" if spec.boundary is None else spec.boundary,
+            "if_length": "" if spec.if_length is None else spec.if_length,
+            "keep": "" if keep_from is None else keep_from - 1, "session_id": sid}

@@ -5,15 +5,18 @@ child's slot (create if absent). Between the two nothing can go wrong for the ch
 a reference to an immutable prefix of the source's log, so appends to the source after the source
 step never show in the child.
 
-This module is the queue side's only way into the session core: a request checks its edits
-(``check_edits``), runs ``source_step`` (its claim riding along), then ``child_step``;
-``created_by`` says what a failed one left. No
+Every fork is one ``specs.ForkSpec``, built once at the edge: here (``make_spec``, for the library's
+``fork`` and ``fork_many``) or by the worker's request parser. The steps take it whole, going
+down once each: ``check`` (edits and summary against ``append``'s rules, before any Redis call),
+the source step (``source_ops`` to run in a caller's round trip and ``plan`` to read their
+replies, or ``plan`` alone), then the child step (``create``); ``created_by`` says what a failed
+one left. The caller composes the round trips: nothing here knows who else rides in them. No
 module of ``worker/`` calls the registry's fork steps itself (a layering test checks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +25,7 @@ import msgspec
 from ..core import errors, lua, rules
 from .registry import Registry, SessionRef
 from .snapshots import ForkPlan, Snapshot
-from .store import split_ref
+from .specs import ForkSpec
 from .wire import Event, Header, NewEvent, SeedMeta, Summary
 
 
@@ -36,7 +39,7 @@ def snapshot(registry: Registry, source: SessionRef, *, boundary: int | None = N
     ``INVALID_BOUNDARY`` or ``OPEN_TURN``. The events are fresh objects: mutating them never
     changes the source.
     """
-    snap = registry.forks.take_snapshot(source, _checked(boundary), if_length=_guard(if_length))
+    snap = registry.forks.take_snapshot(make_spec(source, (), boundary=boundary, if_length=if_length))
     return registry.forks.read_snapshot(snap), snap.meta
 
 
@@ -64,15 +67,10 @@ def fork(registry: Registry, source: SessionRef, session_id: str | None = None, 
     """
     if not isinstance(request_id, str):
         raise errors.invalid(f"invalid request id {rules.echo(request_id)}: expected a str")
-    if session_id is None:
-        if request_id:
-            raise errors.invalid("request_id needs an explicit session_id: a generated id cannot be replayed")
-        own = check_edits(registry, edits)
-        check_summary(registry, summary)
-        snap = registry.forks.take_snapshot(source, _checked(boundary), if_length=_guard(if_length),
-                                            keep_from=keep_of(summary))
-        return registry.forks.create_child(snap, edits=own, summary=summary)
-    result = fork_many(registry, source, [session_id], request_id=request_id, boundary=boundary,
+    if session_id is None and request_id:
+        raise errors.invalid("request_id needs an explicit session_id: a generated id cannot be replayed")
+    child = registry.state.new_id() if session_id is None else session_id
+    result = fork_many(registry, source, [child], request_id=request_id, boundary=boundary,
                        if_length=if_length, edits=edits, summary=summary)
     if result.failed:
         raise result.failed[0][1]
@@ -108,9 +106,21 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
     child id to that child's own (a variant fan-out: one snapshot, each child its own edits).
     ``summary`` as for ``fork``: every child a summary child of the same snapshot.
     """
+    spec = make_spec(source, child_ids, request_id=request_id, boundary=boundary, if_length=if_length, edits=edits,
+                     summary=summary)
+    check(registry, spec)
+    return create(registry, spec, plan(registry, spec))
+
+
+def make_spec(source: SessionRef, child_ids: Sequence[str], *, request_id: str = "", boundary: int | None = None,
+         if_length: int | None = None, edits: Sequence[NewEvent] | Mapping[str, Sequence[NewEvent]] = (),
+         summary: Summary | None = None) -> ForkSpec:
+    """The library's edge: a ``ForkSpec`` from ``fork_many``'s arguments, each checked once
+    (``INVALID_REQUEST``; a boundary's range is the boundary rule's, ``INVALID_BOUNDARY``, once
+    the source is read). Edits' events are checked against ``append``'s rules by ``check``."""
     if not isinstance(child_ids, Sequence) or isinstance(child_ids, str | bytes):
         raise errors.invalid(f"child ids must be a sequence of ids, got {type(child_ids).__name__}")
-    ids = [rules.check_id(c) for c in child_ids]
+    ids = tuple(rules.check_id(c) for c in child_ids)
     if not isinstance(request_id, str) or request_id:
         rules.check_request_id(request_id, "request id")
     if len(set(ids)) != len(ids):
@@ -119,113 +129,89 @@ def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], 
         stray = sorted(set(edits) - set(ids), key=str)
         if stray:
             raise errors.invalid(f"edits name {rules.echo(stray[0])}, which is not one of the child ids")
-        own = {cid: check_edits(registry, edits[cid]) for cid in ids if cid in edits}
+        own = tuple(tuple(_edit_list(edits.get(cid, ()))) for cid in ids) if edits else ()
     else:
-        same = check_edits(registry, edits)
-        own = dict.fromkeys(ids, same) if same else {}
-    check_summary(registry, summary)
-    plan = registry.forks.prepare_fork(source, ids, request_id=request_id, boundary=_checked(boundary),
-                                       if_length=_guard(if_length), keep_from=keep_of(summary))
-    return create(registry, plan, ids, request_id=request_id, edits=own, summary=summary)
+        same = tuple(_edit_list(edits))
+        own = tuple(same for _ in ids) if same else ()
+    if summary is not None and not isinstance(summary, Summary):
+        raise errors.invalid(f"summary must be a sessionfork.Summary, got {type(summary).__name__}")
+    return ForkSpec(source=source, child_ids=ids, request_id=request_id, boundary=_checked(boundary),
+                    if_length=_guard(if_length), edits=own, summary=summary)
 
 
-def source_step(registry: Registry, source: SessionRef, child_ids: Sequence[str], *, request_id: str = "",
-                boundary: int | None = None, if_length: int | None = None,
-                rider: tuple[Any, lua.Op] | None = None, keep_from: int | None = None,
-                prelude: lua.Prelude | None = None) -> tuple[Any, ForkPlan | None]:
-    """The source step of a request's fork, with ``rider`` (``(redis, op)``: the queue side's claim
-    of the request id) in the same round trip when it runs on the registry's own single server.
-    ``prelude`` (``lua.run``'s: the worker's RQ bookkeeping) goes ahead of the rider, on its server.
-
-    Returns the rider's result (``None`` without one) and the ``ForkPlan`` (``registry.forks.prepare_fork``'s,
-    ids trusted: checked by the caller), or ``None`` for the plan when the rider ran alone, on
-    another server or beside a cluster: ``child_step`` then runs the source step itself. The
-    source step only reads, so a caller whose claim says the request is not new drops the plan.
-    ``keep_from``: a summary's, checked in the source step where it can be (``prepare_fork``).
-    """
-    if rider is None:
-        return None, registry.forks.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary,
-                                                 if_length=if_length, keep_from=keep_from)
-    redis, op = rider
-    if redis is not registry.redis or registry.forks.is_cluster:
-        return lua.run(redis, [op], prelude=prelude)[0], None
-    sid, instance = split_ref(source)
-    look = registry.forks.look_ops(sid, instance, child_ids, boundary, if_length, keep_from)
-    first, *results = lua.run(redis, [op, *look], prelude=prelude)
-    return first, registry.forks.plan_of(sid, child_ids, request_id, boundary, results, if_length, keep_from)
+def check(registry: Registry, spec: ForkSpec) -> None:
+    """The spec's edits and summary checked as ``append`` checks events (``check_edits``,
+    ``check_summary``): ``INVALID_REQUEST`` before any Redis call. Each distinct edit list once."""
+    seen: set[int] = set()
+    for events in spec.edits:
+        if id(events) not in seen:
+            seen.add(id(events))
+            check_edits(registry, events)
+    check_summary(registry, spec.summary)
 
 
-def child_step(registry: Registry, source: SessionRef, child_ids: Sequence[str], *, request_id: str = "",
-               boundary: int | None = None, if_length: int | None = None, plan: ForkPlan | None = None,
-               snapshot: Snapshot | None = None, keep: Callable[[Snapshot], Snapshot] | None = None,
-               edits: Mapping[str, Sequence[NewEvent]] | None = None,
-               summary: Summary | None = None) -> FanOut:
-    """The child step of a request's fork: ``create`` from ``plan`` (``source_step``'s; ``None``:
-    the source step runs now, as for a resumed request whose children an earlier attempt planned).
-
-    ``snapshot`` is the one the request stored already (all its children share it); without one,
-    ``keep`` (a fan-out's) stores the plan's snapshot before any child exists and returns the
-    stored one (the first stored wins when attempts race), so a retry after a crash creates the
-    rest from the same seed. ``edits``: each child's own (validated by the caller); ``summary``:
-    as for ``fork`` (checked by the caller).
-    """
-    if plan is None:
-        plan = registry.forks.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary,
-                                           if_length=if_length, keep_from=keep_of(summary))
-    if snapshot is None and keep is not None and plan.snapshot is not None:
-        snapshot = keep(plan.snapshot)
-    return create(registry, plan, child_ids, request_id=request_id, snapshot=snapshot, edits=edits,
-                  summary=summary)
+def source_ops(registry: Registry, spec: ForkSpec, on: Any) -> list[lua.Op] | None:
+    """The source step's commands, for a caller to run in its own round trip on the server
+    ``on`` (``lua.run``) and hand their replies to ``plan``; ``None`` when the registry cannot
+    run them there (another server, or a cluster: ``plan`` then runs the step itself)."""
+    if on is not registry.redis or registry.forks.is_cluster:
+        return None
+    return registry.forks.look_ops(spec)
 
 
-def created_by(registry: Registry, source: SessionRef, child_ids: Sequence[str], request_id: str, *,
-               boundary: int | None = None) -> list[str]:
-    """Those of ``child_ids`` that ``request_id`` created, sorted (for an ``INTERNAL`` outcome:
-    no hidden partial state)."""
-    plan = registry.forks.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary)
-    return sorted(plan.replayed)
+def plan(registry: Registry, spec: ForkSpec, replies: Sequence[Any] | None = None) -> ForkPlan:
+    """The source step's plan: read from ``replies`` (``source_ops``'s), or run now (``None``).
+    The step only reads, so a caller that learns the request is not new drops the plan."""
+    if replies is None:
+        return registry.forks.prepare_fork(spec)
+    return registry.forks.plan_of(spec, replies)
 
 
-def create(registry: Registry, plan: ForkPlan, child_ids: Sequence[str], *, request_id: str = "",
-           snapshot: Snapshot | None = None, edits: Mapping[str, Sequence[NewEvent]] | None = None,
-           summary: Summary | None = None) -> FanOut:
-    """The child step of a prepared fork: create ``child_ids`` (checked, distinct) from ``plan``.
+def created_by(registry: Registry, spec: ForkSpec) -> list[str]:
+    """Those of the spec's children that its request id created, sorted (for an ``INTERNAL``
+    outcome: no hidden partial state)."""
+    return sorted(registry.forks.prepare_fork(spec).replayed)
 
-    ``plan`` is ``registry.forks.prepare_fork``'s for exactly these ids; ``snapshot``, when given,
-    replaces its snapshot (the one a fan-out request stored first: all its children share it).
+
+def create(registry: Registry, spec: ForkSpec, planned: ForkPlan, snapshot: Snapshot | None = None) -> FanOut:
+    """The child step of a planned fork: create the spec's children from ``planned`` (its source
+    step's, for exactly these ids).
+
+    ``snapshot``, when given, replaces the plan's (the one a fan-out request stored first: all
+    its children share it, so a retry after a crash creates the rest from the same seed).
     Raises the plan's error unless this request created a child already (a replay needs no live
     source); when every id exists, ``SESSION_ALREADY_EXISTS`` comes after the source's own
     errors and before the boundary rules. No hidden partial state: when the source is deleted
     while (or before a replay of) a fan-out that created some of its children, those children are
     returned in ``created`` and every other id is in ``failed`` with ``SESSION_NOT_FOUND``; the
-    source's error is raised only when this request created no child at all. ``edits``: the
-    events each child gets right after its seed, in its create step; ``summary``: each child a
-    summary child (``INVALID_BOUNDARY`` for a ``keepFrom`` outside the rule, before any child).
+    source's error is raised only when this request created no child at all. The spec's edits
+    are written in each child's create step; its summary makes each a summary child
+    (``INVALID_BOUNDARY`` for a ``keepFrom`` outside the rule, before any child).
     """
-    if plan.existing and len(plan.existing) == len(child_ids):
+    child_ids = spec.child_ids
+    if planned.existing and len(planned.existing) == len(child_ids):
         # Error order: the source's own state and the guard, then the child id, then the boundary rules.
-        if plan.error is not None and plan.error.code in _BEFORE_IDS:
-            raise plan.error
-        raise errors.already_exists(plan.existing[0])
-    snap = snapshot or plan.snapshot
-    todo = [c for c in child_ids if c not in plan.replayed and c not in plan.existing]
+        if planned.error is not None and planned.error.code in _BEFORE_IDS:
+            raise planned.error
+        raise errors.already_exists(planned.existing[0])
+    snap = snapshot or planned.snapshot
+    todo = [c for c in child_ids if c not in planned.replayed and c not in planned.existing]
     made: dict[str, Header | errors.ForkError]
     if snap is None:
-        error = plan.error
+        error = planned.error
         assert error is not None  # a plan holds its snapshot or its error
-        if not plan.replayed:
+        if not planned.replayed:
             raise error
         # A replay whose source cannot be forked now: its children stay, reported with the error
         # in place of each child it did not create (no hidden partial state).
         made = dict.fromkeys(todo, error)
     else:
-        made = dict(zip(todo, registry.forks.create_children(snap, todo, request_id=request_id, edits=edits,
-                                                             summary=summary), strict=True))
+        made = dict(zip(todo, registry.forks.create_children(snap, spec, todo), strict=True))
     lost = [e for e in made.values() if isinstance(e, errors.ForkError) and e.code in _SOURCE_ERRORS]
-    if lost and not plan.replayed and not any(isinstance(h, Header) for h in made.values()):
+    if lost and not planned.replayed and not any(isinstance(h, Header) for h in made.values()):
         raise lost[0]  # nothing of this request exists: the source's error is the outcome
-    registry.forks.confirm_replays(list(plan.replayed.values()))
-    return _settle(child_ids, made, plan.replayed)
+    registry.forks.confirm_replays(list(planned.replayed.values()))
+    return _settle(child_ids, made, planned.replayed)
 
 
 def _settle(ids: Sequence[str], made: dict[str, Header | errors.ForkError],
@@ -251,11 +237,6 @@ def check_edits(registry: Registry, edits: Sequence[NewEvent]) -> Sequence[NewEv
         raise errors.invalid(f"invalid edits: expected 1 to {rules.MAX_EDITS} events, got {len(edits)}")
     registry.encode_events(edits, 0)
     return edits
-
-
-def keep_of(summary: Summary | None) -> int | None:
-    """The ``keep_from`` of a (checked) summary, ``None`` without one."""
-    return None if summary is None else summary.keep_from
 
 
 def check_summary(registry: Registry, summary: Summary | None) -> None:
@@ -288,3 +269,9 @@ def _checked(boundary: int | None) -> int | None:
     if boundary is not None and (isinstance(boundary, bool) or not isinstance(boundary, int)):
         raise errors.invalid(f"invalid boundary {rules.echo(boundary)}: expected an integer event seq")
     return boundary
+
+
+def _edit_list(edits: Sequence[NewEvent]) -> Sequence[NewEvent]:
+    if not isinstance(edits, Sequence) or isinstance(edits, str | bytes):
+        raise errors.invalid(f"edits must be a sequence of NewEvent, got {type(edits).__name__}")
+    return edits

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
@@ -35,13 +35,10 @@ Op = Call | tuple[str, ...]
 _REDIRECTED = (MovedError, AskError, TryAgainError, ClusterDownError)
 
 
-_WORKER: Final = "sessionfork.worker"
-_PROTOCOL: Final = "sessionfork.protocol"
-
-
 @dataclass(frozen=True, slots=True)
 class Spec:
-    """A script's calling contract: ``scripts/<name>.lua`` of ``package``, its KEYS and ARGV by name.
+    """A script's calling contract: ``scripts/<name>.lua`` of ``package`` (the owning module's
+    ``__package__``; ``None``: the session core's), its KEYS and ARGV by name.
 
     A name ending in ``?`` is optional (``None``: left out; only trailing ones may be left out,
     since Lua reads them by position); one ending in ``*`` (the last argument) takes a sequence.
@@ -141,37 +138,40 @@ SCRIPTS: Final[Mapping[str, Spec]] = {spec.name: spec for spec in (
     Spec("settle", ("record",), ("seed",)),
     Spec("snapshot", ("record", "turns", "log"), ("instance", "boundary", "if_length", "keep", "session_id")),
     Spec("turn", ("record", "turns", "log"), ("index",)),
-    Spec("claim", ("record",), ("digest", "children", "ttl", "identity", "names"), _WORKER),
-    Spec("record", ("record", "stream"),
-         ("outcome", "channel", "ttl", "maxlen", "digest", "request_id", "code", "run_us", "latency_us", "names",
-          "fields*"), _WORKER),
-    Spec("enqueue", ("job", "queue", "record", "queues?"), ("request_id", "request", "fields*"), _PROTOCOL),
 )}
-"""Every Lua script of the project, by name (``protocol.enqueue`` sends ``enqueue`` as FCALL or EVALSHA)."""
+"""The session core's Lua scripts, by name. The other layers' scripts are tables of their own
+(``worker.outcomes.SCRIPTS``: claim, record; ``protocol.enqueue.SPEC``), each naming its own package."""
+
+
+def table(*specs: Spec) -> Mapping[str, Spec]:
+    """A table of scripts by name, as ``Scripts`` takes it."""
+    return {spec.name: spec for spec in specs}
 
 
 class Scripts:
-    """The scripts of ``SCRIPTS`` for one client (``redis``): registered on first use, called by name."""
+    """The scripts of ``table`` (default: the core's ``SCRIPTS``) for one client (``redis``):
+    registered on first use, called by name."""
 
-    def __init__(self, redis: Any) -> None:
+    def __init__(self, redis: Any, scripts: Mapping[str, Spec] | None = None) -> None:
         self.redis = redis
+        self.specs = SCRIPTS if scripts is None else scripts
         self._registered: dict[str, Script] = {}
 
     def script(self, name: str) -> Script:
         if name not in self._registered:
-            spec = SCRIPTS[name]
+            spec = self.specs[name]
             self._registered[name] = register(self.redis, f"{spec.name}.lua", spec.package)
         return self._registered[name]
 
     def op(self, name: str, /, **named: Any) -> Call:
         """The call of script ``name`` with ``named`` keys and arguments, for ``run``/``eval_many``."""
-        call_keys, args = SCRIPTS[name].build(named)
+        call_keys, args = self.specs[name].build(named)
         return self.script(name), call_keys, args
 
     def op_each(self, name: str, shared: Mapping[str, Any], each: Sequence[Mapping[str, Any]]) -> list[Call]:
         """``op(name, **shared, **item)`` for each item of ``each`` (``Spec.build_each``)."""
         script = self.script(name)
-        return [(script, call_keys, args) for call_keys, args in SCRIPTS[name].build_each(shared, each)]
+        return [(script, call_keys, args) for call_keys, args in self.specs[name].build_each(shared, each)]
 
     def __call__(self, name: str, /, **named: Any) -> Any:
         """Run script ``name`` now (EVALSHA, loading it on NOSCRIPT) with ``named`` keys and arguments."""
@@ -241,62 +241,59 @@ def eval_many(redis: Any, calls: Sequence[Call], *, replicas: int = 0, wait_ms: 
     return results
 
 
-class Prelude(Protocol):
-    """Commands of another layer sent ahead of ``run``'s ops in the same round trip (a worker's
-    RQ bookkeeping ahead of a request's claim): ``add`` puts them in the pipeline, ``done`` gets
-    their replies (and raises for an error reply)."""
-
-    def add(self, pipe: Any) -> None: ...
-
-    def done(self, replies: list[Any]) -> None: ...
-
-
 def run(redis: Any, ops: Sequence[Op], *, replicas: int = 0, wait_ms: int = 1000,
-        keep_errors: tuple[type[Exception], ...] = (), prelude: Prelude | None = None) -> list[Any]:
+        keep_errors: tuple[type[Exception], ...] = ()) -> list[Any]:
     """Results of ``ops`` on one server, in order, in one pipelined round trip (two after a NOSCRIPT).
 
     An error reply raises, unless it is one of ``keep_errors`` (then it is the op's result). With
     ``replicas``, the batch ends with WAIT on the same connection (``NotReplicated`` when fewer
-    replicas acknowledged within ``wait_ms``). ``prelude``'s commands go first, in the first
-    attempt only (the server runs them before the ops; a NOSCRIPT re-runs only the ops).
+    replicas acknowledged within ``wait_ms``).
     """
-    pending = list(range(len(ops)))
-    results: list[Any] = [None] * len(ops)
-    for attempt in (1, 2):
-        pipe = redis.pipeline(transaction=False)
-        ahead = 0
-        if prelude is not None and attempt == 1:
-            prelude.add(pipe)
-            ahead = len(pipe)
-        for i in pending:
-            op = ops[i]
-            if isinstance(op[0], Script):
-                script, keys, args = op
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            else:
-                pipe.execute_command(*op)
-        if replicas:
-            pipe.execute_command("WAIT", replicas, wait_ms)
-        out = list(pipe.execute(raise_on_error=False))
-        if ahead:
-            assert prelude is not None
-            prelude.done(out[:ahead])
-            del out[:ahead]
-        if replicas:
-            _check(out.pop(), replicas)
-        missing = []
-        for i, result in zip(pending, out, strict=True):
-            if isinstance(result, NoScriptError) and attempt == 1:
-                missing.append(i)
-            elif isinstance(result, Exception) and not isinstance(result, keep_errors):
-                raise result
-            else:
-                results[i] = result
-        if not missing:
-            return results
+    pipe = redis.pipeline(transaction=False)
+    add(pipe, ops)
+    if replicas:
+        pipe.execute_command("WAIT", replicas, wait_ms)
+    out = list(pipe.execute(raise_on_error=False))
+    if replicas:
+        _check(out.pop(), replicas)
+    return settle(redis, ops, out, keep_errors=keep_errors, replicas=replicas, wait_ms=wait_ms)
+
+
+def add(pipe: Any, ops: Sequence[Op]) -> None:
+    """Put ``ops`` in ``pipe`` (a pipeline without a transaction): script calls as EVALSHA,
+    without redis-py's per-pipeline SCRIPT EXISTS round trip; a caller composing a round trip of
+    its own adds its commands around them and hands their replies to ``settle``."""
+    for op in ops:
+        if isinstance(op[0], Script):
+            script, keys, args = op
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        else:
+            pipe.execute_command(*op)
+
+
+def settle(redis: Any, ops: Sequence[Op], replies: Sequence[Any], *,
+           keep_errors: tuple[type[Exception], ...] = (), replicas: int = 0, wait_ms: int = 1000) -> list[Any]:
+    """The results of ``ops`` from their ``replies`` (``add``'s, in order): the calls that got
+    NOSCRIPT (the server restarted or was flushed: they did not run) re-run once on ``redis``
+    after loading their scripts (with ``replicas``: their WAIT too). An error reply raises, unless
+    it is one of ``keep_errors``."""
+    results = list(replies)
+    missing = [i for i, reply in enumerate(results) if isinstance(reply, NoScriptError)]
+    if missing:
         for script in {id(s): s for s in (ops[i][0] for i in missing) if isinstance(s, Script)}.values():
             script.sha = redis.script_load(script.script)
-        pending = missing
+        pipe = redis.pipeline(transaction=False)
+        add(pipe, [ops[i] for i in missing])
+        if replicas:
+            pipe.execute_command("WAIT", replicas, wait_ms)
+        again = list(pipe.execute(raise_on_error=False))
+        if replicas:
+            _check(again.pop(), replicas)
+        for i, reply in zip(missing, again, strict=True):
+            results[i] = reply
+    for reply in results:
+        if isinstance(reply, Exception) and not isinstance(reply, keep_errors):
+            raise reply
     return results
 
 

@@ -22,12 +22,13 @@ from typing import Any, Unpack
 from redis import Redis
 from redis.cluster import RedisCluster
 
-from ..core import errors, wire
+from ..core import errors, rules, wire
 from .config import Settings
 from .deletion import DELETED, LIVE, UNPERSISTED, Deleter
 from .fork_steps import CREATED, ForkSteps
 from .logs import LogReader
 from .snapshots import ForkPlan, Segments, Snapshot
+from .specs import ForkSpec
 from .state import RegistryOptions, RegistryState
 from .store import SessionRef, SessionStore
 from .wire import Event, Header, LiveHandle, NewEvent
@@ -189,15 +190,19 @@ class Registry:
 
     def take_snapshot(self, source: SessionRef, boundary: int | None = None, *,
                       if_length: int | None = None, keep_from: int | None = None) -> Snapshot:
-        """The source step alone (``ForkSteps.take_snapshot``)."""
-        return self.forks.take_snapshot(source, boundary, if_length=if_length, keep_from=keep_from)
+        """The source step alone (``ForkSteps.take_snapshot``); ``keep_from``: a summary's, checked
+        in the step where it can be."""
+        return self.forks.take_snapshot(_spec(source, (), boundary=boundary, if_length=if_length,
+                                              summary=None if keep_from is None else wire.Summary(keep_from=keep_from)))
 
     def prepare_fork(self, source: SessionRef, child_ids: Sequence[str] = (), *,
                      request_id: str = "", boundary: int | None = None,
                      if_length: int | None = None, keep_from: int | None = None) -> ForkPlan:
-        """The source step and a look at the children-to-be, in one round trip (``ForkSteps.prepare_fork``)."""
-        return self.forks.prepare_fork(source, child_ids, request_id=request_id, boundary=boundary,
-                                       if_length=if_length, keep_from=keep_from)
+        """The source step and a look at the children-to-be, in one round trip
+        (``ForkSteps.prepare_fork``); the child ids are checked first (``INVALID_REQUEST``)."""
+        return self.forks.prepare_fork(_spec(source, child_ids, request_id=request_id, boundary=boundary,
+                                             if_length=if_length,
+                                             summary=None if keep_from is None else wire.Summary(keep_from=keep_from)))
 
     def check_keep_from(self, snap: Snapshot, keep_from: int) -> None:
         """The summary rule for ``keep_from`` on ``snap`` (``ForkSteps.check_keep_from``)."""
@@ -210,10 +215,22 @@ class Registry:
     def create_children(self, snap: Snapshot, child_ids: Sequence[str], *, request_id: str = "",
                         edits: Mapping[str, Sequence[NewEvent]] | None = None,
                         summary: wire.Summary | None = None) -> list[Header | errors.ForkError]:
-        """The child step for each id (``ForkSteps.create_children``)."""
-        return self.forks.create_children(snap, child_ids, request_id=request_id, edits=edits, summary=summary)
+        """The child step for each id (``ForkSteps.create_children``); ids checked first."""
+        ids = [rules.check_id(c) for c in child_ids]
+        by_id = edits or {}
+        return self.forks.create_children(snap, _spec(snap.source.id, ids, request_id=request_id, summary=summary,
+                                                      edits=tuple(tuple(by_id.get(c, ())) for c in ids)))
 
     def create_child(self, snap: Snapshot, child_id: str | None = None, *, request_id: str = "",
                      edits: Sequence[NewEvent] = (), summary: wire.Summary | None = None) -> Header:
-        """The child step for one child (``ForkSteps.create_child``)."""
-        return self.forks.create_child(snap, child_id, request_id=request_id, edits=edits, summary=summary)
+        """``create_children`` for one child (generated id by default); raises on failure."""
+        cid = self.state.new_id() if child_id is None else child_id
+        (result,) = self.create_children(snap, [cid], request_id=request_id, edits={cid: edits}, summary=summary)
+        if isinstance(result, errors.ForkError):
+            raise result
+        return result
+
+
+def _spec(source: SessionRef, child_ids: Sequence[str], **fields: Any) -> ForkSpec:
+    """A spec from the facade's keyword methods (their edge): child ids checked here."""
+    return ForkSpec(source=source, child_ids=tuple(rules.check_id(c) for c in child_ids), **fields)

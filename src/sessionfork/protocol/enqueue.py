@@ -30,7 +30,10 @@ from . import rq_layout as rq_layout
 
 LIBRARY: Final = "sessionfork"
 FUNCTION: Final = "sf_enqueue"
-SOURCE: Final = lua.source("enqueue.lua", lua.SCRIPTS["enqueue"].package)
+SPEC: Final = lua.Spec("enqueue", ("job", "queue", "record", "queues?"), ("request_id", "request", "fields*"),
+                       __package__)
+"""The enqueue script's calling contract (``scripts/enqueue.lua`` of this package)."""
+SOURCE: Final = lua.source("enqueue.lua", SPEC.package)
 """The enqueue script's text (the README's any-language recipe)."""
 SHA: Final = hashlib.sha1(SOURCE.encode()).hexdigest()
 VERSIONED: Final = f"{FUNCTION}_{SHA[:12]}"
@@ -61,7 +64,7 @@ def job_call(request_id: str, payload: bytes, settings: Settings, when: datetime
     raised before any Redis call, with the worker's message."""
     if len(payload) > REQUEST_LIMIT:
         raise errors.invalid(f"request is {len(payload)} bytes, over the limit of {REQUEST_LIMIT}")
-    return lua.SCRIPTS["enqueue"].build(dict(
+    return SPEC.build(dict(
         job=rq_layout.job_key(request_id), queue=rq_layout.queue_key(settings.queue), record=keys.request(request_id),
         queues=rq_layout.QUEUES, request_id=request_id, request=payload,
         fields=rq_layout.job_fields(payload, settings, when)))

@@ -16,6 +16,7 @@ from msgspec import UNSET, UnsetType
 
 from ..core import errors, rules, wire
 from ..core.settings import ENV, REQUEST_LIMIT, Settings
+from ..core.specs import ForkSpec
 from ..core.wire import ForkRequest, LiveHandle, NewEvent
 
 MAX_CHANNEL_LENGTH = 256
@@ -319,6 +320,24 @@ def edits_of(request: ForkRequest) -> list[list[NewEvent]]:
     if request.variants is UNSET:
         return [_new_events(request.edits, "edits")]
     return [_new_events(v.edits, f"variants[{i}].edits") for i, v in enumerate(request.variants)]
+
+
+def spec_of(request: ForkRequest, request_id: str, child_ids: Sequence[str]) -> ForkSpec:
+    """The ``ForkSpec`` of a request that ``parse`` accepted, run under ``request_id`` into
+    ``child_ids`` (the ids it asked for, or generated for it: one per child, in order): built once,
+    then passed whole to the core's steps. Each variant's edits go with its child; without
+    variants every child gets the request's edits (one tuple, shared)."""
+    edits = edits_of(request)
+    if request.variants is not UNSET:
+        own: tuple[tuple[NewEvent, ...], ...] = tuple(tuple(events) for events in edits)
+    else:
+        same = tuple(edits[0])
+        own = tuple(same for _ in child_ids) if same else ()
+    return ForkSpec(source=request.source, child_ids=tuple(child_ids), request_id=request_id,
+                    boundary=None if request.boundary is UNSET else request.boundary,
+                    if_length=None if request.if_length is UNSET else request.if_length, edits=own,
+                    summary=None if request.summary is UNSET else request.summary,
+                    traceparent=None if request.traceparent is UNSET else request.traceparent)
 
 
 def is_valid_channel(name: str) -> bool:

@@ -19,6 +19,14 @@ from ..core.wire import ForkFailure, Reply
 from ..protocol.outcomes import OUTCOME_NAMES, code_of, short_digest, shown_id
 
 log = logging.getLogger("sessionfork.outcomes")
+
+SCRIPTS = lua.table(
+    lua.Spec("claim", ("record",), ("digest", "children", "ttl", "identity", "names"), __package__),
+    lua.Spec("record", ("record", "stream"),
+             ("outcome", "channel", "ttl", "maxlen", "digest", "request_id", "code", "run_us", "latency_us", "names",
+              "fields*"), __package__),
+)
+"""The worker's scripts (``scripts/claim.lua``, ``scripts/record.lua`` of this package), by name."""
 _ids = msgspec.json.Decoder(list[str])
 
 
@@ -72,7 +80,7 @@ class Outcomes:
         ``outcome`` always (``SESSIONFORK_COMPACT_RECORDS=0``)."""
         self.ttl = ttl
         self.stream_maxlen = stream_maxlen
-        self._scripts = lua.Scripts(redis)
+        self._scripts = lua.Scripts(redis, SCRIPTS)
 
     def claim_op(self, request_id: str, request: wire.ForkRequest, children: Sequence[str]) -> lua.Op:
         """The claim of ``request_id`` for ``request`` (its digest and identity, kept for the

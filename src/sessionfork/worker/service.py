@@ -1,10 +1,11 @@
 """One fork request, from its bytes to its one outcome, top to bottom:
 
-1. ``requests.parse``: decode and validate at the edge (each id checked once), and the edits
-   against ``append``'s rules (``forks.check_edits``: the event size limit is the registry's);
-2. claim the request id and run the source step (``forks.source_step``: one round trip on a shared
-   server, with the worker's RQ start bookkeeping ahead of the claim);
-3. create the children (``forks.child_step``; a fan-out first keeps its snapshot for retries);
+1. ``requests.parse``: decode and validate at the edge (each id checked once); the request's one
+   ``ForkSpec`` (``requests.spec_of``), its edits and summary checked against ``append``'s rules
+   (``forks.check``: the event size limit is the registry's);
+2. one ``Trip``: the worker's RQ start bookkeeping, the claim of the request id and, on a shared
+   single server, the core's source step (``forks.source_ops``, read by ``forks.plan``);
+3. create the children (``forks.create``; a fan-out first keeps its snapshot for retries);
 4. record, stream and publish the outcome (``outcomes``: the one module that writes outcomes),
    with the worker's RQ success bookkeeping in the same transaction.
 
@@ -26,21 +27,22 @@ from typing import Any, Protocol
 
 from msgspec import UNSET
 
-from ..core import errors, forks, lua, rules
+from ..core import errors, forks, rules
 from ..core.config import Settings
 from ..core.errors import ErrorCode, ForkError
 from ..core.factories import new_session_id, now_ms
 from ..core.outages import is_outage
 from ..core.registry import Registry
-from ..core.snapshots import ForkPlan
-from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, NewEvent, Reply, Summary
+from ..core.specs import ForkSpec
+from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, Reply
 from ..protocol import requests, tracing
 from ..protocol.requests import DEFAULT_LIMITS, Limits
 from ..protocol.shards import shard_of
 from .outcomes import Claim, Outcomes, Then
+from .trip import Part, Trip
 
 
-class Start(lua.Prelude, Protocol):
+class Start(Part, Protocol):
     """A worker's RQ start bookkeeping of a job, on the queue connection ``redis``; ``sent`` once
     the server has answered it (``rq_seam.riders.JobStart``)."""
 
@@ -105,10 +107,8 @@ class ForkService:
         try:
             self._check_shard(job_id)  # first: the right shard validates it, and nothing is read here
             request = requests.parse(payload, job_id, self.limits)
-            edits = requests.edits_of(request)
-            for events in edits:  # append's rules (event size, JSON), refused as parse refuses
-                forks.check_edits(self.registry, events)
-            forks.check_summary(self.registry, _summary(request))
+            spec = requests.spec_of(request, job_id, self._children_of(request))
+            forks.check(self.registry, spec)  # append's rules (event size, JSON), refused as parse refuses
         except ForkError as exc:
             raw = payload.encode() if isinstance(payload, str) else payload
             failure = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
@@ -116,7 +116,7 @@ class ForkService:
                                         digest=requests.invalid_digest(raw))
         channel = requests.reply_channel(request, self.reply_channel)
         try:
-            claim, plan = self._claim(request, job_id, start)
+            claim, spec, looked = self._claim(request, spec, start)
             if claim.outcome is not None:
                 return claim.outcome
             if claim.state == "CONFLICT":
@@ -126,7 +126,7 @@ class ForkService:
                 return ForkFailure(
                     request_id=job_id, code=ErrorCode.IDEMPOTENCY_CONFLICT.value,
                     message=f'request id "{job_id}" was already used for a different request')
-            reply = self._fork(request, job_id, claim, plan, edits)
+            reply = self._fork(request, spec, claim, looked)
         except ForkError as exc:
             reply = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
         except Exception as exc:
@@ -134,7 +134,7 @@ class ForkService:
                 raise  # Redis is briefly away or busy: the worker backs off and runs the request again
             if final_attempt:
                 message = f"internal error: {type(exc).__name__}: {exc}"
-                made = self._created_by(request, job_id)
+                made = self._created_by(spec)
                 if made:  # no hidden partial state: say what exists
                     message += f"; created before the failure: {', '.join(made)}"
                 internal = ForkFailure(request_id=job_id, code=ErrorCode.INTERNAL.value, message=message)
@@ -157,40 +157,43 @@ class ForkService:
         if owner != served:
             raise errors.wrong_shard(rules.shown_id(request_id), owner, served, count)
 
-    def _claim(self, request: ForkRequest, request_id: str, start: Start | None) -> tuple[Claim, ForkPlan | None]:
-        """Claim the request id, with the source step in the same trip on a shared single server
-        (``forks.source_step``) and the worker's ``start`` ahead of it on the queue server; the
-        plan is dropped when the request is not new (its children were planned by an earlier
-        attempt)."""
-        planned = self._children_of(request)
-        prelude = start if start is not None and not start.sent and start.redis is self.outcomes.redis else None
-        raw, plan = forks.source_step(self.registry, request.source, planned, request_id=request_id,
-                                      boundary=_boundary(request), if_length=_if_length(request),
-                                      keep_from=None if request.summary is UNSET else request.summary.keep_from,
-                                      rider=(self.outcomes.redis, self.outcomes.claim_op(request_id, request, planned)),
-                                      prelude=prelude)
-        claim = self.outcomes.claim_of(raw, request_id)
-        return claim, plan if claim.state == "NEW" else None
+    def _claim(self, request: ForkRequest, spec: ForkSpec,
+               start: Start | None) -> tuple[Claim, ForkSpec, list[Any] | None]:
+        """Claim the request id in one ``Trip`` on the queue server: the worker's ``start`` at its
+        head (when it goes there and was not sent yet), the claim, then the core's source step
+        when the registry is on that very server (``forks.source_ops``). Returns the claim, the
+        spec for the children the claim planned (an earlier attempt's, on a retry) and the source
+        step's replies, dropped (``None``) when the request is not new: its children were planned
+        by an earlier attempt, and the step runs again for them."""
+        trip = Trip(self.outcomes.redis)
+        if start is not None and not start.sent and start.redis is trip.redis:
+            trip.add(start)
+        trip.ops([self.outcomes.claim_op(spec.request_id, request, spec.child_ids)])
+        look = forks.source_ops(self.registry, spec, trip.redis)
+        if look is not None:
+            trip.ops(look)
+        (raw,), *looked = trip.run()
+        claim = self.outcomes.claim_of(raw, spec.request_id)
+        if claim.state != "NEW":
+            return claim, spec.with_children(claim.children), None
+        return claim, spec, looked[0] if looked else None
 
-    def _fork(self, request: ForkRequest, request_id: str, claim: Claim, plan: ForkPlan | None,
-              edits: list[list[NewEvent]]) -> Reply:
-        """The children of a claimed request, from one snapshot, each with its edits (a variant's
-        own, by position, or the request's): the reply that reports them."""
-        children = list(claim.children)
-        own = dict(zip(children, edits, strict=True)) if request.variants is not UNSET else \
-            dict.fromkeys(children, edits[0])
-        # A fan-out keeps its snapshot before any child exists: a retry after a crash creates the
-        # rest from the same one.
-        keep = (lambda snap: self.outcomes.keep_snapshot(request_id, snap)) if len(children) > 1 else None
-        result = forks.child_step(self.registry, request.source, children, request_id=request_id,
-                                  boundary=_boundary(request), if_length=_if_length(request), plan=plan,
-                                  snapshot=claim.snapshot, keep=keep, edits=own, summary=_summary(request))
+    def _fork(self, request: ForkRequest, spec: ForkSpec, claim: Claim, looked: list[Any] | None) -> Reply:
+        """The children of a claimed request, from one snapshot, each with its edits: the reply
+        that reports them. The source step's plan comes from ``looked`` (its replies in the
+        claim's trip) or runs now; a fan-out keeps its snapshot before any child exists, so that
+        a retry after a crash creates the rest from the same one."""
+        plan = forks.plan(self.registry, spec, looked)
+        snapshot = claim.snapshot
+        if snapshot is None and len(spec.child_ids) > 1 and plan.snapshot is not None:
+            snapshot = self.outcomes.keep_snapshot(spec.request_id, plan.snapshot)
+        result = forks.create(self.registry, spec, plan, snapshot)
         if not request.fans_out:
             if result.failed:
                 raise result.failed[0][1]
-            return ForkResult(request_id=request_id, session=result.created[0])
+            return ForkResult(request_id=spec.request_id, session=result.created[0])
         return ForkResult(
-            request_id=request_id, ok=not result.failed, sessions=result.created,
+            request_id=spec.request_id, ok=not result.failed, sessions=result.created,
             failed=[ChildError(session_id=cid, code=e.code.value, message=e.message)
                     for cid, e in result.failed] or UNSET,
         )
@@ -205,22 +208,9 @@ class ForkService:
             return [self._new_id() if v.session_id is UNSET else v.session_id for v in request.variants]
         return [self._new_id() if request.session_id is UNSET else request.session_id]
 
-    def _created_by(self, request: ForkRequest, request_id: str) -> list[str]:
-        """Children that ``request_id`` created (best effort: a failing Redis answers none)."""
+    def _created_by(self, spec: ForkSpec) -> list[str]:
+        """Children that the spec's request created (best effort: a failing Redis answers none)."""
         try:
-            return forks.created_by(self.registry, request.source, self.outcomes.planned(request_id), request_id,
-                                    boundary=_boundary(request))
+            return forks.created_by(self.registry, spec.with_children(self.outcomes.planned(spec.request_id)))
         except Exception:
             return []
-
-
-def _summary(request: ForkRequest) -> Summary | None:
-    return None if request.summary is UNSET else request.summary
-
-
-def _if_length(request: ForkRequest) -> int | None:
-    return None if request.if_length is UNSET else request.if_length
-
-
-def _boundary(request: ForkRequest) -> int | None:
-    return None if request.boundary is UNSET else request.boundary

@@ -1,6 +1,6 @@
 """A worker's RQ bookkeeping of one job as riders of the request's own round trips (no RQ import:
 the commands are ``SeamWorker.start`` and ``SeamWorker.finish``'s, added to the pipelines that
-``core.lua.run`` and ``worker.outcomes.Outcomes.record`` send)."""
+``worker.trip.Trip`` and ``worker.outcomes.Outcomes.record`` send)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 
 class JobStart:
-    """A worker's start bookkeeping of ``job`` as a ``lua.Prelude``: sent ahead of the request's
+    """A worker's start bookkeeping of ``job`` as a ``trip.Part``: sent at the head of the request's
     claim, in its round trip, when that trip goes on the worker's own connection (``redis``)."""
 
     def __init__(self, worker: SeamWorker, job: Any, queue: Any) -> None:

@@ -1,0 +1,66 @@
+"""``Trip``: one round trip of a worker's, composed by the worker.
+
+A request's first trip carries the worker's RQ start bookkeeping of the job (a ``Part``: commands
+of its own, added to the pipeline and answered once), the claim of the request id, and, when the
+registry lives on the same single server, the core's source step (``forks.source_ops``): three
+layers' commands in one pipelined round trip, composed here and nowhere below. The core's steps
+and the claim describe themselves as ops (``core.lua.Op``); the trip runs them with ``lua.add``
+and ``lua.settle`` (a NOSCRIPT re-runs only the ops that got it, never the parts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from ..core import lua
+
+
+class Part(Protocol):
+    """Commands another part of the worker sends at the head of a trip (the RQ start bookkeeping,
+    ``rq_seam.riders.JobStart``): ``add`` puts them in the pipeline, ``done`` gets their replies
+    (and raises for an error reply)."""
+
+    def add(self, pipe: Any) -> None: ...
+
+    def done(self, replies: list[Any]) -> None: ...
+
+
+class Trip:
+    """Parts, then groups of ops, pipelined on ``redis`` in one round trip (``run``)."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+        self._parts: list[Part] = []
+        self._ops: list[lua.Op] = []
+        self._groups: list[slice] = []
+
+    def add(self, part: Part) -> None:
+        """Send ``part``'s commands at the head of the trip."""
+        self._parts.append(part)
+
+    def ops(self, ops: Sequence[lua.Op]) -> int:
+        """Send ``ops`` in the trip; returns the group's number, for ``results``."""
+        start = len(self._ops)
+        self._ops.extend(ops)
+        self._groups.append(slice(start, len(self._ops)))
+        return len(self._groups) - 1
+
+    def run(self) -> list[list[Any]]:
+        """Run the trip: each part's replies go to its ``done`` (in order, before any op's result
+        is read); returns each group's results, in the order the groups were added. An error
+        reply of an op raises (``lua.settle``)."""
+        pipe = self.redis.pipeline(transaction=False)
+        sizes = []
+        for part in self._parts:
+            before = len(pipe)
+            part.add(pipe)
+            sizes.append(len(pipe) - before)
+        lua.add(pipe, self._ops)
+        out = list(pipe.execute(raise_on_error=False))
+        at = 0
+        for part, size in zip(self._parts, sizes, strict=True):
+            part.done(out[at:at + size])
+            at += size
+        results = lua.settle(self.redis, self._ops, out[at:])
+        return [results[group] for group in self._groups]
