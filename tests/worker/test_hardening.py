@@ -151,6 +151,30 @@ def test_two_attempts_of_one_fan_out_give_every_child_the_same_seed(redis: Redis
     assert {h.seed_length for h in reply.sessions} == {4}
 
 
+def test_a_count_fan_out_run_again_creates_the_children_its_first_attempt_planned(
+        redis: Redis, registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Generated ids: the second attempt's id factory would name other children; the claim hands it
+    # the first attempt's, so the request ends with exactly its 3 children, the one made first among them.
+    registry.append(registry.create("src"), TURN)
+    first, second = service(redis, registry), service(redis, registry)
+    names = iter(f"gen-{i}" for i in range(100))
+    first._new_id = second._new_id = lambda: next(names)  # type: ignore[method-assign]
+    create = registry.forks.create_children
+
+    def dies(snap: Any, spec: Any, ids: Any = None) -> Any:
+        create(snap, spec, list(ids or spec.child_ids)[:1])
+        raise RuntimeError("first attempt dies after its first child")
+
+    payload = '{"source":"src","count":3}'
+    monkeypatch.setattr(registry.forks, "create_children", dies)
+    assert isinstance(raised(lambda: first.handle(payload, "count-1", final_attempt=False)), RuntimeError)
+    monkeypatch.setattr(registry.forks, "create_children", create)
+    reply = second.handle(payload, "count-1")
+    assert isinstance(reply, ForkResult) and reply.ok
+    assert [h.id for h in reply.sessions or []] == ["gen-0", "gen-1", "gen-2"]
+    assert sorted(registry.children("src")) == ["gen-0", "gen-1", "gen-2"]
+
+
 def test_a_retried_append_is_never_doubled(redis: Redis) -> None:
     # The same call id is what a client's retry of one append sends.
     registry = Registry(redis, new_call_id=lambda: "same")
