@@ -38,7 +38,7 @@ from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import acl
 from sessionfork.ops.persist import JsonlBackend
 from sessionfork.protocol import enqueue as enqueue_module
-from sessionfork.worker.rq_seam.worker_base import RQ_MAJOR
+from sessionfork.worker.rq_seam.worker import RQ_MAJOR
 
 pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
 

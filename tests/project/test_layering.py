@@ -13,12 +13,13 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "sessionfork"
 SOURCES = sorted(PACKAGE.rglob("*.py"))
 # The worker's job, seam and worker modules, and the public job function, speak RQ.
-RQ_MODULES = {"sessionfork.jobs", "sessionfork.worker.jobs", "sessionfork.worker.rq_seam.worker_base",
-              "sessionfork.worker.rq_seam.dequeue", "sessionfork.worker.rq_seam.maintenance",
+RQ_MODULES = {"sessionfork.jobs", "sessionfork.worker.jobs", "sessionfork.worker.rq_seam.worker",
               "sessionfork.worker.rq_seam.entries", "sessionfork.worker.fork_worker"}
 SEAM = "sessionfork.worker.rq_seam"
-"""The RQ seam (a package of the worker side: ``worker_base``, ``dequeue``, ``maintenance`` and
-``entries`` import RQ, ``riders`` does not)."""
+"""The RQ seam (a package of the worker side: ``worker`` and ``entries`` import RQ, ``riders`` does
+not)."""
+SEAM_WORKER = ("sessionfork.worker.rq_seam.worker", "SeamWorker")
+"""The one subclass of RQ's worker: every override of an RQ worker method is in it."""
 RQ_LAYOUT = "sessionfork.protocol.rq_layout"
 """RQ's key names and job hash fields, which producers and workers agree on: no RQ import, but the
 one module outside the seam that spells RQ's keys."""
@@ -136,8 +137,33 @@ def test_a_scheduler_importing_the_client_loads_neither_the_worker_nor_the_fork_
     loaded = set(ast.literal_eval(out.stdout.strip()))
     assert "sessionfork.client" in loaded
     assert not loaded & {"sessionfork.worker.fork_worker", "sessionfork.worker.service",
-                         "sessionfork.worker.rq_seam.worker_base", "sessionfork.worker.rq_seam.entries",
+                         "sessionfork.worker.rq_seam.worker", "sessionfork.worker.rq_seam.entries",
                          "sessionfork.cli"}
+
+
+def classes_by_base() -> dict[str, list[tuple[str, str]]]:
+    """Each base class name (as written: ``SimpleWorker``, ``rq.Worker`` as ``Worker``) and the
+    classes of ``src`` (module, class) that name it among their bases."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for path in SOURCES:
+        for node in ast.walk(tree(path)):
+            if isinstance(node, ast.ClassDef):
+                for base in node.bases:
+                    name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
+                    found.setdefault(name, []).append((module_name(path), node.name))
+    return found
+
+
+def test_the_rq_worker_is_the_seams_one_worker_class_and_at_most_one_subclass_of_it() -> None:
+    # Every override of RQ's worker in one class of the seam; what the jobs are, in at most one
+    # subclass of it that overrides no RQ method (tests/worker/test_rq_compat.py checks that on
+    # each RQ): no tower of classes sharing private state across files.
+    bases = classes_by_base()
+    assert bases.get("SimpleWorker", []) + bases.get("Worker", []) == [SEAM_WORKER]
+    subclasses = bases.get(SEAM_WORKER[1], [])
+    assert len(subclasses) <= 1, subclasses
+    for _, name in subclasses:
+        assert not bases.get(name), f"{name} is subclassed in turn: {bases.get(name)}"
 
 
 def test_only_entry_points_read_the_environment() -> None:

@@ -7,7 +7,7 @@ import os
 import pytest
 import rq
 
-from sessionfork.worker.rq_seam.worker_base import RQ_MAJOR
+from sessionfork.worker.rq_seam.worker import RQ_MAJOR
 
 pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import SETTINGS, make_client, start_worker, stop, turn, wait_registered, worker_name
 from redis import Redis
-from rq import Worker
+from rq import SimpleWorker, Worker
 from rq.registry import FinishedJobRegistry
 from waits import wait_until
 
@@ -20,15 +20,28 @@ from sessionfork.clients.client import Client
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkRequest
 from sessionfork.embedded import EmbeddedServer
-from sessionfork.worker import jobs
+from sessionfork.worker import jobs, rq_seam
 from sessionfork.worker.fork_worker import ForkWorker
 from sessionfork.worker.outcomes import Outcomes
-from sessionfork.worker.rq_seam import worker_base
+from sessionfork.worker.rq_seam import worker as seam_worker
 from sessionfork.worker.service import ForkService
 
 pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
 
 RQ = str(Path(sys.executable).parent / "rq")
+
+
+def test_every_override_of_rqs_worker_is_the_seams_and_named_in_its_docstring() -> None:
+    """On the installed RQ: the methods of RQ's worker that sessionfork changes are all
+    ``SeamWorker``'s, each named in the seam's docstring; ``ForkWorker`` fills the seam's hooks
+    and overrides no RQ method but its constructor (tests/project/test_layering.py: no other
+    worker class)."""
+    rq_names = set(dir(SimpleWorker))
+    methods = {name for name, value in vars(ForkWorker).items() if callable(value) or isinstance(value, property)}
+    assert methods & rq_names == {"__init__"}
+    overrides = {name for name in vars(seam_worker.SeamWorker) if name in rq_names and not name.startswith("__")}
+    assert {"dequeue_job_and_maintain_ttl", "execute_job", "heartbeat", "teardown"} <= overrides
+    assert {name for name in overrides if f"``{name}``" not in (rq_seam.__doc__ or "")} == set()
 
 
 def _submitted(redis: Redis, label: str, n: int) -> tuple[Client, list[ForkRequest]]:
@@ -84,7 +97,7 @@ def test_rq_worker_counters_count_every_job_sent_with_the_beat(server: EmbeddedS
 def test_rq_worker_counters_of_the_last_jobs_are_sent_at_stop(redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     """A worker that stops sends the counters of its jobs since its last beat (here: its only beat
     was before its first job) before it unregisters."""
-    monkeypatch.setattr(worker_base, "_HEARTBEAT_EVERY", 3600.0)
+    monkeypatch.setattr(seam_worker, "_HEARTBEAT_EVERY", 3600.0)
     _submitted(redis, "burst", 3)
     service = ForkService(Registry(redis), Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies")
     worker = ForkWorker([jobs.make_queue(redis, SETTINGS)], service=service, connection=redis, abandoned_after=30)

@@ -11,7 +11,7 @@ What it does differently from ``rq worker``:
 * every job that ends for good leaves its request one outcome: a job RQ fails (retries spent, an
   abandoned job, a job stuck in the intermediate queue) is finished by running its idempotent
   request once more, or refused;
-* its loop is ``rq_seam.worker_base.SeamWorker``'s: stops never strand a job, bad queue entries
+* its loop is ``rq_seam.worker.SeamWorker``'s: stops never strand a job, bad queue entries
   and Redis outages never stop the worker.
 """
 
@@ -34,7 +34,7 @@ from ..core.wire import Reply
 from . import jobs
 from .rq_seam.entries import EntryRefused, ForkJob
 from .rq_seam.riders import JobFinish, JobStart
-from .rq_seam.worker_base import SeamWorker
+from .rq_seam.worker import SeamWorker
 from .service import ForkService
 
 log = logging.getLogger("sessionfork.worker")
@@ -45,7 +45,12 @@ class _Refused(Exception):
 
 
 class ForkWorker(SeamWorker):
-    """Runs ``sessionfork.jobs.fork`` jobs with ``service``; see the module docstring."""
+    """Runs ``sessionfork.jobs.fork`` jobs with ``service``; see the module docstring.
+
+    It overrides no method of RQ's worker (those are all ``SeamWorker``'s): it fills the hooks
+    ``SeamWorker`` calls, ``run_job``, ``refuse_entry``, ``maintain``, ``job_ended`` and
+    ``redis_clients``, and adds its own state in the constructor.
+    """
 
     def __init__(self, queues: list[Queue], *, service: ForkService, abandoned_after: int,
                  job_ttl: int | None = None, retention: int = 0, delete_after_persist: bool = False,

@@ -1,14 +1,17 @@
 """The seam: the one place that knows RQ beyond its documented API (checked against RQ 2.12 and 3.0).
 
-Five modules, so that what must not import RQ need not, and each stays small. The worker class
-is three layers, each importing only the one below: ``worker_base.SeamWorker`` (a job's start,
-success and failure bookkeeping, the heartbeat and registration) on ``dequeue.DequeuingWorker``
-(the dequeue loop and the stop flag) on ``maintenance.MaintainedWorker`` (the maintenance pass,
-the requeue of stranded jobs, the outage back-off ``until_up``). ``entries`` holds the job classes
-and the refusal of queue entries RQ cannot load; all four import RQ. ``riders`` (a job's start and
-success bookkeeping as riders of the request's own round trips) imports no RQ. RQ's key names and
-job hash fields are ``protocol.rq_layout`` (what producers and workers agree on; the asyncio
-client enqueues without RQ), which imports no RQ either. This package's ``__init__`` imports nothing.
+Three modules, so that what must not import RQ need not. ``worker.SeamWorker`` is the one
+subclass of RQ's ``SimpleWorker`` and holds every override of an RQ worker method: the loop (the
+stop flag, start-up, suspension, heartbeat and registration, teardown, the outage back-off
+``until_up``), the dequeue, a job's start, success and failure bookkeeping, and the maintenance
+pass with the requeue of stranded jobs. What the jobs are is the business of at most one subclass
+(``sessionfork.worker.fork_worker.ForkWorker``), which overrides no RQ method: it fills the hooks
+``SeamWorker`` calls (``run_job``, ``refuse_entry``, ``maintain``, ``job_ended``,
+``redis_clients``). ``entries`` holds the job classes and the refusal of queue entries RQ cannot
+load; both import RQ. ``riders`` (a job's start and success bookkeeping as riders of the request's
+own round trips) imports no RQ. RQ's key names and job hash fields are ``protocol.rq_layout`` (what
+producers and workers agree on; the asyncio client enqueues without RQ), which imports no RQ
+either. This package's ``__init__`` imports nothing.
 
 Everything else in sessionfork uses RQ's documented API only: ``Queue``, ``Job`` and its public
 attributes, ``Retry``, the registries, ``Worker.all``, a custom serializer, a custom worker class
@@ -17,12 +20,14 @@ imports ``rq`` beyond those names or touches an underscore name of an RQ object.
 
 RQ names used here, and why:
 
-* ``SimpleWorker`` subclassed, overriding ``execute_job`` (documented for custom workers),
-  ``bootstrap``, ``heartbeat``, ``set_state``, ``dequeue_job_and_maintain_ttl``, ``_shutdown``,
-  ``check_for_suspension``, ``teardown``, ``run_maintenance_tasks`` and ``clean_registries``: RQ's
-  loop strands a just-dequeued job on SIGTERM, quits on an entry it cannot load (a non-UTF-8 id, a
-  malformed hash), quits on a Redis outage or time-out, and holds the maintenance lock for 15
-  minutes when Redis drops midway. RQ's ``_shutdown`` raises ``StopRequested`` from the signal
+* ``SimpleWorker`` subclassed once (``worker.SeamWorker``), overriding ``execute_job`` (documented
+  for custom workers), ``bootstrap``, ``request_stop``, ``heartbeat``, ``get_heartbeat_ttl``,
+  ``set_state``, ``dequeue_job_and_maintain_ttl``, ``_shutdown``, ``check_for_suspension``,
+  ``teardown`` (stopping ``pubsub_thread``, RQ's command listener, when Redis is unreachable),
+  ``handle_job_failure``, ``run_maintenance_tasks`` and ``clean_registries``: RQ's loop strands a
+  just-dequeued job on SIGTERM, quits on an entry it cannot load (a non-UTF-8 id, a malformed
+  hash), quits on a Redis outage or time-out, and holds the maintenance lock for 15 minutes when
+  Redis drops midway. RQ's ``_shutdown`` raises ``StopRequested`` from the signal
   handler wherever the worker is, e.g. between sending a Redis command and reading its reply (the
   connection goes back to the pool with the reply unread, and the next command reads it: on a
   loaded machine, a garbled teardown and exit status 3), or inside a maintenance pass (swallowed

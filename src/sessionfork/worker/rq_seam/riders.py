@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .worker_base import SeamWorker
+    from .worker import SeamWorker
 
 
 class JobStart:

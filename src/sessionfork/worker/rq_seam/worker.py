@@ -1,0 +1,498 @@
+"""``SeamWorker``: the one subclass of RQ's ``SimpleWorker``, holding every override of an RQ worker
+method. RQ's in-process loop made safe for short idempotent jobs: a stop request never strands a
+job, a queue entry RQ cannot load is refused, a Redis outage pauses the loop (``until_up``), and a
+job's RQ bookkeeping rides the request's own round trips (``riders``). Every RQ name used here is
+listed, with its reason, in the package docstring (``sessionfork.worker.rq_seam``); the job classes
+are in ``entries``."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from redis.exceptions import RedisError
+from rq import SimpleWorker, worker_registration
+from rq.exceptions import DequeueTimeout, StopRequested
+from rq.executions import Execution
+from rq.job import Job, JobStatus
+from rq.queue import Queue
+from rq.registry import clean_registries
+from rq.results import Result
+from rq.suspension import WORKERS_SUSPENDED
+from rq.timeouts import JobTimeoutException
+from rq.utils import now
+from rq.version import VERSION
+from rq.worker import WorkerStatus
+
+from ...core.connections import stop_retrying
+from ...core.outages import is_outage
+from .entries import DequeuedJob, EntryRefused, entry_of, is_text
+
+T = TypeVar("T")
+log = logging.getLogger("sessionfork.worker")
+RQ_MAJOR = int(VERSION.split(".")[0])
+_HEARTBEAT_EVERY = 1.0
+_IDLE_POLL = 1  # seconds an idle worker blocks waiting for a job before it looks at its stop flag
+
+
+class SeamWorker(SimpleWorker):
+    """RQ's in-process worker loop, hardened for short idempotent jobs; see the module docstring.
+
+    Every method RQ defines that this worker changes is overridden here, and only here. What the
+    jobs are is its one subclass's business, told through the hooks below (none of them an RQ
+    name): ``run_job`` (with ``start``, ``run_in_time``, ``finish`` and ``fail``), ``refuse_entry``,
+    ``maintain``, ``job_ended`` and ``redis_clients``.
+    """
+
+    abandoned_after: int = 30
+    job_ttl: int | None = None  # caps how long a finished job is kept, whatever its hash asks
+    stop_signalled: bool = False  # SIGTERM/SIGINT asked this worker to stop
+    unreachable_at_stop: bool = False  # the loop stopped on a step that found Redis unreachable
+    _front: bytes | None = None  # the queue's front entry when the last job finished (one queue only)
+    _beat_at: float = float("-inf")  # time.monotonic() of this worker's last own heartbeat
+    _unsuspended: bool = False  # the last job's finish found no `rq suspend` in force
+    _finishing: Execution | None = None  # the execution a finish in flight cleans up
+    _worked: float = 0.0  # the working time (s) of the job whose finish is in flight
+    # RQ's worker counters not sent yet (successful jobs, working time): batched into the beat.
+    _unsent_jobs: int = 0
+    _unsent_time: float = 0.0
+    _flushing: tuple[int, float] = (0, 0.0)  # the counters a pipeline in flight adds
+
+    # -- hooks: what the subclass implements (no RQ name) ----------------------------------------
+
+    def run_job(self, job: Job, queue: Queue) -> None:
+        """Run one dequeued job, with ``start``, ``run_in_time``, ``finish`` and ``fail``."""
+        raise NotImplementedError
+
+    def refuse_entry(self, entry: EntryRefused) -> None:
+        """A queue entry RQ cannot load: give it its outcome, then ``remove_entry``."""
+        raise NotImplementedError
+
+    def maintain(self) -> None:
+        """The subclass's own part of each maintenance pass (after RQ's); nothing by default."""
+
+    def job_ended(self, job: Job) -> None:
+        """Called once RQ has failed ``job`` for good (no retry follows)."""
+
+    def redis_clients(self) -> list[Any]:
+        """The Redis clients this worker's steps use (their retries end at a stop request)."""
+        return [self.connection]
+
+    # -- the loop: start-up, stop, suspension, heartbeat, teardown ---------------------------------
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        # RQ registers the worker before it installs its signal handlers: a SIGTERM in between
+        # would kill it uncleanly. Install them first; a stop during start-up is a clean stop.
+        self._install_signal_handlers()  # type: ignore[no-untyped-call]
+        try:
+            super().bootstrap(*args, **kwargs)
+        except StopRequested:
+            self._stop_requested = True
+
+    def request_stop(self, signum: int, frame: Any) -> None:
+        self.stop_signalled = True
+        # A warm stop whatever the servers' state: no command of a stopping worker rides out an
+        # outage (with every sentinel gone, one command's retries took minutes), the one retrying
+        # now included. A command that fails ends its step with StopRequested (``until_up``).
+        for client in self.redis_clients():
+            stop_retrying(client)
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+    def _shutdown(self) -> None:
+        # Called from the signal handler. Never raise here (RQ does): the exception would land
+        # at any instruction, even inside redis-py between a command and its reply. The flag is
+        # read before each dequeue and each blocking wait is short (an idle worker stops within
+        # a second); a job in hand is finished first.
+        self._stop_requested = True
+
+    def check_for_suspension(self, burst: bool) -> None:
+        # Right after a job, the job's last pipeline has just read the suspension key: RQ's own
+        # check (a round trip, with a heartbeat the job's pipelines sent too) would read it again.
+        if self._unsuspended:
+            self._unsuspended = False
+            return
+        # RQ's loop calls this outside any guard: a Redis time-out there would end the worker.
+        self.until_up(functools.partial(super().check_for_suspension, burst))
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        if pipeline is None and state == self._state:
+            return  # already recorded (the job's last pipeline sets IDLE)
+        super().set_state(state, pipeline)
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline)
+            return
+        # RQ heart-beats several times per job; once a second is plenty against a TTL of minutes.
+        # Throttled on this worker's own beats, not on the job pipelines' (which refresh
+        # ``last_heartbeat`` with every job): a busy worker still checks its registration.
+        if timeout is None and time.monotonic() - self._beat_at < _HEARTBEAT_EVERY:
+            return
+        self.until_up(self._beat)
+
+    def _beat(self) -> None:
+        """One round trip: the heartbeat, RQ's worker counters of the jobs since the last beat
+        (``flush_counters``), and whether the worker is still registered.
+
+        A server that restarted empty lost the worker's registration: it registers again, so that
+        ``health`` and ``rq info`` see a worker that is serving. The registration's ``birth`` field
+        is the test, not the worker hash: a job's bookkeeping writes the hash, and would recreate
+        it (registration writes the hash with ``birth`` and RQ's worker sets in one transaction).
+        """
+        with self.connection.pipeline(transaction=False) as pipe:
+            pipe.hexists(self.key, "birth")
+            super().heartbeat(None, pipe)
+            self.flush_counters(pipe)
+            registered = pipe.execute()[0]
+        self.counters_sent()
+        if not registered:
+            log.warning("worker %s was no longer registered (a server that lost its data?); registering again",
+                        self.name)
+            self.connection.delete(self.key)  # a hash rewritten by a job's bookkeeping is not a registration
+            self.register_birth()  # type: ignore[no-untyped-call]
+            super().set_state(self._state)  # RQ's registration does not record the state
+        self._beat_at = time.monotonic()
+
+    def teardown(self) -> None:
+        # Unregistering is best effort: a stop must not fail because Redis is away or slow
+        # (the registration expires on its own). Away when the loop stopped: not even tried
+        # (each command would wait out its connect time-out, per sentinel behind Sentinel).
+        if self.unreachable_at_stop:
+            log.warning("worker %s stopped with Redis unreachable: not unregistered (its registration "
+                        "expires on its own)", self.name)
+            if self.pubsub_thread is not None:  # RQ's command listener: a daemon thread, told to end
+                self.pubsub_thread.stop()
+            return
+        # The counters of the jobs since the last beat, before RQ unregisters the worker (best
+        # effort, like the unregistering: a worker killed instead loses at most a second's worth).
+        try:
+            with self.connection.pipeline(transaction=False) as pipe:
+                self.flush_counters(pipe)
+                pipe.execute()
+            self.counters_sent()
+        except RedisError as exc:
+            log.warning("could not send the counters of worker %s: %s", self.name, exc)
+        try:
+            super().teardown()  # type: ignore[no-untyped-call]
+        except RedisError as exc:
+            log.warning("could not unregister worker %s: %s", self.name, exc)
+
+    def until_up(self, step: Callable[[], T]) -> T:
+        """Run ``step``; while Redis is unreachable, back off and run it again (steps are idempotent)."""
+        delay = 0.1
+        while True:
+            try:
+                return step()
+            except Exception as exc:
+                if not is_outage(exc):
+                    raise
+                if self._stop_requested:
+                    self.unreachable_at_stop = True
+                    raise StopRequested() from exc
+                log.warning("Redis unreachable or busy (%s: %s); retrying in %.1fs", type(exc).__name__, exc, delay)
+                time.sleep(delay)  # back-off, not synchronisation
+                delay = min(delay * 2, 5.0)
+
+    # -- the dequeue -------------------------------------------------------------------------------
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        """RQ's dequeue loop, made safe for a fork worker.
+
+        * A stop request only sets a flag, read here before each dequeue: a job that left the
+          queue is always run; blocking waits are short, so an idle worker still stops within a
+          second.
+        * A queue entry RQ cannot load is handed to ``refuse_entry``, never raised.
+        * The entry the last job's finish saw at the queue's front is dequeued with its job hash
+          in one round trip (``_dequeue_front``).
+        """
+        self.set_state(WorkerStatus.IDLE)
+        idle_since = time.monotonic()
+        while True:
+            if self._stop_requested:
+                raise StopRequested()
+            self.heartbeat()
+            if self.should_run_maintenance_tasks:
+                self.run_maintenance_tasks()
+            wait = None if timeout is None else max(1, min(timeout, _IDLE_POLL))
+            front, self._front = self._front, None
+            try:
+                result = self.until_up(functools.partial(self._dequeue, wait, front))
+            except DequeueTimeout:
+                if max_idle_time is not None and time.monotonic() - idle_since > max_idle_time:
+                    return None
+                continue
+            except StopRequested:
+                raise
+            except Exception as exc:
+                self.until_up(functools.partial(self.refuse_entry, entry_of(exc)))
+                continue
+            return result
+
+    def _dequeue(self, wait: int | None, front: bytes | None) -> Any:
+        """RQ's dequeue (``Queue.dequeue_any``), after one try at the entry the last job's finish saw
+        at the queue's front: LMOVE and that entry's job hash in one round trip (``_dequeue_front``)."""
+        if front is not None:
+            found = self._dequeue_front(front)
+            if found is not None:
+                return found
+        return self.queue_class.dequeue_any(self._ordered_queues, wait, connection=self.connection,
+                                            job_class=DequeuedJob, serializer=self.serializer,
+                                            death_penalty_class=self.death_penalty_class)
+
+    def _dequeue_front(self, front: bytes) -> Any:
+        """RQ's non-blocking dequeue of the one queue (LMOVE to its intermediate queue), pipelined
+        with HGETALL of ``front``'s job hash: the job, when the entry moved is ``front`` (else its
+        hash is read as RQ does); ``None`` when the queue is empty. A failure carries ``job_id`` and
+        ``queue``, as RQ's dequeue's do."""
+        queue = self.queues[0]
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.lmove(queue.key, queue.intermediate_queue_key)
+        pipe.hgetall(self.job_class.key_for("").encode() + front)
+        moved, data = pipe.execute()
+        if moved is None:
+            return None
+        job_id = moved.decode()  # not text: refused as RQ's dequeue's UnicodeDecodeError is
+        queue = self.queue_class.from_queue_key(queue.key, connection=self.connection, job_class=DequeuedJob,
+                                                serializer=self.serializer,
+                                                death_penalty_class=self.death_penalty_class)
+        try:
+            if moved == front:
+                return DequeuedJob.loaded(job_id, data, self.connection, self.serializer), queue
+            return DequeuedJob.fetch(job_id, connection=self.connection, serializer=self.serializer), queue
+        except Exception as exc:
+            exc.job_id = job_id  # type: ignore[attr-defined]
+            exc.queue = queue  # type: ignore[attr-defined]
+            raise
+
+    def remove_entry(self, entry: EntryRefused) -> None:
+        """Take a refused entry out of the intermediate queues, and delete its job hash if any:
+        nothing of a refused entry stays in Redis (its outcome lives in the outcome record)."""
+        pipe = self.connection.pipeline(transaction=False)
+        for queue in self.queues:
+            pipe.lrem(queue.intermediate_queue_key, 1, entry.raw)  # type: ignore[arg-type]  # bytes are fine
+        # From the raw bytes: an entry that is not UTF-8 may still name a job hash.
+        pipe.delete(self.job_class.key_for("").encode() + entry.raw)
+        pipe.execute()
+
+    # -- a job: run, start, finish, failure ----------------------------------------------------------
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        """RQ's documented hook: run one dequeued job (``run_job``), in this process."""
+        self.run_job(job, queue)
+
+    def run_in_time(self, job: Job, step: Callable[[], T]) -> T:
+        """Run ``step`` under the job's timeout (RQ's ``JobTimeoutException`` when it runs over)."""
+        with self.death_penalty_class(job.timeout or self.queue_class.DEFAULT_TIMEOUT,
+                                      JobTimeoutException, job_id=job.id):
+            return step()
+
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        # The started-registry entry expires this long after the last heartbeat; a job whose
+        # worker died is then abandoned and recovered by the next maintenance pass.
+        return self.abandoned_after
+
+    def start(self, job: Job, queue: Queue, pipe: Any = None) -> None:
+        """RQ's prepare_execution and prepare_job_execution in one pipeline: sent now, or added to
+        ``pipe`` (``JobStart``: ahead of the request's claim, in its round trip)."""
+        if pipe is None:
+            with self.connection.pipeline() as own:
+                self.start(job, queue, own)
+                own.execute()
+            return
+        ttl = self.get_heartbeat_ttl(job)
+        self.execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+        super().set_state(WorkerStatus.BUSY, pipeline=pipe)
+        if RQ_MAJOR < 3:
+            getattr(self, "set_current_job_id")(job.id, pipeline=pipe)  # noqa: B009 - gone in RQ 3
+        super().heartbeat(ttl, pipeline=pipe)
+        job.prepare_for_execution(self.name, pipeline=pipe)
+        if len(self.queues) == 1:
+            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+
+    def finish(self, job: Job, result: Any, pipe: Any = None) -> None:
+        """RQ's success path (result, finished registry, counters, cleanup) in one pipeline, which
+        also reads whether ``rq suspend`` is in force (the loop's next suspension check): sent
+        now, or added to ``pipe`` (``JobFinish``: after the outcome's record, in its transaction);
+        its sender then calls ``finished`` with the replies, or ``finish_failed``."""
+        if pipe is None:
+            with self.connection.pipeline() as own:
+                self.finish(job, result, own)
+                try:
+                    replies = own.execute()
+                except BaseException:
+                    self.finish_failed()
+                    raise
+            self.finished(replies)
+            return
+        execution = self._finishing = self.execution
+        assert execution is not None and job.started_at is not None
+        job.ended_at = now()
+        job._result = result
+        result_ttl = self._result_ttl(job)
+        # RQ's counters (successful_job_count, total_working_time) go with the next beat, once a
+        # second (``flush_counters``), not with every job.
+        self._worked = (job.ended_at - job.started_at).total_seconds()
+        job._handle_success(result_ttl, pipeline=pipe, worker_name=self.name, execution_id=execution.id,
+                            execution_started_at=execution.created_at, execution_ended_at=job.ended_at)
+        if result_ttl is not None and result_ttl > 0:
+            # RQ's cleanup, less its EXPIREs of the dependents and dependencies keys: a fork job
+            # has neither (nothing enqueues one with depends_on, and the finish enqueues no dependents).
+            pipe.expire(job.key, result_ttl)
+        else:
+            job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
+        self._cleanup_execution(job, pipe, execution)
+        super().set_state(WorkerStatus.IDLE, pipeline=pipe)
+        pipe.lindex(self.queues[0].key, 0)  # the next job's id, likely: its hash comes with the next dequeue
+        pipe.exists(WORKERS_SUSPENDED)
+
+    def finish_failed(self) -> None:
+        """The finish's pipeline failed (it may run again)."""
+        self.execution = self._finishing  # not cleaned up after all: a retried finish needs it
+
+    def finished(self, replies: list[Any]) -> None:
+        """The finish's pipeline ran; ``replies`` are its commands' (the last two: the queue's front
+        entry, the suspension key)."""
+        if RQ_MAJOR >= 3:
+            self.execution = None
+        self._front = replies[-2] if len(self.queues) == 1 else None
+        self._unsuspended = not replies[-1]
+        self._unsent_jobs += 1
+        self._unsent_time += self._worked
+
+    def flush_counters(self, pipe: Any) -> None:
+        """Add RQ's worker counters not sent yet to ``pipe``: its ``successful_job_count`` (RQ's
+        ``increment_successful_job_count`` adds 1 per job) and ``increment_total_working_time``,
+        once for the jobs since the last flush; ``counters_sent`` once ``pipe`` ran."""
+        if self._unsent_jobs:
+            pipe.hincrby(self.key, "successful_job_count", self._unsent_jobs)
+            self.increment_total_working_time(timedelta(seconds=self._unsent_time), pipe)
+        self._flushing = self._unsent_jobs, self._unsent_time
+
+    def counters_sent(self) -> None:
+        jobs, seconds = self._flushing
+        self._unsent_jobs -= jobs
+        self._unsent_time -= seconds
+
+    def correct_result(self, job: Job, result: Any) -> None:
+        """RQ's result of a finished job made ``result``: the outcome another attempt stored first
+        (the finish went out with this attempt's reply, in the record's transaction)."""
+        Result.create(job, Result.Type.SUCCESSFUL, self._result_ttl(job), return_value=result, worker_name=self.name)
+
+    def _result_ttl(self, job: Job) -> Any:
+        result_ttl = job.get_result_ttl(self.default_result_ttl)
+        if self.job_ttl is not None and (result_ttl is None or result_ttl < 0 or result_ttl > self.job_ttl):
+            result_ttl = self.job_ttl  # the outcome lives on in sf:req:<id>; RQ's copy need not
+        return result_ttl
+
+    def fail(self, job: Job, queue: Queue, exc_string: str, *, exc_info: Any = None, retry: bool = True) -> None:
+        """RQ's failure path: exception handlers (with ``exc_info``), then retried when the job has
+        retries left (and ``retry``), else failed."""
+        if exc_info is not None:
+            self.handle_exception(job, *exc_info)
+        if not retry:
+            job.retries_left = None
+        job.ended_at = now()
+        job._status = JobStatus.FAILED
+        self.handle_job_failure(job=job, queue=queue, started_job_registry=queue.started_job_registry,
+                                exc_string=exc_string)
+        super().set_state(WorkerStatus.IDLE)
+
+    def handle_job_failure(self, job: Job, queue: Queue, started_job_registry: Any = None,
+                           exc_string: str = "", execution: Any = None) -> None:
+        # RQ calls this from several places (a failed run, the intermediate-queue cleanup).
+        retried = job.should_retry and self._stopped_job_id != job.id
+        # RQ 3 takes the execution to clean up (without it, nothing is cleaned); RQ 2 has no such argument.
+        extra: dict[str, Any] = {"execution": execution or self.execution} if RQ_MAJOR >= 3 else {}
+        super().handle_job_failure(job, queue, started_job_registry, exc_string, **extra)
+        if RQ_MAJOR >= 3:
+            self.execution = None
+        if not retried:
+            self.job_ended(job)
+
+    def _cleanup_execution(self, job: Job, pipe: Any, execution: Execution) -> None:
+        extra: dict[str, Any] = {"execution": execution} if RQ_MAJOR >= 3 else {}
+        self.cleanup_execution(job, pipeline=pipe, **extra)
+
+    # -- maintenance ---------------------------------------------------------------------------------
+
+    def run_maintenance_tasks(self) -> None:
+        # RQ's loop calls this too, outside any guard: an outage here must pause, not quit.
+        self.until_up(self._maintain)
+
+    def _maintain(self) -> None:
+        try:
+            self._purge_undecodable()
+            self._requeue_stranded()
+            super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
+            self.maintain()
+        except StopRequested:
+            raise
+        except Exception as exc:
+            if is_outage(exc):
+                raise  # until_up backs off and runs the pass again
+            # A malformed entry in an RQ registry must not stop the worker; the next pass retries.
+            log.exception("maintenance pass failed")
+            self.last_cleaned_at = now()  # type: ignore[assignment]
+
+    def _purge_undecodable(self) -> None:
+        # RQ decodes every entry of the intermediate queue as text; one non-UTF-8 entry would
+        # break every maintenance pass of every worker. It can never be a job: drop it.
+        for queue in self.queues:
+            for raw in self.connection.lrange(queue.intermediate_queue_key, 0, -1):
+                if isinstance(raw, bytes) and not is_text(raw):
+                    self.refuse_entry(EntryRefused("", raw, "queue entry is not UTF-8 text"))
+
+    def _requeue_stranded(self) -> None:
+        # A worker killed between dequeue and start leaves its job in RQ's intermediate queue,
+        # which RQ itself recovers only after minutes (and fails it if no retry is left). A job
+        # seen there, not started, for ``abandoned_after`` seconds goes back to the queue's front.
+        for queue in self.queues:
+            stranded = queue.intermediate_queue
+            started = queue.started_job_registry
+            for job_id in stranded.get_job_ids():
+                if job_id in started or stranded.set_first_seen(job_id):
+                    continue
+                first = stranded.get_first_seen(job_id)
+                if first is None or (now() - first).total_seconds() < self.abandoned_after:
+                    continue
+                if self._requeue(keys=[stranded.key, queue.key], args=[job_id]):
+                    self.connection.delete(stranded.get_first_seen_key(job_id))
+                    log.warning("job %s was stranded by a dead worker; requeued", job_id)
+
+    @functools.cached_property
+    def _requeue(self) -> Any:
+        return self.connection.register_script(_REQUEUE)
+
+    def clean_registries(self) -> None:
+        # RQ's version, except that the maintenance lock is released even when Redis drops midway
+        # (RQ would leave it for 15 minutes, and no worker would recover abandoned jobs meanwhile).
+        for queue in self.queues:
+            if queue.acquire_maintenance_lock():
+                try:
+                    clean_registries(queue, self._exc_handlers)
+                    worker_registration.clean_worker_registry(queue)
+                    queue.intermediate_queue.cleanup(self, queue)
+                finally:
+                    try:
+                        queue.release_maintenance_lock()  # type: ignore[no-untyped-call]
+                    except Exception as exc:
+                        if not is_outage(exc):
+                            raise
+                        log.warning("could not release the maintenance lock of %s; it expires", queue.name)
+        self.last_cleaned_at = now()  # type: ignore[assignment]
+
+
+# Move a job stranded by a dead worker from RQ's intermediate queue back to its queue's front,
+# atomically: it is never in neither list (and a job that a live worker took meanwhile is left).
+# KEYS = rq:queue:<name>:intermediate, rq:queue:<name>; ARGV = job id. Returns 1 when moved.
+_REQUEUE = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
+  redis.call('LPUSH', KEYS[2], ARGV[1])
+  return 1
+end
+return 0
+"""
