@@ -1,25 +1,48 @@
 """sessionfork: fork live AI-agent sessions kept in Redis, from an RQ queue.
 
-The public API is what ``__all__`` lists; everything else is private and may change.
+The public API is what ``__all__`` lists here and in ``sessionfork.client``, ``sessionfork.aio``
+and ``sessionfork.embedded`` (each pinned by a test, each name in the API reference); everything
+else is private and may change. This module is the agent host's side (the registry, forks,
+snapshots, branch diff) and the types a fork's request and reply are made of; it imports no RQ.
 """
 
 from .core.errors import ErrorCode, ForkError
-from .core.forks import fork, snapshot
+from .core.forks import FanOut, fork, fork_many, snapshot
 from .core.registry import Registry
 from .core.snapshots import Snapshot
-from .core.wire import Event, Header, LiveHandle, NewEvent, SeedMeta, Summary
+from .core.wire import (
+    ChildError,
+    Event,
+    ForkFailure,
+    ForkResult,
+    Header,
+    LiveHandle,
+    NewEvent,
+    Reply,
+    SeedMeta,
+    Summary,
+)
+from .ops.diff import Diff, diff
 
 __all__ = [
+    "ChildError",
+    "Diff",
     "ErrorCode",
     "Event",
+    "FanOut",
     "ForkError",
+    "ForkFailure",
+    "ForkResult",
     "Header",
     "LiveHandle",
     "NewEvent",
     "Registry",
+    "Reply",
     "SeedMeta",
     "Snapshot",
     "Summary",
+    "diff",
     "fork",
+    "fork_many",
     "snapshot",
 ]

@@ -1,9 +1,15 @@
 """The asyncio scheduler client, public home: ``from sessionfork.aio import AsyncClient``.
 
 Importing it loads no RQ (the client enqueues RQ jobs with a script of its own) and no worker.
+Besides ``AsyncClient`` it exports what a scheduler annotates and builds, as ``sessionfork.client``
+does: ``ForkRequest``, ``ForkOptions``, ``Variant``, ``Reply``, ``ForkResult``, ``ForkFailure``,
+``ChildError`` and ``shard_of``.
 """
 
 from .clients.aio import AsyncClient
+from .core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, Reply
 from .protocol.requests import ForkOptions, Variant
+from .protocol.shards import shard_of
 
-__all__ = ["AsyncClient", "ForkOptions", "Variant"]
+__all__ = ["AsyncClient", "ChildError", "ForkFailure", "ForkOptions", "ForkRequest", "ForkResult", "Reply",
+           "Variant", "shard_of"]

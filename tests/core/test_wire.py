@@ -173,3 +173,38 @@ def test_the_request_identity_is_defined_once_and_both_sides_use_it() -> None:
         assert "wire.digest(request)" in texts[side], side
     worker = "".join(text for name, text in texts.items() if name.startswith("worker/"))
     assert "wire.digest(request)" in worker and "wire.identity(request)" in worker
+
+
+def test_a_single_forks_result_reads_its_child_typed_and_encodes_as_before() -> None:
+    child = Header(version=0, id="c", created_at=1, parent_session="s", seed_length=2)
+    reply = wire.ForkResult(request_id="r", session=child)
+    assert reply.ok is True and reply.child is child and reply.children == [child] and reply.not_created == []
+    assert wire.encode(reply) == (b'{"type":"fork/result","requestId":"r","ok":true,"session":{"version":0,"id":"c",'
+                                  b'"createdAt":1,"parentSession":"s","seedLength":2}}')
+    assert wire.decode_reply(wire.encode(reply)) == reply
+
+
+def test_a_fan_outs_result_reads_its_children_and_failures_and_has_no_one_child() -> None:
+    made = [Header(version=0, id=f"c{i}", created_at=1) for i in range(2)]
+    lost = wire.ChildError(session_id="c2", code="SESSION_ALREADY_EXISTS", message="session \"c2\" already exists")
+    reply = wire.ForkResult(request_id="r", ok=False, sessions=made, failed=[lost])
+    assert reply.children == made and reply.not_created == [lost]
+    with pytest.raises(ForkError) as caught:
+        _ = reply.child
+    assert caught.value.code is ErrorCode.INVALID_REQUEST and "fan-out" in caught.value.message
+    raw = wire.encode(reply)
+    assert json.loads(raw) == {"type": "fork/result", "requestId": "r", "ok": False,
+                               "sessions": [{"version": 0, "id": "c0", "createdAt": 1},
+                                            {"version": 0, "id": "c1", "createdAt": 1}],
+                               "failed": [{"sessionId": "c2", "code": "SESSION_ALREADY_EXISTS",
+                                           "message": "session \"c2\" already exists"}]}
+    assert wire.decode_reply(raw) == reply
+    assert wire.ForkResult(request_id="r", sessions=[]).children == []
+
+
+def test_a_failures_ok_is_false_on_the_wire_and_in_its_type() -> None:
+    failure = wire.ForkFailure(request_id="r", code="OPEN_TURN", message="m")
+    assert failure.ok is False
+    assert wire.encode(failure) == b'{"type":"fork/error","requestId":"r","ok":false,"code":"OPEN_TURN","message":"m"}'
+    with pytest.raises(msgspec.ValidationError):
+        wire.decode_reply(b'{"type":"fork/error","requestId":"r","ok":true,"code":"OPEN_TURN","message":"m"}')

@@ -1,18 +1,21 @@
 """The documentation is the contract: README.md and every docs/*.md page.
 
 Every ``python`` block runs: a page's blocks in order, as one script, against a real server and a
-real worker (``redis://localhost:6379/0`` replaced by the test's server; each page on its own
-database, so pages do not see each other's sessions). A line ``print(...)  # text`` promises that
-``text`` is printed. The ``sessionfork`` lines of the Getting started page's ``sh`` blocks run too
-(all but ``worker``, which the test runs itself). The CLI table, the settings table and the error
-codes match the code.
+real worker (``redis://localhost:6379/0`` replaced by the test's server). The pages run as a reader
+follows them: the README, then the site's pages in navigation order, all on ONE server and database,
+and the whole round twice, so no page depends on a database of its own or on running once (session
+ids are never reused: the examples take new ones). A line ``print(...)  # text`` promises that
+``text`` is printed (``…`` standing for any text, such as a generated id). The ``sessionfork`` lines
+of the Getting started page's ``sh`` blocks run too (all but ``worker``, which the test runs
+itself), in a shell, with the ``SOURCE=…`` line its Python example printed. The CLI table, the
+settings table and the error codes match the code (tests/project/test_docs_api.py type-checks the
+examples).
 """
 
 from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -49,18 +52,37 @@ def promised_output(script: str) -> list[str]:
     return re.findall(r"^\s*print\(.*\)\s+# (.+?)\s*$", script, flags=re.M)
 
 
+def printed(expected: str, out: str) -> bool:
+    """Whether ``out`` holds the promised ``expected``, each ``…`` in it matching any text on one line."""
+    pattern = "[^\n]+?".join(re.escape(part) for part in expected.split("\u2026"))
+    return re.search(pattern, out) is not None
+
+
 def sh_commands(text: str) -> list[str]:
     blocks = re.findall(r"^```sh\n(.*?)^```", text, flags=re.S | re.M)
     return [line.split("#")[0].rstrip(" &") for block in blocks for line in block.splitlines()
             if line.startswith("sessionfork ")]
 
 
-EXAMPLE_PAGES = [p for p in PAGES if python_blocks(p.read_text())]
+def reading_order() -> list[Path]:
+    """The README, then the site's pages in the order of its navigation (``mkdocs.yml``)."""
+    nav = re.findall(r"^\s*- (?:[^:\n]+: )?([\w-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), flags=re.M)
+    return [ROOT / "README.md", *(DOCS / name for name in nav)]
 
 
-def test_the_pages_with_examples_are_found() -> None:
-    names = {p.relative_to(ROOT).as_posix() for p in EXAMPLE_PAGES}
-    assert {"README.md", "docs/getting-started.md", "docs/agent-hosts.md", "docs/schedulers.md"} <= names
+EXAMPLE_PAGES = [p for p in reading_order() if python_blocks(p.read_text())]
+
+
+def test_the_pages_with_examples_are_found_in_reading_order() -> None:
+    names = [p.relative_to(ROOT).as_posix() for p in EXAMPLE_PAGES]
+    assert names[:4] == ["README.md", "docs/getting-started.md", "docs/agent-hosts.md", "docs/schedulers.md"]
+    assert {p.relative_to(ROOT).as_posix() for p in PAGES if python_blocks(p.read_text())} == set(names)
+
+
+def test_a_promise_with_an_ellipsis_matches_any_text_on_its_line() -> None:
+    assert printed('session "session-…" has 2 events', 'x session "session-1f0c.a" has 2 events\n')
+    assert not printed('session "session-…" has 2 events', 'session "session-" has 2 events')
+    assert not printed("True 2", "True 3")
 
 
 def run_worker(url: str, name: str) -> subprocess.Popen[bytes]:
@@ -76,34 +98,46 @@ def run_worker(url: str, name: str) -> subprocess.Popen[bytes]:
     return worker
 
 
-@pytest.mark.parametrize("path", EXAMPLE_PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_python_examples_run_against_a_real_server_and_worker(server: EmbeddedServer, path: Path) -> None:
-    db = 1 + EXAMPLE_PAGES.index(path)  # one database per page
-    assert db < 16, "more pages with examples than Redis databases: give them their own servers"
-    url = server.url.rsplit("/", 1)[0] + f"/{db}"
-    with server.client() as setup:
-        setup.execute_command("SELECT", db)
-        setup.flushdb()
+def run_page(path: Path, url: str) -> str:
+    """Run ``path``'s Python examples against ``url`` (and Getting started's CLI lines after them);
+    their output."""
     text = path.read_text()
     script = "\n".join(python_blocks(text))
     assert PLACEHOLDER in script, f"{path.name}: its examples name no server"
     script = script.replace(PLACEHOLDER, url) + "\nprint('examples ok')\n"
-    worker = run_worker(url, f"docs-{db}")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, (path.name, out.stderr)
+    for expected in promised_output(script):
+        assert printed(expected, out.stdout), (path.name, expected, out.stdout)
+    assert out.stdout.rstrip().endswith("examples ok")
+    if path.name == "getting-started.md":
+        commands = sh_commands(text)
+        assert len(commands) == 4 and commands[0].split()[-3:] == ["worker", "--name", "w1"]
+        source = re.findall(r"^SOURCE=(\S+)$", out.stdout, flags=re.M)
+        assert len(source) == 1 and "SOURCE=session-\u2026 " in text, out.stdout
+        env = {**os.environ, "SOURCE": source[0],
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+        for line in commands[1:]:
+            run = subprocess.run(["bash", "-c", line.replace(PLACEHOLDER, url)], capture_output=True, text=True,
+                                 timeout=60, env=env)
+            assert run.returncode == 0, (line, run.stdout, run.stderr)
+            assert run.stdout.strip(), line
+    return out.stdout
+
+
+def test_the_pages_run_in_order_on_one_server_twice(server: EmbeddedServer) -> None:
+    """README, Getting started, Agent hosts, Schedulers, ... as a reader follows them, on one
+    database, then all again: no page needs a server of its own, none can run only once."""
+    db = 1
+    url = server.url.rsplit("/", 1)[0] + f"/{db}"
+    with server.client() as setup:
+        setup.execute_command("SELECT", db)
+        setup.flushdb()
+    worker = run_worker(url, "docs")
     try:
-        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-        assert out.returncode == 0, out.stderr
-        for expected in promised_output(script):
-            assert expected in out.stdout, (expected, out.stdout)
-        assert out.stdout.rstrip().endswith("examples ok")
-        if path.name == "getting-started.md":
-            commands = sh_commands(text)
-            assert len(commands) == 4 and commands[0].split()[-3:] == ["worker", "--name", "w1"]
-            for line in commands[1:]:
-                argv = shlex.split(line.replace(PLACEHOLDER, url))[1:]
-                run = subprocess.run([sys.executable, "-m", "sessionfork", *argv], capture_output=True,
-                                     text=True, timeout=60)
-                assert run.returncode == 0, (line, run.stdout, run.stderr)
-                assert run.stdout.strip(), line
+        for _ in range(2):
+            for path in EXAMPLE_PAGES:
+                run_page(path, url)
     finally:
         worker.terminate()
         assert worker.wait(30) == 0
@@ -112,8 +146,8 @@ def test_python_examples_run_against_a_real_server_and_worker(server: EmbeddedSe
 def test_the_promised_messages_are_checked() -> None:
     """The error messages the agent-host examples print are part of what the run checks."""
     promised = promised_output("\n".join(python_blocks(page("agent-hosts.md"))))
-    assert 'cannot fork session "sess-b" inside an open turn (last event: tool/call)' in promised
-    assert 'cannot fork session "sess-c" at boundary 4: inside the turn opened at seq 3' in promised
+    assert 'cannot fork session "session-\u2026" inside an open turn (last event: tool/call)' in promised
+    assert 'cannot fork session "session-\u2026" at boundary 4: inside the turn opened at seq 3' in promised
 
 
 def test_every_command_in_the_cli_table_exists() -> None:
@@ -146,14 +180,32 @@ def test_every_error_code_is_documented() -> None:
         assert f"| `{code.value}` |" in codes
 
 
-def test_every_public_name_is_in_the_api_reference() -> None:
-    import sessionfork
+PUBLIC_MODULES = ["sessionfork", "sessionfork.client", "sessionfork.aio", "sessionfork.embedded"]
+
+
+def test_the_api_reference_documents_the_public_names_and_nothing_else() -> None:
+    """Each name of a public module's ``__all__`` is in the reference once (a name several modules
+    export, such as ``ForkResult``, under the first of them), and the reference names nothing else."""
+    import importlib
 
     reference = page("reference.md")
-    for name in sessionfork.__all__:
-        assert f"\n::: sessionfork.{name}\n" in reference, name
-    assert "\n::: sessionfork.client.Client\n" in reference
-    assert "\n::: sessionfork.aio.AsyncClient\n" in reference
+    documented = re.findall(r"^::: (\S+)$", reference, flags=re.M)
+    expected: list[str] = []
+    seen: set[int] = set()
+    for module_name in PUBLIC_MODULES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if id(obj) not in seen:
+                seen.add(id(obj))
+                expected.append(f"{module_name}.{name}")
+    assert sorted(documented) == sorted(expected)
+
+
+REGISTRY_SURFACE = {"create", "append", "events", "header", "length", "last_turn_end", "instance", "exists",
+                    "children", "dispose", "flush", "delete"}
+"""What an agent host calls on a ``Registry``: the reference shows these members and no other (the
+fork steps, ``resolve``, ``ask_flush``... are the library's own)."""
 
 
 def test_every_page_is_in_the_site_navigation() -> None:
@@ -181,7 +233,12 @@ def build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
 def test_the_site_builds_strictly_and_a_broken_link_anchor_or_reference_fails_it(tmp_path: Path) -> None:
     done = build(ROOT / "mkdocs.yml", tmp_path / "site")
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "site" / "reference" / "index.html").read_text().count('id="sessionfork.Registry"') == 1
+    reference = (tmp_path / "site" / "reference" / "index.html").read_text()
+    assert reference.count('id="sessionfork.Registry"') == 1
+    assert set(re.findall(r'id="sessionfork\.Registry\.(\w+)"', reference)) == REGISTRY_SURFACE
+    for name in ["ForkResult", "ForkResult.child", "ForkFailure", "Reply", "fork_many"]:
+        assert f'id="sessionfork.{name}"' in reference, name
+    assert 'id="sessionfork.embedded.EmbeddedServer"' in reference
     copy = tmp_path / "copy"
     shutil.copytree(DOCS, copy / "docs")
     shutil.copy(ROOT / "mkdocs.yml", copy / "mkdocs.yml")

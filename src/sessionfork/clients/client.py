@@ -2,7 +2,7 @@
 
     client = Client(Redis.from_url("redis://localhost:6379/0"))
     reply = client.fork("sess-a", session_id="child-1", timeout=5)
-    if reply.ok: print(reply.session.id)
+    if reply.ok: print(reply.child.id)   # a ForkResult (a ForkFailure's ok is Literal[False])
 
 A request id (given, or generated as ``req-<uuid4>``) makes a submission idempotent: submitting
 it again, or retrying after a time-out, never forks twice and always answers the first outcome.

@@ -87,7 +87,9 @@ class FanOut:
     """Children created (in request order) and ids not created, each with its error."""
 
     created: list[Header]
+    """The children created, in request order."""
     failed: list[tuple[str, errors.ForkError]]
+    """The ids not created, each with its error (``SESSION_ALREADY_EXISTS``, ``SESSION_NOT_FOUND``)."""
 
 
 def fork_many(registry: Registry, source: SessionRef, child_ids: Sequence[str], *,

@@ -27,11 +27,17 @@ class Snapshot:
     """
 
     source: Header
+    """The source's header."""
     length: int
+    """The number of events in the snapshot (a child's ``seedLength``)."""
     seed_length: int
+    """The source's own seed length: how many of them are inherited ``segments``."""
     segments: tuple[tuple[str, int, int], ...]
+    """The inherited seed, as references ``(log owner, first index, end index)``."""
     seed_end: int | None = None
+    """The seq of the newest ``turn/end`` in the snapshot (-1: none; ``None``: unknown)."""
     last_type: str | None = None
+    """The type of its last event (``None``: a snapshot stored before boundaries)."""
     between_turns: int | None = None
     """A seq the source step found between turns (a summary's ``keepFrom - 1``): not checked again."""
 
@@ -44,9 +50,11 @@ class Snapshot:
 
     @property
     def meta(self) -> SeedMeta:
+        """The lineage a child of this snapshot records: its parent, seed length and ``cwd``."""
         return SeedMeta(parent_session=self.source.id, seed_length=self.length, cwd=self.source.cwd)
 
     def child_segments(self) -> list[list[object]]:
+        """A child's seed references to this snapshot (``rules.child_segments``): one level deep."""
         return rules.child_segments(
             self.source.id, [list(s) for s in self.segments], self.seed_length, self.length
         )

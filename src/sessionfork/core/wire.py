@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any, Final
+from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -25,11 +25,17 @@ class Header(msgspec.Struct, rename="camel", frozen=True):
     """A session header: ``{version, id, createdAt, cwd?, parentSession?, seedLength?, keptFrom?}``."""
 
     version: int
+    """The header format's version (``HEADER_VERSION``, 0)."""
     id: str
+    """The session's id."""
     created_at: int
+    """When it was created, Unix epoch milliseconds."""
     cwd: str | UnsetType = UNSET
+    """The agent's working directory, when it was given (a child copies its source's)."""
     parent_session: str | UnsetType = UNSET
+    """A child only: the id of the session it was forked from."""
     seed_length: int | UnsetType = UNSET
+    """A child only: the number of events it started with (its seed); its next seq."""
     kept_from: int | UnsetType = UNSET
     """A summary child only: the seq of the source's first kept event (its seq 1 here)."""
 
@@ -38,7 +44,9 @@ class LiveHandle(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """A live incarnation of a session: its id and the instance token it was created with."""
 
     id: str
+    """The session's id."""
     instance: str
+    """The token of this live incarnation (``Registry.instance`` answers the current one)."""
 
 
 class NewEvent(msgspec.Struct, frozen=True):
@@ -49,8 +57,11 @@ class NewEvent(msgspec.Struct, frozen=True):
     """
 
     type: str
+    """The event's type (``turn/start``, ``user/message``, ...): a non-empty string."""
     data: Any = None
+    """Its payload: JSON that reads back identically (``None`` by default)."""
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Fields beyond ``type``, ``seq``, ``time`` and ``data``, stored and returned verbatim."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.type, str) or not self.type:
@@ -66,18 +77,26 @@ class Event(msgspec.Struct):
     """A logged event ``{type, seq, time, data, ...extra}``; ``time`` is Unix epoch milliseconds."""
 
     type: str
+    """The event's type."""
     seq: int
+    """Its position in the session's log, from 0 (seed included), contiguous."""
     time: int
+    """When it was appended, Unix epoch milliseconds."""
     data: Any = None
+    """Its payload, as appended."""
     extra: dict[str, Any] = msgspec.field(default_factory=dict)
+    """Its other fields, as appended."""
 
 
 class SeedMeta(msgspec.Struct, rename="camel", frozen=True):
     """Lineage of a snapshot: what a child forked from it records in its header."""
 
     parent_session: str
+    """The snapshot's source: a child's ``parentSession``."""
     seed_length: int
+    """The number of events in the snapshot: a child's ``seedLength``."""
     cwd: str | UnsetType = UNSET
+    """The source's ``cwd``, when it has one."""
 
 
 _json = msgspec.json.Encoder()
@@ -163,7 +182,9 @@ class Summary(msgspec.Struct, rename="camel", forbid_unknown_fields=True, kw_onl
     JSON), then the source's events ``keep_from…`` renumbered from seq 1."""
 
     keep_from: int
+    """The seq of the source's first kept event (``keepFrom``): events before it are summarised."""
     data: Any = None
+    """The summary itself, any JSON: the ``summary`` of the child's ``session/summary`` event."""
 
 
 class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True,
@@ -176,11 +197,17 @@ class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, om
     """
 
     source: str | LiveHandle
+    """The session to fork: an id, or a live handle (that live incarnation only)."""
     request_id: str | UnsetType = UNSET
+    """The idempotency key and RQ job id (the clients generate ``req-<uuid4>`` when absent)."""
     session_id: str | UnsetType = UNSET
+    """One child, with this id."""
     reply_to: str | UnsetType = UNSET
+    """The reply channel (default ``sf:replies``)."""
     count: int | UnsetType = UNSET
+    """A fan-out of this many children with generated ids."""
     session_ids: list[str] | UnsetType = UNSET
+    """A fan-out of children with these ids."""
     traceparent: str | UnsetType = UNSET
     """W3C trace context of the scheduler (set by the clients when OpenTelemetry is installed)."""
     boundary: int | UnsetType = UNSET
@@ -197,6 +224,7 @@ class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, om
 
     @property
     def source_id(self) -> str:
+        """The source's session id (of a plain id or a live handle)."""
         return self.source.id if isinstance(self.source, LiveHandle) else self.source
 
     @property
@@ -206,37 +234,88 @@ class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, om
 
     @property
     def fans_out(self) -> bool:
+        """Whether this is a fan-out (``count``, ``session_ids`` or ``variants``): answered with
+        ``sessions`` rather than ``session``."""
         return self.count is not UNSET or self.session_ids is not UNSET or self.variants is not UNSET
 
 
 class ChildError(msgspec.Struct, rename="camel", kw_only=True):
-    """One requested child of a fan-out that was not created."""
+    """One requested child of a fan-out that was not created: its id, why (an ``ErrorCode``
+    value) and the message."""
 
     session_id: str
+    """The child id that was not created."""
     code: str
+    """An ``ErrorCode`` value (``SESSION_ALREADY_EXISTS``, ``SESSION_NOT_FOUND``, ...)."""
     message: str
+    """What went wrong, for people."""
 
 
 class ForkResult(msgspec.Struct, tag="fork/result", tag_field="type", rename="camel", kw_only=True):
-    """Success. One child: ``session``. Fan-out: ``sessions`` (created), ``failed`` (not created)."""
+    """The reply when a fork created children (the wire's ``fork/result``).
+
+    A single fork (no ``session_ids``, ``count`` or ``variants``) answers its child in
+    ``session``, and ``ok`` is true. A fan-out answers ``sessions`` (the children created, in
+    request order) and ``failed`` (the ids not created, with their errors); its ``ok`` is false
+    when any child failed. Read the children through ``child`` (a single fork's) or
+    ``children`` (any fork's) and the failures through ``not_created``: typed, never ``UNSET``.
+    ``isinstance(reply, ForkResult)``, or ``if reply.ok:`` (a ``ForkFailure``'s ``ok`` is the
+    literal ``False``), narrows a ``Reply`` to this type.
+    """
 
     request_id: str
+    """The request this answers."""
     ok: bool = True
+    """True unless a fan-out left some of its children uncreated (``failed``)."""
     session: Header | UnsetType = UNSET
+    """A single fork's child (absent for a fan-out): read it as ``child``."""
     sessions: list[Header] | UnsetType = UNSET
+    """A fan-out's children created, in request order (absent for a single fork)."""
     failed: list[ChildError] | UnsetType = UNSET
+    """A fan-out's children not created (absent when none failed)."""
+
+    @property
+    def child(self) -> Header:
+        """The child of a single fork. On a fan-out's reply, ``ForkError`` (``INVALID_REQUEST``):
+        read ``children`` there."""
+        if isinstance(self.session, UnsetType):
+            raise errors.invalid(f"the reply to request {rules.echo(self.request_id)} is a fan-out's: "
+                                 "read its children, not one child")
+        return self.session
+
+    @property
+    def children(self) -> list[Header]:
+        """Every child created: a single fork's one child, or a fan-out's children in request order."""
+        if not isinstance(self.session, UnsetType):
+            return [self.session]
+        return [] if isinstance(self.sessions, UnsetType) else list(self.sessions)
+
+    @property
+    def not_created(self) -> list[ChildError]:
+        """A fan-out's children that were not created, each with its error (empty when none)."""
+        return [] if isinstance(self.failed, UnsetType) else list(self.failed)
 
 
 class ForkFailure(msgspec.Struct, tag="fork/error", tag_field="type", rename="camel", kw_only=True):
-    """Failure: nothing was created. ``code`` is an ``ErrorCode`` value."""
+    """The reply when a fork created nothing (the wire's ``fork/error``): ``code`` says why.
+
+    ``isinstance(reply, ForkFailure)`` narrows a ``Reply`` to this type (``not reply.ok`` does
+    not: a fan-out's ``ForkResult`` can have ``ok`` false too).
+    """
 
     request_id: str
-    ok: bool = False
+    """The request this answers."""
+    ok: Literal[False] = False
+    """Always false: nothing was created."""
     code: str
+    """An ``ErrorCode`` value (``OPEN_TURN``, ``SESSION_NOT_FOUND``, ...)."""
     message: str
+    """What went wrong, for people (the messages are listed with the error codes)."""
 
 
-Reply = ForkResult | ForkFailure
+Reply: TypeAlias = ForkResult | ForkFailure
+"""The one reply a fork request gets: ``ForkResult`` or ``ForkFailure`` (narrow with
+``isinstance``, or with ``if reply.ok:`` to a ``ForkResult``)."""
 
 _request_decoder = msgspec.json.Decoder(ForkRequest)
 _reply_decoder: msgspec.json.Decoder[ForkResult | ForkFailure] = msgspec.json.Decoder(Reply)

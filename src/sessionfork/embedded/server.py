@@ -89,12 +89,16 @@ class EmbeddedServer:
 
     @property
     def url(self) -> str:
+        """The server's URL, database 0: ``redis://127.0.0.1:<port>/0``."""
         return f"redis://127.0.0.1:{self.port}/0"
 
     def client(self, **kwargs: object) -> Redis:
+        """A new ``Redis`` client of the server (``kwargs`` passed to ``Redis``)."""
         return Redis(host="127.0.0.1", port=self.port, **kwargs)  # type: ignore[arg-type]
 
     def start(self, timeout: float = 10.0) -> EmbeddedServer:
+        """Start the server and return it once it answers ``PING`` (``ServerNotAvailable`` when it
+        does not within ``timeout`` seconds)."""
         head = [self.binary]
         if self.config is not None:
             (self.directory / "server.conf").write_text(self.config)
@@ -130,6 +134,7 @@ class EmbeddedServer:
             self.process.wait(10)
 
     def stop(self) -> None:
+        """Stop the server process (terminated, killed if it does not exit); its directory stays."""
         if self.process and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -139,6 +144,7 @@ class EmbeddedServer:
         self.process = None
 
     def close(self) -> None:
+        """Stop the server and remove its temporary directory."""
         self.stop()
         if self._tmp is not None:
             self._tmp.cleanup()

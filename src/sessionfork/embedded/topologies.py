@@ -53,14 +53,18 @@ class EmbeddedCluster:
 
     @property
     def nodes(self) -> list[EmbeddedServer]:
+        """Every node: the masters, then the replicas."""
         return [*self.masters, *self.replicas]
 
     @property
     def url(self) -> str:
+        """The URL of one running node (cluster clients discover the others from it)."""
         live = [n for n in self.nodes if n.process is not None and n.process.poll() is None]
         return live[0].url
 
     def start(self, timeout: float = 30.0) -> EmbeddedCluster:
+        """Start every node and join them into a cluster; returns once it is ready (within
+        ``timeout`` seconds). A failure closes what was started."""
         try:
             return self._start(timeout)
         except BaseException:
@@ -116,6 +120,7 @@ class EmbeddedCluster:
         return True
 
     def close(self) -> None:
+        """Close every node (``EmbeddedServer.close``)."""
         for node in self.nodes:
             node.close()
 
@@ -148,10 +153,13 @@ class EmbeddedSentinel:
 
     @property
     def url(self) -> str:
+        """The ``redis+sentinel://`` URL naming every sentinel and the monitored service, database 0."""
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
         return f"redis+sentinel://{hosts}/{self.service}/0"
 
     def start(self, timeout: float = 30.0) -> EmbeddedSentinel:
+        """Start the primary, its replicas and the sentinels; returns once the sentinels monitor
+        the primary (within ``timeout`` seconds). A failure closes what was started."""
         try:
             for node in [self.primary, *self.replicas, *self.sentinels]:
                 node.start()
@@ -187,6 +195,7 @@ class EmbeddedSentinel:
         return None
 
     def close(self) -> None:
+        """Close the sentinels, the primary and the replicas."""
         for node in [*self.sentinels, self.primary, *self.replicas]:
             node.close()
 

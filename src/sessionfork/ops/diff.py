@@ -56,9 +56,15 @@ class Diff(msgspec.Struct, rename="camel", kw_only=True):
     shared: int
     """Length of the common prefix (seq 0 .. shared-1): summarised, never listed."""
     a: Side
+    """Session ``a``: its id, length, the seq where it left the ancestor, its events after the
+    shared prefix."""
     b: Side
+    """Session ``b``, as ``a``."""
     ancestor: str | None = None
+    """The nearest common ancestor (possibly deleted); ``None`` when the two are unrelated."""
     kept: Kept | msgspec.UnsetType = UNSET
+    """A summary child against its source: the range of events the two hold in common (absent
+    otherwise)."""
 
 
 def shared_length(a: Sequence[Piece], b: Sequence[Piece]) -> int:

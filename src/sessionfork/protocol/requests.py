@@ -43,7 +43,9 @@ class Variant:
     appended to it right after the shared seed."""
 
     session_id: str | None = None
+    """The child's id; ``None``: generated (``session-<uuid4>``)."""
     edits: Sequence[NewEvent] = ()
+    """Events appended to this child right after the seed, in the step that creates it."""
 
 
 def edit_json(event: NewEvent) -> dict[str, Any]:
