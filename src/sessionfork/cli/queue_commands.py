@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import IO
 
@@ -14,6 +15,8 @@ from ..protocol.requests import MAX_WAIT, ForkOptions
 from ..worker import jobs
 from .app import LOG_LEVELS, Context, clean_errors, cli
 from .files import read_edits, read_summary, read_variants
+
+log = logging.getLogger("sessionfork.worker")
 
 
 def _check_wait(ctx: click.Context, param: click.Parameter, value: float) -> float:
@@ -51,6 +54,9 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
     observer = Observer(queue_depth=lambda: queue.count, shard=None if count == 1 else s.shard)
     if metrics_port is not None:
         observer.serve(metrics_port)
+    log.info("worker started", extra={"server": config.redacted(url), "queue": s.queue, "shard": s.shard or 0,
+                                      "shards": count, "metricsPort": metrics_port,
+                                      "registry": config.redacted(obj.registry_url)})
     fork_worker = ForkWorker([queue], service=service, connection=queue_redis, on_outcome=observer,
                              abandoned_after=s.abandoned_after, job_ttl=s.job_ttl, retention=s.retention,
                              delete_after_persist=s.delete_after_persist,
