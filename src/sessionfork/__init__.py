@@ -3,11 +3,19 @@
 The public API is what ``__all__`` lists; everything else is private and may change.
 """
 
+from importlib.metadata import PackageNotFoundError, version
+
 from .core.errors import ErrorCode, ForkError
 from .core.forks import fork, snapshot
 from .core.registry import Registry
 from .core.snapshots import Snapshot
 from .core.wire import Event, Header, LiveHandle, NewEvent, SeedMeta, Summary
+
+try:
+    __version__: str = version("sessionfork")
+    """The installed distribution's version (``sessionfork --version`` prints it)."""
+except PackageNotFoundError:  # a source tree run without installing it
+    __version__ = "0+unknown"
 
 __all__ = [
     "ErrorCode",
