@@ -207,9 +207,16 @@ def check_url(url: str, what: str) -> str:
 
 
 def redacted(url: str) -> str:
-    """``url`` without its password (error messages end up in logs)."""
+    """``url`` without its password (error messages and log lines show it): ``redis://u:***@h``;
+    a user without a password is kept (``redis://u@h``); ``pw@host`` (no scheme) is ``***@host``."""
     head, at, tail = url.rpartition("@")
-    return f"{head.rpartition(':')[0]}:***@{tail}" if at else url  # "pw@host" (no scheme) too
+    if not at:
+        return url
+    scheme, sep, userinfo = head.rpartition("://")
+    user, colon, _ = userinfo.partition(":")
+    if sep and not colon:
+        return url  # a user name only
+    return f"{scheme}{sep}{user + ':***' if colon else '***'}@{tail}"
 
 
 def _number(value: float) -> str:
