@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import turn
 from redis import Redis
+from waits import outcome_of
 
 from sessionfork import fork
 from sessionfork.cli import cli
@@ -78,7 +79,9 @@ def test_an_entry_with_the_old_names_reads_as_a_new_one(server: EmbeddedServer, 
     redis.xadd(keys.OUTCOME_STREAM, {"request": "r-old", "code": "OK", "us": "1500", "lat": "2500",
                                      "reply": wire.encode(reply)})
     redis.xadd(keys.OUTCOME_STREAM, {"request": "r-older", "code": "OK", "reply": wire.encode(reply)})  # no times
-    old, older = stats.read_outcomes(redis)
+    read = outcome_of(lambda: list(stats.read_outcomes(redis)))  # an error's text, when it raises
+    assert isinstance(read, list) and len(read) == 2, read
+    old, older = read
     assert (old.request_id, old.code, old.duration_us, old.latency_us, old.reply) == ("r-old", "OK", 1500, 2500, reply)
     assert (older.request_id, older.duration_us, older.latency_us) == ("r-older", 0, 0)
     first = json.loads(invoke(server, "events", "--json").splitlines()[0])
