@@ -27,6 +27,8 @@ from sessionfork.worker.outcomes import Outcomes
 pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
 
 COMMANDS = sorted(cli.commands)
+IDLE = "idle-queue"
+"""A queue no worker serves (the module's worker, once started, serves the default one)."""
 READ_COMMANDS = ["diff", "events", "gc", "health", "stats", "tree"]
 """The commands that show what is stored, each with ``--json``; the others change it (``fork`` and
 ``wait`` print JSON always)."""
@@ -68,14 +70,13 @@ def test_every_read_command_has_json(command: str) -> None:
 
 
 def test_health_json(server: EmbeddedServer, redis: Redis) -> None:
-    done = run_cli(server.url, "health", "--json")
+    done = run_cli(server.url, "--queue", IDLE, "health", "--json")
     assert done.returncode == 1, done.stderr
-    assert json.loads(done.stdout) == {"ok": False, "queue": "sessionfork",
+    assert json.loads(done.stdout) == {"ok": False, "queue": IDLE,
                                        "shards": [{"shard": 0, "ok": False, "workers": []}]}
 
 
 def test_tree_json_is_format_json(server: EmbeddedServer, redis: Redis) -> None:
-    redis.flushall()
     sessionfork.Registry(redis).create("t-a")
     assert invoke("--redis-url", server.url, "tree", "t-a", "--json").stdout == \
         invoke("--redis-url", server.url, "tree", "t-a", "--format", "json").stdout
@@ -95,8 +96,7 @@ def test_wait_prints_the_reply_of_a_request_enqueued_before(server: EmbeddedServ
 
 
 def test_wait_exits_1_on_an_error_outcome(server: EmbeddedServer, redis: Redis) -> None:
-    redis.flushall()
-    queued = json.loads(run_cli(server.url, "fork", "nobody", "--wait", "0").stdout)
+    queued = json.loads(run_cli(server.url, "--queue", IDLE, "fork", "nobody", "--wait", "0").stdout)
     failure = wire.ForkFailure(request_id=queued["requestId"], code="SESSION_NOT_FOUND", message="no")
     Outcomes(redis, ttl=60, stream_maxlen=10).record(failure, "sf:replies")
     done = run_cli(server.url, "wait", queued["requestId"], "--timeout", "5")
@@ -105,12 +105,11 @@ def test_wait_exits_1_on_an_error_outcome(server: EmbeddedServer, redis: Redis) 
 
 
 def test_a_timed_out_fork_stays_queued_and_says_how_to_wait_for_it(server: EmbeddedServer, redis: Redis) -> None:
-    redis.flushall()  # no worker on this queue: nothing answers
-    done = run_cli(server.url, "fork", "src", "--request-id", "r-stays", "--wait", "0.5")
+    done = run_cli(server.url, "--queue", IDLE, "fork", "src", "--request-id", "r-stays", "--wait", "0.5")
     assert done.returncode == 4, done.stderr
     assert done.stderr == ("error: no reply to request r-stays within 0.5s: the request stays queued; wait for "
                            "its reply with: sessionfork wait r-stays\n")
-    assert queue_of(make_client(redis)).job_ids == ["r-stays"]
+    assert queue_of(make_client(redis, queue=IDLE)).job_ids == ["r-stays"]
     reply = ForkResult(request_id="r-stays", session=Header(version=0, id="late", created_at=1))
     Outcomes(redis, ttl=60, stream_maxlen=10).record(reply, "sf:replies")
     waited = run_cli(server.url, "wait", "r-stays", "--timeout", "5")
@@ -118,7 +117,6 @@ def test_a_timed_out_fork_stays_queued_and_says_how_to_wait_for_it(server: Embed
 
 
 def test_a_timed_out_wait_says_how_to_wait_again(server: EmbeddedServer, redis: Redis) -> None:
-    redis.flushall()
     done = run_cli(server.url, "wait", "r-never", "--timeout", "0.3")
     assert done.returncode == 4, done.stderr
     assert done.stderr == ("error: no reply to request r-never within 0.3s: it may still be queued; wait again "
