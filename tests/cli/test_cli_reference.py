@@ -43,7 +43,7 @@ def test_the_page_shows_no_escaped_pipe() -> None:
 
 def test_a_stale_reference_is_seen(tmp_path: Path) -> None:
     page = tmp_path / "cli.md"
-    page.write_text(PAGE.read_text().replace("`--wait` `FLOAT`", "`--wait` `SECONDS`"))
+    page.write_text(PAGE.read_text().replace("`--wait` `SECONDS`", "`--wait` `FLOAT`"))
     assert reference.generated(page.read_text()) != reference.render(cli).strip("\n")
     assert reference.rewrite(page, cli) and reference.generated(page.read_text()) == reference.render(cli).strip("\n")
 

@@ -90,7 +90,7 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
                    "event, then SOURCE's events K... renumbered from 1.")
 @click.option("--request-id", help="Idempotency key (default: generated).")
 @click.option("--reply-to", help="Reply channel for this request.")
-@click.option("--wait", "wait_s", type=float, default=10.0, show_default=True, callback=_check_wait,
+@click.option("--wait", "wait_s", type=float, default=10.0, show_default=True, callback=_check_wait, metavar="SECONDS",
               help=f"Seconds to wait for the reply (0-{MAX_WAIT}); 0 = enqueue only and print the request id.")
 @click.pass_obj
 @clean_errors
@@ -130,6 +130,7 @@ def _print_reply(reply: wire.Reply) -> None:
 @cli.command("wait")
 @click.argument("request_id")
 @click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True, callback=_check_wait,
+              metavar="SECONDS",
               help=f"Seconds to wait for the reply (0-{MAX_WAIT}); 0 = only read the outcome stored now.")
 @click.option("--reply-to", help="The reply channel the request named (default: the reply channel).")
 @click.pass_obj
@@ -155,6 +156,7 @@ def wait(obj: Context, request_id: str, timeout_s: float, reply_to: str | None) 
 
 @cli.command()
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 3600), default=3.0, show_default=True,
+              metavar="SECONDS",
               help="Seconds within which it answers: an unreachable server is exit 3 by then (each "
                    "connection and command bounded by it, no retry past it).")
 @click.option("--json", "as_json", is_flag=True,
