@@ -17,6 +17,7 @@ from sessionfork.core import keys, rules, wire
 from sessionfork.core.registry import Registry
 from sessionfork.core.snapshots import decode_segments
 from sessionfork.core.wire import ForkResult, Header
+from sessionfork.protocol.outcomes import stream_entry
 
 
 def sample(redis: Redis, sources: list[str]) -> tuple[int, int]:
@@ -77,12 +78,13 @@ def tally_outcomes(redis: Redis, mine: set[str], since_ms: int
     by_code: collections.Counter[str] = collections.Counter()
     created: list[Header] = []
     entries: list[Any] = redis.xrange(keys.OUTCOME_STREAM, min=f"{since_ms}-0") or []
-    for _, entry in entries:
-        rid = entry[b"request"].decode()
+    for _, fields in entries:
+        entry = stream_entry(fields)
+        rid = entry["requestId"].decode()
         if rid in mine:
             per_request[rid] += 1
-            by_code[entry[b"code"].decode()] += 1
-            reply = wire.decode_reply(entry[b"reply"])
+            by_code[entry["code"].decode()] += 1
+            reply = wire.decode_reply(entry["reply"])
             if isinstance(reply, ForkResult):
                 created += [reply.session] if isinstance(reply.session, Header) else []
                 created += reply.sessions if isinstance(reply.sessions, list) else []

@@ -6,6 +6,9 @@ else is private and may change. This module is the agent host's side (the regist
 snapshots, branch diff) and the types a fork's request and reply are made of; it imports no RQ.
 """
 
+from importlib.metadata import PackageNotFoundError as _NotInstalled
+from importlib.metadata import version as _version
+
 from .core.errors import ErrorCode, ForkError
 from .core.forks import FanOut, fork, fork_many, snapshot
 from .core.registry import Registry
@@ -23,6 +26,12 @@ from .core.wire import (
     Summary,
 )
 from .ops.diff import Diff, diff
+
+try:
+    __version__: str = _version("sessionfork")
+    """The installed distribution's version (``sessionfork --version`` prints it)."""
+except _NotInstalled:  # a source tree run without installing it
+    __version__ = "0+unknown"
 
 __all__ = [
     "ChildError",

@@ -109,3 +109,13 @@ def test_the_replica_wait_must_fit_in_the_socket_timeout() -> None:
     with pytest.raises(config.ConfigError, match="SESSIONFORK_WAIT_TIMEOUT_MS"):
         config.from_environ({"SESSIONFORK_WAIT_TIMEOUT_MS": "5000", "SESSIONFORK_SOCKET_TIMEOUT": "5"})
     assert config.from_environ({"SESSIONFORK_WAIT_TIMEOUT_MS": "4999"}).wait_timeout_ms == 4999
+
+
+@pytest.mark.parametrize(("url", "shown"), [
+    ("redis://:pw@h:1/0", "redis://:***@h:1/0"), ("redis://u:pw@h/0", "redis://u:***@h/0"),
+    ("redis://u@h/0", "redis://u@h/0"), ("pw@h", "***@h"), ("redis://h/0", "redis://h/0"),
+    ("redis+sentinel://:p@w@h1,h2/svc", "redis+sentinel://:***@h1,h2/svc"), ("rediss://u:p:q@h", "rediss://u:***@h"),
+])
+def test_a_url_is_shown_without_its_password(url: str, shown: str) -> None:
+    """What error messages and the worker's start line show of a URL (a user name alone is kept)."""
+    assert config.redacted(url) == shown

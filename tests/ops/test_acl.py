@@ -228,7 +228,7 @@ def test_host_reads_back_the_session_it_wrote(flow: Flow, host: Redis) -> None:
 def test_scheduler_reads_the_outcome_stream(flow: Flow, scheduler: Redis) -> None:
     entries: Any = scheduler.xrange(keys.OUTCOME_STREAM)
 
-    assert flow.request_id.encode() in [fields[b"request"] for _, fields in entries]
+    assert flow.request_id.encode() in [fields[b"requestId"] for _, fields in entries]
 
 
 # -- refusals -------------------------------------------------------------------------------------

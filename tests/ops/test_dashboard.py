@@ -17,7 +17,7 @@ from sessionfork import NewEvent, Registry
 from sessionfork.core.factories import now_ms
 from sessionfork.core.wire import Reply
 from sessionfork.embedded import EmbeddedServer, free_port
-from sessionfork.ops.metrics import JsonFormatter, Observer
+from sessionfork.ops.metrics import Observer, formatter
 from sessionfork.ops.stats import compute_stats, format_line, read_outcomes
 from sessionfork.protocol.requests import Limits
 from sessionfork.worker.outcomes import Outcomes
@@ -115,9 +115,9 @@ def test_outcome_log_line_is_json_with_fields(redis: Redis, registry: Registry,
     reply = outcomes(redis, registry)[0]
     with caplog.at_level(logging.INFO, logger="sessionfork.outcome"):
         Observer()("r1", '{"source":{"id":"src","instance":"t"}}', reply, 0.0015)
-    line = json.loads(JsonFormatter().format(caplog.records[-1]))
-    assert {k: line[k] for k in ("request_id", "source", "child", "code", "duration_ms")} == {
-        "request_id": "r1", "source": "src", "child": ["c1"], "code": "OK", "duration_ms": 1.5}
+    line = json.loads(formatter("json").format(caplog.records[-1]))
+    assert {k: line[k] for k in ("requestId", "op", "source", "children", "code", "durationMs")} == {
+        "requestId": "r1", "op": "fork", "source": "src", "children": ["c1"], "code": "OK", "durationMs": 1.5}
 
 
 def test_outcomes_of_enqueued_requests_carry_their_latency(redis: Redis, registry: Registry) -> None:

@@ -151,8 +151,8 @@ def outcome_entries(redis: Redis) -> list[OutcomeEntry]:
     for entry_id, fields in redis.xrange(keys.OUTCOME_STREAM):
         f = {k.decode(): v for k, v in fields.items()}
         entries.append(OutcomeEntry(
-            entry_id=entry_id.decode(), fields=frozenset(f), request=f["request"].decode(),
-            code=f["code"].decode(), us=int(f["us"]), raw=f["reply"], reply=wire.decode_reply(f["reply"])))
+            entry_id=entry_id.decode(), fields=frozenset(f), request=f["requestId"].decode(),
+            code=f["code"].decode(), us=int(f["durationUs"]), raw=f["reply"], reply=wire.decode_reply(f["reply"])))
     return entries
 
 

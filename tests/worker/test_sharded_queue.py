@@ -233,7 +233,7 @@ def test_a_worker_refuses_a_shard_out_of_range_or_a_shard_list_that_disagrees() 
                                   text=True, timeout=TIMEOUT, check=False)
 
         out = worker([a.url, b.url], "--shard", "2")
-        assert out.returncode == 2 and "SESSIONFORK_SHARD must be between 0 and 1" in out.stderr, out.stderr
+        assert out.returncode == 2 and "--shard must be between 0 and 1" in out.stderr, out.stderr
         out = worker([a.url, b.url])
         assert out.returncode == 2 and "give the shard to serve" in out.stderr, out.stderr
         assert worker([a.url, b.url], "--shard", "0").returncode == 0  # marks a as shard 0/2

@@ -68,7 +68,7 @@ def test_outcome_stream_has_every_outcome_exactly_once_with_its_fields(
 
     assert sorted(e.request for e in entries) == sorted({r.request_id for r in replies})
     for entry in entries:
-        assert entry.fields == {"request", "code", "us", "lat", "reply"}
+        assert entry.fields == {"requestId", "code", "durationUs", "latencyUs", "reply"}
         assert entry.raw == stored_outcome(redis, entry.request)
         assert entry.reply.request_id == entry.request
         assert entry.code == (entry.reply.code if isinstance(entry.reply, ForkFailure) else "OK")

@@ -18,19 +18,21 @@ import click
 
 from ..core import wire
 from ..core.registry import DELETED
-from .app import LOG_LEVELS, Context, clean_errors, cli
+from .app import LOG_LEVELS, Context, clean_errors, cli, env_help
 
 
 @cli.command()
 @click.argument("session_id")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "mermaid", "html"]), default="text",
               show_default=True, help="html: one self-contained page (no script, nothing fetched).")
+@click.option("--json", "as_json", is_flag=True, help="The same as --format json.")
 @click.pass_obj
 @clean_errors
-def tree(obj: Context, session_id: str, fmt: str) -> None:
+def tree(obj: Context, session_id: str, fmt: str, as_json: bool) -> None:
     """Show SESSION_ID's ancestors and all its descendants."""
     from ..ops import lineage
 
+    fmt = "json" if as_json else fmt
     found = lineage.lineage(obj.registry(), session_id)
     if fmt == "html":
         from ..ops.lineage_html import render_html
@@ -111,7 +113,7 @@ def delete(obj: Context, session_ids: tuple[str, ...], timeout: float) -> None:
 
 @cli.command()
 @click.option("--dry-run", is_flag=True, help="List what would go and the bytes it would free; change nothing.")
-@click.option("--older-than", type=int, help="Seconds since disposal (default: SESSIONFORK_RETENTION).")
+@click.option("--older-than", type=int, help=env_help("Seconds since disposal (default: the retention).", "retention"))
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per session.")
 @click.pass_obj
 @clean_errors
@@ -159,7 +161,7 @@ def events(obj: Context, follow: bool, only_new: bool, as_json: bool) -> None:
 @cli.command()
 @click.option("--window", type=click.IntRange(1, 3650 * 86400), default=3600, show_default=True,
               help="Seconds to look back (at most ten years).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object (camelCase).")
 @click.pass_obj
 @clean_errors
 def stats(obj: Context, window: int, as_json: bool) -> None:

@@ -13,8 +13,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
+import msgspec
 from redis.exceptions import RedisError
 
+from .. import __version__
 from ..core import config, connections
 from ..core.errors import ForkError
 from ..core.registry import Registry
@@ -32,6 +34,15 @@ class Context:
         self._queue: Any = None
         self._registry: Any = None
         self._shards: list[Any] | None = None
+
+    def bound_by(self, seconds: float) -> None:
+        """Each connection and command of the clients made from now on fails within ``seconds``
+        (at least half a second): a command given a time (``health --timeout``, ``wait
+        --timeout``) answers by then, a frozen server included."""
+        cap = max(seconds, 0.5)
+        s = self.settings
+        self.settings = msgspec.structs.replace(s, socket_timeout=min(s.socket_timeout, cap),
+                                                connect_timeout=min(s.connect_timeout, cap))
 
     @property
     def registry_url(self) -> str:
@@ -124,22 +135,48 @@ class OneLineGroup(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-@click.group(cls=OneLineGroup)
-@click.option("--redis-url", help="Registry server URL (default: $REDIS_URL, else redis://127.0.0.1:6379/0).")
-@click.option("--queue-url", help="Queue server URL (default: $SESSIONFORK_QUEUE_URL, else the registry's).")
-@click.option("--queue-urls", help="Sharded queue: comma-separated queue server URLs, in shard order "
-                                   "(default: $SESSIONFORK_QUEUE_URLS).")
-@click.option("--cluster/--no-cluster", default=None, help="The registry is a Redis Cluster.")
-@click.option("--tls-ca-file", help="CA bundle for rediss:// URLs.")
-@click.option("--queue", "queue_name", help="RQ queue name (default: sessionfork).")
-@click.option("--reply-channel", help="Default reply channel (default: sf:replies).")
+FLAGS = {"redis_url": "--redis-url", "queue_url": "--queue-url", "queue_urls": "--queue-urls",
+         "cluster": "--cluster", "tls_ca_file": "--tls-ca-file", "queue": "--queue", "reply_channel": "--reply-channel"}
+"""The group's flags, by the setting each sets: an error in one names the flag, not its variable."""
+
+
+def env_help(text: str, field: str) -> str:
+    """An option's help naming the variable that sets it too (``[env var: …]``, as click shows it)."""
+    return f"{text}  [env var: {config.ENV[field]}]"
+
+
+def _settings_epilog() -> str:
+    """The group's help ends with every other variable the CLI reads, and its default."""
+    defaults = config.Settings()
+    shown = {**FLAGS, "shard": "--shard"}
+    lines = [f"  {var} (default: {_shown(getattr(defaults, field))})" for field, var in config.ENV.items()
+             if field not in shown]
+    return "\b\nSettings read from the environment only (docs: Configuration):\n" + "\n".join(lines)
+
+
+def _shown(value: object) -> str:
+    return {True: "1", False: "0", None: "unset"}.get(value, str(value)) if isinstance(value, bool | None) \
+        else str(value)
+
+
+@click.group(cls=OneLineGroup, context_settings={"help_option_names": ["-h", "--help"]}, epilog=_settings_epilog())
+@click.version_option(__version__, "--version", prog_name="sessionfork", message="%(prog)s %(version)s")
+@click.option("--redis-url", help=env_help("Registry server URL (default: redis://127.0.0.1:6379/0).", "redis_url"))
+@click.option("--queue-url", help=env_help("Queue server URL (default: the registry's).", "queue_url"))
+@click.option("--queue-urls", help=env_help("Sharded queue: comma-separated queue server URLs, in shard order.",
+                                            "queue_urls"))
+@click.option("--cluster/--no-cluster", default=None, help=env_help("The registry is a Redis Cluster (variable: 1).",
+                                                                    "cluster"))
+@click.option("--tls-ca-file", help=env_help("CA bundle for rediss:// URLs.", "tls_ca_file"))
+@click.option("--queue", "queue_name", help=env_help("RQ queue name (default: sessionfork).", "queue"))
+@click.option("--reply-channel", help=env_help("Default reply channel (default: sf:replies).", "reply_channel"))
 @click.pass_context
 def cli(ctx: click.Context, redis_url: str | None, queue_url: str | None, queue_urls: str | None,
         cluster: bool | None, tls_ca_file: str | None, queue_name: str | None, reply_channel: str | None) -> None:
     """Fork live AI-agent sessions from a Redis queue."""
     environ = ctx.obj if isinstance(ctx.obj, dict) else {}
     try:
-        settings = config.from_environ(environ, redis_url=redis_url, queue_url=queue_url,
+        settings = config.from_environ(environ, flags=FLAGS, redis_url=redis_url, queue_url=queue_url,
                                        queue_urls=queue_urls, cluster=cluster,
                                        tls_ca_file=tls_ca_file, queue=queue_name, reply_channel=reply_channel)
     except config.ConfigError as exc:

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import sys
+import time
 from typing import IO
 
 import click
 import msgspec
 
 from ..clients.client import Client
-from ..core import config, wire
+from ..core import config, rules, wire
 from ..protocol.requests import MAX_WAIT, ForkOptions
 from ..worker import jobs
-from .app import LOG_LEVELS, Context, clean_errors, cli
+from .app import LOG_LEVELS, Context, clean_errors, cli, env_help
 from .files import read_edits, read_summary, read_variants
+
+log = logging.getLogger("sessionfork.worker")
 
 
 def _check_wait(ctx: click.Context, param: click.Parameter, value: float) -> float:
@@ -30,7 +34,7 @@ def _check_wait(ctx: click.Context, param: click.Parameter, value: float) -> flo
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one object per line, with request id, source, child, code, duration.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve Prometheus metrics on this port.")
-@click.option("--shard", type=int, help="Sharded queue: the shard to serve, 0-based (default: $SESSIONFORK_SHARD).")
+@click.option("--shard", type=int, help=env_help("Sharded queue: the shard to serve, 0-based.", "shard"))
 @click.pass_obj
 @clean_errors
 def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, log_level: str,
@@ -41,7 +45,7 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
     from ..worker.shard_check import check_shard
 
     configure_logging(log_format, log_level.upper())
-    obj.settings = s = config.with_shard(obj.settings, shard)
+    obj.settings = s = config.with_shard(obj.settings, shard, "--shard")
     url, count = obj.queue_url, len(obj.queue_urls)
     service = obj.service()
     queue_redis = service.outcomes.redis
@@ -51,6 +55,9 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
     observer = Observer(queue_depth=lambda: queue.count, shard=None if count == 1 else s.shard)
     if metrics_port is not None:
         observer.serve(metrics_port)
+    log.info("worker started", extra={"server": config.redacted(url), "queue": s.queue, "shard": s.shard or 0,
+                                      "shards": count, "metricsPort": metrics_port,
+                                      "registry": config.redacted(obj.registry_url)})
     fork_worker = ForkWorker([queue], service=service, connection=queue_redis, on_outcome=observer,
                              abandoned_after=s.abandoned_after, job_ttl=s.job_ttl, retention=s.retention,
                              delete_after_persist=s.delete_after_persist,
@@ -83,7 +90,7 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
                    "event, then SOURCE's events K... renumbered from 1.")
 @click.option("--request-id", help="Idempotency key (default: generated).")
 @click.option("--reply-to", help="Reply channel for this request.")
-@click.option("--wait", "wait_s", type=float, default=10.0, show_default=True, callback=_check_wait,
+@click.option("--wait", "wait_s", type=float, default=10.0, show_default=True, callback=_check_wait, metavar="SECONDS",
               help=f"Seconds to wait for the reply (0-{MAX_WAIT}); 0 = enqueue only and print the request id.")
 @click.pass_obj
 @clean_errors
@@ -91,7 +98,10 @@ def fork(obj: Context, source: str, instance: str | None, session_id: str | None
          count: int | None, boundary: int | None, if_length: int | None, edits_file: IO[bytes] | None,
          variants_file: IO[bytes] | None, summary_file: IO[bytes] | None, request_id: str | None,
          reply_to: str | None, wait_s: float) -> None:
-    """Enqueue a fork of SOURCE and print the reply event as JSON (exit 1 on an error code)."""
+    """Enqueue a fork of SOURCE and print the reply event as JSON (exit 1 on an error code).
+
+    No reply within --wait: exit 4, and the request stays queued: `sessionfork wait REQUEST_ID`
+    waits for it again."""
     edits = None if edits_file is None else read_edits(edits_file, "--edits")
     variants = None if variants_file is None else read_variants(variants_file)
     summary = None if summary_file is None else read_summary(summary_file)
@@ -104,33 +114,78 @@ def fork(obj: Context, source: str, instance: str | None, session_id: str | None
     if wait_s == 0:
         click.echo(wire.encode({"requestId": client.submit(request), "queued": True}).decode())
         return
-    reply = client.fork_request(request, wait_s)  # subscribed, enqueued and answered within --wait
+    try:
+        reply = client.fork_request(request, wait_s)  # subscribed, enqueued and answered within --wait
+    except TimeoutError as exc:
+        raise TimeoutError(f"{exc}: the request stays queued; wait for its reply with: "
+                           f"sessionfork wait {request.request_id}") from None
+    _print_reply(reply)
+
+
+def _print_reply(reply: wire.Reply) -> None:
     click.echo(wire.encode(reply).decode())
     sys.exit(0 if reply.ok else 1)
 
 
-@cli.command()
+@cli.command("wait")
+@click.argument("request_id")
+@click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True, callback=_check_wait,
+              metavar="SECONDS",
+              help=f"Seconds to wait for the reply (0-{MAX_WAIT}); 0 = only read the outcome stored now.")
+@click.option("--reply-to", help="The reply channel the request named (default: the reply channel).")
 @click.pass_obj
 @clean_errors
-def health(obj: Context) -> None:
+def wait(obj: Context, request_id: str, timeout_s: float, reply_to: str | None) -> None:
+    """Wait for the outcome of a request enqueued before (`fork --wait 0`, a scheduler, a timed-out
+    `fork`) and print its reply event as JSON, as `fork` does (exit 1 on an error code, 4 when
+    no reply comes within --timeout: it may still be queued)."""
+    from ..core.connections import retries_until
+
+    obj.bound_by(timeout_s)
+    client = Client(obj.shard_redis(), obj.settings)
+    deadline = time.monotonic() + timeout_s
+    with retries_until(deadline):  # an unreachable server is exit 3 within --timeout, not a silent wait
+        client.shards[client.shard_of(rules.check_request_id(request_id, "request id"))].ping()
+    try:
+        reply = client.wait(request_id, max(deadline - time.monotonic(), 0.0), reply_to=reply_to)
+    except TimeoutError:
+        raise TimeoutError(f"no reply to request {request_id} within {timeout_s}s: it may still be queued; "
+                           f"wait again with: sessionfork wait {request_id}") from None
+    _print_reply(reply)
+
+
+@cli.command()
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 3600), default=3.0, show_default=True,
+              metavar="SECONDS",
+              help="Seconds within which it answers: an unreachable server is exit 3 by then (each "
+                   "connection and command bounded by it, no retry past it).")
+@click.option("--json", "as_json", is_flag=True,
+              help='One JSON object: {"ok", "queue", "shards": [{"shard", "ok", "workers"}]}.')
+@click.pass_obj
+@clean_errors
+def health(obj: Context, timeout_s: float, as_json: bool) -> None:
     """Exit 0 when a worker of the queue (of every shard, when sharded; of the one SESSIONFORK_SHARD
     names, when set) has a fresh heartbeat, 1 otherwise."""
+    from ..core.connections import retries_until
     from ..worker.jobs import fresh_workers
 
-    shards = obj.shard_redis()
-    unhealthy = False
-    for index, redis in enumerate(shards):
-        if obj.settings.shard is not None and index != obj.settings.shard:
-            continue  # a shard's worker container checks its own shard
-        names = fresh_workers(redis, obj.settings)
-        where = f"queue {obj.settings.queue!r}" + (f" of shard {index}" if len(shards) > 1 else "")
+    s = obj.settings
+    obj.bound_by(timeout_s)
+    with retries_until(time.monotonic() + timeout_s):
+        shards = obj.shard_redis()
+        found = {index: sorted(fresh_workers(redis, obj.settings)) for index, redis in enumerate(shards)
+                 if obj.settings.shard is None or index == obj.settings.shard}  # a shard's container: its own
+    if as_json:
+        click.echo(wire.encode({"ok": all(found.values()), "queue": s.queue, "shards": [
+            {"shard": index, "ok": bool(names), "workers": names} for index, names in found.items()]}).decode())
+    for index, names in found.items() if not as_json else ():
+        where = f"queue {s.queue!r}" + (f" of shard {index}" if len(shards) > 1 else "")
         if names:
             shown = f"{where}: " if len(shards) > 1 else ""  # one server: the line as before sharding
-            click.echo(f"ok: {shown}{len(names)} worker(s): {', '.join(sorted(names))}")
+            click.echo(f"ok: {shown}{len(names)} worker(s): {', '.join(names)}")
         else:
             click.echo(f"unhealthy: no worker with a fresh heartbeat on {where}", err=True)
-            unhealthy = True
-    if unhealthy:
+    if not all(found.values()):
         sys.exit(1)
 
 

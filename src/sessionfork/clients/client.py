@@ -25,9 +25,10 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar, Unpack
 
+import msgspec
 from redis import Redis
 
-from ..core import connections, wire
+from ..core import connections, rules, wire
 from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, Reply
@@ -101,7 +102,7 @@ class Client:
         enqueued = self._enqueuers[shard](*job_call(request.request_id, payload, self.settings, datetime.now(UTC)))
         return request.request_id, enqueued
 
-    def wait(self, request: ForkRequest, timeout: float) -> Reply:
+    def wait(self, request: ForkRequest | str, timeout: float, *, reply_to: str | None = None) -> Reply:
         """The reply to a submitted request; ``TimeoutError`` when none comes within ``timeout`` s
         (``INVALID_REQUEST`` for a ``timeout`` that is not 0 to ``MAX_WAIT`` seconds).
 
@@ -110,18 +111,31 @@ class Client:
         wakes the waiter (one with nothing stored behind it is ignored). The client stays
         subscribed to the reply channel after the wait (one subscription per thread and queue
         server, kept for the next wait: ``close`` ends it).
-        """
-        request, timeout = requests.checked(request, to_wait=True), requests.wait_bound(timeout)
-        return self._bounded(request, timeout, lambda listener, deadline: self._wait(listener, request, deadline,
-                                                                                    timeout))
 
-    def _wait(self, listener: ReplyListener, request: ForkRequest, deadline: float, timeout: float, *,
-              announced_after_ready: bool = False) -> Reply:
-        """The reply by ``deadline`` (``time.monotonic``) of a call of ``timeout`` seconds."""
+        ``request`` may be a request id alone (a request submitted elsewhere: ``sessionfork wait
+        ID``): its outcome, whatever request it was (no conflict to tell), woken on ``reply_to``
+        (default: the settings' reply channel; one announced elsewhere is read within
+        ``recheck_every``). ``INVALID_REQUEST`` for an id outside ``[A-Za-z0-9_-]{1,128}``.
+        """
+        if isinstance(request, str):
+            rid = rules.check_request_id(request, "request id")
+            request, digest = ForkRequest(source="", request_id=rid, reply_to=reply_to or msgspec.UNSET), None
+        else:
+            request = requests.checked(request, to_wait=True)
+            digest = wire.digest(request)
+        timeout = requests.wait_bound(timeout)
+        checked = request
+        return self._bounded(checked, timeout, lambda listener, deadline: self._wait(listener, checked, deadline,
+                                                                                    timeout, digest))
+
+    def _wait(self, listener: ReplyListener, request: ForkRequest, deadline: float, timeout: float,
+              digest: str | None, *, announced_after_ready: bool = False) -> Reply:
+        """The reply by ``deadline`` (``time.monotonic``) of a call of ``timeout`` seconds (with
+        ``digest``: a conflict for another request's id)."""
         assert isinstance(request.request_id, str), "submit() the request first"
         channel = requests.reply_channel(request, self.settings.reply_channel)
         reply = listener.wait(request.request_id, channel, max(deadline - time.monotonic(), 0.0),
-                              digest=wire.digest(request), announced_after_ready=announced_after_ready,
+                              digest=digest, announced_after_ready=announced_after_ready,
                               recheck_every=self.recheck_every)
         if reply is None:
             raise TimeoutError(_no_reply(request.request_id, timeout))
@@ -178,7 +192,8 @@ class Client:
         def work(listener: ReplyListener, deadline: float) -> Reply:
             ready = listener.ready(channel, deadline)
             _, enqueued = self._submit(request)
-            return self._wait(listener, request, deadline, timeout, announced_after_ready=ready and enqueued == 1)
+            return self._wait(listener, request, deadline, timeout, wire.digest(request),
+                              announced_after_ready=ready and enqueued == 1)
 
         return self._bounded(request, timeout, work)
 

@@ -29,43 +29,48 @@ class ConfigError(ValueError):
     """A setting has a value that cannot be used; the message names the variable."""
 
 
-def from_environ(environ: Mapping[str, str], **overrides: Any) -> Settings:
-    """Settings from ``environ`` (variables in ``ENV``), then ``overrides`` (flags; ``None`` = unset)."""
+def from_environ(environ: Mapping[str, str], *, flags: Mapping[str, str] | None = None,
+                 **overrides: Any) -> Settings:
+    """Settings from ``environ`` (variables in ``ENV``), then ``overrides`` (flags; ``None`` = unset).
+
+    ``ConfigError`` names what set the bad value: the variable, or, for a field given in
+    ``overrides``, its name in ``flags`` (``{"redis_url": "--redis-url"}``) when it has one."""
+    names = {**ENV, **{f: name for f, name in (flags or {}).items() if overrides.get(f) is not None}}
     raw: dict[str, Any] = {}
     for field, var in ENV.items():
         if environ.get(var):
             raw[field] = environ[var]
     raw.update({k: v for k, v in overrides.items() if v is not None})
     if isinstance(raw.get("queue_urls"), str):
-        raw["queue_urls"] = split_urls(raw["queue_urls"], ENV["queue_urls"])
+        raw["queue_urls"] = split_urls(raw["queue_urls"], names["queue_urls"])
     try:
         settings = msgspec.convert(raw, Settings, strict=False)
     except msgspec.ValidationError as exc:
         # Name the variable, not the field: "... - at `$.retries`" -> "SESSIONFORK_RETRIES: ..."
         text = str(exc)
         field = text.rpartition("`$.")[2].rstrip("`")
-        raise ConfigError(f"invalid setting {ENV.get(field, field)}: {text.partition(' - at ')[0]}") from None
+        raise ConfigError(f"invalid setting {names.get(field, field)}: {text.partition(' - at ')[0]}") from None
     for field, (low, high) in BOUNDS.items():
         value = getattr(settings, field)
         if not low <= value <= high:  # NaN fails too
-            raise ConfigError(f"{ENV[field]} must be between {_number(low)} and {_number(high)}, got {value}")
+            raise ConfigError(f"{names[field]} must be between {_number(low)} and {_number(high)}, got {value}")
     if settings.wait_timeout_ms >= settings.socket_timeout * 1000:
-        raise ConfigError(f"{ENV['wait_timeout_ms']} ({settings.wait_timeout_ms}) must be shorter than "
-                          f"{ENV['socket_timeout']} ({settings.socket_timeout} s): WAIT blocks its connection")
+        raise ConfigError(f"{names['wait_timeout_ms']} ({settings.wait_timeout_ms}) must be shorter than "
+                          f"{names['socket_timeout']} ({settings.socket_timeout} s): WAIT blocks its connection")
     for field in ("redis_url", "queue_url"):
         url = getattr(settings, field)
         if url is not None:
-            check_url(url, ENV[field])
+            check_url(url, names[field])
     if settings.enqueue not in ENQUEUE_MODES:
-        raise ConfigError(f"{ENV['enqueue']} must be one of {', '.join(ENQUEUE_MODES)}, got {settings.enqueue!r}")
-    _check_shards(settings)
+        raise ConfigError(f"{names['enqueue']} must be one of {', '.join(ENQUEUE_MODES)}, got {settings.enqueue!r}")
+    _check_shards(settings, names)
     if settings.cluster and settings.redis_url and settings.redis_url.partition("://")[0] in SENTINEL_SCHEMES:
-        raise ConfigError(f"{ENV['cluster']} and a Sentinel {ENV['redis_url']} exclude each other: a cluster "
+        raise ConfigError(f"{names['cluster']} and a Sentinel {names['redis_url']} exclude each other: a cluster "
                           "fails over by itself")
     for field in ("queue", "reply_channel"):
         name = getattr(settings, field)
         if not 0 < len(name) <= NAME_MAX_LENGTH or not name.isascii() or not name.isprintable() or " " in name:
-            raise ConfigError(f"{ENV[field]} must be 1-{NAME_MAX_LENGTH} printable ASCII characters without "
+            raise ConfigError(f"{names[field]} must be 1-{NAME_MAX_LENGTH} printable ASCII characters without "
                               f"spaces, got {name!r}")
     return settings
 
@@ -90,30 +95,31 @@ def split_urls(text: str, what: str) -> list[str]:
     return [url.strip() for url in urls]
 
 
-def with_shard(settings: Settings, shard: int | None) -> Settings:
-    """``settings`` serving ``shard`` (``None``: unchanged), checked as ``from_environ`` checks it."""
+def with_shard(settings: Settings, shard: int | None, what: str = ENV["shard"]) -> Settings:
+    """``settings`` serving ``shard`` (``None``: unchanged), checked as ``from_environ`` checks it
+    (an error names ``what``: the flag that gave it)."""
     if shard is None:
         return settings
     settings = msgspec.structs.replace(settings, shard=shard)
-    _check_shards(settings)
+    _check_shards(settings, {**ENV, "shard": what})
     return settings
 
 
-def _check_shards(settings: Settings) -> None:
+def _check_shards(settings: Settings, names: Mapping[str, str]) -> None:
     urls, shard = settings.queue_urls, settings.shard
     if urls is not None:
         if settings.queue_url is not None:
-            raise ConfigError(f"{ENV['queue_url']} and {ENV['queue_urls']} exclude each other: give one")
+            raise ConfigError(f"{names['queue_url']} and {names['queue_urls']} exclude each other: give one")
         if not urls or any(not url for url in urls):
-            raise ConfigError(f"{ENV['queue_urls']} must list one or more queue server URLs, comma-separated, "
+            raise ConfigError(f"{names['queue_urls']} must list one or more queue server URLs, comma-separated, "
                               "without empty entries")
         for url in urls:
-            check_url(url, ENV["queue_urls"])
+            check_url(url, names["queue_urls"])
         if len(set(urls)) != len(urls):
-            raise ConfigError(f"{ENV['queue_urls']} lists a server twice: each shard needs its own server")
+            raise ConfigError(f"{names['queue_urls']} lists a server twice: each shard needs its own server")
     count = len(urls) if urls else 1
     if shard is not None and not 0 <= shard < count:
-        raise ConfigError(f"{ENV['shard']} must be between 0 and {count - 1} ({ENV['queue_urls']} lists "
+        raise ConfigError(f"{names['shard']} must be between 0 and {count - 1} ({names['queue_urls']} lists "
                           f"{count} server(s)), got {shard}")
 
 
@@ -201,9 +207,16 @@ def check_url(url: str, what: str) -> str:
 
 
 def redacted(url: str) -> str:
-    """``url`` without its password (error messages end up in logs)."""
+    """``url`` without its password (error messages and log lines show it): ``redis://u:***@h``;
+    a user without a password is kept (``redis://u@h``); ``pw@host`` (no scheme) is ``***@host``."""
     head, at, tail = url.rpartition("@")
-    return f"{head.rpartition(':')[0]}:***@{tail}" if at else url  # "pw@host" (no scheme) too
+    if not at:
+        return url
+    scheme, sep, userinfo = head.rpartition("://")
+    user, colon, _ = userinfo.partition(":")
+    if sep and not colon:
+        return url  # a user name only
+    return f"{scheme}{sep}{user + ':***' if colon else '***'}@{tail}"
 
 
 def _number(value: float) -> str:

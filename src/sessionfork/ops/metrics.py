@@ -1,6 +1,7 @@
 """What a worker tells operators: Prometheus metrics and one log line per outcome.
 
-``Observer`` is the worker's ``on_outcome`` hook. Metrics live in their own
+``Observer`` is the worker's ``on_outcome`` hook; its log line carries ``OUTCOME_FIELDS``, written
+by structlog's formatter (``configure_logging``) as logfmt or JSON. Metrics live in their own
 ``CollectorRegistry`` (no process-global state) and are served by ``serve(port)``.
 """
 
@@ -8,9 +9,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import IO, Any
 
 import msgspec
+import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from ..core import rules
@@ -59,8 +61,8 @@ class Observer:
         for child in made:
             self.seed_length.observe(0 if child.seed_length is msgspec.UNSET else child.seed_length)
         log.info("fork %s", code, extra={
-            "request_id": request_id, "source": _source(payload), "child": [c.id for c in made] or None,
-            "code": code, "duration_ms": round(seconds * 1000, 3)})
+            "requestId": request_id, "op": "fork", "source": _source(payload), "children": [c.id for c in made],
+            "code": code, "durationMs": round(seconds * 1000, 3)})
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         start_http_server(port, addr=addr, registry=self.registry)
@@ -94,29 +96,40 @@ def _source(payload: str) -> Any:
     return None if source is None else rules.shown_id(source)  # bounded and escaped
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, and the outcome fields when present."""
-
-    FIELDS = ("request_id", "source", "child", "code", "duration_ms")
-
-    def format(self, record: logging.LogRecord) -> str:
-        line: dict[str, Any] = {"time": self.formatTime(record), "level": record.levelname,
-                                "logger": record.name, "message": record.getMessage()}
-        for field in self.FIELDS:
-            if hasattr(record, field):
-                line[field] = getattr(record, field)
-        if record.exc_info:
-            line["exc"] = self.formatException(record.exc_info)
-        return msgspec.json.encode(line).decode()
+OUTCOME_FIELDS = ("requestId", "op", "source", "children", "code", "durationMs")
+"""What every outcome log line carries beyond time, level, logger and event (``Observer``)."""
 
 
-def configure_logging(fmt: str, level: str) -> None:
-    """``text`` or ``json`` log lines on stderr (called by entry points only)."""
-    handler = logging.StreamHandler()
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+def _text_values(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    # logfmt shows a list as Python's repr: children as c1,c2 instead.
+    return {k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in event.items()}
+
+
+def _time_first(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    return {"time": event.pop("time", None), **event}
+
+
+def formatter(fmt: str) -> logging.Formatter:
+    """structlog's formatter of ``text`` (logfmt: ``time=… level=info logger=… event="fork OK"
+    requestId=…``) or ``json`` (one object per line) log lines: every record (RQ's too) with its
+    time (RFC 3339, UTC), level, logger, event and the fields passed as ``extra``."""
+    chain: list[Any] = [structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name,
+                        structlog.stdlib.ExtraAdder(),
+                        structlog.processors.TimeStamper(fmt="iso", utc=True, key="time")]
+    render: list[Any] = ([_time_first, structlog.processors.JSONRenderer(sort_keys=False)] if fmt == "json" else
+                         [_text_values, structlog.processors.LogfmtRenderer(
+                             key_order=["time", "level", "logger", "event"], bool_as_flag=False)])
+    return structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=chain,
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info, *render])
+
+
+def configure_logging(fmt: str, level: str, stream: IO[str] | None = None) -> None:
+    """``text`` or ``json`` log lines (``formatter``) on ``stream`` (stderr), from ``level`` up
+    (called by entry points only)."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(formatter(fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

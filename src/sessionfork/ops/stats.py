@@ -1,8 +1,9 @@
 """The outcome stream for operators: follow it, format it, summarise it.
 
-Entries of ``sf:outcomes`` carry ``request``, ``code`` (``OK`` or an error code), ``us`` (time to
-run the request), ``lat`` (from enqueue to outcome; both microseconds, 0 when unknown) and
-``reply`` (the reply event JSON).
+Entries of ``sf:outcomes`` carry ``requestId``, ``code`` (``OK`` or an error code), ``durationUs``
+(time to run the request), ``latencyUs`` (from enqueue to outcome; both microseconds, 0 when
+unknown) and ``reply`` (the reply event JSON): ``protocol.outcomes.STREAM_FIELDS``. Entries written
+before 0.2 (``request``, ``us``, ``lat``) read the same (``stream_entry``).
 
 A sharded queue has one stream per shard: ``read_sharded`` merges them in time order and
 ``compute_stats`` over several servers gives the whole and each shard (``shard`` is the index).
@@ -21,6 +22,7 @@ import msgspec
 
 from ..core import keys, wire
 from ..core.wire import ForkFailure, ForkResult
+from ..protocol.outcomes import stream_entry
 
 _COLOURS = {"OK": "green", "OPEN_TURN": "yellow", "INVALID_BOUNDARY": "yellow", "SESSION_ALREADY_EXISTS": "yellow",
             "INVALID_REQUEST": "magenta", "IDEMPOTENCY_CONFLICT": "magenta", "WRONG_SHARD": "magenta",
@@ -111,10 +113,10 @@ def _newest(redis: Any) -> str:
 
 
 def _outcome(entry_id: str, fields: dict[Any, Any]) -> Outcome:
-    f = {wire.text(k): v for k, v in fields.items()}
-    return Outcome(id=entry_id, time=int(entry_id.split("-")[0]), request_id=wire.text(f["request"]),
-                   code=wire.text(f["code"]), duration_us=int(f.get("us", 0)), reply=wire.decode_reply(f["reply"]),
-                   latency_us=int(f.get("lat", 0)))
+    f = stream_entry(fields)
+    return Outcome(id=entry_id, time=int(entry_id.split("-")[0]), request_id=wire.text(f["requestId"]),
+                   code=wire.text(f["code"]), duration_us=int(f["durationUs"]), reply=wire.decode_reply(f["reply"]),
+                   latency_us=int(f["latencyUs"]))
 
 
 def format_line(outcome: Outcome, style: Any = None) -> str:
@@ -135,16 +137,17 @@ def format_line(outcome: Outcome, style: Any = None) -> str:
            f"{outcome.duration_us / 1000:.2f}ms  {detail}"
 
 
-class Percentiles(msgspec.Struct, kw_only=True):
-    """p50/p90/p99 in milliseconds (``None`` without samples)."""
+class Percentiles(msgspec.Struct, kw_only=True, rename="camel"):
+    """p50/p90/p99 in milliseconds (``None`` without samples; JSON ``p50Ms``, ``p90Ms``, ``p99Ms``)."""
 
     p50_ms: float | None = None
     p90_ms: float | None = None
     p99_ms: float | None = None
 
 
-class Stats(msgspec.Struct, kw_only=True):
-    """Counts per outcome code and percentiles over a window (``stats --json``).
+class Stats(msgspec.Struct, kw_only=True, rename="camel"):
+    """Counts per outcome code and percentiles over a window (``stats --json``, camelCase:
+    ``windowSeconds``, ``total``, ``codes``, ``runTime``, ``latency``, ``shards``).
 
     ``run_time``: from a worker taking up a request to its outcome; ``latency``: from enqueue to
     outcome (what a scheduler waits).

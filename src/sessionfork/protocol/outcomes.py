@@ -10,7 +10,7 @@ published message is not an answer: anyone may publish on a channel).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -64,6 +64,26 @@ OUTCOME_FIELDS = records.OUTCOME_FIELDS
 stored-outcome read of both clients (``HMGET sf:req:<id> digest outcome child header cwd parent``)."""
 OUTCOME_NAMES = " ".join(records.STORED_OUTCOME)
 """The stored outcome's field names, space-separated, as the claim and record scripts take them."""
+
+
+STREAM_FIELDS = ("requestId", "code", "durationUs", "latencyUs", "reply")
+"""The fields of an outcome stream entry (``keys.OUTCOME_STREAM``), in the order the record script
+(``worker/scripts/record.lua``) writes them, pinned equal by a test: the request id, ``OK`` or the
+error code, the run time and the enqueue-to-outcome latency (microseconds, 0 when unknown), and the
+reply event JSON. Named as the wire names its fields (camelCase)."""
+OLD_STREAM_FIELDS = {"request": "requestId", "us": "durationUs", "lat": "latencyUs"}
+"""The names entries written before 0.2 carry, and the name each stands for (``stream_entry``)."""
+
+
+def stream_entry(fields: Mapping[Any, Any]) -> dict[str, bytes]:
+    """An outcome stream entry's fields by their ``STREAM_FIELDS`` names (text keys, byte values),
+    whichever names it was written with (``OLD_STREAM_FIELDS`` too); a numeric field it lacks is
+    ``b"0"`` (unknown)."""
+    out = {"durationUs": b"0", "latencyUs": b"0"}
+    for key, value in fields.items():
+        name = wire.text(key)
+        out[OLD_STREAM_FIELDS.get(name, name)] = value if isinstance(value, bytes) else str(value).encode()
+    return out
 
 
 def verdict(request_id: str, fields: Sequence[bytes | str | None], digest: str | None) -> Reply | None:

@@ -1,4 +1,5 @@
 -- Store a request's outcome once, then notify: append it to the outcome stream and PUBLISH it.
+-- The stream entry's field names are protocol.outcomes.STREAM_FIELDS (pinned equal by a test).
 -- All in one script, so a stored outcome is always announced and never announced twice.
 -- KEYS[1] = sf:req:<request id>, KEYS[2] = sf:outcomes   (queue server)
 -- ARGV    = outcome JSON (streamed and published), reply channel, TTL seconds, stream MAXLEN, digest
@@ -24,7 +25,7 @@ if ARGV[5] ~= '' then redis.call('HSETNX', KEYS[1], 'digest', ARGV[5]) end
 redis.call('HDEL', KEYS[1], 'snapshot', 'children')
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*',
-  'request', ARGV[6], 'code', ARGV[7], 'us', ARGV[8], 'lat', ARGV[9], 'reply', ARGV[1])
+  'requestId', ARGV[6], 'code', ARGV[7], 'durationUs', ARGV[8], 'latencyUs', ARGV[9], 'reply', ARGV[1])
 -- A channel the ACL user may not publish on (a request's replyTo) must not fail the request: the
 -- outcome is stored and streamed; the refusal is returned for the worker to log (pcall).
 local published = redis.pcall('PUBLISH', ARGV[2], ARGV[1])
