@@ -80,8 +80,15 @@ def ensure_browser(which: Callable[[str], str | None] = shutil.which, is_root: b
     return None if any(which(name) for name in BROWSERS) else BROWSER_HINT
 
 
-def ensure_env(name: str = ".venv", *pins: str) -> Path:
-    """Create ``name`` and install the project with its test extras (and ``pins``), once per pyproject.
+TEST_EXTRAS = "test,docs"
+"""What the test command (and bench, mutations) installs: the suite's tools and the docs site's."""
+DEMO_EXTRAS = "embedded"
+"""What ``demo`` and ``worker`` install: the embedded server, none of the test or docs tools."""
+
+
+def ensure_env(name: str = ".venv", *pins: str, extras: str = TEST_EXTRAS) -> Path:
+    """Create ``name`` and install the project with ``extras`` (and ``pins``), once per pyproject.
+    An env set up with ``TEST_EXTRAS`` serves any ``extras`` (they include the embedded server).
 
     Returns the env's bin directory.
     """
@@ -90,16 +97,18 @@ def ensure_env(name: str = ".venv", *pins: str) -> Path:
     env = ROOT / name
     bin_dir = env / BIN_DIR
     stamp = env / ".sessionfork-installed"
-    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + repr(pins).encode()).hexdigest()
-    if stamp.exists() and stamp.read_text() == want:
+    project = (ROOT / "pyproject.toml").read_bytes() + repr(pins).encode()
+    want = hashlib.sha256(project + extras.encode()).hexdigest()
+    full = hashlib.sha256(project + TEST_EXTRAS.encode()).hexdigest()  # the test env holds the others
+    if stamp.exists() and stamp.read_text() in {want, full}:
         return bin_dir
     if not (bin_dir / "python").exists():
         print(f"creating {name} ...", flush=True)
         venv.EnvBuilder(with_pip=True).create(env)
-    print(f"installing sessionfork and its test tools into {name} {' '.join(pins)}...", flush=True)
+    print(f"installing sessionfork[{extras}] into {name} {' '.join(pins)}...", flush=True)
     pip = [str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     subprocess.run([*pip, "--upgrade", "pip"], check=True)
-    subprocess.run([*pip, "-e", f"{ROOT}[test]", *pins], check=True)
+    subprocess.run([*pip, "-e", f"{ROOT}[{extras}]", *pins], check=True)
     stamp.write_text(want)
     return bin_dir
 
@@ -384,7 +393,7 @@ def main(argv: list[str]) -> int:
         if problem:
             print(problem, file=sys.stderr)
             return 1
-    bin_dir = ensure_env()
+    bin_dir = ensure_env(extras=DEMO_EXTRAS) if task in {"demo", "worker"} else ensure_env()
     py = str(bin_dir / "python")
     if task == "mutations":
         return mutations(bin_dir, rest)

@@ -7,7 +7,8 @@ request; with ``variants`` the CHILD argument is ignored (a variant fan-out name
 It follows the README's "Any-language enqueue" recipe step by step; ENQUEUE is the shipped script,
 read as a file (``src/sessionfork/protocol/scripts/enqueue.lua``, the recipe's script: a test checks
 they are the same text), not imported from sessionfork. ROUTE ``eval``
-(default) sends it with EVAL; ``fcall`` calls the loaded library's ``sf_enqueue`` instead. Several
+(default) sends it with EVAL and reads the reply with EVAL of the shipped ``outcome.lua``; ``fcall``
+calls the loaded library's ``sf_enqueue`` and ``sf_outcome`` instead. Several
 ports: a sharded queue, the servers in shard order; the request goes to (and is awaited on) the
 shard the recipe's routing function names, computed here without sessionfork.
 """
@@ -63,31 +64,17 @@ if enqueued == -1:
     print(json.dumps({"type": "fork/error", "requestId": request_id, "ok": False, "code": "IDEMPOTENCY_CONFLICT",
                       "message": f'request id "{request_id}" was already used for a different request'}))
     sys.exit(0)
-# 3. The reply is the outcome stored under the request id; a message naming the request only says
-#    "read it now" (anyone may publish on a channel: a message is never the answer).
-#    A one-child reply is stored compactly: the child's id and its header's fields, rebuilt here.
-
-
-def rebuilt(child: bytes, header: bytes, cwd: bytes | None, parent: bytes | None) -> dict[str, object]:
-    items = [*json.loads(header), None, None]  # [version, createdAt, seedLength?, keptFrom?]
-    session: dict[str, object] = {"version": items[0], "id": child.decode(), "createdAt": items[1]}
-    for key, value in (("cwd", None if cwd is None else cwd.decode()),
-                       ("parentSession", None if parent is None else parent.decode()),
-                       ("seedLength", items[2]), ("keptFrom", items[3])):
-        if value is not None:
-            session[key] = value
-    return {"type": "fork/result", "requestId": request_id, "ok": True, "session": session}
-
+# 3. The reply is the outcome stored under the request id, read with one call (the loaded library's
+#    sf_outcome, or the shipped outcome.lua as EVAL): its JSON, or nil while none is stored. A message
+#    naming the request only says "read it now" (anyone may publish on a channel: never the answer).
+OUTCOME = (Path(__file__).resolve().parents[2] / "src/sessionfork/protocol/scripts/outcome.lua").read_text()
+read = ("FCALL", "sf_outcome") if route == "fcall" else ("EVAL", OUTCOME)
 
 deadline = time.monotonic() + 20
 while time.monotonic() < deadline:
-    outcome, child, header, cwd, parent = r.execute_command(
-        "HMGET", f"sf:req:{request_id}", "outcome", "child", "header", "cwd", "parent")
+    outcome = r.execute_command(*read, 1, f"sf:req:{request_id}")
     if outcome:
         print(outcome.decode())
-        sys.exit(0)
-    if child:
-        print(json.dumps(rebuilt(child, header, cwd, parent)))
         sys.exit(0)
     message = pubsub.get_message(timeout=0.5)
     if message:

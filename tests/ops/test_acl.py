@@ -30,7 +30,7 @@ from redis import Redis
 from redis.exceptions import NoPermissionError
 from waits import raised, wait_until
 
-from sessionfork.core import keys
+from sessionfork.core import keys, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkResult, Header, NewEvent, Reply
@@ -400,3 +400,11 @@ def test_without_the_library_the_scheduler_is_told_to_load_it(flow: Flow, schedu
         assert admin.exists("rq:job:nolib-1")
     finally:
         enqueue_module.load_library(admin)
+
+
+def test_the_scheduler_reads_its_reply_with_fcall_sf_outcome(flow: Flow, scheduler: Redis) -> None:
+    """Issue 29 #9: the any-language recipe's step 3 is one FCALL, which the sf-scheduler role may run
+    (FCALL on sf:req:*; the function reads with the caller's HMGET)."""
+    read = scheduler.execute_command("FCALL", enqueue_module.OUTCOME_FUNCTION, 1,  # type: ignore[no-untyped-call]
+                                     keys.request(flow.request_id))
+    assert read == wire.encode(flow.reply)

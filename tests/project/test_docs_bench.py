@@ -71,3 +71,54 @@ def test_the_capacity_table_divides_each_rate_by_one_core_and_multiplies_bytes_b
     assert table[3] == "| 100 | 0.05 | 0.02 | 8.6 GB |"
     assert table[7] == "| 1,000,000 | 500.00 | 200.00 | 86,400.0 GB |"
     assert "one queue primary carries 2,000 forks/s, one registry core 5,000" in table[-2]
+
+
+# -- issue 29 #6: the charts, generated from the same snapshot ---------------------------------------
+
+
+def test_the_charts_and_their_block_are_what_the_generator_makes_of_the_snapshot() -> None:
+    from bench import charts
+
+    page = publish.PAGE.read_text()
+    assert page.count(publish.CHARTS_BEGIN) == 1 and page.count(publish.CHARTS_END) == 1
+    assert publish.charts_with(page, snapshot()) == page
+    made = publish.charts(snapshot())
+    assert sorted(made) == sorted(charts.FILES) == sorted(p.name for p in publish.CHARTS.glob("*"))
+    for name, svg in made.items():
+        assert (publish.CHARTS / name).read_text() == svg, f"docs/charts/{name} is not the snapshot's"
+        assert f"](charts/{name})" in page
+
+
+def test_the_main_claim_comes_first_fork_cost_flat_from_10_to_100000_events() -> None:
+    page = publish.PAGE.read_text()
+    body = page.split("\n", 2)[2]
+    assert body.startswith(publish.CHARTS_BEGIN + "\nA fork costs the same on a 10-event parent and on a 100,000-event")
+    assert body.index("charts/fork-time.svg") < body.index(publish.BEGIN)  # before any table
+
+
+def test_the_fork_chart_plots_each_parent_size_at_its_figure() -> None:
+    import xml.etree.ElementTree as ET
+
+    from bench import charts
+
+    runs = snapshot()["runs"]
+    figures = {f["figure"]: f["value"] for f in runs[0]["figures"]}  # type: ignore[index]
+    values = [figures[charts.FORK_US.format(n)] for n in charts.PARENT_SIZES]
+    svg = ET.fromstring(publish.charts(snapshot())["fork-time.svg"])
+    ns = "{http://www.w3.org/2000/svg}"
+    circles = svg.findall(f"{ns}circle")
+    top = charts.nice_top(max(values) * 1.15)
+    assert [round(float(c.get("cy", "")), 1) for c in circles] == [round(charts.y_of(v, top), 1) for v in values]
+    assert [c.findtext(f"{ns}title") for c in circles] == [
+        f"{n:,} events: {charts.number(v)} µs per fork" for n, v in zip(charts.PARENT_SIZES, values, strict=True)]
+    assert max(values) <= 1.5 * min(values)  # the claim the chart makes: flat
+
+
+def test_the_chart_scale_starts_at_zero_and_ends_on_a_round_number() -> None:
+    from bench import charts
+
+    assert [charts.nice_top(v) for v in (0, 0.7, 1, 1.2, 2.2, 4, 540, 7_000)] == [1, 1, 1, 2, 2.5, 5, 1000, 10_000]
+    assert charts.y_of(0, 100) == charts.HEIGHT - charts.BOTTOM and charts.y_of(100, 100) == charts.TOP
+    bars = charts.bar_chart("t", "u", [("a", 10.0), ("b", 5.0)])
+    assert bars.count("<rect ") == 3 and "<title>a: 10.0 u</title>" in bars  # background + two bars
+    assert [charts.number(v) for v in (3.456, 571.36, 13_973_592.0)] == ["3.5", "571", "13,973,592"]

@@ -8,6 +8,7 @@ running anything. Fakes stand in for PATH, apt-get and the steps (nothing is ins
 from __future__ import annotations
 
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -132,3 +133,34 @@ def test_the_two_phases_select_every_test_once() -> None:
     assert (parallel[parallel.index("-m") + 1], serial[serial.index("-m") + 1]) == \
         ("rq and not serial", "rq and serial")
     assert '"rq:' in (Path(run.ROOT) / "pyproject.toml").read_text()
+
+
+def test_the_demo_installs_only_the_embedded_server_and_the_test_command_the_test_and_docs_tools(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Issue 29 #5: the docs tools sit in their own extra, so the demo's venv stays small; an env
+    set up for the tests serves the demo as it is (no second install)."""
+    installed: list[str] = []
+    (tmp_path / "pyproject.toml").write_bytes((run.ROOT / "pyproject.toml").read_bytes())
+    monkeypatch.setattr(run, "ROOT", tmp_path)
+    monkeypatch.setattr(run.venv, "EnvBuilder", lambda **_: type("B", (), {"create": staticmethod(
+        lambda env: (Path(env) / run.BIN_DIR).mkdir(parents=True) or (Path(env) / run.BIN_DIR / "python").touch())}))
+    monkeypatch.setattr(run.subprocess, "run", lambda cmd, check: installed.append(cmd[-1]))
+    run.ensure_env(".venv", extras=run.DEMO_EXTRAS)
+    assert installed[-1] == f"{tmp_path}[embedded]"
+    run.ensure_env(".venv")
+    assert installed[-1] == f"{tmp_path}[test,docs]"
+    count = len(installed)
+    run.ensure_env(".venv", extras=run.DEMO_EXTRAS)
+    run.ensure_env(".venv")
+    assert len(installed) == count  # stamped: nothing installed again
+    extras = tomllib.loads((run.ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {d.split(">")[0].split("[")[0] for d in extras["docs"]} == {"mkdocs", "mkdocs-material", "mkdocstrings"}
+    assert not any(d.startswith("mkdocs") for d in extras["test"] + extras["embedded"])
+
+
+def test_the_demo_and_the_worker_set_up_the_small_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+    monkeypatch.setattr(run, "ensure_env", lambda *a, extras=run.TEST_EXTRAS: asked.append(extras) or Path("/v/bin"))
+    monkeypatch.setattr(run, "run", lambda *cmd, env=None: 0)
+    assert run.main(["demo"]) == 0 and run.main(["worker", "--burst"]) == 0
+    assert asked == [run.DEMO_EXTRAS, run.DEMO_EXTRAS]

@@ -99,6 +99,9 @@ def test_dashboard_shows_fork_jobs_with_request_and_result(server: EmbeddedServe
             shown = wire.decode_request(ast.literal_eval(call[len("sessionfork.jobs.fork("):-1]))
             assert shown.request_id == request_id and (request is None or shown == request)
         assert get(base, "/0/data/job/dash-open.json")["result"]["code"] == "OPEN_TURN"
+        check = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["dashboard"]["healthcheck"]
+        argv = [sys.executable if w == "python" else w.replace(":9181/", f":{port}/") for w in check["test"][1:]]
+        assert subprocess.run(argv, timeout=30).returncode == 0  # the compose file's healthcheck passes
     finally:
         dashboard.terminate()
         dashboard.wait(15)

@@ -2,7 +2,8 @@
 
 The script is also shipped as a Redis Functions library (``library()``: library ``sessionfork``,
 function ``sf_enqueue`` for producers in any language, and the same under ``VERSIONED``, a name of
-the script's text, for the Python clients), loaded by the operator with ``sessionfork
+the script's text, for the Python clients; beside it the read-only ``sf_outcome``, ``OUTCOME_SOURCE``:
+a request's reply JSON however its record is stored), loaded by the operator with ``sessionfork
 load-functions`` (``FUNCTION LOAD REPLACE``; again after each upgrade). A role may then run the
 project's enqueue code and nothing else: the ``sf-scheduler`` ACL role has ``FCALL`` and no
 ``EVAL``/``EVALSHA``/``SCRIPT``/``FUNCTION`` (``ops.acl``).
@@ -41,13 +42,23 @@ VERSIONED: Final = f"{FUNCTION}_{SHA[:12]}"
 library loaded by an older release is "not found" (never run with a different contract)."""
 
 
+OUTCOME_FUNCTION: Final = "sf_outcome"
+OUTCOME_SOURCE: Final = lua.source("outcome.lua", "sessionfork.protocol")
+"""The reply read (``scripts/outcome.lua``): ``FCALL sf_outcome 1 sf:req:<id>`` or ``EVAL`` of this
+text with the same key answers the request's reply JSON (the bytes the Python clients' reply
+encodes to), whichever layout stored it (``core.records``), or nil while none is stored."""
+
+
 def library() -> str:
     """The Redis Functions library: ``sf_enqueue`` (and ``VERSIONED``) run the enqueue script with
-    their keys and args."""
+    their keys and args; ``sf_outcome`` (flag ``no-writes``: ``FCALL_RO`` and replicas may run it)
+    reads a request's reply."""
     return (f"#!lua name={LIBRARY}\n"
             f"local function enqueue(KEYS, ARGV)\n{SOURCE}end\n"
+            f"local function outcome(KEYS, ARGV)\n{OUTCOME_SOURCE}end\n"
             f"redis.register_function('{FUNCTION}', enqueue)\n"
-            f"redis.register_function('{VERSIONED}', enqueue)\n")
+            f"redis.register_function('{VERSIONED}', enqueue)\n"
+            f"redis.register_function{{function_name='{OUTCOME_FUNCTION}', callback=outcome, flags={{'no-writes'}}}}\n")
 
 
 def load_library(redis: Any) -> str:
