@@ -189,7 +189,7 @@ from sessionfork.embedded import EmbeddedServer
 from sessionfork.protocol import enqueue
 from sessionfork.worker import outcomes
 with EmbeddedServer() as server, server.client() as redis:
-    for spec in [*lua.SCRIPTS.values(), *outcomes.SCRIPTS.values(), enqueue.SPEC]:
+    for spec in [*lua.SCRIPTS.values(), *outcomes.SCRIPTS.values(), enqueue.SPEC, enqueue.OUTCOME_SPEC]:
         redis.script_load(lua.source(f"{spec.name}.lua", spec.package))
     enqueue.load_library(redis)
 """

@@ -43,6 +43,10 @@ def test_fork_submit_wait_idempotency_and_conflict(server: EmbeddedServer, redis
         # A late waiter on a fresh client (nothing is published any more) reads the stored outcome.
         async with client_for(server) as late:
             assert await late.wait(request, timeout=5) == fan
+            # By its id alone (a request submitted elsewhere): its outcome, no conflict to tell.
+            assert isinstance(request.request_id, str)
+            assert await late.wait(request.request_id, timeout=5) == fan
+            assert await late.wait("aio-1", timeout=5) == reply  # whatever request it was
 
     with workers(server, redis, 1):
         run(main)

@@ -194,20 +194,23 @@ def test_an_unknown_option_is_a_type_error_naming_it_before_any_redis_call(metho
     assert sync.request("s", session_id="c", count=None).session_id == "c"  # a known option, None: not asked for
 
 
-@pytest.mark.parametrize("request_value", ["req-1", None, 5, {"requestId": "x"}, object()],
+@pytest.mark.parametrize("request_value", ["not an id!", None, 5, {"requestId": "x"}, object()],
                          ids=["str", "none", "int", "dict", "object"])
 def test_a_client_request_that_is_not_a_fork_request_is_invalid_request_before_any_redis_call(
         request_value: Any) -> None:
-    """Both clients' ``submit`` and ``wait`` take what their ``request()`` builds; anything else is
-    refused naming what it got, on a server that does not exist (no Redis call is made)."""
+    """Both clients' ``submit`` takes what their ``request()`` builds, and ``wait`` that or a request
+    id; anything else is refused naming what it got, on a server that does not exist (no Redis
+    call is made)."""
     sync, client = dead_clients()
+    # A string is a request id to ``wait`` (one submitted elsewhere): refused as an id.
+    expected = "invalid request id" if isinstance(request_value, str) else "expected a ForkRequest"
     refused(lambda: sync.submit(request_value), "expected a ForkRequest")
-    refused(lambda: sync.wait(request_value, 1), "expected a ForkRequest")
+    refused(lambda: sync.wait(request_value, 1), expected)
 
     async def both() -> None:
         async with client:
             await arefused(lambda: client.submit(request_value), "expected a ForkRequest")
-            await arefused(lambda: client.wait(request_value, 1), "expected a ForkRequest")
+            await arefused(lambda: client.wait(request_value, 1), expected)
 
     asyncio.run(both())
 

@@ -9,4 +9,5 @@ from sessionfork.core import lua
 from sessionfork.protocol import enqueue
 from sessionfork.worker import outcomes
 
-ALL: Mapping[str, lua.Spec] = {**lua.SCRIPTS, **outcomes.SCRIPTS, enqueue.SPEC.name: enqueue.SPEC}
+ALL: Mapping[str, lua.Spec] = {**lua.SCRIPTS, **outcomes.SCRIPTS, enqueue.SPEC.name: enqueue.SPEC,
+                               enqueue.OUTCOME_SPEC.name: enqueue.OUTCOME_SPEC}

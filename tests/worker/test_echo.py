@@ -57,7 +57,7 @@ def test_a_hostile_source_is_shown_bounded_and_escaped_everywhere(server: Embedd
     assert len(entry.raw) < 2 * BOUND + 400
 
     lines = [json.loads(line) for line in run.stderr.decode().splitlines() if line.startswith("{")]
-    logged = [line for line in lines if line.get("request_id") == rid]
+    logged = [line for line in lines if line.get("requestId") == rid]
     assert logged and logged[-1]["code"] == "INVALID_REQUEST"
     assert logged[-1]["source"] == rules.echo(HOSTILE)
     _harmless(logged[-1]["source"])

@@ -50,9 +50,10 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
+import msgspec
 from redis.asyncio import Redis
 
-from ..core import connections, keys, wire
+from ..core import connections, keys, rules, wire
 from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
 from ..core.outages import is_lost
@@ -151,20 +152,32 @@ class AsyncClient:
         await _cut(deadline + requests.HARD_AFTER, f"request {request.request_id} not enqueued within {limit}s", work())
         return request.request_id
 
-    async def wait(self, request: ForkRequest, timeout: float) -> Reply:
+    async def wait(self, request: ForkRequest | str, timeout: float, *, reply_to: str | None = None) -> Reply:
         """The reply to a submitted request; ``TimeoutError`` when none comes within ``timeout`` s
         (``INVALID_REQUEST`` for a ``timeout`` that is not 0 to ``MAX_WAIT`` seconds).
 
         A request id used before for a different request answers ``IDEMPOTENCY_CONFLICT``. The
         answer is the outcome stored under the request id; a message on the reply channel only
         wakes the waiter (one with nothing stored behind it is ignored).
+
+        ``request`` may be a request id alone (a request submitted elsewhere), as for
+        ``Client.wait``: its outcome, whatever request it was (no conflict to tell), woken on
+        ``reply_to`` (default: the settings' reply channel). ``INVALID_REQUEST`` for an id outside
+        ``[A-Za-z0-9_-]{1,128}``.
         """
-        request, timeout = requests.checked(request, to_wait=True), requests.wait_bound(timeout)
+        digest: str | None
+        if isinstance(request, str):
+            rid = rules.check_request_id(request, "request id")
+            request, digest = ForkRequest(source="", request_id=rid, reply_to=reply_to or msgspec.UNSET), None
+        else:
+            request = requests.checked(request, to_wait=True)
+            digest = wire.digest(request)
+        timeout = requests.wait_bound(timeout)
         assert isinstance(request.request_id, str)
         deadline = asyncio.get_running_loop().time() + timeout
         router = self.routers[self.shard_of(request.request_id)]
         async with router.expect(request.request_id, self._channel(request), deadline) as woken:
-            answer = self._answer(request, woken, None, deadline, timeout)
+            answer = self._answer(request, digest, woken, None, deadline, timeout)
             return await _cut(deadline + requests.HARD_AFTER, _no_reply(request.request_id, timeout), answer)
 
     async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0,
@@ -184,7 +197,7 @@ class AsyncClient:
 
         async def work(woken: asyncio.Event) -> Reply:
             first = await _again(lambda: self._enqueue_and_read(rid, call), deadline)
-            return await self._answer(request, woken, first, deadline, timeout)
+            return await self._answer(request, wire.digest(request), woken, first, deadline, timeout)
 
         async with router.expect(rid, self._channel(request), deadline) as woken:
             return await _cut(deadline + requests.HARD_AFTER, _no_reply(rid, timeout), work(woken))
@@ -205,14 +218,14 @@ class AsyncClient:
         assert isinstance(request.request_id, str)
         return request, job_call(request.request_id, payload, self.settings, datetime.now(UTC))
 
-    async def _answer(self, request: ForkRequest, woken: asyncio.Event, first: list[Any] | None,
-                      deadline: float, timeout: float) -> Reply:
+    async def _answer(self, request: ForkRequest, digest: str | None, woken: asyncio.Event,
+                      first: list[Any] | None, deadline: float, timeout: float) -> Reply:
         """Read the stored outcome (``first``: read already) until it answers; between reads, wait
         for a wake-up (``woken``) or ``recheck_every`` seconds. A read whose reply is lost (a
         dropped connection) is sent again soon, until the deadline. Run in a task of its own
-        (``_cut``)."""
+        (``_cut``). ``digest``: the request's, to tell a conflict (``None``: a wait by id alone)."""
         assert isinstance(request.request_id, str)
-        rid, digest = request.request_id, wire.digest(request)
+        rid = request.request_id
         redis = self.shards[self.shard_of(rid)]
         loop = asyncio.get_running_loop()
         stored, retry_in = first, _RETRY_FIRST

@@ -43,7 +43,9 @@ library loaded by an older release is "not found" (never run with a different co
 
 
 OUTCOME_FUNCTION: Final = "sf_outcome"
-OUTCOME_SOURCE: Final = lua.source("outcome.lua", "sessionfork.protocol")
+OUTCOME_SPEC: Final = lua.Spec("outcome", ("record",), (), __package__)
+"""The reply read's calling contract (``scripts/outcome.lua`` of this package: the request's record)."""
+OUTCOME_SOURCE: Final = lua.source("outcome.lua", OUTCOME_SPEC.package)
 """The reply read (``scripts/outcome.lua``): ``FCALL sf_outcome 1 sf:req:<id>`` or ``EVAL`` of this
 text with the same key answers the request's reply JSON (the bytes the Python clients' reply
 encodes to), whichever layout stored it (``core.records``), or nil while none is stored."""
