@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import clean_environ, cli_args, make_client
 from redis import Redis
-from waits import wait_until
+from waits import exited, wait_until
 
 from sessionfork.core import wire
 from sessionfork.core.wire import ForkResult, Header
@@ -194,4 +194,27 @@ def test_a_frozen_server_fails_within_the_time_given(frozen: EmbeddedServer, arg
     status, stderr, took = run(frozen.url, *args, bound=60)
     assert status == UNREACHABLE, stderr
     assert_one_error_line(stderr)
+    assert took < start + 2 + 1.0, (took, start)
+
+
+def test_health_behind_hung_sentinels_fails_within_the_time_given(frozen: EmbeddedServer) -> None:
+    """A sentinel that accepts connections and never answers: each lookup waits its socket time-out
+    and is retried (over 40 s before), so ``health --timeout 2`` is bounded as a whole."""
+    _, _, start = run(None, "--help")
+    url = f"redis+sentinel://127.0.0.1:{frozen.port},127.0.0.1:{frozen.port}/sessionfork/0"
+    began = time.monotonic()
+    proc = subprocess.Popen(cli_args(url, "health", "--timeout", "2"), env=clean_environ(),  # type: ignore[arg-type]
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    try:
+        status = exited(proc, start + 2 + 1.0, "health --timeout 2 behind hung sentinels")
+        took = time.monotonic() - began
+        stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stderr:
+            proc.stderr.close()
+    assert status == UNREACHABLE, stderr
+    assert_one_error_line(stderr)
+    assert "within 2s" in stderr
     assert took < start + 2 + 1.0, (took, start)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import functools
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import click
 import msgspec
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import __version__
 from ..core import config, connections
@@ -23,6 +25,9 @@ from ..core.registry import Registry
 from ..worker.service import ForkService
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+LATE = 0.5
+"""Seconds past its time at which ``within`` leaves a command's work (a last answer may come)."""
 LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False)
 
 
@@ -87,6 +92,31 @@ class Context:
 
     def service(self) -> ForkService:
         return ForkService.from_settings(self.registry(), self.queue_redis(), self.settings)
+
+
+def within(seconds: float, what: str, work: Callable[[], T]) -> T:
+    """``work()``'s value, or a Redis ``TimeoutError`` naming ``what`` (status 3) once ``seconds``
+    (and ``LATE``) have passed, whatever the servers do: the bound of a command given a time, where
+    a connection's own time-outs and retries are not enough (hung sentinels: each lookup waits its
+    socket time-out per sentinel, then is retried). The work's thread is left behind (a daemon:
+    the command exits)."""
+    done: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(work())
+        except BaseException as exc:  # handed to the caller's thread, which reports it
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="sessionfork-bounded", daemon=True)
+    thread.start()
+    thread.join(seconds + LATE)
+    if failed:
+        raise failed[0]
+    if not done:
+        raise RedisTimeoutError(f"no answer from {what} within {seconds:g}s")
+    return done[0]
 
 
 def clean_errors(fn: F) -> F:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import IO
+from typing import IO, Any
 
 import click
 import msgspec
@@ -14,7 +14,7 @@ from ..clients.client import Client
 from ..core import config, rules, wire
 from ..protocol.requests import MAX_WAIT, ForkOptions
 from ..worker import jobs
-from .app import LOG_LEVELS, Context, clean_errors, cli, env_help
+from .app import LOG_LEVELS, Context, clean_errors, cli, env_help, within
 from .files import read_edits, read_summary, read_variants
 
 log = logging.getLogger("sessionfork.worker")
@@ -171,10 +171,16 @@ def health(obj: Context, timeout_s: float, as_json: bool) -> None:
 
     s = obj.settings
     obj.bound_by(timeout_s)
-    with retries_until(time.monotonic() + timeout_s):
-        shards = obj.shard_redis()
-        found = {index: sorted(fresh_workers(redis, obj.settings)) for index, redis in enumerate(shards)
-                 if obj.settings.shard is None or index == obj.settings.shard}  # a shard's container: its own
+    deadline = time.monotonic() + timeout_s
+
+    def look() -> tuple[list[Any], dict[int, list[str]]]:
+        with retries_until(deadline):
+            shards = obj.shard_redis()
+            return shards, {index: sorted(fresh_workers(redis, obj.settings)) for index, redis in enumerate(shards)
+                            if obj.settings.shard is None or index == obj.settings.shard}  # a shard's own
+
+    # Bounded as a whole too: a hung sentinel answers no connection or command time-out.
+    shards, found = within(timeout_s, "the queue server", look)
     if as_json:
         click.echo(wire.encode({"ok": all(found.values()), "queue": s.queue, "shards": [
             {"shard": index, "ok": bool(names), "workers": names} for index, names in found.items()]}).decode())
