@@ -161,7 +161,7 @@ def phases(mark: str | None = None) -> list[list[str]]:
             ["-m", f"{only}serial", slowest]]
 
 
-PARALLEL = 2  # pytest-xdist processes of the parallel phase (this machine has 2 cores)
+PARALLEL = 3  # pytest-xdist processes of the parallel phase: 2 cores, and the tests wait on servers and workers
 
 
 def suite(bin_dir: Path, *, mark: str | None = None, env: dict[str, str] | None = None) -> int:
