@@ -109,9 +109,9 @@ def test_the_whole_suite_runs_in_parallel_then_the_serial_tests_alone_on_each_rq
     assert run.main(["test"]) == 0
     pytest_runs = [(cmd, env) for cmd, env in ran if " -m pytest" in cmd]
     assert pytest_runs == [
-        ("/venv/bin/python -m pytest -n 2 --dist loadfile -m not serial --durations=25", None),
+        (f"/venv/bin/python -m pytest -n {run.PARALLEL} --dist loadfile -m not serial --durations=25", None),
         ("/venv/bin/python -m pytest -m serial --durations=25", None),
-        ("/rq2/bin/python -m pytest -n 2 --dist loadfile -m rq and not serial --durations=25",
+        (f"/rq2/bin/python -m pytest -n {run.PARALLEL} --dist loadfile -m rq and not serial --durations=25",
          {"SESSIONFORK_EXPECT_RQ": "2"}),
         ("/rq2/bin/python -m pytest -m rq and serial --durations=25", {"SESSIONFORK_EXPECT_RQ": "2"})]
 
@@ -120,7 +120,7 @@ def test_a_failed_parallel_phase_stops_the_suite_before_the_serial_one(monkeypat
     ran: list[str] = []
     monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append(" ".join(cmd)) or int("not serial" in ran[-1]))
     assert run.suite(Path("/venv/bin")) == 1
-    assert ran == ["/venv/bin/python -m pytest -n 2 --dist loadfile -m not serial --durations=25"]
+    assert ran == [f"/venv/bin/python -m pytest -n {run.PARALLEL} --dist loadfile -m not serial --durations=25"]
 
 
 def test_the_two_phases_select_every_test_once() -> None:
