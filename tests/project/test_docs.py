@@ -19,20 +19,19 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import run
 from click.testing import CliRunner
 from redis import Redis
-from rq import Worker
+from waits import wait_until
 
 from sessionfork.cli import cli
 from sessionfork.core import config
+from sessionfork.core.config import Settings
 from sessionfork.embedded import EmbeddedServer
-
-pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
+from sessionfork.worker.jobs import fresh_workers
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -90,11 +89,9 @@ def run_worker(url: str, name: str) -> subprocess.Popen[bytes]:
     worker = subprocess.Popen([sys.executable, "-m", "sessionfork", "--redis-url", url, "worker",
                                "--name", name, "--log-level", "WARNING"])
     with Redis.from_url(url, socket_timeout=5) as conn:
-        deadline = time.monotonic() + 60
-        while not any(w.name == name for w in Worker.all(connection=conn)):
-            assert worker.poll() is None, "the worker exited"
-            assert time.monotonic() < deadline, "the worker did not register"
-            time.sleep(0.05)
+        wait_until(lambda: worker.poll() is not None or name in fresh_workers(conn, Settings()), 60,
+                   "the worker registered")
+    assert worker.poll() is None, "the worker exited"
     return worker
 
 
@@ -125,6 +122,7 @@ def run_page(path: Path, url: str) -> str:
     return out.stdout
 
 
+@pytest.mark.rq  # with a worker: runs again on RQ 2.12 (run.py test); the rest of this file needs no RQ
 def test_the_pages_run_in_order_on_one_server_twice(server: EmbeddedServer) -> None:
     """README, Getting started, Agent hosts, Schedulers, ... as a reader follows them, on one
     database, then all again: no page needs a server of its own, none can run only once."""
