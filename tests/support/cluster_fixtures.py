@@ -26,17 +26,18 @@ START_TIMEOUT = 60.0
 class FastSyncCluster(EmbeddedCluster):
     """An ``EmbeddedCluster`` whose primaries start a replica's full sync at once (no 5 s delay).
 
-    ``close()`` stops every node ever made, also those of a start that failed half-way (the base
-    class only knows the nodes of a completed list comprehension).
+    ``close()`` stops every node ever made, also those of a start that failed half-way.
     """
 
     def __init__(self, masters: int, replicas: int) -> None:
         super().__init__(masters, replicas)
         self.made: list[EmbeddedServer] = []
 
+    def node_args(self) -> list[str]:
+        return ["--repl-diskless-sync-delay", "0"]
+
     def _node(self) -> EmbeddedServer:
         node = super()._node()
-        node.extra_args += ["--repl-diskless-sync-delay", "0"]
         self.made.append(node)
         return node
 

@@ -12,12 +12,20 @@ from redis.exceptions import ResponseError
 
 from .server import EmbeddedServer, ServerNotAvailable, find_server_binary, wait_until
 
+CLUSTER_PORTS = (10000, 22000)
+"""Where ``free_cluster_port`` picks a node's port ``p``: ``p`` and its bus port ``p + 10000`` both
+below Linux's ephemeral range (32768-60999), so no client's outgoing connection can take either
+between the check and the node's bind (with busy tests, one did: the node exited at start)."""
+START_ATTEMPTS = 5
+"""How many ports a cluster node tries before its start fails (another process may bind a checked
+port first)."""
+
 
 def free_cluster_port(rng: random.Random | None = None) -> int:
-    """A free port ``p`` with ``p + 10000`` free too (a cluster node's bus port), ``p`` ≤ 55535."""
+    """A free port ``p`` with ``p + 10000`` free too (a cluster node's bus port), in ``CLUSTER_PORTS``."""
     pick = rng or random.Random()
     for _ in range(200):
-        port = pick.randrange(20000, 55000)
+        port = pick.randrange(*CLUSTER_PORTS)
         try:
             for candidate in (port, port + 10000):
                 with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -44,12 +52,25 @@ class EmbeddedCluster:
         self.replicas: list[EmbeddedServer] = []
         self._shape = (masters, replicas)
 
+    def node_args(self) -> list[str]:
+        """More server arguments for every node (none here)."""
+        return []
+
     def _node(self) -> EmbeddedServer:
-        port = free_cluster_port()
-        return EmbeddedServer(binary=self.binary, port=port, extra_args=[
-            "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
-            "--cluster-node-timeout", str(self.node_timeout_ms), "--cluster-require-full-coverage", "no",
-            "--appendonly", "yes", "--appendfsync", "always"])
+        """A started node on a free port pair; another port when its bind fails (``START_ATTEMPTS``)."""
+        for attempt in range(START_ATTEMPTS):
+            port = free_cluster_port()
+            node = EmbeddedServer(binary=self.binary, port=port, extra_args=[
+                "--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
+                "--cluster-node-timeout", str(self.node_timeout_ms), "--cluster-require-full-coverage", "no",
+                "--appendonly", "yes", "--appendfsync", "always", *self.node_args()])
+            try:
+                return node.start()
+            except ServerNotAvailable as exc:
+                node.close()
+                if "in use" not in str(exc) or attempt == START_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     @property
     def nodes(self) -> list[EmbeddedServer]:
@@ -74,9 +95,9 @@ class EmbeddedCluster:
     def _start(self, timeout: float) -> EmbeddedCluster:
         masters, replicas = self._shape
         for _ in range(masters):
-            self.masters.append(self._node().start())
+            self.masters.append(self._node())
         for _ in range(masters * replicas):
-            self.replicas.append(self._node().start())
+            self.replicas.append(self._node())
         per = 16384 // masters
         for i, node in enumerate(self.masters):
             last = 16383 if i == masters - 1 else (i + 1) * per - 1
