@@ -151,7 +151,7 @@ class ForkSteps:
 
     def plan_of(self, spec: ForkSpec, results: Sequence[Any]) -> ForkPlan:
         """The ``ForkPlan`` that the results of ``look_ops`` describe."""
-        sid, request_id, boundary = spec.source_id, spec.request_id, spec.boundary
+        sid, request_id, boundary = wire.ref_id(spec.source), spec.request_id, spec.boundary
         *taken, reply = results
         existing: list[str] = []
         replayed: dict[str, Header] = {}

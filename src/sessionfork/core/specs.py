@@ -40,15 +40,6 @@ class ForkSpec(msgspec.Struct, frozen=True, kw_only=True):
     traceparent: str | None = None
 
     @property
-    def source_id(self) -> str:
-        return self.source.id if isinstance(self.source, LiveHandle) else self.source
-
-    @property
-    def instance(self) -> str:
-        """The source's instance token; ``""`` (any live instance) for a plain id."""
-        return self.source.instance if isinstance(self.source, LiveHandle) else ""
-
-    @property
     def keep_from(self) -> int | None:
         """The summary's ``keepFrom`` (``None`` without a summary)."""
         return None if self.summary is None else self.summary.keep_from

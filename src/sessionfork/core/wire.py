@@ -49,6 +49,11 @@ class LiveHandle(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     """The token of this live incarnation (``Registry.instance`` answers the current one)."""
 
 
+def ref_id(ref: str | LiveHandle) -> str:
+    """The session id of a reference: a plain id, or a live handle's id."""
+    return ref.id if isinstance(ref, LiveHandle) else ref
+
+
 class NewEvent(msgspec.Struct, frozen=True):
     """An event to append; the registry assigns ``seq`` and ``time``.
 
@@ -225,7 +230,7 @@ class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, om
     @property
     def source_id(self) -> str:
         """The source's session id (of a plain id or a live handle)."""
-        return self.source.id if isinstance(self.source, LiveHandle) else self.source
+        return ref_id(self.source)
 
     @property
     def instance(self) -> str:
