@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import sys
-import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -22,12 +22,11 @@ from .. import __version__
 from ..core import config, connections
 from ..core.errors import ForkError
 from ..core.registry import Registry
+from ..protocol.requests import HARD_AFTER
 from ..worker.service import ForkService
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
-LATE = 0.5
-"""Seconds past its time at which ``within`` leaves a command's work (a last answer may come)."""
 LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False)
 
 
@@ -96,27 +95,15 @@ class Context:
 
 def within(seconds: float, what: str, work: Callable[[], T]) -> T:
     """``work()``'s value, or a Redis ``TimeoutError`` naming ``what`` (status 3) once ``seconds``
-    (and ``LATE``) have passed, whatever the servers do: the bound of a command given a time, where
-    a connection's own time-outs and retries are not enough (hung sentinels: each lookup waits its
-    socket time-out per sentinel, then is retried). The work's thread is left behind (a daemon:
-    the command exits)."""
-    done: list[T] = []
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            done.append(work())
-        except BaseException as exc:  # handed to the caller's thread, which reports it
-            failed.append(exc)
-
-    thread = threading.Thread(target=run, name="sessionfork-bounded", daemon=True)
-    thread.start()
-    thread.join(seconds + LATE)
-    if failed:
-        raise failed[0]
-    if not done:
-        raise RedisTimeoutError(f"no answer from {what} within {seconds:g}s")
-    return done[0]
+    (and the clients' ``HARD_AFTER``) have passed, whatever the servers do: the bound of a command
+    given a time, where a connection's own time-outs and retries are not enough (hung sentinels:
+    each lookup waits its socket time-out per sentinel, then is retried). The work runs in a thread
+    the cut leaves behind, as a sync client's call does (``connections.cut_at``)."""
+    try:
+        return connections.cut_at(time.monotonic() + seconds + HARD_AFTER, work,
+                                  f"no answer from {what} within {seconds:g}s")
+    except TimeoutError as exc:
+        raise RedisTimeoutError(str(exc)) from None
 
 
 def clean_errors(fn: F) -> F:

@@ -50,10 +50,9 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeVar, Unpack
 
-import msgspec
 from redis.asyncio import Redis
 
-from ..core import connections, keys, rules, wire
+from ..core import connections, keys, wire
 from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
 from ..core.outages import is_lost
@@ -165,20 +164,14 @@ class AsyncClient:
         ``reply_to`` (default: the settings' reply channel). ``INVALID_REQUEST`` for an id outside
         ``[A-Za-z0-9_-]{1,128}``.
         """
-        digest: str | None
-        if isinstance(request, str):
-            rid = rules.check_request_id(request, "request id")
-            request, digest = ForkRequest(source="", request_id=rid, reply_to=reply_to or msgspec.UNSET), None
-        else:
-            request = requests.checked(request, to_wait=True)
-            digest = wire.digest(request)
+        waited, digest = requests.waited(request, reply_to)
         timeout = requests.wait_bound(timeout)
-        assert isinstance(request.request_id, str)
+        assert isinstance(waited.request_id, str)
         deadline = asyncio.get_running_loop().time() + timeout
-        router = self.routers[self.shard_of(request.request_id)]
-        async with router.expect(request.request_id, self._channel(request), deadline) as woken:
-            answer = self._answer(request, digest, woken, None, deadline, timeout)
-            return await _cut(deadline + requests.HARD_AFTER, _no_reply(request.request_id, timeout), answer)
+        router = self.routers[self.shard_of(waited.request_id)]
+        async with router.expect(waited.request_id, self._channel(waited), deadline) as woken:
+            answer = self._answer(waited, digest, woken, None, deadline, timeout)
+            return await _cut(deadline + requests.HARD_AFTER, _no_reply(waited.request_id, timeout), answer)
 
     async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0,
                    **options: Unpack[ForkOptions]) -> Reply:

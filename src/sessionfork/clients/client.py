@@ -9,7 +9,7 @@ it again, or retrying after a time-out, never forks twice and always answers the
 
 Bounds: ``fork`` and ``wait`` return or raise ``TimeoutError`` by their deadline (``requests.HARD_AFTER``
 past it at most), ``submit`` by ``requests.SUBMIT_RETRY_FOR`` seconds, whatever the server and ``redis`` do
-(its retries, no time-outs): a call's Redis work runs in a thread of its own (``_within``).
+(its retries, no time-outs): a call's Redis work runs in a thread of its own (``connections.cut_at``).
 
 A sharded queue: give one client per queue server, in shard order (``Client([r0, r1, r2])`` or
 ``Client.from_urls([...])``); each request is enqueued on, and waited for on, the shard
@@ -23,12 +23,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar, Unpack
+from typing import TypeVar, Unpack
 
-import msgspec
 from redis import Redis
 
-from ..core import connections, rules, wire
+from ..core import connections, wire
 from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
 from ..core.wire import ForkRequest, LiveHandle, Reply
@@ -89,9 +88,9 @@ class Client:
     def submit(self, request: ForkRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op.
         Returns or raises within ``SUBMIT_RETRY_FOR`` seconds (then ``TimeoutError``: the request
-        may be enqueued all the same), whatever the server and ``redis`` do (``_within``)."""
+        may be enqueued all the same), whatever the server and ``redis`` do (``connections.cut_at``)."""
         request, limit = requests.prepare(request, self._new_id)[0], requests.SUBMIT_RETRY_FOR
-        return _within(time.monotonic() + limit, lambda: self._submit(request)[0],
+        return connections.cut_at(time.monotonic() + limit, lambda: self._submit(request)[0],
                        f"request {request.request_id} not enqueued within {limit}s")
 
     def _submit(self, request: ForkRequest) -> tuple[str, int]:
@@ -117,16 +116,10 @@ class Client:
         (default: the settings' reply channel; one announced elsewhere is read within
         ``recheck_every``). ``INVALID_REQUEST`` for an id outside ``[A-Za-z0-9_-]{1,128}``.
         """
-        if isinstance(request, str):
-            rid = rules.check_request_id(request, "request id")
-            request, digest = ForkRequest(source="", request_id=rid, reply_to=reply_to or msgspec.UNSET), None
-        else:
-            request = requests.checked(request, to_wait=True)
-            digest = wire.digest(request)
+        waited, digest = requests.waited(request, reply_to)
         timeout = requests.wait_bound(timeout)
-        checked = request
-        return self._bounded(checked, timeout, lambda listener, deadline: self._wait(listener, checked, deadline,
-                                                                                    timeout, digest))
+        return self._bounded(waited, timeout, lambda listener, deadline: self._wait(listener, waited, deadline,
+                                                                                   timeout, digest))
 
     def _wait(self, listener: ReplyListener, request: ForkRequest, deadline: float, timeout: float,
               digest: str | None, *, announced_after_ready: bool = False) -> Reply:
@@ -144,7 +137,7 @@ class Client:
     def _bounded(self, request: ForkRequest, timeout: float,
                  work: Callable[[ReplyListener, float], Reply]) -> Reply:
         """``work(listener, deadline)`` with this thread's listener of the request's shard, cut
-        ``HARD_AFTER`` seconds past the deadline (``_within``: ``TimeoutError``). A call cut there
+        ``HARD_AFTER`` seconds past the deadline (``connections.cut_at``: ``TimeoutError``). A call cut there
         leaves its listener to the work still running (which closes it when it ends): this
         thread's next wait subscribes anew."""
         assert isinstance(request.request_id, str)
@@ -156,7 +149,7 @@ class Client:
             if listeners.get(shard) is listener:
                 del listeners[shard]
 
-        return _within(deadline + requests.HARD_AFTER, lambda: work(listener, deadline),
+        return connections.cut_at(deadline + requests.HARD_AFTER, lambda: work(listener, deadline),
                        _no_reply(request.request_id, timeout), on_cut=cut, after_cut=listener.close)
 
     def _listener(self, shard: int) -> ReplyListener:
@@ -200,47 +193,3 @@ class Client:
 
 def _no_reply(request_id: str, timeout: float) -> str:
     return f"no reply to request {request_id} within {timeout}s"
-
-
-def _within(deadline: float, work: Callable[[], T], what: str, *, on_cut: Callable[[], None] | None = None,
-            after_cut: Callable[[], None] | None = None) -> T:
-    """``work()``'s result (or its error) if it ends by ``deadline`` (``time.monotonic``), else
-    ``TimeoutError(what)`` then. The work runs in a daemon thread of its own, so that no Redis
-    call holds the caller past the deadline: a frozen server, a ``Redis`` whose ``Retry`` sends a
-    timed-out command again (redis-py 8's ``Redis(host, port)``: 10 more times, with back-off: a 1 s
-    fork took 9 s with a 0.5 s ``socket_timeout``), one without time-outs. Cut (the deadline, or
-    the caller interrupted): ``on_cut`` runs in the caller's thread at once, and ``after_cut`` in
-    the work's thread when the work ends, whenever redis-py gives up (what it used is never shared
-    with a later call)."""
-    lock, ended = threading.Lock(), threading.Event()
-    result: list[tuple[bool, Any]] = []
-    cut = False
-
-    def run() -> None:
-        try:
-            result.append((True, work()))
-        except BaseException as exc:  # handed to the caller (or dropped, if it has gone)
-            result.append((False, exc))
-        with lock:
-            ended.set()
-            late = cut
-        if late and after_cut is not None:
-            try:
-                after_cut()
-            except Exception:  # nobody to hand it to: the caller has gone
-                log.warning("cleaning up after a call cut at its deadline failed", exc_info=True)
-
-    threading.Thread(target=run, name="sessionfork-call", daemon=True).start()
-    try:
-        ended.wait(max(deadline - time.monotonic(), 0.0))
-    finally:
-        with lock:
-            cut = not ended.is_set()
-        if cut and on_cut is not None:
-            on_cut()
-    if cut:
-        raise TimeoutError(what)
-    ok, value = result[0]
-    if ok:
-        return value  # type: ignore[no-any-return]
-    raise value

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -45,6 +46,7 @@ from redis.sentinel import Sentinel
 from .config import SENTINEL_SCHEMES, ConfigError, SentinelURL, Settings, parse_sentinel_url
 
 T = TypeVar("T")
+log = logging.getLogger("sessionfork.client")
 
 TRANSIENT: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError)
 """Errors that mean Redis is briefly unreachable (a dropped connection, a restart, a failover):
@@ -231,3 +233,47 @@ def queue_client(settings: Settings, url: str) -> Redis:
     if is_sentinel_url(url):
         return sentinel_client(settings, url)
     return Redis.from_url(url, **_options(url, settings))
+
+
+def cut_at(deadline: float, work: Callable[[], T], what: str, *, on_cut: Callable[[], None] | None = None,
+            after_cut: Callable[[], None] | None = None) -> T:
+    """``work()``'s result (or its error) if it ends by ``deadline`` (``time.monotonic``), else
+    ``TimeoutError(what)`` then. The work runs in a daemon thread of its own, so that no Redis
+    call holds the caller past the deadline: a frozen server, a ``Redis`` whose ``Retry`` sends a
+    timed-out command again (redis-py 8's ``Redis(host, port)``: 10 more times, with back-off: a 1 s
+    fork took 9 s with a 0.5 s ``socket_timeout``), one without time-outs. Cut (the deadline, or
+    the caller interrupted): ``on_cut`` runs in the caller's thread at once, and ``after_cut`` in
+    the work's thread when the work ends, whenever redis-py gives up (what it used is never shared
+    with a later call)."""
+    lock, ended = threading.Lock(), threading.Event()
+    result: list[tuple[bool, Any]] = []
+    cut = False
+
+    def run() -> None:
+        try:
+            result.append((True, work()))
+        except BaseException as exc:  # handed to the caller (or dropped, if it has gone)
+            result.append((False, exc))
+        with lock:
+            ended.set()
+            late = cut
+        if late and after_cut is not None:
+            try:
+                after_cut()
+            except Exception:  # nobody to hand it to: the caller has gone
+                log.warning("cleaning up after a call cut at its deadline failed", exc_info=True)
+
+    threading.Thread(target=run, name="sessionfork-call", daemon=True).start()
+    try:
+        ended.wait(max(deadline - time.monotonic(), 0.0))
+    finally:
+        with lock:
+            cut = not ended.is_set()
+        if cut and on_cut is not None:
+            on_cut()
+    if cut:
+        raise TimeoutError(what)
+    ok, value = result[0]
+    if ok:
+        return value  # type: ignore[no-any-return]
+    raise value

@@ -149,6 +149,19 @@ def checked(request: object, *, to_wait: bool = False) -> ForkRequest:
     return request
 
 
+def waited(request: object, reply_to: str | None = None) -> tuple[ForkRequest, str | None]:
+    """What both clients' ``wait`` waits for, and the digest that tells a conflict: a request
+    (``checked``, ``to_wait``) and its digest; or, for a request id alone (a request submitted
+    elsewhere), a request of that id woken on ``reply_to`` and no digest (no request to tell a
+    conflict from). ``INVALID_REQUEST`` before any I/O, for an id outside ``[A-Za-z0-9_-]{1,128}``
+    as for anything but a ``ForkRequest``."""
+    if isinstance(request, str):
+        rid = rules.check_request_id(request, "request id")
+        return ForkRequest(source="", request_id=rid, reply_to=reply_to or UNSET), None
+    request = checked(request, to_wait=True)
+    return request, wire.digest(request)
+
+
 def prepare(request: object, new_id: Callable[[], str]) -> tuple[ForkRequest, bytes]:
     """A request ready to enqueue, and its JSON: given a request id (``new_id()``) when it has
     none, that id checked, the request encoded. ``INVALID_REQUEST`` for anything but a
