@@ -7,7 +7,8 @@ its scripts, the clock and id factories, the limits, the lineage cache) and the 
 * ``store.SessionStore``: create, append, dispose, flush, the record's reads;
 * ``deletion.Deleter``: delete, the flush requests and persistence marks of deletion;
 * ``fork_steps.ForkSteps``: the two atomic steps of a fork (the source step, the child step), on
-  ``logs``, ``store`` and ``deletion``; ``forks`` composes a fork from them.
+  ``logs``, ``store`` and ``deletion``; ``forks`` composes a fork from them;
+* ``merge_steps.MergeSteps``: a merge's and a select's steps, on ``store``; ``merges`` composes them.
 
 The facade delegates what its users call (agent hosts, ``ops``, ``cli``, the retention sweep,
 tools and tests), one line each, and states the contracts of all but the fork steps (stated on
