@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 from helpers import turn
 
-from sessionfork.core import forks, keys, merges, wire
+from sessionfork.core import forks, keys, merge_steps, merges, wire
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import Event, NewEvent
@@ -177,3 +177,14 @@ def test_the_merges_index_and_records_hold_what_the_key_schema_says(tree: Regist
     assert index == {'["m","c",8,15]': "m1 8 19", '["r","m1"]': "c 8 15 8 19"}
     assert json.loads(tree.redis.hget(keys.session("c"), "mergedinto") or "") == ["p", 8, "m1"]
     assert tree.redis.zscore(keys.ENDED_INDEX, "c") is not None
+
+
+@pytest.mark.parametrize(("limit", "value", "words"), [("MAX_MERGE_EVENTS", 7, "more than 7 events"),
+                                                       ("MAX_MERGE_BYTES", 400, "over 400 bytes")])
+def test_an_events_merge_over_the_limits_is_refused_and_writes_nothing(tree: Registry, monkeypatch: pytest.MonkeyPatch,
+                                                                        limit: str, value: int, words: str) -> None:
+    monkeypatch.setattr(merge_steps, limit, value)
+    code, message = code_of(lambda: merges.merge(tree, "p", "c", mode="events"))
+    assert code is ErrorCode.INVALID_BOUNDARY and words in message, message
+    assert tree.length("p") == 8
+    assert merges.merge(tree, "p", "c", mode="events", range=(8, 11)).length == 8 + 2 + 4 + 1  # a part fits

@@ -137,7 +137,7 @@ SCRIPTS: Final[Mapping[str, Spec]] = {spec.name: spec for spec in (
     Spec("merge", ("record", "log", "turns", "merges", "lifecycle?"),
          ("instance", "if_length", "request_id", "merge_key", "replay_key", "child", "others", "maxlen", "session_id",
           "events*")),
-    Spec("merge_read", ("record", "turns", "log"), ("if_length", "from_seq", "to_seq", "most", "events")),
+    Spec("merge_read", ("record", "turns", "log"), ("if_length", "from_seq", "to_seq", "most", "events", "most_bytes")),
     Spec("pin", ("record", "children", "needs"), ("need", "child_ids*")),
     Spec("release", ("record", "log", "children", "turns", "needs"), ("child", "need")),
     Spec("settle", ("record",), ("seed",)),

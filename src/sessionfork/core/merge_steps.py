@@ -31,6 +31,9 @@ from .wire import NewEvent
 MAX_MERGE_EVENTS = 10_000
 """Most events one merge of mode ``events`` brings back (``INVALID_BOUNDARY`` beyond: merge the
 range in parts)."""
+MAX_MERGE_BYTES = 16 * 1024 * 1024
+"""Most bytes of stored events one merge of mode ``events`` brings back (``INVALID_BOUNDARY``
+beyond: merge the range in parts); the default of ``SESSIONFORK_MAX_REQUEST_WRITE_BYTES``."""
 MAX_DEPTH = 100_000
 """Most ``parentSession`` links a lineage walk follows before it gives up (``NOT_DESCENDANT``)."""
 _RECORD = ("header", "instance", "parent", "seedlen", "len", "mergedinto", "abandoned")
@@ -178,7 +181,7 @@ class MergeSteps:
             if_length="" if spec.if_child_length is None else spec.if_child_length,
             from_seq="" if spec.from_seq is None else spec.from_seq,
             to_seq="" if spec.to_seq is None else spec.to_seq, most=MAX_MERGE_EVENTS,
-            events="1" if spec.mode == "events" else "0"))
+            events="1" if spec.mode == "events" else "0", most_bytes=MAX_MERGE_BYTES))
         status = wire.text(reply[0])
         if status == "NOT_FOUND":
             raise errors.not_found(cid)
@@ -251,6 +254,7 @@ class MergeSteps:
         out = self.store.encode_events(head, now)
         for seq, raw in enumerate(stored, start=from_seq):
             body = _event_body.decode(raw)
+            body.pop("seq", None)  # the position is the seq (a record of an old layout may hold one)
             body["time"] = now
             body["source"] = {"session": spec.child, "seq": seq}
             out.append(_json.encode(body))
@@ -308,4 +312,6 @@ def _range_error(spec: MergeSpec, why: str, length: int, seed_length: int) -> er
         return errors.invalid_range(cid, f"toSeq {spec.to_seq} is past the end of a log of {length} events")
     if why == "ORDER":
         return errors.invalid_range(cid, f"fromSeq {spec.from_seq} is after toSeq {spec.to_seq}")
+    if why == "BYTES":
+        return errors.invalid_range(cid, f"the range's events are over {MAX_MERGE_BYTES} bytes: merge it in parts")
     return errors.invalid_range(cid, f"the range holds more than {MAX_MERGE_EVENTS} events: merge it in parts")

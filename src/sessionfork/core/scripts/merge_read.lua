@@ -2,11 +2,12 @@
 -- KEYS[1] = sf:s:{<child>}, KEYS[2] = sf:s:{<child>}:turns, KEYS[3] = sf:s:{<child>}:log   (one slot)
 -- ARGV    = ifChildLength ("" = any), fromSeq ("" = the child's seedLength), toSeq ("" = its newest
 --           turn/end), most events a merge may bring back, events ("1": return the range's stored
---           JSON; "0": mode summary, none)
+--           JSON; "0": mode summary, none), most bytes of stored JSON it may bring back
 -- Returns {"NOT_FOUND"} (never created, or deleted) / {"ABANDONED", request id} /
 --   {"PRECONDITION", len} / {"RANGE", why, len, seedlen} (why: EMPTY no completed turn after the
 --   seed, SEED fromSeq inside the seed, PAST toSeq past the end, ORDER fromSeq after toSeq, MANY more
---   events than the limit) / {"INSIDE", toSeq, seq of the turn/start} / {"NOINDEX", len, seedlen}
+--   events than the limit, BYTES more bytes than the limit) / {"INSIDE", toSeq, seq of the turn/start} /
+--   {"NOINDEX", len, seedlen}
 --   (a record written before turn indexes: the caller checks the range by reading it) /
 --   {"OK", fromSeq, toSeq, len, seedlen, stored JSON of each event when asked}
 local r = redis.call('HMGET', KEYS[1], 'header', 'len', 'seedlen', 'lastend', 'abandoned')
@@ -40,6 +41,11 @@ if found and found % 2 == 0 then return {'INSIDE', to, math.floor(found / 2)} en
 local out = {'OK', from, to, len, seedlen}
 if ARGV[5] == '1' then
   local events = redis.call('LRANGE', KEYS[3], from - seedlen, to - seedlen)
-  for i = 1, #events do out[#out + 1] = events[i] end
+  local size, most = 0, tonumber(ARGV[6])
+  for i = 1, #events do
+    size = size + #events[i]
+    if size > most then return {'RANGE', 'BYTES', len, seedlen} end
+    out[#out + 1] = events[i]
+  end
 end
 return out
