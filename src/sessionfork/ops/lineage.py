@@ -148,13 +148,19 @@ def _edges(top: list[Node]) -> list[MergeEdge]:
 
 
 def state_text(node: Node) -> str:
+    """The node's state as ``describe`` words it."""
+    return describe(node.state, node.merged_into, node.abandoned_by)
+
+
+def describe(state: SessionStateName, merged_into: MergedInto | msgspec.UnsetType,
+             abandoned_by: str | msgspec.UnsetType) -> str:
     """``live``, ``disposed``, ``merged into p @8`` (the merge's first seq there), ``abandoned by
     r1`` (the select's request id), or ``disposed, merged into p @8``."""
-    parts: list[str] = [] if node.state in ("merged", "abandoned") else [node.state]
-    if not isinstance(node.merged_into, msgspec.UnsetType):
-        parts.append(f"merged into {node.merged_into.session} @{node.merged_into.seq}")
-    if not isinstance(node.abandoned_by, msgspec.UnsetType):
-        parts.append(f"abandoned by {node.abandoned_by or '(no request id)'}")
+    parts: list[str] = [] if state in ("merged", "abandoned") else [state]
+    if not isinstance(merged_into, msgspec.UnsetType):
+        parts.append(f"merged into {merged_into.session} @{merged_into.seq}")
+    if not isinstance(abandoned_by, msgspec.UnsetType):
+        parts.append(f"abandoned by {abandoned_by or '(no request id)'}")
     return ", ".join(parts)
 
 
