@@ -43,6 +43,9 @@ import msgspec
 from ..core import errors, keys, records, rules, wire
 from .registry import LIVE, UNPERSISTED, Registry
 
+PASS_LIMIT = 1000
+"""Most branches one maintenance pass disposes, and most sessions it deletes, per worker."""
+
 
 class Ended(msgspec.Struct, frozen=True, rename="camel"):
     """A branch that ended, disposed by ``dispose_ended`` (or, in a dry run, that would be), and
@@ -71,7 +74,7 @@ class Swept(msgspec.Struct, frozen=True, rename="camel"):
     log_kept: bool  # descendants still read its log: freed with the last of them
 
 
-def sweep(registry: Registry, *, now_ms: int, older_than_ms: int, limit: int = 1000, dry_run: bool = False,
+def sweep(registry: Registry, *, now_ms: int, older_than_ms: int, limit: int = PASS_LIMIT, dry_run: bool = False,
           persisted_first: bool = False) -> list[Swept]:
     """Delete up to ``limit`` sessions disposed before ``now_ms - older_than_ms``, oldest first.
 
@@ -108,7 +111,7 @@ def sweep(registry: Registry, *, now_ms: int, older_than_ms: int, limit: int = 1
     return out
 
 
-def dispose_ended(registry: Registry, *, now_ms: int, older_than_ms: int, limit: int = 1000,
+def dispose_ended(registry: Registry, *, now_ms: int, older_than_ms: int, limit: int = PASS_LIMIT,
                   dry_run: bool = False) -> list[Ended]:
     """Dispose up to ``limit`` branches that ended (merged or abandoned) before ``now_ms -
     older_than_ms``, oldest first, from the ended index (``keys.ENDED_INDEX``); ``older_than_ms``
@@ -137,12 +140,11 @@ def dispose_ended(registry: Registry, *, now_ms: int, older_than_ms: int, limit:
     out: list[Ended] = []
     for (sid, at, state), (freed, pinned, _) in zip(ending, sizes, strict=True):
         if not dry_run:
+            gone.append(sid)  # out of the index either way
             try:
                 registry.dispose(sid)
             except errors.ForkError:
-                gone.append(sid)  # disposed or deleted meanwhile: nothing left to do
-                continue
-            gone.append(sid)
+                continue  # disposed or deleted meanwhile: nothing left to do
         out.append(Ended(sid, at, state, freed, pinned))
     if gone and not dry_run:
         registry.redis.zrem(keys.ENDED_INDEX, *gone)
@@ -153,7 +155,7 @@ ENDED_STATES = ("merged", "abandoned")
 """The states of a branch that ended (``wire.SessionState``)."""
 
 
-def run_pass(registry: Registry, *, now_ms: int, retention_ms: int, branch_ttl_ms: int, limit: int = 1000,
+def run_pass(registry: Registry, *, now_ms: int, retention_ms: int, branch_ttl_ms: int, limit: int = PASS_LIMIT,
              dry_run: bool = False, persisted_first: bool = False) -> Pass:
     """One maintenance pass: ``dispose_ended`` (branches that ended longer ago than
     ``branch_ttl_ms``; none when it is 0), then ``sweep`` (sessions disposed longer ago than
