@@ -59,7 +59,8 @@ def shapes() -> list[dict[str, object]]:
 
 
 # The documented shapes, in page order: fork (a result, a failure), fork --wait 0, events, stats,
-# health, gc (a branch disposed, a session deleted), diff, tree. Optional fields may be left out (shard, shards, a result's sessions...).
+# health, gc (a branch disposed, a session deleted), diff, tree. Optional fields may be left out (shard,
+# shards, a result's sessions...).
 EXPECTED = [(fields(ForkResult) | {"type"}, {"sessions", "failed"}),
             (fields(ForkFailure) | {"type"}, set()),
             ({"requestId", "queued"}, set()),

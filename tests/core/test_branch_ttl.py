@@ -10,6 +10,7 @@ import subprocess
 import pytest
 from helpers import clean_environ, cli_args, turn
 from redis import Redis
+from redis.cluster import RedisCluster
 
 from sessionfork.core import forks, keys, merges
 from sessionfork.core.registry import Registry
@@ -52,7 +53,7 @@ def ended_family(registry: Registry) -> None:
     merges.select(registry, "p", ["b", "c"], "b", mode="summary", summary={"x": 1}, request_id="s-1")
 
 
-def snapshot(redis: Redis) -> dict[bytes, bytes | None]:
+def snapshot(redis: Redis | RedisCluster) -> dict[bytes, bytes | None]:
     """Every key of the server and its serialised value (``DUMP``)."""
     return {key: redis.dump(key) for key in sorted(redis.scan_iter(count=1000))}
 

@@ -20,10 +20,10 @@ from redis.cluster import RedisCluster
 from sessionfork import Summary
 from sessionfork.client import Client, Variant
 from sessionfork.core import forks, keys, merges
-from sessionfork.core.factories import now_ms
-from sessionfork.core.retention import run_pass
 from sessionfork.core.errors import ErrorCode, ForkError
+from sessionfork.core.factories import now_ms
 from sessionfork.core.registry import Registry
+from sessionfork.core.retention import run_pass
 from sessionfork.core.wire import ForkResult, NewEvent
 from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
 
