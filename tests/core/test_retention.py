@@ -95,8 +95,8 @@ def test_gc_command_dry_run_then_for_real(server: EmbeddedServer, timed: Registr
     assert real.returncode == 0, real.stderr
     assert sorted(json.loads(line)["id"] for line in real.stdout.splitlines()) == ["old-1", "old-2"]
     assert not timed.exists("old-1") and not timed.exists("old-2") and timed.exists("live")
-    off = subprocess.run(cli_args(server.url, "gc"), env=clean_environ(), capture_output=True, text=True,
-                         timeout=60)
+    off = subprocess.run(cli_args(server.url, "gc"), env=clean_environ(SESSIONFORK_BRANCH_TTL=0),
+                         capture_output=True, text=True, timeout=60)
     assert off.returncode == 2 and "retention is off" in off.stderr
 
 

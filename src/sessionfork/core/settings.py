@@ -81,6 +81,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     retention: int = 0
     """Seconds a disposed session is kept before the workers' maintenance pass (and ``sessionfork
     gc``) deletes it; 0 = off (sessions are kept until deleted by hand). Never a live session."""
+    branch_ttl: int = 24 * 3600
+    """Seconds a branch that ended (merged into an ancestor, or abandoned by a select) stays live
+    before the workers' maintenance pass (and ``sessionfork gc``) disposes it; 0 = keep (never
+    disposed for having ended). Once disposed, ``retention`` deletes it as any disposed session."""
     delete_after_persist: bool = False
     """Deletion waits for the persistence backend: a session is removed from Redis only once its
     JSONL file holds its whole log (``sessionfork persist`` running)."""
@@ -128,6 +132,7 @@ ENV: Mapping[str, str] = {
     "maintenance_interval": "SESSIONFORK_MAINTENANCE_INTERVAL",
     "worker_ttl": "SESSIONFORK_WORKER_TTL",
     "retention": "SESSIONFORK_RETENTION",
+    "branch_ttl": "SESSIONFORK_BRANCH_TTL",
     "delete_after_persist": "SESSIONFORK_DELETE_AFTER_PERSIST",
     "wait_replicas": "SESSIONFORK_WAIT_REPLICAS",
     "wait_timeout_ms": "SESSIONFORK_WAIT_TIMEOUT_MS",
@@ -148,6 +153,7 @@ BOUNDS: Mapping[str, tuple[float, float]] = {
     "outcome_stream_maxlen": (1, 10**12),
     "job_ttl": (1, 3650 * _DAY),
     "retention": (0, 3650 * _DAY),  # 0: off
+    "branch_ttl": (0, 3650 * _DAY),  # 0: keep ended branches live
     "job_timeout": (1, 7 * _DAY),
     "retries": (0, 1000),
     "abandoned_after": (1, _DAY),
