@@ -53,14 +53,15 @@ class ForkWorker(SeamWorker):
     """
 
     def __init__(self, queues: list[Queue], *, service: ForkService, abandoned_after: int,
-                 job_ttl: int | None = None, retention: int = 0, delete_after_persist: bool = False,
-                 on_outcome: Callable[[str, str, Outcome, float], None] | None = None,
-                 **kwargs: Any) -> None:
+                 job_ttl: int | None = None, retention: int = 0, branch_ttl: int = 0,
+                 delete_after_persist: bool = False,
+                 on_outcome: Callable[[str, str, Outcome, float], None] | None = None, **kwargs: Any) -> None:
         super().__init__(queues, serializer=jobs.JSONSerializer, job_class=ForkJob, **kwargs)
         self.service = service
         self.abandoned_after = abandoned_after
         self.job_ttl = job_ttl
         self.retention = retention
+        self.branch_ttl = branch_ttl
         self.delete_after_persist = delete_after_persist
         self.on_outcome = on_outcome
         self.push_exc_handler(self._finish_abandoned)  # type: ignore[no-untyped-call]  # rq leaves it untyped
@@ -124,16 +125,20 @@ class ForkWorker(SeamWorker):
         self._observe(reply.request_id, "", reply, 0.0)
 
     def maintain(self) -> None:
-        """The retention sweep: delete disposed sessions older than ``retention`` seconds (0: off).
+        """One maintenance pass (``retention.run_pass``): dispose merged and abandoned branches that
+        ended more than ``branch_ttl`` seconds ago (0: kept), then delete disposed sessions older
+        than ``retention`` seconds (0: off).
 
-        One batch per pass; several workers may sweep at once (every step is idempotent)."""
-        if self.retention <= 0:
+        One batch of each per pass; several workers may run it at once (every step is idempotent)."""
+        if self.retention <= 0 and self.branch_ttl <= 0:
             return
-        swept = retention.sweep(self.service.registry, now_ms=now_ms(), older_than_ms=self.retention * 1000,
-                                persisted_first=self.delete_after_persist)
-        if swept:
-            log.info("retention: deleted %d disposed session(s), %d bytes freed", len(swept),
-                     sum(s.bytes for s in swept))
+        done = retention.run_pass(self.service.registry, now_ms=now_ms(), retention_ms=self.retention * 1000,
+                                  branch_ttl_ms=self.branch_ttl * 1000, persisted_first=self.delete_after_persist)
+        if done.ended:
+            log.info("branch TTL: disposed %d merged or abandoned branch(es)", len(done.ended))
+        if done.swept:
+            log.info("retention: deleted %d disposed session(s), %d bytes freed", len(done.swept),
+                     sum(s.bytes for s in done.swept))
 
     def _observe(self, request_id: str, payload: str, reply: Outcome, seconds: float) -> None:
         if self.on_outcome is None:
