@@ -25,6 +25,7 @@ import statistics
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -261,7 +262,9 @@ def merge_bytes(server: EmbeddedServer, merges: int, mode: str, warmup: int = 20
     registry = Registry(redis)
     session_of(registry, "parent", 10)
     own_turns = 1 if mode == "summary" else EVENT_TURNS
-    ids = [f"b-{i}" for i in range(warmup + merges)]
+    # Generated ids (session-<uuid4>, req-<uuid4>), as the public client makes them (bench.memory's
+    # too): the merge's events and its index entries name the child and the request.
+    ids = [f"session-{uuid.uuid4()}" for _ in range(warmup + merges)]
     branches(registry, "parent", ids, own_turns)
     family = {"record": keys.session("parent"), "log": keys.session_log("parent"),
               "turn index": keys.session_turns("parent"), "merges index": keys.session_merges("parent")}
@@ -271,9 +274,9 @@ def merge_bytes(server: EmbeddedServer, merges: int, mode: str, warmup: int = 20
 
     def merge_one(cid: str) -> None:
         if mode == "summary":
-            merge(registry, "parent", cid, mode="summary", summary=SUMMARY, request_id=f"m-{cid}")
+            merge(registry, "parent", cid, mode="summary", summary=SUMMARY, request_id=f"req-{uuid.uuid4()}")
         else:
-            merge(registry, "parent", cid, mode="events", request_id=f"m-{cid}")
+            merge(registry, "parent", cid, mode="events", request_id=f"req-{uuid.uuid4()}")
 
     for cid in ids[:warmup]:
         merge_one(cid)
