@@ -217,6 +217,8 @@ def merge_times(server: EmbeddedServer, rounds: int, sizes: Sizes,
         stop_processes(procs)
     print("merges, µs per request by chunk: " + "; ".join(f"{k} {' '.join(f'{x:,.0f}' for x in v)}"
                                                         for k, v in times.items()), file=sys.stderr)
+    print("merges, µs per request, least and median of the chunks: " + "; ".join(
+        f"{k} {min(v):,.0f} {statistics.median(v):,.0f}" for k, v in times.items()), file=sys.stderr)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
