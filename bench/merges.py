@@ -2,20 +2,21 @@
 
 Time: one ``sessionfork worker`` process, the requests of a batch submitted at once and timed
 first submit → last reply read on the reply channel (as ``measure.fork_throughput`` times forks),
-so each figure is µs per request through the real queue and worker. In each round, in a rotating
-order, five batches: plain forks of a 10-event parent (the baseline), summary merges of a child
-(one turn of its own) of a ``big``-event parent into it, ``events`` merges of 100 events (a child
-with 25 turns of 4 events) into a 10-event parent, 64-child fan-outs of a 10-event parent, and
-64-candidate selects (mode ``summary``) into a 10-event parent; medians of the rounds are kept.
-Every batch's sessions are made beforehand, in this process, and every reply is checked ``ok``
-after the timing.
+so each figure is µs per request through the real queue and worker. Each round has five batches:
+plain forks of a 10-event parent (the baseline), summary merges of a child (one turn of its own)
+of a ``big``-event parent into it, ``events`` merges of 100 events (a child with 25 turns of 4
+events) into a 10-event parent, 64-child fan-outs of a 10-event parent, and 64-candidate selects
+(mode ``summary``) into a 10-event parent, timed in alternating chunks (``merge_times``); the
+median over every chunk of a kind is kept. Every round's sessions are made beforehand, in this
+process, and every reply is checked ``ok`` after the timing.
 
 Memory: ``MEMORY USAGE`` of the parent's keys (record, log, turn index, merges index) before and
-after ``merges`` merges (library calls with request ids, as the worker makes them; after a
-warm-up), less the merged content's own stored bytes (the summary event, or the range's events as
-the parent stores them, each with its provenance): what a merge adds to its parent beyond what it
-brings. The rest is the merge's own turn (``turn/start``, ``session/merge``, ``turn/end``), its
-merges-index entries and the turn index's two entries (``MergeBytes.render``).
+after ``merges`` merges (library calls with generated request ids, as the worker makes them, of
+children with generated ids; after a warm-up), less the merged content's own stored bytes (the
+summary event, or the range's events as the parent stores them, each with its provenance): what a
+merge adds to its parent beyond what it brings. The rest is the merge's own turn (``turn/start``,
+``session/merge``, ``turn/end``), its merges-index entries and the turn index's two entries
+(``MergeBytes.render``).
 """
 
 from __future__ import annotations
