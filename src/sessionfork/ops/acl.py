@@ -39,8 +39,9 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
       ``sessionfork health`` (which reads the worker registry) runs as this user too.
     * sessionfork: ``sf:req:*`` and ``sf:outcomes`` (claim and record scripts), ``PUBLISH`` to the
       reply channel and its ``<reply>:`` prefix, ``sf:s:*`` and ``sf:lifecycle`` (fork and merge
-      scripts, children index), ``sf:disposed`` and ``sf:ended`` (retention, the branch TTL), ``sf:shard`` (the shard marker, read at start, written by a sharded queue's
-      first worker); ``WAIT`` when ``wait_replicas`` is set.
+      scripts, children index), ``sf:disposed`` and ``sf:ended`` (retention, the branch TTL),
+      ``sf:shard`` (the shard marker, read at start, written by a sharded queue's first worker);
+      ``WAIT`` when ``wait_replicas`` is set.
     * no admin or dangerous command. ``CLIENT LIST`` is not granted on purpose: it shows every
       connection of the server; RQ 2 only uses it to learn its own address, and without it records
       ``ip_address = "unknown"`` (logging a warning at start-up).
