@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from helpers import cli_args, clean_environ, make_client, stop, turn, wait_registered, worker_name
+from helpers import clean_environ, cli_args, make_client, stop, turn, wait_registered, worker_name
 from prometheus import JOB, PrometheusServer, dashboard_expressions, recording_rules, shipped_rules, tool, with_for
 from waits import wait_until
 

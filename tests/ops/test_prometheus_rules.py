@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus import RULE_TESTS, RULES, ROOT, shipped_rules, tool, with_for
+from prometheus import ROOT, RULE_TESTS, RULES, shipped_rules, tool, with_for
 
 CONFIGS = sorted((ROOT / "deploy" / "prometheus").glob("prometheus*.yml"))
 
