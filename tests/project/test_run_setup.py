@@ -60,7 +60,7 @@ def test_as_root_prometheus_without_either_command_is_installed(present: set[str
     assert run.ensure_system_packages(apt.which, is_root=True, sh=apt) is None
     assert [cmd for cmd, _ in apt.calls] == [["apt-get", "update", "-qq"],
                                              ["apt-get", "install", "-y", "-qq", "prometheus"]]
-    assert PROMETHEUS <= apt.path
+    assert apt.path >= PROMETHEUS
 
 
 def test_as_root_both_missing_are_installed_by_one_apt_get() -> None:
