@@ -10,6 +10,7 @@ The tests share one worker and one Prometheus and run in file order: the last st
 from __future__ import annotations
 
 import math
+import socket
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -28,13 +29,18 @@ pytestmark = pytest.mark.rq  # a real worker (runs again on RQ 2.12: run.py test
 
 ROUNDS = 2  # forks in two scrapes' worth of rounds: every rate sees its counters grow
 OK_PER_ROUND, ERRORS_PER_ROUND = 3, 2
+ADDRESS = "127.0.0.2"  # the worker's --metrics-address: a loopback address, not the default's 0.0.0.0
 
 
 @dataclass
 class Live:
     prometheus: PrometheusServer
     worker: subprocess.Popen[bytes]
-    metrics_url: str
+    port: int
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{ADDRESS}:{self.port}/metrics"
 
 
 @pytest.fixture(scope="module")
@@ -42,16 +48,17 @@ def live() -> Iterator[Live]:
     with EmbeddedServer() as server:
         port = free_port()
         name = worker_name("prom")
+        # The flag's address (another loopback one than the default's reach) over the variable's.
         worker = subprocess.Popen(cli_args(server.url, "worker", "--name", name, "--log-level", "WARNING",
-                                           "--metrics-port", str(port), "--metrics-address", "127.0.0.1"),
-                                  env=clean_environ(), stdin=subprocess.DEVNULL)
+                                           "--metrics-port", str(port), "--metrics-address", ADDRESS),
+                                  env=clean_environ(SESSIONFORK_METRICS_ADDRESS="127.0.0.3"), stdin=subprocess.DEVNULL)
         try:
             with server.client() as redis:
                 wait_registered(redis, name)
-                with PrometheusServer([f"127.0.0.1:{port}"], with_for(shipped_rules(), "0s")) as prometheus:
+                with PrometheusServer([f"{ADDRESS}:{port}"], with_for(shipped_rules(), "0s")) as prometheus:
                     wait_until(lambda: prometheus.values(f'up{{job="{JOB}"}} == 1'), 30, "the worker's first scrape")
                     forks(redis, prometheus)
-                    yield Live(prometheus, worker, f"http://127.0.0.1:{port}/metrics")
+                    yield Live(prometheus, worker, port)
         finally:
             stop(worker)
 
@@ -105,6 +112,13 @@ def test_the_worker_serves_its_build_and_process_metrics(live: Live) -> None:
     assert labels["rq_version"] and labels["redis_py_version"] and "unknown" not in labels.values()
     assert live.prometheus.values("process_resident_memory_bytes > 1e6")
     assert live.prometheus.values('python_info{implementation="CPython"}')
+
+
+def test_the_worker_serves_its_metrics_on_the_address_its_flag_names_only(live: Live) -> None:
+    for other in ("127.0.0.1", "127.0.0.3"):  # 0.0.0.0 (the default) would answer on both; .3 is the variable's
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((other, live.port), timeout=5).close()
+    assert urllib.request.urlopen(live.metrics_url, timeout=10).status == 200
 
 
 def test_the_worker_metrics_pass_promtools_lint(live: Live) -> None:
