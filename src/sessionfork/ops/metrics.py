@@ -32,13 +32,16 @@ from prometheus_client import (
 
 from .. import __version__
 from ..core import rules
-from ..core.wire import ForkFailure, ForkResult, Reply
+from ..core.wire import ForkResult, MergeFailure, MergeResult, Outcome, SelectFailure, SelectResult
+from ..protocol.outcomes import code_of
 
 log = logging.getLogger("sessionfork.outcome")
 _request_source = msgspec.json.Decoder(dict[str, Any])
 
 FORKS: Final = "sessionfork_forks"
-"""Counter of outcomes by ``code`` (``OK`` or the error code); Prometheus shows ``…_total``."""
+"""Counter of fork outcomes by ``code`` (``OK`` or the error code); Prometheus shows ``…_total``."""
+MERGES: Final = "sessionfork_merges"
+"""Counter of merge and select outcomes by ``op`` (``merge``, ``select``) and ``code``."""
 DURATION: Final = "sessionfork_fork_duration_seconds"
 """Histogram: a request's run time, from its dequeue to its outcome (what a worker is busy for)."""
 LATENCY: Final = "sessionfork_fork_latency_seconds"
@@ -88,6 +91,8 @@ class Observer:
         self.shard = shard
         labels = {} if shard is None else {"shard": str(shard)}
         self.forks = Counter(FORKS, "Fork requests by outcome code", ["code", *labels], registry=self.registry)
+        self.merges = Counter(MERGES, "Merge and select requests by op and outcome code", ["op", "code", *labels],
+                              registry=self.registry)
         self.duration, self.latency, self.seed_length, self.children = (
             Histogram(name, help_, list(labels), registry=self.registry, buckets=buckets)
             for name, (help_, _, buckets) in HISTOGRAMS.items())
@@ -98,6 +103,7 @@ class Observer:
         PlatformCollector(registry=self.registry)  # python_info
         if labels:  # the children bound once: the hot path below stays as without shards
             self.forks = _Bound(self.forks, labels)  # type: ignore[assignment]
+            self.merges = _Bound(self.merges, labels)  # type: ignore[assignment]
             self.duration = self.duration.labels(**labels)
             self.latency = self.latency.labels(**labels)
             self.seed_length = self.seed_length.labels(**labels)
@@ -107,12 +113,16 @@ class Observer:
             self.depth.set_function(queue_depth)
         self.otel = _OtelMetrics.of(meter_provider, labels, queue_depth)
 
-    def __call__(self, request_id: str, payload: str, reply: Reply, seconds: float,
+    def __call__(self, request_id: str, payload: str, reply: Outcome, seconds: float,
                  latency: float | None = None) -> None:
         """One outcome: ``seconds`` its run time, ``latency`` its enqueue-to-outcome time (``None``:
         unknown, as for a queue entry refused unread)."""
-        code = reply.code if isinstance(reply, ForkFailure) else "OK"
-        self.forks.labels(code=code).inc()
+        code = code_of(reply)
+        op = _OPS.get(type(reply), "fork")
+        if op == "fork":
+            self.forks.labels(code=code).inc()
+        else:
+            self.merges.labels(op=op, code=code).inc()
         self.duration.observe(seconds)
         if latency is not None:
             self.latency.observe(latency)
@@ -122,9 +132,9 @@ class Observer:
         for seed in seeds:
             self.seed_length.observe(seed)
         if self.otel is not None:
-            self.otel.record(code, seconds, latency, len(made), seeds)
-        log.info("fork %s", code, extra={
-            "requestId": request_id, "op": "fork", "source": _source(payload), "children": [c.id for c in made],
+            self.otel.record(op, code, seconds, latency, len(made), seeds)
+        log.info("%s %s", op, code, extra={
+            "requestId": request_id, "op": op, "source": _source(payload), "children": [c.id for c in made],
             "code": code, "durationMs": round(seconds * 1000, 3)})
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
@@ -158,6 +168,8 @@ class _OtelMetrics:
     def __init__(self, meter: Any, labels: dict[str, str], queue_depth: Callable[[], int] | None) -> None:
         self.labels = labels
         self.forks = meter.create_counter(FORKS, unit="", description="Fork requests by outcome code")
+        self.merges = meter.create_counter(MERGES, unit="",
+                                           description="Merge and select requests by op and outcome code")
         self.duration, self.latency, self.seed_length, self.children = (
             meter.create_histogram(name, unit=unit, description=help_, explicit_bucket_boundaries_advisory=buckets)
             for name, (help_, unit, buckets) in HISTOGRAMS.items())
@@ -174,8 +186,12 @@ class _OtelMetrics:
         provider = metrics.get_meter_provider() if provider is None else provider
         return cls(provider.get_meter("sessionfork", __version__), labels, queue_depth)
 
-    def record(self, code: str, seconds: float, latency: float | None, children: int, seeds: list[int]) -> None:
-        self.forks.add(1, {"code": code, **self.labels})
+    def record(self, op: str, code: str, seconds: float, latency: float | None, children: int,
+               seeds: list[int]) -> None:
+        if op == "fork":
+            self.forks.add(1, {"code": code, **self.labels})
+        else:
+            self.merges.add(1, {"op": op, "code": code, **self.labels})
         self.duration.record(seconds, self.labels)
         if latency is not None:
             self.latency.record(latency, self.labels)
@@ -184,7 +200,10 @@ class _OtelMetrics:
             self.seed_length.record(seed, self.labels)
 
 
-def _children(reply: Reply) -> list[Any]:
+_OPS: dict[type, str] = {MergeResult: "merge", MergeFailure: "merge", SelectResult: "select", SelectFailure: "select"}
+
+
+def _children(reply: Outcome) -> list[Any]:
     if isinstance(reply, ForkResult):
         if reply.session is not msgspec.UNSET:
             return [reply.session]

@@ -30,7 +30,7 @@ from rq.job import Job
 
 from ..core import retention
 from ..core.factories import now_ms
-from ..core.wire import Reply
+from ..core.wire import Outcome
 from . import jobs
 from .rq_seam.entries import EntryRefused, ForkJob
 from .rq_seam.riders import JobFinish, JobStart
@@ -39,7 +39,7 @@ from .service import ForkService
 
 log = logging.getLogger("sessionfork.worker")
 
-OutcomeHook = Callable[[str, str, Reply, float, float | None], None]
+OutcomeHook = Callable[[str, str, Outcome, float, float | None], None]
 """``on_outcome(request_id, payload, reply, seconds, latency)``: called once per outcome the worker
 produces, with its run time and its enqueue-to-outcome latency (seconds; ``None`` when unknown)."""
 
@@ -139,7 +139,7 @@ class ForkWorker(SeamWorker):
             log.info("retention: deleted %d disposed session(s), %d bytes freed", len(swept),
                      sum(s.bytes for s in swept))
 
-    def _observe(self, request_id: str, payload: str, reply: Reply, seconds: float,
+    def _observe(self, request_id: str, payload: str, reply: Outcome, seconds: float,
                  latency: float | None = None) -> None:
         if self.on_outcome is None:
             return
