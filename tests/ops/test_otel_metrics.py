@@ -22,12 +22,12 @@ from sessionfork.protocol.requests import Limits
 from sessionfork.worker.outcomes import Outcomes
 from sessionfork.worker.service import ForkService
 
-NAMES = {metrics.FORKS, metrics.DURATION, metrics.LATENCY, metrics.SEED_LENGTH, metrics.CHILDREN,
+NAMES = {metrics.FORKS, metrics.MERGES, metrics.DURATION, metrics.LATENCY, metrics.SEED_LENGTH, metrics.CHILDREN,
          metrics.QUEUE_DEPTH}
 
 
 def replies(redis: Redis, registry: Registry) -> list[Reply]:
-    """Real outcomes: a fork, a fan-out of two, a missing source, a request that is not JSON."""
+    """Real outcomes: a fork, a fan-out of two, a missing source, a request that is not JSON, a merge."""
     src = registry.create("otel-src")
     registry.append(src, [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
     service = ForkService(registry, Outcomes(redis, ttl=60, stream_maxlen=1000), reply_channel="sf:replies",
@@ -35,7 +35,8 @@ def replies(redis: Redis, registry: Registry) -> list[Reply]:
     return [service.handle('{"source":"otel-src","sessionId":"o1"}', "r1"),
             service.handle('{"source":"otel-src","sessionIds":["o2","o3"]}', "r2"),
             service.handle('{"source":"nobody"}', "r3"),
-            service.handle("not json", "r4")]
+            service.handle("not json", "r4"),
+            service.handle('{"op":"merge","parent":"otel-src","child":"nobody","mode":"events"}', "r5")]
 
 
 class Meter:
@@ -63,7 +64,7 @@ def observed(redis: Redis, registry: Registry, meter: Meter, shard: int | None =
     """An observer of ``replies``, each with a run time (the fourth without a known latency)."""
     observer = Observer(queue_depth=lambda: 7, shard=shard, meter_provider=meter.provider)
     for i, reply in enumerate(replies(redis, registry)):
-        observer(f"r{i}", '{"source":"otel-src"}', reply, 0.002 * (i + 1), 0.5 if i < 3 else None)
+        observer(f"r{i}", '{"source":"otel-src"}', reply, 0.002 * (i + 1), None if i == 3 else 0.5)
     return observer
 
 
@@ -86,6 +87,11 @@ def test_the_counts_sums_and_buckets_match_prometheus(redis: Redis, registry: Re
     assert forks == {"OK": 2, "SESSION_NOT_FOUND": 1, "INVALID_REQUEST": 1}
     assert forks == {dict(labels)["code"]: value for (name, labels), value in prom.items()
                      if name == "sessionfork_forks_total"}
+    merges = {(dict(p.attributes)["op"], dict(p.attributes)["code"]): p.value
+              for p in read[metrics.MERGES].data.data_points}
+    assert merges == {("merge", "SESSION_NOT_FOUND"): 1}
+    assert merges == {(dict(labels)["op"], dict(labels)["code"]): value for (name, labels), value in prom.items()
+                      if name == "sessionfork_merges_total"}
     for name, (_, _, buckets) in HISTOGRAMS.items():
         (point,) = read[name].data.data_points
         assert tuple(point.explicit_bounds) == tuple(float(b) for b in buckets), name
@@ -95,7 +101,7 @@ def test_the_counts_sums_and_buckets_match_prometheus(redis: Redis, registry: Re
         les = {float(dict(labels)["le"]): value for (sample, labels), value in prom.items()
                if sample == f"{name}_bucket"}
         assert cumulative == [les[float(b)] for b in buckets], name
-    assert prom[(f"{metrics.LATENCY}_count", frozenset())] == 3  # the refused one has no enqueue time
+    assert prom[(f"{metrics.LATENCY}_count", frozenset())] == 4  # the refused one has no enqueue time
     assert prom[(f"{metrics.SEED_LENGTH}_count", frozenset())] == 3  # one child, then two
     (depth,) = read[metrics.QUEUE_DEPTH].data.data_points
     assert depth.value == 7

@@ -1,7 +1,7 @@
 """The shipped rules and dashboard against a live Prometheus (issue 30 #2): Debian's ``prometheus``
 scrapes a real worker process's metrics port every second and evaluates the shipped rules (their
 ``for`` set to 0 s, expressions as shipped) while real forks run, errors among them. Every recording
-rule and every dashboard expression must then be valid and give data; the error-ratio alert must
+rule and every dashboard expression must then be valid and give data (merges too); the error-ratio alert must
 fire on the error outcomes, and the no-live-worker alert once the worker stops.
 
 The tests share one worker and one Prometheus and run in file order: the last stops the worker.
@@ -64,8 +64,8 @@ def live() -> Iterator[Live]:
 
 
 def forks(redis: object, prometheus: PrometheusServer) -> None:
-    """Real forks through the worker, OK and SESSION_NOT_FOUND, in rounds: each round's counts are
-    scraped before the next starts, so every counter and histogram grows between two samples."""
+    """Real forks and merges through the worker, OK and SESSION_NOT_FOUND, in rounds: each round's
+    counts are scraped before the next starts, so every counter and histogram grows between two samples."""
     registry = Registry(redis)  # type: ignore[arg-type]
     registry.append(registry.create("prom-src"), turn(1))
     client = make_client(redis)  # type: ignore[arg-type]
@@ -76,17 +76,20 @@ def forks(redis: object, prometheus: PrometheusServer) -> None:
                 assert client.fork("prom-src", session_id=f"prom-{round_}-{i}", timeout=20).ok
             for _ in range(ERRORS_PER_ROUND):
                 assert not client.fork("prom-nobody", timeout=20).ok
-            done += OK_PER_ROUND + ERRORS_PER_ROUND
-            wait_until(lambda n=done: prometheus.values(f"sum(sessionfork_forks_total) == {n}"), 30,  # type: ignore[misc]
-                       f"{done} outcomes scraped")
+            registry.append(f"prom-{round_}-0", turn(2))
+            assert client.merge("prom-src", f"prom-{round_}-0", mode="events", timeout=20).ok
+            assert not client.merge("prom-src", "prom-nobody", mode="events", timeout=20).ok
+            done += OK_PER_ROUND + ERRORS_PER_ROUND + 2
+            wait_until(lambda n=done: prometheus.values(  # type: ignore[misc]
+                f'sum({{__name__=~"sessionfork_(forks|merges)_total"}}) == {n}'), 30, f"{done} outcomes scraped")
     finally:
         client.close()
 
 
 def test_the_error_ratio_alert_fires_on_error_outcomes(live: Live) -> None:
     wait_until(lambda: "SessionforkErrorRatioHigh" in live.prometheus.firing(), 30, "SessionforkErrorRatioHigh firing")
-    # 2 of 5 outcomes are errors; rate()'s extrapolation differs per series (each starts at its first
-    # scrape), so the recorded ratio is near 0.4, not exactly it: well above the alert's 0.05.
+    # 3 of 7 outcomes are errors; rate()'s extrapolation differs per series (each starts at its first
+    # scrape), so the recorded ratio is near 0.43, not exactly it: well above the alert's 0.05.
     (ratio,) = live.prometheus.values("sessionfork:fork_errors:ratio_rate5m")
     assert 0.2 < ratio < 0.7, ratio
     assert "SessionforkNoLiveWorker" not in live.prometheus.firing()
@@ -95,7 +98,7 @@ def test_the_error_ratio_alert_fires_on_error_outcomes(live: Live) -> None:
 @pytest.mark.parametrize("record", recording_rules())
 def test_every_recording_rule_gives_data_after_real_traffic(live: Live, record: str) -> None:
     wait_until(lambda: live.prometheus.values(record), 30, f"{record} evaluated with a finite value")
-    if record in {"sessionfork:forks:rate5m", "sessionfork:fork_errors:ratio_rate5m",
+    if record in {"sessionfork:forks:rate5m", "sessionfork:merges:rate5m", "sessionfork:fork_errors:ratio_rate5m",
                   "sessionfork:fork_latency_seconds:p95_5m", "sessionfork:fork_duration_seconds:p95_5m",
                   "sessionfork:workers_up:sum", "sessionfork:worker_saturation:ratio_rate5m"}:
         assert all(value > 0 for value in live.prometheus.values(record)), record
