@@ -97,7 +97,7 @@ def test_error_codes_are_the_contract() -> None:
     assert [c.value for c in sessionfork.ErrorCode] == [
         "SESSION_NOT_FOUND", "SESSION_NOT_LIVE", "SESSION_ALREADY_EXISTS", "OPEN_TURN", "INVALID_BOUNDARY",
         "PRECONDITION_FAILED",
-        "INVALID_REQUEST", "IDEMPOTENCY_CONFLICT", "INTERNAL", "WRONG_SHARD",
+        "INVALID_REQUEST", "IDEMPOTENCY_CONFLICT", "INTERNAL", "WRONG_SHARD", "NOT_DESCENDANT", "ALREADY_MERGED",
     ]
 
 

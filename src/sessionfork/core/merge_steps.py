@@ -45,11 +45,17 @@ class Merged:
     turn/start to its turn/end), and the child's range ``from_seq..to_seq`` brought back."""
 
     parent: str
+    """The session merged into."""
     child: str
+    """The session merged from (a select's winner)."""
     first: int
+    """The parent's seq of the merge's ``turn/start``."""
     length: int
+    """The parent's length after the merge (its ``turn/end`` is ``length - 1``)."""
     from_seq: int
+    """The first of the child's events merged."""
     to_seq: int
+    """The last of the child's events merged."""
     abandoned: tuple[str, ...] = ()
     """A select's other candidates, abandoned (request order); ``()`` for a merge."""
 
