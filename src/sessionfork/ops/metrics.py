@@ -3,11 +3,12 @@ line per outcome.
 
 ``Observer`` is the worker's ``on_outcome`` hook; its log line carries ``OUTCOME_FIELDS``, written
 by structlog's formatter (``configure_logging``) as logfmt or JSON. Metrics live in their own
-``CollectorRegistry`` (no process-global state) and are served by ``serve(port, addr)``: every
-metric of ``METRICS``, ``sessionfork_build_info`` and the process's own (``process_*``,
-``python_info``). With the ``opentelemetry`` package installed the same counters and histograms
-(same names, same attributes, same buckets) are recorded on an OpenTelemetry meter too: the
-process's global meter provider unless one is given; sessionfork configures no exporter.
+``CollectorRegistry`` (no process-global state) and are served by ``serve(port, addr)``: the
+counters, histograms and gauges named below (``FORKS`` ... ``BUILD_INFO``) and the process's own
+(``process_*`` on Linux, ``python_info``). With the ``opentelemetry`` package installed the same
+counters, histograms and queue-depth gauge (same names, attributes and buckets) are recorded on an
+OpenTelemetry meter too: the process's global meter provider unless one is given; sessionfork
+configures no exporter.
 """
 
 from __future__ import annotations
