@@ -103,6 +103,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     ``hash-max-listpack-value``. ``0`` writes the old layout (one JSON ``header``, one JSON
     ``outcome``), for a rolling upgrade while workers or clients of an earlier version still read
     the records; every version since reads both."""
+    metrics_address: str = "0.0.0.0"
+    """The address a worker serves its Prometheus metrics on (``SESSIONFORK_METRICS_ADDRESS``, ``worker
+    --metrics-address``; the port is ``--metrics-port``): an IPv4 or IPv6 address or a host name;
+    ``127.0.0.1`` keeps them on the host, ``::`` takes IPv6 too."""
     enqueue: str = "auto"
     """How the clients run the enqueue script (``SESSIONFORK_ENQUEUE``): ``auto`` = ``FCALL`` of the
     loaded ``sessionfork`` library, else ``EVALSHA``; ``fcall`` = the library only; ``eval`` = never
@@ -140,6 +144,7 @@ ENV: Mapping[str, str] = {
     "connect_timeout": "SESSIONFORK_CONNECT_TIMEOUT",
     "enqueue": "SESSIONFORK_ENQUEUE",
     "compact_records": "SESSIONFORK_COMPACT_RECORDS",
+    "metrics_address": "SESSIONFORK_METRICS_ADDRESS",
 }
 
 _DAY = 24 * 3600
