@@ -34,7 +34,7 @@ from waits import exited
 from sessionfork.core import forks, keys, wire
 from sessionfork.core.merge_steps import replay_key
 from sessionfork.core.registry import Registry
-from sessionfork.core.wire import MergeResult, SelectResult
+from sessionfork.core.wire import MergeRequest, MergeResult, SelectRequest, SelectResult
 from sessionfork.embedded import EmbeddedServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.rq]  # serial: as every fault test
@@ -91,7 +91,7 @@ def test_a_worker_killed_mid_merge_and_mid_select_leaves_one_outcome_and_one_mer
     family(registry, "ps", ["s0", "s1", "s2"])
     family(registry, "pw", ["w0", "w1", "w2"])
     client = make_client(rds)
-    requests = {
+    requests: dict[str, MergeRequest | SelectRequest] = {
         MERGE: client.merge_request("pm", "km", mode="events", request_id=MERGE),
         SELECT: client.select_request("ps", ["s0", "s1", "s2"], "s1", mode="events", request_id=SELECT),
         WINNER_ONLY: client.select_request("pw", ["w0", "w1", "w2"], "w2", mode="summary", summary={"best": "w2"},
