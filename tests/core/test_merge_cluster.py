@@ -18,10 +18,11 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their 
 )
 from helpers import turn
 from redis.cluster import RedisCluster
+from waits import outcome_of
 
 from sessionfork.core import forks, keys, merges, wire
 from sessionfork.core.errors import ErrorCode, ForkError
-from sessionfork.core.merge_steps import merge_key, replay_key
+from sessionfork.core.merge_steps import Merged, merge_key, replay_key
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import MergedInto
 from sessionfork.embedded import EmbeddedCluster
@@ -70,7 +71,7 @@ def test_merge_across_slots_replays_and_refuses_as_on_one_server(cluster_registr
     assert state.state == "merged" and isinstance(state.merged_into, MergedInto) and state.merged_into.seq == 4
     assert cluster_client.zscore(keys.ENDED_INDEX, child) is not None
 
-    assert merges.merge(cluster_registry, "p", child, mode="events", request_id="cm-1") == done  # a replay
+    assert outcome_of(lambda: merges.merge(cluster_registry, "p", child, mode="events", request_id="cm-1")) == done
     assert cluster_registry.length("p") == 11
     code, message = code_of(lambda: merges.merge(cluster_registry, "p", child, mode="events", request_id="cm-2"))
     assert code is ErrorCode.ALREADY_MERGED and 'by request "cm-1" (at seq 4)' in message
@@ -92,8 +93,8 @@ def test_select_across_slots_merges_the_winner_and_abandons_the_rest(cluster_reg
     assert (done.child, done.abandoned, done.first, done.length) == (kids[1], (kids[0], kids[2]), 4, 8)
     assert [cluster_registry.state_of(k).state for k in kids] == ["abandoned", "merged", "abandoned"]
     assert cluster_registry.state_of(kids[0]).abandoned_by == "cs-1"
-    assert merges.select(cluster_registry, "sp", kids, kids[1], mode="summary", summary={"best": 1},
-                         request_id="cs-1") == done
+    assert outcome_of(lambda: merges.select(cluster_registry, "sp", kids, kids[1], mode="summary",
+                                            summary={"best": 1}, request_id="cs-1")) == done
     code, _ = code_of(lambda: merges.select(cluster_registry, "sp", kids, kids[2], mode="summary", summary=2,
                                             request_id="cs-2"))
     assert code is ErrorCode.ALREADY_MERGED
@@ -109,7 +110,7 @@ def test_a_merge_that_died_between_the_parent_step_and_the_marks_is_marked_by_it
     first = steps._write(spec, steps._read_child(spec), 4, ())  # the parent's step; then the process died
     assert cluster_registry.length("dp") == 11 and cluster_registry.state_of(child).state == "live"
 
-    again = merges.merge(cluster_registry, "dp", child, mode="events", request_id="died-1")  # the retry
+    again = outcome_of(lambda: merges.merge(cluster_registry, "dp", child, mode="events", request_id="died-1"))
     assert again == first and cluster_registry.length("dp") == 11
     assert [e.seq for e in cluster_registry.events("dp") if e.data == {"trigger": "merge"}] == [4]
     index = cluster_client.hgetall(keys.session_merges("dp"))
@@ -127,8 +128,8 @@ def test_a_select_that_died_between_the_parent_step_and_the_marks_is_marked_by_i
     steps._write(spec.merge, steps._read_child(spec.merge), 4, spec.losers)
     assert [cluster_registry.state_of(k).state for k in kids] == ["live"] * 3
 
-    again = merges.select(cluster_registry, "ds", kids, kids[0], mode="events", request_id="died-2")
-    assert again.abandoned == (kids[1], kids[2]) and cluster_registry.length("ds") == 11
+    again = outcome_of(lambda: merges.select(cluster_registry, "ds", kids, kids[0], mode="events", request_id="died-2"))
+    assert isinstance(again, Merged) and again.abandoned == (kids[1], kids[2]) and cluster_registry.length("ds") == 11
     assert [cluster_registry.state_of(k).state for k in kids] == ["merged", "abandoned", "abandoned"]
 
 
