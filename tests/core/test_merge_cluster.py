@@ -101,6 +101,16 @@ def test_select_across_slots_merges_the_winner_and_abandons_the_rest(cluster_reg
     assert cluster_registry.length("sp") == 8
 
 
+def test_a_select_over_a_candidate_merged_before_is_stale(cluster_registry: Registry,
+                                                          cluster_client: RedisCluster) -> None:
+    kids = elsewhere(cluster_client, "st", "stk", 2)
+    family(cluster_registry, "st", kids)
+    merges.merge(cluster_registry, "st", kids[0], mode="summary", summary=0, request_id="st-m")
+    code, message = code_of(lambda: merges.select(cluster_registry, "st", kids, kids[1], mode="events"))
+    assert code is ErrorCode.ALREADY_MERGED and f'session "{kids[0]}" was already merged' in message
+    assert cluster_registry.length("st") == 8 and cluster_registry.state_of(kids[1]).state == "live"
+
+
 def test_a_merge_that_died_between_the_parent_step_and_the_marks_is_marked_by_its_retry(
         cluster_registry: Registry, cluster_client: RedisCluster) -> None:
     (child,) = elsewhere(cluster_client, "dp", "dk", 1)
