@@ -5,8 +5,8 @@ runs whole between another's reads and its parent's step).
 
 The merge/append race is made certain: after each ``turn/start`` the appender waits until some merge
 was refused ``OPEN_TURN`` (it met that open turn), after each ``turn/end`` until a merge turn lies
-after it in the log; a merger, after each merge, waits for the appender's next append (so the
-children last the whole race)."""
+after it in the log; a merger, after each merge and each refusal, waits for the appender's next
+append (so the children last the whole race, and no merger spins on an open turn)."""
 
 from __future__ import annotations
 
@@ -91,6 +91,7 @@ def _merger(port: int, worker: int, gate: Any, results: Any) -> None:
                         raise
                     refused += 1
                     redis.incr(REFUSED)
+                    wait_until(appended_since(redis, appended), WAIT, "the appender's next append")  # not a spin
                     continue
                 done.append((child, merged.first))
                 break
