@@ -20,8 +20,9 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their 
 from helpers import clean_environ, cli_args, make_client, stop, wait_registered, worker_name
 
 from sessionfork.clients.client import Client
+from sessionfork.core import keys
 from sessionfork.core.registry import Registry
-from sessionfork.core.wire import ForkFailure, ForkResult, Header, NewEvent
+from sessionfork.core.wire import ForkFailure, ForkResult, Header, MergeResult, NewEvent, SelectResult
 from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
 
 TIMEOUT = 60.0
@@ -93,6 +94,25 @@ def test_worker_with_a_cluster_registry_answers_a_retried_request_with_its_first
     assert again == first
     assert cluster_registry.children("src") == ["child"]
     assert session_ids(cluster) == {"src", "child"}
+
+
+def test_worker_with_a_cluster_registry_merges_and_selects_across_slots(cluster_registry: Registry,
+                                                                         queue_client: Client) -> None:
+    """A merge and a select through the worker, parent and children in different slots (issue 28)."""
+    completed_source(cluster_registry, "src")
+    fan = queue_client.fork("src", session_ids=["k0", "k1", "k2"], request_id=unique("req"), timeout=TIMEOUT)
+    assert fan.ok, fan
+    for cid in ("k0", "k1", "k2"):
+        cluster_registry.append(cid, [NewEvent("turn/start"), NewEvent("turn/end")])
+    slots = {cluster_registry.redis.keyslot(keys.session(s)) for s in ("src", "k0", "k1", "k2")}  # type: ignore[union-attr]
+    assert len(slots) == 4
+    merged = queue_client.merge("src", "k0", mode="events", request_id=unique("m"), timeout=TIMEOUT)
+    assert isinstance(merged, MergeResult) and merged.length == 4 + 2 + 2 + 1, merged
+    chosen = queue_client.select("src", ["k1", "k2"], "k2", mode="summary", summary={"t": 1},
+                                 request_id=unique("s"), timeout=TIMEOUT)
+    assert isinstance(chosen, SelectResult) and chosen.abandoned == ["k1"], chosen
+    assert [cluster_registry.state_of(c).state for c in ("k0", "k1", "k2")] == ["merged", "abandoned", "merged"]
+    assert cluster_registry.length("src") == 9 + 4
 
 
 def test_no_node_answered_crossslot_to_any_operation_of_the_module(cluster: EmbeddedCluster) -> None:
