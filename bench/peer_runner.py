@@ -1,11 +1,11 @@
 """One worker process of ``bench.peers``: ``python -m bench.peer_runner SYSTEM URL JOBS``.
 
-Queues JOBS jobs on the server at URL with no worker running, builds the worker (its imports and
-set-up done), then prints ``ready``. On a ``go`` line on stdin it works the jobs off and prints
-``done SECONDS CPU_US COUNT``: the drain's wall time, this process's CPU over it (``getrusage``: user
-and system, all threads) and the jobs its framework reported done (-1: counted in Redis by the
-harness). Then it waits for a ``stop`` line, stops the worker and exits 0. Anything else the
-frameworks print goes to stderr; stdout carries only these lines.
+Imports SYSTEM's modules and prints ``up``. On a ``prepare`` line on stdin it queues JOBS jobs on
+the server at URL with no worker running and builds the worker, then prints ``ready``. On a ``go``
+line it works the jobs off and prints ``done SECONDS CPU_US COUNT``: the drain's wall time, this
+process's CPU over it (``getrusage``: user and system, all threads) and the jobs its framework
+reported done (-1: counted in Redis by the harness). Then it waits for a ``stop`` line, stops the
+worker and exits 0. Anything else the frameworks print goes to stderr; stdout carries only these lines.
 
 SYSTEM (``SYSTEMS``): ``sessionfork`` (the ``sessionfork worker --burst`` command, run in this
 process, on fork requests of a 12-event source), ``rq`` (RQ's ``SimpleWorker``, burst), ``dramatiq``
@@ -14,6 +14,7 @@ process, on fork requests of a 12-event source), ``rq`` (RQ's ``SimpleWorker``, 
 
 from __future__ import annotations
 
+import importlib
 import resource
 import sys
 import time
@@ -27,6 +28,10 @@ THREADS = 8
 """Worker threads of the Dramatiq and Huey processes: Dramatiq's default, Huey's common setting."""
 DRAIN_LIMIT = 600.0
 """Seconds a threaded peer's drain may take before the runner reports what it counted."""
+IMPORTS = {"sessionfork": ("bench.measure", "sessionfork.cli", "sessionfork.worker.fork_worker",
+                           "sessionfork.ops.metrics", "sessionfork.worker.shard_check"),
+           "rq": ("rq",), "dramatiq": ("dramatiq", "bench.peer_jobs"), "huey": ("huey", "bench.peer_jobs")}
+"""What each system's runner imports before it says ``up`` (the harness may start them all at once)."""
 SOURCE = "bench-src"
 RQ_QUEUE = "peer"
 
@@ -64,10 +69,6 @@ def _sessionfork(url: str, jobs: int) -> Prepared:
     from sessionfork.clients.client import Client
     from sessionfork.core.config import Settings
     from sessionfork.core.registry import Registry
-
-    # What the worker command imports when it runs, imported now: the drain measures forks, not imports.
-    from sessionfork.ops import metrics  # noqa: F401
-    from sessionfork.worker import fork_worker, shard_check  # noqa: F401
 
     with Redis.from_url(url) as redis:
         write_session(Registry(redis), SOURCE, 12)
@@ -149,6 +150,11 @@ def cpu_us() -> float:
 def main(argv: list[str] | None = None) -> int:
     system, url, jobs = argv if argv is not None else sys.argv[1:]
     out, sys.stdout = sys.stdout, sys.stderr  # the frameworks' own prints must not mix with the protocol
+    for module in IMPORTS[system]:
+        importlib.import_module(module)
+    print("up", file=out, flush=True)
+    if sys.stdin.readline().strip() != "prepare":
+        return 1
     prepared = prepare(system, url, int(jobs))
     print("ready", file=out, flush=True)
     if sys.stdin.readline().strip() != "go":

@@ -15,6 +15,7 @@ Redis (``verify``); a run with a job not done raises.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import queue
 import statistics
 import subprocess
@@ -75,7 +76,8 @@ class _Lines:
                 self._lines.put(line)
             self._lines.put("")  # the end: the process closed its stdout (it exited)
 
-        threading.Thread(target=read, daemon=True).start()
+        self._reader = threading.Thread(target=read, daemon=True)
+        self._reader.start()
 
     def expect(self, word: str, within: float, why: Callable[[], str]) -> list[str]:
         try:
@@ -86,36 +88,67 @@ class _Lines:
             raise RuntimeError(f"expected {word!r}, got {line!r}: {why()}")
         return line.split()
 
+    def join(self) -> None:
+        """Wait for the end of the stream (the process has exited): then it may be closed."""
+        self._reader.join(10)
 
-def drain(server: EmbeddedServer, system: str, jobs: int) -> Drain:
-    """``jobs`` jobs of ``system`` queued on the flushed ``server``, then worked off by one worker process."""
-    redis = flushed(server)
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "bench.peer_runner", system, server.url, str(jobs)], cwd=ROOT,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
-        assert proc.stdin is not None and proc.stdout is not None
 
-        def why() -> str:
-            err.seek(0)
-            return f"{system} worker (exit {proc.poll()}): {err.read()[-2000:]}"
+class Runner:
+    """A ``bench.peer_runner`` process for ``system``, started and its imports done (``up``): ``drain``
+    runs it once. Several may be started at once, to import side by side, and drained in turn."""
 
-        try:
-            lines = _Lines(proc.stdout)
-            lines.expect("ready", READY_WITHIN, why)
-            calls, cpu = server_totals(redis)
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-            _, seconds, worker_cpu, count = lines.expect("done", DRAIN_WITHIN, why)
-            calls_after, cpu_after = server_totals(redis)
-            verify(system, redis, jobs, int(count))
-            proc.stdin.write("stop\n")
-            proc.stdin.close()
-            if proc.wait(60):
-                raise RuntimeError(why())
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    def __init__(self, server: EmbeddedServer, system: str, jobs: int) -> None:
+        self.system, self.jobs = system, jobs
+        self._err = tempfile.TemporaryFile("w+")  # noqa: SIM115 - the runner's to close (``close``)
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.peer_runner", system, server.url, str(jobs)],
+                                     cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err,
+                                     text=True)
+        assert self.proc.stdout is not None
+        self.lines = _Lines(self.proc.stdout)
+
+    def why(self) -> str:
+        """What the process said on stderr, and its exit status: for an error's message."""
+        self._err.seek(0)
+        return f"{self.system} worker (exit {self.proc.poll()}): {self._err.read()[-2000:]}"
+
+    def tell(self, word: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{word}\n")
+        self.proc.stdin.flush()
+
+    def close(self) -> None:
+        """End the process (killed unless it exited) and close its pipes."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        self.lines.join()
+        for stream in (self.proc.stdin, self.proc.stdout, self._err):
+            if stream is not None:
+                stream.close()
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def drain(server: EmbeddedServer, system: str, jobs: int, runner: Runner | None = None) -> Drain:
+    """``jobs`` jobs of ``system`` queued on the flushed ``server``, then worked off by one worker
+    process (``runner``: one started already for them; else started here)."""
+    with runner or Runner(server, system, jobs) as run:
+        redis = flushed(server)
+        run.lines.expect("up", READY_WITHIN, run.why)
+        run.tell("prepare")
+        run.lines.expect("ready", READY_WITHIN, run.why)
+        calls, cpu = server_totals(redis)
+        run.tell("go")
+        _, seconds, worker_cpu, count = run.lines.expect("done", DRAIN_WITHIN, run.why)
+        calls_after, cpu_after = server_totals(redis)
+        verify(system, redis, jobs, int(count))
+        run.tell("stop")
+        if run.proc.wait(60):
+            raise RuntimeError(run.why())
     commands = calls_after - calls - 1  # less the first snapshot's INFO (the second counts it, not itself)
     return Drain(system, jobs, jobs / float(seconds), commands / jobs, (cpu_after - cpu) / jobs,
                  float(worker_cpu) / jobs)
@@ -151,10 +184,13 @@ def verify(system: str, redis: Redis, jobs: int, count: int) -> None:
 
 def one_round(server: EmbeddedServer, jobs: int, r: int, *, step: Callable[[str, Callable[[], Any]], Any]
               = lambda label, fn: fn()) -> dict[str, Drain]:
-    """Every system drained once (round ``r``, 0-based), in turns: a change of the machine's load weighs on all."""
-    return {system: step(f"{LABELS[system]}, {jobs} queued first, 1 process, round {r + 1}",
-                         lambda s=system: drain(server, s, jobs))  # type: ignore[misc]
-            for system in SYSTEMS}
+    """Every system drained once (round ``r``, 0-based), in turns: a change of the machine's load weighs
+    on all. Their processes start at once (their imports overlap), each drained alone in its turn."""
+    with contextlib.ExitStack() as stack:
+        runners = [stack.enter_context(Runner(server, system, jobs)) for system in SYSTEMS]
+        return {run.system: step(f"{LABELS[run.system]}, {jobs} queued first, 1 process, round {r + 1}",
+                                 lambda run=run: drain(server, run.system, jobs, run))  # type: ignore[misc]
+                for run in runners}
 
 
 def medians(rounds: Sequence[dict[str, Drain]]) -> dict[str, Drain]:
