@@ -2,7 +2,10 @@
 
 Runs on a throwaway server it starts, and measures in the same run the peers every figure is
 compared with: RQ's default ``Worker`` and RQ's ``SimpleWorker`` draining no-op jobs, and a bare
-Redis round trip (PING). Prints a markdown table, then a soak report; writes the figures as JSON.
+Redis round trip (PING); and, per worker process with the jobs queued first (``bench.peers``),
+sessionfork's forks beside RQ's ``SimpleWorker``, Dramatiq's and Huey's no-op jobs (jobs/s, Redis
+commands, Redis CPU and worker CPU per job). Prints a markdown table, the per-process table, then a
+soak report; writes the figures as JSON (``perProcess``: each system's per-process figures).
 ``--queue-only`` measures only the figures that depend on RQ (``run.py bench`` runs it again on
 RQ 2.12, so both RQ majors are reported side by side). ``--ab COMMIT`` runs only ``bench.ab``: fan-out
 and single forks of an older commit's tree and of this one, alternating in one run.
