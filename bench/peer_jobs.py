@@ -1,14 +1,14 @@
 """The peers' no-op jobs for ``bench.peers``: one function that does nothing, registered as a
 Dramatiq actor on its Redis broker and as a task of a ``RedisHuey`` without a result store.
 
-Each app counts the jobs its framework reports done (``Done``): Dramatiq's ``after_ack`` (the
+Each app calls ``on_done`` for every job its framework reports done: Dramatiq's ``after_ack`` (the
 message acknowledged in Redis, so no longer pending), Huey's ``complete`` signal. ``pending`` reads,
 from the peer's own keys, how many of a run's jobs are still queued or were dead-lettered.
 """
 
 from __future__ import annotations
 
-import threading
+from collections.abc import Callable
 from typing import Any
 
 import dramatiq
@@ -26,47 +26,31 @@ def noop() -> None:
     """The peers' job: nothing at all."""
 
 
-class Done:
-    """The jobs a framework reported done, and ``reached``, set once there are ``expected``."""
-
-    def __init__(self, expected: int) -> None:
-        self.expected = expected
-        self.count = 0
-        self.reached = threading.Event()
-        self._lock = threading.Lock()
-
-    def add(self) -> None:
-        with self._lock:
-            self.count += 1
-            if self.count >= self.expected:
-                self.reached.set()
-
-
 class _Acked(dramatiq.Middleware):
-    """Counts the messages Dramatiq acknowledged (the ack sent to Redis and answered)."""
+    """Calls ``on_done`` for each message Dramatiq acknowledged (the ack sent to Redis and answered)."""
 
-    def __init__(self, done: Done) -> None:
-        self.done = done
+    def __init__(self, on_done: Callable[[], None]) -> None:
+        self.on_done = on_done
 
     def after_ack(self, broker: dramatiq.Broker, message: Any) -> None:
-        self.done.add()
+        self.on_done()
 
 
-def dramatiq_app(url: str, done: Done) -> tuple[RedisBroker, Any]:
-    """A Redis broker on ``url`` with its default middleware and ``done`` counting acks, and the
-    no-op actor on ``QUEUE`` (``.send()`` queues one job)."""
+def dramatiq_app(url: str, on_done: Callable[[], None]) -> tuple[RedisBroker, Any]:
+    """A Redis broker on ``url`` with its default middleware and ``on_done`` called at each ack, and
+    the no-op actor on ``QUEUE`` (``.send()`` queues one job)."""
     broker = RedisBroker(url=url, namespace=DRAMATIQ_NAMESPACE)  # type: ignore[no-untyped-call]
-    broker.add_middleware(_Acked(done))
+    broker.add_middleware(_Acked(on_done))
     return broker, dramatiq.actor(broker=broker, actor_name="noop", queue_name=QUEUE)(noop)
 
 
-def huey_app(url: str, done: Done) -> tuple[RedisHuey, Any]:
-    """A ``RedisHuey`` on ``url`` storing no results, ``done`` counting completed tasks, and the
-    no-op task (calling it queues one job)."""
+def huey_app(url: str, on_done: Callable[[], None]) -> tuple[RedisHuey, Any]:
+    """A ``RedisHuey`` on ``url`` storing no results, ``on_done`` called for each completed task,
+    and the no-op task (calling it queues one job)."""
     huey = RedisHuey(QUEUE, results=False, url=url)
 
     def completed(signal: str, task: Any, *args: Any) -> None:
-        done.add()
+        on_done()
 
     huey.signal(SIGNAL_COMPLETE)(completed)
     return huey, huey.task(name="noop")(noop)

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from bench.measure import flushed
-from bench.peer_runner import cpu_us, prepare
+from bench.peer_runner import prepare
 from sessionfork.embedded import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -88,14 +88,14 @@ def profile(server: EmbeddedServer, jobs: int, n: int, dump: Path | None = None)
     """The report: worker CPU per fork unprofiled, own CPU by package, the top ``n`` functions both
     ways and sessionfork's own by cumulative CPU. ``dump``: the raw profile there too (pstats)."""
     flushed(server)
-    drain = prepare("sessionfork", server.url, jobs).drain
-    began = cpu_us()
-    drain()
-    per_fork = (cpu_us() - began) / jobs
+    plain = prepare("sessionfork", server.url, jobs)
+    plain.done.start()
+    plain.drain()
+    per_fork = plain.done.cpu_us / jobs  # up to the last fork's outcome, as bench.peers counts it
     flushed(server)
-    drain = prepare("sessionfork", server.url, jobs).drain
+    profiled = prepare("sessionfork", server.url, jobs)
     profiler = cProfile.Profile(time.thread_time)  # CPU, not wall time: waits on Redis are not the worker's cost
-    profiler.runcall(drain)
+    profiler.runcall(profiled.drain)
     stats = pstats.Stats(profiler)
     if dump is not None:
         dump.parent.mkdir(parents=True, exist_ok=True)
