@@ -36,8 +36,8 @@ from sessionfork.core import keys, records
 from sessionfork.embedded import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parents[1]
-READY_WITHIN = 120.0  # seconds a worker process may take to queue its jobs and start
-DRAIN_WITHIN = 900.0
+READY_WITHIN = 120.0  # seconds a worker process may take to import, or to queue its jobs and build its worker
+DRAIN_WITHIN = 900.0  # seconds a drain may take (2,000 RQ no-op jobs on a loaded machine: ~60)
 
 LABELS = {"sessionfork": "sessionfork forks", "rq": "RQ SimpleWorker no-op", "dramatiq": "Dramatiq no-op (8 threads)",
           "huey": "Huey no-op (8 threads, no results)"}
@@ -95,8 +95,8 @@ class _Lines:
 
 
 class Runner:
-    """A ``bench.peer_runner`` process for ``system``, started and its imports done (``up``): ``drain``
-    runs it once. Several may be started at once, to import side by side, and drained in turn."""
+    """A ``bench.peer_runner`` process for ``system``, started (it imports, then says ``up``):
+    ``drain`` runs it once. Several may be started at once, to import side by side, and drained in turn."""
 
     def __init__(self, server: EmbeddedServer, system: str, jobs: int) -> None:
         self.system, self.jobs = system, jobs
