@@ -2,7 +2,10 @@
 
 Runs on a throwaway server it starts, and measures in the same run the peers every figure is
 compared with: RQ's default ``Worker`` and RQ's ``SimpleWorker`` draining no-op jobs, and a bare
-Redis round trip (PING). Prints a markdown table, then a soak report; writes the figures as JSON.
+Redis round trip (PING); and, per worker process with the jobs queued first (``bench.peers``),
+sessionfork's forks beside RQ's ``SimpleWorker``, Dramatiq's and Huey's no-op jobs (jobs/s, Redis
+commands, Redis CPU and worker CPU per job). Prints a markdown table, the per-process table, then a
+soak report; writes the figures as JSON (``perProcess``: each system's per-process figures).
 ``--queue-only`` measures only the figures that depend on RQ (``run.py bench`` runs it again on
 RQ 2.12, so both RQ majors are reported side by side). ``--ab COMMIT`` runs only ``bench.ab``: fan-out
 and single forks of an older commit's tree and of this one, alternating in one run.
@@ -11,6 +14,7 @@ and single forks of an older commit's tree and of this one, alternating in one r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -20,6 +24,7 @@ from typing import Any
 
 import rq
 
+from bench import peers
 from bench.compose import edit_fork_cost, summary_fork_cost, summary_source_freed
 from bench.measure import (
     async_vs_sync,
@@ -76,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         # swung 3,900-12,100 children/s between runs of the same code.
         fan_requests = 5 if q else 100
         simples, singles, fans, varied_fans = [], [], [], []
+        # Per worker process, jobs queued first: sessionfork's forks, RQ's, Dramatiq's and Huey's
+        # no-op jobs (bench.peers), in the same rounds.
+        peer_rounds: list[dict[str, peers.Drain]] = []
         for r in range(rounds):
             simples.append(step(f"RQ SimpleWorker no-op, round {r + 1}", lambda: rq_peer(server, "simple", n)))
             singles.append(step(f"sessionfork single forks, round {r + 1}", lambda: fork_throughput(server, n)))
@@ -83,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                              lambda: fork_throughput(server, fan_requests, count=64) * 64))
             varied_fans.append(step(f"variants 64, round {r + 1}",
                                     lambda: fork_throughput(server, fan_requests, variants=64) * 64))
+            if not args.queue_only:
+                peer_rounds.append(peers.one_round(server, n, r, step=step))
         simple, single = statistics.median(simples), statistics.median(singles)
         fan, varied = statistics.median(fans), statistics.median(varied_fans)
         forking = step("RQ Worker no-op", lambda: rq_peer(server, "worker", n_fork_peer))
@@ -95,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(("Redis round trips per job, worker side", ours_rt, "RQ SimpleWorker per no-op job",
                          simple_rt, ""))
             return _report(args, rows, pings, None)
+        per_process = peers.medians(peer_rounds)
+        rows.extend(peers.rows(per_process))
         p50, p99 = step("latency", lambda: latency(server, lat))
         rows.append(("enqueue→reply p50 ms (idle)", p50, "PING ms", 1000 / pings, ""))
         rows.append(("enqueue→reply p99 ms (idle)", p99, "PING ms", 1000 / pings, "< 5 ms"))
@@ -213,21 +225,26 @@ def main(argv: list[str] | None = None) -> int:
 
             server.client().execute_command("FLUSHALL", "SYNC")  # type: ignore[no-untyped-call]
             soak = step(f"soak, {args.soak:.0f} s", lambda: run_soak(server.url, seconds=args.soak))
-    return _report(args, rows, pings, soak)
+    return _report(args, rows, pings, soak, per_process)
 
 
 def _report(args: argparse.Namespace, rows: list[tuple[str, float, str, float | None, str]], pings: float,
-            soak: Any) -> int:
+            soak: Any, per_process: dict[str, peers.Drain] | None = None) -> int:
     figures = [{"figure": r[0], "value": r[1], "baseline": r[2], "baselineValue": r[3],
                 "ratio": (r[1] / r[3]) if r[3] else None, "bar": r[4]} for r in rows]
     print(f"\nRQ {rq.__version__}\n")
     print("\n".join(table(figures)))
+    if per_process:
+        print(f"\n{peers.render(per_process)}")
     if soak is not None:
         print(f"\nsoak ({args.soak:.0f} s, 4 workers, 2 schedulers, 2 appenders):\n{soak.render()}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps({"quick": args.quick, "rq": rq.__version__, "figures": figures,
-                                                "ping_per_s": pings}, indent=2))
+    result: dict[str, Any] = {"quick": args.quick, "rq": rq.__version__, "figures": figures, "ping_per_s": pings}
+    if per_process:  # each system's per-process figures (medians), and the releases measured
+        result["perProcess"] = {"versions": peers.versions(),
+                                "systems": {s: dataclasses.asdict(d) for s, d in per_process.items()}}
+    (out / "bench.json").write_text(json.dumps(result, indent=2))
     print(f"\nfigures written to {out / 'bench.json'}", file=sys.stderr)
     return 0
 

@@ -9,7 +9,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from bench import ab, merges
+from bench import ab, merges, peers
 from bench import main as bench
 
 SHARD_ROWS = {"forks/s, 2 queue shards (2 worker processes in all, median of rounds)",
@@ -51,6 +51,16 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
     boundary = {f"boundary fork at {p} of a 2000-event parent, {what}"
                 for p in ("10%", "50%", "100%") for what in ("µs", "Redis bytes/child")}
     assert boundary <= names
+    # Issue 31 #5: the peers per worker process, measured in the same run (never skipped).
+    per_process = {(f["figure"], f["baseline"]): f for f in figures if f["figure"] in {r[1] for r in peers.ROW_FIGURES}}
+    assert set(per_process) == {(figure, f"{peers.LABELS[peer]} {unit}") for _, figure, unit in peers.ROW_FIGURES
+                                for peer in ("dramatiq", "huey", "rq")}
+    assert all(f["value"] > 0 and f["baselineValue"] > 0 for f in per_process.values())
+    systems = json.loads((tmp_path / "bench.json").read_text())["perProcess"]["systems"]
+    assert set(systems) == {"sessionfork", "rq", "dramatiq", "huey"}
+    assert all(s["jobs"] == 30 and s["per_s"] > 0 and s["commands"] > 0 and s["worker_cpu_us"] > 0
+               for s in systems.values())
+    assert "| Dramatiq no-op (8 threads) |" in table and "| Huey no-op (8 threads, no results) |" in table
     assert {"fork with 2 edits µs, 10-event parent", "Redis bytes/child with 2 edits, less the edits' own bytes",
             "variant fan-out children/s (64 variants, one edit each, median of rounds)",
             "bytes a deleted 2000-event parent's log holds, summary child keeping the last turn"} <= names
