@@ -25,9 +25,11 @@ _request_source = msgspec.json.Decoder(dict[str, Any])
 class Observer:
     """Counts, times and logs every outcome a worker produces."""
 
-    def __init__(self, queue_depth: Callable[[], int] | None = None, *, shard: int | None = None) -> None:
+    def __init__(self, queue_depth: Callable[[], int] | None = None, *, shard: int | None = None,
+                 paused: Callable[[], bool] | None = None) -> None:
         """``shard``: the shard the worker serves, on a sharded queue: every metric then carries a
-        ``shard`` label (its index), so a dashboard sums or splits the shards."""
+        ``shard`` label (its index), so a dashboard sums or splits the shards. ``paused``: whether
+        the worker's queue server is paused (``ops.pauses``), read at each scrape."""
         self.registry = CollectorRegistry()
         self.shard = shard
         labels = {} if shard is None else {"shard": str(shard)}
@@ -43,14 +45,19 @@ class Observer:
                                   list(labels), registry=self.registry, buckets=(0, 1, 2, 4, 8, 16, 64, 256, 1024))
         self.depth = Gauge("sessionfork_queue_depth", "Requests waiting in the queue", list(labels),
                            registry=self.registry)
+        self.paused = Gauge("sessionfork_queue_paused", "1 while the queue is paused (workers take no job)",
+                            list(labels), registry=self.registry)
         if labels:  # the children bound once: the hot path below stays as without shards
             self.forks = _Bound(self.forks, labels)  # type: ignore[assignment]
             self.duration = self.duration.labels(**labels)
             self.seed_length = self.seed_length.labels(**labels)
             self.children = self.children.labels(**labels)
             self.depth = self.depth.labels(**labels)
+            self.paused = self.paused.labels(**labels)
         if queue_depth is not None:
             self.depth.set_function(queue_depth)
+        if paused is not None:
+            self.paused.set_function(lambda: float(paused()))
 
     def __call__(self, request_id: str, payload: str, reply: Reply, seconds: float) -> None:
         code = reply.code if isinstance(reply, ForkFailure) else "OK"

@@ -60,6 +60,24 @@ def is_final_attempt(job: Job) -> bool:
     return not job.retries_left
 
 
+class WorkerRow(msgspec.Struct, rename="camel", kw_only=True):
+    """What an operator sees of one worker: its name, RQ state (``idle``, ``busy``, ``suspended``
+    ...), the request it holds (``None``: none) and its last heartbeat (epoch ms; 0: none)."""
+
+    name: str
+    state: str
+    current_request: str | None
+    last_heartbeat: int
+
+
+def worker_rows(redis: Any, settings: Settings) -> list[WorkerRow]:
+    """Every registered worker of ``settings.queue`` on ``redis``, by name."""
+    rows = [WorkerRow(name=w.name, state=str(w.get_state()), current_request=w.get_current_job_id(),
+                      last_heartbeat=0 if w.last_heartbeat is None else int(w.last_heartbeat.timestamp() * 1000))
+            for w in Worker.all(queue=make_queue(redis, settings))]
+    return sorted(rows, key=lambda row: row.name)
+
+
 def fresh_workers(redis: Any, settings: Settings) -> list[str]:
     """Names of the workers of ``settings.queue`` whose heartbeat is younger than their TTL."""
     cutoff = datetime.now(UTC).timestamp() - settings.worker_ttl
