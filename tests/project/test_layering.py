@@ -24,13 +24,15 @@ RQ_LAYOUT = "sessionfork.protocol.rq_layout"
 """RQ's key names and job hash fields, which producers and workers agree on: no RQ import, but the
 one module outside the seam that spells RQ's keys."""
 # RQ's documented API: what a module other than the seam may import from rq.
-DOCUMENTED_RQ = {"Queue", "Retry", "Worker", "Job", "get_current_job", "DuplicateJobError", "AbandonedJobError"}
+DOCUMENTED_RQ = {"Queue", "Retry", "Worker", "Job", "get_current_job", "DuplicateJobError", "AbandonedJobError",
+                 "NoSuchJobError"}
 # Entry points read the environment; nothing else does.
 ENVIRON_MODULES = {"sessionfork.cli", "sessionfork.jobs"}
 # Layers, lowest first: a module imports only from its own layer or a lower one. The two sides of
 # the queue share a layer and never import each other: a scheduler's clients load no worker code,
-# a worker loads no client.
-LAYERS = [("core",), ("protocol",), ("clients", "worker"), ("ops",), ("cli",)]
+# a worker loads no client. The console (the [console] extra's web app) sits above ops; the CLI
+# imports it only inside its command, so `sessionfork` runs without the extra.
+LAYERS = [("core",), ("protocol",), ("clients", "worker"), ("ops",), ("console",), ("cli",)]
 SIDES = {"clients", "worker"}
 
 
