@@ -260,4 +260,8 @@ def console(obj: Context, host: str, port: int, bound: float) -> None:
                              token=obj.console_token, bound=bound))
     click.echo(f"console on http://{host}:{port}/ ({'actions need the token' if obj.console_token else 'read-only'})",
                err=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        # uvicorn stops on them (its own handlers), then raises them again with the handlers it
+        # found: these, so that a stop is exit status 0, as the worker's and persist's are.
+        signal.signal(sig, lambda *_: None)
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)

@@ -1,0 +1,296 @@
+"""``sessionfork console`` in a real browser (Playwright driving Debian's chromium): a server of the
+module's own with the ACL users, a live worker under ``sf-worker``, the console (the CLI command,
+an OS process) under ``sf-console``, the least-privileged user it needs.
+
+Set ``CONSOLE_SCREENSHOTS`` to a folder to write each page's screenshot there (the docs' pictures:
+``CONSOLE_SCREENSHOTS=docs/images .venv/bin/python -m pytest tests/console/test_console_browser.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from browser import chromium
+from helpers import SETTINGS, apply_acl, cli_args, clean_environ, make_client, stop, turn, wait_registered, worker_name
+from playwright.sync_api import Browser, Page, sync_playwright
+from redis import Redis
+from redis.exceptions import NoPermissionError
+from waits import wait_until
+
+from sessionfork.clients.client import Client
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import ForkFailure, ForkResult
+from sessionfork.embedded import EmbeddedServer
+from sessionfork.ops import acl, pauses
+
+pytestmark = pytest.mark.serial  # asserts a time bound: a live outcome within a second of its fork
+
+TOKEN = "console-token-for-tests"
+PASSWORDS = {acl.SCHEDULER: "scheduler-secret", acl.WORKER: "worker-secret", acl.HOST: "host-secret",
+             acl.PERSIST: "persist-secret", acl.CONSOLE: "console-secret"}
+HOSTILE = "<img src=x onerror=window.__pwned=1>"
+SHOTS = os.environ.get("CONSOLE_SCREENSHOTS")
+
+
+@dataclass(frozen=True)
+class Deployment:
+    server: EmbeddedServer
+    admin: Redis
+    client: Client
+    registry: Registry
+    worker: str
+    url: str
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def user_url(server: EmbeddedServer, user: str) -> str:
+    return f"redis://{user}:{PASSWORDS[user]}@127.0.0.1:{server.port}/0"
+
+
+def answer(url: str, data: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """The status and body of a GET (or a POST of ``data``) to the console, redirects not followed."""
+
+    class Stay(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args: object, **kwargs: object) -> None:
+            return None
+
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.build_opener(Stay).open(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def up(url: str) -> bool:
+    try:
+        return answer(f"{url}/healthz")[0] == 200
+    except urllib.error.URLError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def deployment() -> Iterator[Deployment]:
+    with EmbeddedServer() as server:
+        admin = server.client()
+        apply_acl(admin, SETTINGS, PASSWORDS)
+        name = worker_name("console")
+        worker = subprocess.Popen(cli_args(user_url(server, acl.WORKER), "worker", "--name", name,
+                                           "--log-level", "WARNING"), env=clean_environ(), stdin=subprocess.DEVNULL)
+        port = free_port()
+        console = subprocess.Popen(cli_args(user_url(server, acl.CONSOLE), "console", "--port", str(port)),
+                                   env=clean_environ(SESSIONFORK_CONSOLE_TOKEN=TOKEN), stdin=subprocess.DEVNULL)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_registered(admin, name)
+            wait_until(lambda: console.poll() is not None or up(url), 30, "the console to answer")
+            assert console.poll() is None, "the console exited"
+            registry = Registry(admin)
+            registry.append(registry.create("root", cwd="/work"), turn(1))
+            yield Deployment(server, admin, make_client(admin), registry, name, url)
+        finally:
+            assert stop(console) == 0
+            assert stop(worker) == 0
+            admin.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=chromium(), args=["--no-sandbox", "--disable-gpu"])
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(10_000)
+    yield page
+    context.close()
+
+
+def shot(page: Page, name: str) -> None:
+    if SHOTS:
+        page.screenshot(path=str(Path(SHOTS) / f"console-{name}.png"), full_page=True)
+
+
+def fork(deployment: Deployment, source: str, child: str) -> ForkResult:
+    reply = deployment.client.fork(source, session_id=child, timeout=10)
+    assert isinstance(reply, ForkResult), reply
+    return reply
+
+
+def test_search_finds_a_request_by_id(deployment: Deployment, page: Page) -> None:
+    reply = fork(deployment, "root", "root-a")
+
+    page.goto(f"{deployment.url}/search?q={reply.request_id}")
+
+    section = page.locator("#request")
+    assert reply.request_id in section.locator("h2").inner_text()
+    assert section.locator("dd.code").inner_text() == "OK"
+    assert '"parentSession": "root"' in section.locator("pre.outcome").inner_text()
+    shot(page, "search-request")
+    section.get_by_role("link", name="root-a").click()  # the child, one click away
+    assert page.locator("#session h2").inner_text() == "Session root-a"
+
+
+def test_search_finds_a_session_with_its_state_length_and_lineage(deployment: Deployment, page: Page) -> None:
+    fork(deployment, "root", "root-b")
+    fork(deployment, "root-b", "root-b-1")
+
+    page.goto(f"{deployment.url}/search?q=root-b")
+
+    section = page.locator("#session")
+    assert section.locator("dd.state").inner_text() == "live"
+    assert "4 events" in section.inner_text()
+    assert '"parentSession": "root"' in section.locator("pre.json").inner_text()
+    tree = section.locator("ul.tree li")
+    assert [tree.nth(i).locator("a").inner_text() for i in range(tree.count())] == ["root", "root-b", "root-b-1"]
+    shot(page, "search-session")
+    section.get_by_role("link", name="root-b-1").click()  # a link per node
+    assert page.locator("#session h2").inner_text() == "Session root-b-1"
+
+
+def test_an_unknown_id_is_a_not_found_page(deployment: Deployment, page: Page) -> None:
+    response = page.goto(f"{deployment.url}/search?q=nothing-here")
+
+    assert response is not None and response.status == 404
+    assert "No request and no session with id nothing-here" in page.locator("main").inner_text()
+
+
+def test_a_live_outcome_appears_within_a_second_of_the_fork(deployment: Deployment, page: Page) -> None:
+    page.goto(deployment.url)
+    page.wait_for_selector("body[data-live=on]")  # the event stream is open
+
+    reply = fork(deployment, "root", "root-live")
+    forked = time.monotonic()
+    row = page.wait_for_selector(f'#live tbody tr[data-request="{reply.request_id}"]', timeout=1000)
+
+    assert time.monotonic() - forked < 1.0
+    assert row is not None and "root-live" in row.inner_text()
+    shot(page, "outcomes")
+
+
+def test_the_live_view_filters_by_code(deployment: Deployment, page: Page) -> None:
+    page.goto(f"{deployment.url}/?code=SESSION_NOT_FOUND")
+    page.wait_for_selector("body[data-live=on]")
+
+    ok = fork(deployment, "root", "root-filtered")
+    missing = deployment.client.fork("no-such-session", session_id="never", timeout=10)
+    assert isinstance(missing, ForkFailure) and missing.code == "SESSION_NOT_FOUND"
+    page.wait_for_selector(f'#live tbody tr[data-request="{missing.request_id}"]')
+
+    assert page.locator(f'#live tbody tr[data-request="{ok.request_id}"]').count() == 0
+
+
+def test_pause_stops_the_shards_worker_and_resume_restarts_it(deployment: Deployment, page: Page) -> None:
+    admin, client = deployment.admin, deployment.client
+    page.goto(f"{deployment.url}/workers")
+    page.fill("#shard-0 input[name=token]", TOKEN)
+    page.fill("#shard-0 input[name=reason]", "deploy")
+    page.click("#shard-0 button")
+
+    assert page.locator("#shard-0 .pill").inner_text() == "paused"
+    assert pauses.is_paused(admin)
+    wait_until(lambda: admin.hget(f"rq:worker:{deployment.worker}", "state") == b"suspended", 10,
+               "the worker to see the pause")
+    request = client.request("root", session_id="root-paused")
+    client.submit(request)
+    queued_at = time.time()
+    # The suspended worker polls the pause once a second, heart-beating each time: two beats after
+    # the enqueue, it has looked twice and left the job queued.
+    wait_until(lambda: _heartbeat(admin, deployment.worker) > queued_at + 1.0, 10, "two polls of the paused worker")
+    assert admin.llen("rq:queue:sessionfork") == 1
+    page.goto(f"{deployment.url}/workers")
+    assert page.locator("#shard-0 .depth").inner_text() == "1"
+    assert page.locator("#shard-0 td.state").inner_text() == "suspended"
+    health = subprocess.run(cli_args(user_url(deployment.server, acl.WORKER), "health"), env=clean_environ(),
+                            capture_output=True, text=True, timeout=30, check=False)
+    assert "paused: queue 'sessionfork'" in health.stdout
+    assert "deploy" in page.locator("#audit tbody tr").first.inner_text()
+    shot(page, "workers-paused")
+
+    page.fill("#shard-0 input[name=token]", TOKEN)
+    page.click("#shard-0 button")
+
+    assert page.locator("#shard-0 .pill").inner_text() == "running"
+    reply = client.wait(request, 10)
+    assert isinstance(reply, ForkResult) and reply.ok
+    actions = [row.split("\t")[2] for row in page.locator("#audit tbody tr").all_inner_texts()[:2]]
+    assert actions == ["resume", "pause"]
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _heartbeat(admin: Redis, worker: str) -> float:
+    from datetime import datetime
+
+    raw = admin.hget(f"rq:worker:{worker}", "last_heartbeat")
+    return 0.0 if raw is None else datetime.fromisoformat(raw.decode().replace("Z", "+00:00")).timestamp()
+
+
+def test_an_action_without_the_token_is_refused(deployment: Deployment, page: Page) -> None:
+    page.goto(f"{deployment.url}/workers")
+    with page.expect_response(lambda r: r.url.endswith("/shards/0/pause")) as sent:
+        page.click("#shard-0 button")  # no token typed
+
+    assert sent.value.status == 403
+    assert "a valid console token is needed" in page.locator("main").inner_text()
+    assert not pauses.is_paused(deployment.admin)
+    assert answer(f"{deployment.url}/shards/0/pause", b"token=wrong")[0] == 403
+    assert answer(f"{deployment.url}/shards/0/pause", b"", {"Authorization": "Bearer wrong"})[0] == 403
+    assert not pauses.is_paused(deployment.admin)
+
+
+def test_hostile_ids_and_event_data_render_escaped(deployment: Deployment, page: Page) -> None:
+    registry = deployment.registry
+    registry.append(registry.create("hostile", cwd=HOSTILE), turn(1))
+    page.goto(deployment.url)
+    page.wait_for_selector("body[data-live=on]")
+    fork(deployment, "hostile", "hostile-child")
+    refused = deployment.client.fork(HOSTILE, timeout=10)  # the message quotes the source given
+    assert isinstance(refused, ForkFailure) and HOSTILE in refused.message
+
+    row = page.wait_for_selector(f'#live tbody tr[data-request="{refused.request_id}"]')
+    assert row is not None and HOSTILE in row.inner_text()  # shown as text
+    page.goto(f"{deployment.url}/search?q=hostile-child")
+    assert HOSTILE in page.locator("#session pre.json").inner_text()
+    page.goto(f"{deployment.url}/search?q={urllib.request.quote(HOSTILE)}")
+    assert HOSTILE in page.locator("main").inner_text()
+    page.goto(deployment.url)  # the server-side rows too
+
+    assert page.locator("main img").count() == 0
+    assert page.evaluate("window.__pwned") is None
+
+
+def test_the_console_sends_nothing_its_acl_user_may_not(deployment: Deployment) -> None:
+    denials = [entry for entry in deployment.admin.acl_log() if _text(entry["username"]) == acl.CONSOLE]
+
+    assert denials == []
+    console = Redis.from_url(user_url(deployment.server, acl.CONSOLE))
+    try:
+        for refused in (lambda: console.hset("sf:req:x", "outcome", "forged"), lambda: console.delete("rq:queue:x"),
+                        lambda: console.execute_command("EVAL", "return 1", "0")):
+            with pytest.raises(NoPermissionError):
+                refused()
+    finally:
+        console.close()
