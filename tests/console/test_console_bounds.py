@@ -4,15 +4,19 @@
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import uvicorn
+import yaml
 from redis import Redis
 
 from sessionfork.console import Console, create_app
@@ -92,3 +96,31 @@ def test_a_redis_outage_is_an_error_banner_within_the_bound(frozen: EmbeddedServ
     assert "Redis unreachable or failing" in body and 'role="alert"' in body
     assert "Traceback" not in body
     assert took < 4 * BOUND + 2
+
+
+COMPOSE_FILES = ("docker-compose.yml", "docker-compose.sharded.yml")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def console_check(file: str) -> list[str]:
+    """The console service's healthcheck command (``CMD`` form) in a compose file, ``python`` as this one."""
+    service = yaml.safe_load((ROOT / file).read_text())["services"]["console"]
+    assert service["command"][:2] == ["sessionfork", "console"]
+    test: list[str] = service["healthcheck"]["test"]
+    assert test[0] == "CMD"
+    return [sys.executable if word == "python" else word for word in test[1:]]
+
+
+@pytest.mark.serial  # asserts a time bound
+def test_the_compose_consoles_check_passes_on_a_live_console_and_fails_in_time_on_a_hung_one(read_only: str) -> None:
+    check = console_check(COMPOSE_FILES[0])
+    assert all(console_check(file) == check for file in COMPOSE_FILES)  # one check, run once
+    port = read_only.rsplit(":", 1)[1]
+    live = subprocess.run([w.replace(":8080/", f":{port}/") for w in check], capture_output=True, timeout=30,
+                          check=False)
+    assert live.returncode == 0, live.stderr
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers
+        hung = [w.replace(":8080/", f":{silent.getsockname()[1]}/") for w in check]
+        started = time.monotonic()
+        done = subprocess.run(hung, capture_output=True, timeout=30, check=False)
+        assert done.returncode != 0 and time.monotonic() - started < 5  # within the check's timeout

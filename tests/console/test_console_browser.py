@@ -13,6 +13,7 @@ import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from browser import chromium
-from helpers import SETTINGS, apply_acl, cli_args, clean_environ, make_client, stop, turn, wait_registered, worker_name
+from helpers import SETTINGS, apply_acl, clean_environ, cli_args, make_client, stop, turn, wait_registered, worker_name
 from playwright.sync_api import Browser, Page, sync_playwright
 from redis import Redis
 from redis.exceptions import NoPermissionError
@@ -69,7 +70,8 @@ def answer(url: str, data: bytes | None = None, headers: dict[str, str] | None =
         def redirect_request(self, *args: object, **kwargs: object) -> None:
             return None
 
-    request = urllib.request.Request(url, data=data, headers=headers or {}, method="POST" if data is not None else "GET")
+    method = "POST" if data is not None else "GET"
+    request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
     try:
         with urllib.request.build_opener(Stay).open(request, timeout=10) as response:
             return response.status, response.read().decode()
@@ -245,7 +247,7 @@ def _heartbeat(admin: Redis, worker: str) -> float:
     from datetime import datetime
 
     raw = admin.hget(f"rq:worker:{worker}", "last_heartbeat")
-    return 0.0 if raw is None else datetime.fromisoformat(raw.decode().replace("Z", "+00:00")).timestamp()
+    return 0.0 if raw is None else datetime.fromisoformat(_text(raw).replace("Z", "+00:00")).timestamp()
 
 
 def test_an_action_without_the_token_is_refused(deployment: Deployment, page: Page) -> None:
@@ -274,7 +276,7 @@ def test_hostile_ids_and_event_data_render_escaped(deployment: Deployment, page:
     assert row is not None and HOSTILE in row.inner_text()  # shown as text
     page.goto(f"{deployment.url}/search?q=hostile-child")
     assert HOSTILE in page.locator("#session pre.json").inner_text()
-    page.goto(f"{deployment.url}/search?q={urllib.request.quote(HOSTILE)}")
+    page.goto(f"{deployment.url}/search?q={urllib.parse.quote(HOSTILE)}")
     assert HOSTILE in page.locator("main").inner_text()
     page.goto(deployment.url)  # the server-side rows too
 
@@ -289,7 +291,7 @@ def test_the_console_sends_nothing_its_acl_user_may_not(deployment: Deployment) 
     console = Redis.from_url(user_url(deployment.server, acl.CONSOLE))
     try:
         for refused in (lambda: console.hset("sf:req:x", "outcome", "forged"), lambda: console.delete("rq:queue:x"),
-                        lambda: console.execute_command("EVAL", "return 1", "0")):
+                        lambda: console.eval("return 1", 0)):
             with pytest.raises(NoPermissionError):
                 refused()
     finally:

@@ -3,10 +3,12 @@ same transaction, and the worker's ``sessionfork_queue_paused`` gauge."""
 
 from __future__ import annotations
 
+from monitoring import monitored
 from prometheus_client import generate_latest
 from redis import Redis
 
 from sessionfork.core import keys
+from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import pauses
 from sessionfork.ops.metrics import Observer
 from sessionfork.protocol import rq_layout
@@ -32,20 +34,12 @@ def test_each_action_is_audited_newest_first(redis: Redis) -> None:
     assert entries[0].time >= entries[1].time > 0
 
 
-def test_the_change_and_its_audit_entry_are_one_transaction(redis: Redis) -> None:
-    sent: list[list[str]] = []
-    original = redis.pipeline
+def test_the_change_and_its_audit_entry_are_one_transaction(redis: Redis, server: EmbeddedServer) -> None:
+    with monitored(server) as seen:
+        pauses.pause(redis, "ops")
 
-    def spy(transaction: bool = True, shard_hint: str | None = None) -> object:
-        pipe = original(transaction=transaction, shard_hint=shard_hint)
-        sent.append(["transaction" if transaction else "pipeline"])
-        return pipe
-
-    redis.pipeline = spy  # type: ignore[method-assign]
-    pauses.pause(redis, "ops")
-
-    assert sent == [["transaction"]]
-    assert redis.xlen(keys.AUDIT_STREAM) == 1 and pauses.is_paused(redis)
+    names = [command.name for command in seen]
+    assert names[names.index("MULTI"):names.index("EXEC") + 1] == ["MULTI", "SET", "XADD", "EXEC"]
 
 
 def test_the_audit_stream_is_capped(redis: Redis) -> None:
