@@ -1,142 +1,36 @@
-"""``sessionfork console`` in a real browser (Playwright driving Debian's chromium): a server of the
-module's own with the ACL users, a live worker under ``sf-worker``, the console (the CLI command,
-an OS process) under ``sf-console``, the least-privileged user it needs.
-
-Set ``CONSOLE_SCREENSHOTS`` to a folder to write each page's screenshot there (the docs' pictures:
-``CONSOLE_SCREENSHOTS=docs/images .venv/bin/python -m pytest tests/console/test_console_browser.py``).
-"""
+"""``sessionfork console`` in a real browser (Playwright driving Debian's chromium) against a live
+worker, each under its ACL user (``console_fixtures``): search by request and session id, the live
+view's filter, pause and resume, the token, escaping, and no ACL denial. The live view's time bound
+is test_console_live.py (serial)."""
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from datetime import datetime
 
 import pytest
-from browser import chromium
-from helpers import SETTINGS, apply_acl, clean_environ, cli_args, make_client, stop, turn, wait_registered, worker_name
-from playwright.sync_api import Browser, Page, sync_playwright
+from console_fixtures import (
+    HOSTILE,
+    TOKEN,
+    Deployment,
+    answer,
+    browser_fixture,  # noqa: F401
+    deployment_fixture,  # noqa: F401
+    fork,
+    page_fixture,  # noqa: F401
+    shot,
+    user_url,
+)
+from helpers import clean_environ, cli_args, turn
+from playwright.sync_api import Page
 from redis import Redis
 from redis.exceptions import NoPermissionError
 from waits import wait_until
 
-from sessionfork.clients.client import Client
-from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult
-from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import acl, pauses
-
-pytestmark = pytest.mark.serial  # asserts a time bound: a live outcome within a second of its fork
-
-TOKEN = "console-token-for-tests"
-PASSWORDS = {acl.SCHEDULER: "scheduler-secret", acl.WORKER: "worker-secret", acl.HOST: "host-secret",
-             acl.PERSIST: "persist-secret", acl.CONSOLE: "console-secret"}
-HOSTILE = "<img src=x onerror=window.__pwned=1>"
-SHOTS = os.environ.get("CONSOLE_SCREENSHOTS")
-
-
-@dataclass(frozen=True)
-class Deployment:
-    server: EmbeddedServer
-    admin: Redis
-    client: Client
-    registry: Registry
-    worker: str
-    url: str
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
-def user_url(server: EmbeddedServer, user: str) -> str:
-    return f"redis://{user}:{PASSWORDS[user]}@127.0.0.1:{server.port}/0"
-
-
-def answer(url: str, data: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    """The status and body of a GET (or a POST of ``data``) to the console, redirects not followed."""
-
-    class Stay(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args: object, **kwargs: object) -> None:
-            return None
-
-    method = "POST" if data is not None else "GET"
-    request = urllib.request.Request(url, data=data, headers=headers or {}, method=method)
-    try:
-        with urllib.request.build_opener(Stay).open(request, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-def up(url: str) -> bool:
-    try:
-        return answer(f"{url}/healthz")[0] == 200
-    except urllib.error.URLError:
-        return False
-
-
-@pytest.fixture(scope="module")
-def deployment() -> Iterator[Deployment]:
-    with EmbeddedServer() as server:
-        admin = server.client()
-        apply_acl(admin, SETTINGS, PASSWORDS)
-        name = worker_name("console")
-        worker = subprocess.Popen(cli_args(user_url(server, acl.WORKER), "worker", "--name", name,
-                                           "--log-level", "WARNING"), env=clean_environ(), stdin=subprocess.DEVNULL)
-        port = free_port()
-        console = subprocess.Popen(cli_args(user_url(server, acl.CONSOLE), "console", "--port", str(port)),
-                                   env=clean_environ(SESSIONFORK_CONSOLE_TOKEN=TOKEN), stdin=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            wait_registered(admin, name)
-            wait_until(lambda: console.poll() is not None or up(url), 30, "the console to answer")
-            assert console.poll() is None, "the console exited"
-            registry = Registry(admin)
-            registry.append(registry.create("root", cwd="/work"), turn(1))
-            yield Deployment(server, admin, make_client(admin), registry, name, url)
-        finally:
-            assert stop(console) == 0
-            assert stop(worker) == 0
-            admin.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=chromium(), args=["--no-sandbox", "--disable-gpu"])
-        yield launched
-        launched.close()
-
-
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
-    page = context.new_page()
-    page.set_default_timeout(10_000)
-    yield page
-    context.close()
-
-
-def shot(page: Page, name: str) -> None:
-    if SHOTS:
-        page.screenshot(path=str(Path(SHOTS) / f"console-{name}.png"), full_page=True)
-
-
-def fork(deployment: Deployment, source: str, child: str) -> ForkResult:
-    reply = deployment.client.fork(source, session_id=child, timeout=10)
-    assert isinstance(reply, ForkResult), reply
-    return reply
 
 
 def test_search_finds_a_request_by_id(deployment: Deployment, page: Page) -> None:
@@ -148,6 +42,8 @@ def test_search_finds_a_request_by_id(deployment: Deployment, page: Page) -> Non
     assert reply.request_id in section.locator("h2").inner_text()
     assert section.locator("dd.code").inner_text() == "OK"
     assert '"parentSession": "root"' in section.locator("pre.outcome").inner_text()
+    assert '"sessionId": "root-a"' in section.locator("pre.request").inner_text()  # as the scheduler sent it
+    assert "root-a" in section.locator("pre.identity").inner_text()
     shot(page, "search-request")
     section.get_by_role("link", name="root-a").click()  # the child, one click away
     assert page.locator("#session h2").inner_text() == "Session root-a"
@@ -175,19 +71,6 @@ def test_an_unknown_id_is_a_not_found_page(deployment: Deployment, page: Page) -
 
     assert response is not None and response.status == 404
     assert "No request and no session with id nothing-here" in page.locator("main").inner_text()
-
-
-def test_a_live_outcome_appears_within_a_second_of_the_fork(deployment: Deployment, page: Page) -> None:
-    page.goto(deployment.url)
-    page.wait_for_selector("body[data-live=on]")  # the event stream is open
-
-    reply = fork(deployment, "root", "root-live")
-    forked = time.monotonic()
-    row = page.wait_for_selector(f'#live tbody tr[data-request="{reply.request_id}"]', timeout=1000)
-
-    assert time.monotonic() - forked < 1.0
-    assert row is not None and "root-live" in row.inner_text()
-    shot(page, "outcomes")
 
 
 def test_the_live_view_filters_by_code(deployment: Deployment, page: Page) -> None:
@@ -244,8 +127,6 @@ def _text(value: object) -> str:
 
 
 def _heartbeat(admin: Redis, worker: str) -> float:
-    from datetime import datetime
-
     raw = admin.hget(f"rq:worker:{worker}", "last_heartbeat")
     return 0.0 if raw is None else datetime.fromisoformat(_text(raw).replace("Z", "+00:00")).timestamp()
 

@@ -38,8 +38,8 @@ def test_the_change_and_its_audit_entry_are_one_transaction(redis: Redis, server
     with monitored(server) as seen:
         pauses.pause(redis, "ops")
 
-    names = [command.name for command in seen]
-    assert names[names.index("MULTI"):names.index("EXEC") + 1] == ["MULTI", "SET", "XADD", "EXEC"]
+    steps = [command.name for command in seen if command.name in ("MULTI", "SET", "XADD", "EXEC")]
+    assert steps == ["MULTI", "SET", "XADD", "EXEC"]
 
 
 def test_the_audit_stream_is_capped(redis: Redis) -> None:

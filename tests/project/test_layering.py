@@ -132,6 +132,15 @@ def test_importing_the_package_does_not_import_rq() -> None:
     assert out.stdout.strip() == "False"
 
 
+def test_the_command_line_loads_no_console_framework() -> None:
+    # `sessionfork` runs without the [console] extra: the console command imports it when it runs.
+    code = ("import sys, sessionfork.cli; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in {'starlette', 'uvicorn', 'jinja2'} "
+            "or m.startswith('sessionfork.console')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
 def test_a_scheduler_importing_the_client_loads_neither_the_worker_nor_the_fork_service() -> None:
     code = ("import sys, sessionfork.client; "
             "print(sorted(m for m in sys.modules if m.startswith('sessionfork.')))")

@@ -151,6 +151,9 @@ class RequestView(msgspec.Struct, kw_only=True):
     routed_shard: int
     status: str
     request: str
+    """The request JSON the scheduler sent ("" once RQ's job is gone: only its identity stays)."""
+    identity: str
+    """The identity the worker keeps in the record (what a retried request is compared by)."""
     digest: str
     outcome: str
     code: str
@@ -163,17 +166,17 @@ def find_request(shards: Sequence[Any], request_id: str) -> RequestView | None:
     for index in [routed, *(i for i in range(len(shards)) if i != routed)]:
         redis = shards[index]
         record = {wire.text(k): v for k, v in redis.hgetall(keys.request(request_id)).items()}
-        if record:
-            return _request_view(request_id, index, routed, record)
         queued = queued_request(redis, request_id)
+        if record:
+            return _request_view(request_id, index, routed, record, "" if queued is None else queued[1])
         if queued is not None:
             status, payload = queued
             return RequestView(request_id=request_id, shard=index, routed_shard=routed, status=f"job {status}",
-                               request=pretty(payload), digest="", outcome="", code="", children=[])
+                               request=pretty(payload), identity="", digest="", outcome="", code="", children=[])
     return None
 
 
-def _request_view(request_id: str, shard: int, routed: int, record: dict[str, Any]) -> RequestView:
+def _request_view(request_id: str, shard: int, routed: int, record: dict[str, Any], payload: str) -> RequestView:
     from ..core import records
 
     def field(name: str) -> bytes | None:
@@ -189,7 +192,8 @@ def _request_view(request_id: str, shard: int, routed: int, record: dict[str, An
     code = "" if reply is None else (reply.code if isinstance(reply, ForkFailure) else "OK")
     return RequestView(request_id=request_id, shard=shard, routed_shard=routed,
                        status="answered" if reply is not None else "claimed, running",
-                       request=pretty(field("request") or b""), digest=wire.text(field("digest") or b""),
+                       request=pretty(payload) if payload else "", identity=pretty(field("request") or b""),
+                       digest=wire.text(field("digest") or b""),
                        outcome="" if reply is None else pretty(wire.encode(reply)), code=code, children=children)
 
 
