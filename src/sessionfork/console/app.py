@@ -152,9 +152,10 @@ def _stream(console: Console, keep: reads.Filter, last: list[str],
     """The live view's server-sent events: ``outcome`` (a row, JSON) as each is stored, ``fault``
     while Redis fails, a comment line every wait without one (keeps proxies from closing it)."""
     yield "event: ready\ndata: {}\n\n"
+    block_ms = int(min(500, console.bound * 500))  # a blocked XREAD answers well within the clients' time-out
     while True:
         try:
-            rows = read(lambda: reads.following(console.shards, last, 500))
+            rows = read(lambda: reads.following(console.shards, last, block_ms))
         except (RedisError, TimeoutError) as exc:
             yield f"event: fault\ndata: {json.dumps(f'Redis unreachable or failing: {type(exc).__name__}')}\n\n"
             time.sleep(1.0)  # back-off while the server is away
