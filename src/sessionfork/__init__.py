@@ -3,7 +3,7 @@
 The public API is what ``__all__`` lists here and in ``sessionfork.client``, ``sessionfork.aio``
 and ``sessionfork.embedded`` (each pinned by a test, each name in the API reference); everything
 else is private and may change. This module is the agent host's side (the registry, forks,
-snapshots, branch diff) and the types a fork's request and reply are made of; it imports no RQ.
+merges and selects, snapshots, branch diff) and the types a fork's request and reply are made of; it imports no RQ.
 """
 
 from importlib.metadata import PackageNotFoundError as _NotInstalled
@@ -11,6 +11,8 @@ from importlib.metadata import version as _version
 
 from .core.errors import ErrorCode, ForkError
 from .core.forks import FanOut, fork, fork_many, snapshot
+from .core.merge_steps import Merged
+from .core.merges import MergeOptions, merge, select
 from .core.registry import Registry
 from .core.snapshots import Snapshot
 from .core.wire import (
@@ -20,9 +22,18 @@ from .core.wire import (
     ForkResult,
     Header,
     LiveHandle,
+    MergedFrom,
+    MergedInto,
+    MergeFailure,
+    MergeReply,
+    MergeResult,
     NewEvent,
     Reply,
     SeedMeta,
+    SelectFailure,
+    SelectReply,
+    SelectResult,
+    SessionState,
     Summary,
 )
 from .ops.diff import Diff, diff
@@ -44,14 +55,27 @@ __all__ = [
     "ForkResult",
     "Header",
     "LiveHandle",
+    "MergeFailure",
+    "MergeOptions",
+    "MergeReply",
+    "MergeResult",
+    "Merged",
+    "MergedFrom",
+    "MergedInto",
     "NewEvent",
     "Registry",
     "Reply",
     "SeedMeta",
+    "SelectFailure",
+    "SelectReply",
+    "SelectResult",
+    "SessionState",
     "Snapshot",
     "Summary",
     "diff",
     "fork",
     "fork_many",
+    "merge",
+    "select",
     "snapshot",
 ]

@@ -7,9 +7,42 @@ sharding rule (``shard_of``).
 """
 
 from .clients.client import Client
-from .core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, Reply
+from .core.wire import (
+    ChildError,
+    ForkFailure,
+    ForkRequest,
+    ForkResult,
+    MergeFailure,
+    MergeReply,
+    MergeRequest,
+    MergeResult,
+    Reply,
+    SelectFailure,
+    SelectReply,
+    SelectRequest,
+    SelectResult,
+)
+from .protocol.merge_requests import ClientMergeOptions
 from .protocol.requests import ForkOptions, Variant
 from .protocol.shards import shard_of
 
-__all__ = ["ChildError", "Client", "ForkFailure", "ForkOptions", "ForkRequest", "ForkResult", "Reply", "Variant",
-           "shard_of"]
+__all__ = [
+    "ChildError",
+    "Client",
+    "ClientMergeOptions",
+    "ForkFailure",
+    "ForkOptions",
+    "ForkRequest",
+    "ForkResult",
+    "MergeFailure",
+    "MergeReply",
+    "MergeRequest",
+    "MergeResult",
+    "Reply",
+    "SelectFailure",
+    "SelectReply",
+    "SelectRequest",
+    "SelectResult",
+    "Variant",
+    "shard_of",
+]

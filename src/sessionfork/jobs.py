@@ -14,14 +14,14 @@ from rq import get_current_job
 
 from .core.config import from_environ
 from .core.registry import Registry
-from .core.wire import Reply
+from .core.wire import Outcome
 from .worker.jobs import JOB_FUNCTION, JSONSerializer, is_final_attempt
 from .worker.service import ForkService
 
 __all__ = ["JOB_FUNCTION", "JSONSerializer", "fork"]
 
 
-def fork(payload: str) -> Reply:
+def fork(payload: str) -> Outcome:
     """Run one fork request inside an RQ job; the registry and outcomes share the job's connection."""
     job = get_current_job()
     if job is None:

@@ -29,7 +29,7 @@ from redis import Redis
 from redis.exceptions import NoPermissionError
 from waits import wait_until
 
-from sessionfork.core.wire import ForkFailure, ForkResult
+from sessionfork.core.wire import ForkFailure, ForkResult, NewEvent, SelectResult
 from sessionfork.ops import acl, pauses
 
 
@@ -64,6 +64,30 @@ def test_search_finds_a_session_with_its_state_length_and_lineage(deployment: De
     shot(page, "search-session")
     section.get_by_role("link", name="root-b-1").click()  # a link per node
     assert page.locator("#session h2").inner_text() == "Session root-b-1"
+
+
+def test_a_select_is_a_live_row_and_its_merge_edge_is_in_the_lineage(deployment: Deployment, page: Page) -> None:
+    registry, client = deployment.registry, deployment.client
+    registry.append(registry.create("sel", cwd="/work"), turn(1))
+    fan = client.fork("sel", session_ids=["sel-a", "sel-b"], timeout=10)
+    assert isinstance(fan, ForkResult) and fan.ok, fan
+    for child in ("sel-a", "sel-b"):
+        registry.append(child, [NewEvent("turn/start", {}), NewEvent("turn/end", {"reason": "completed"})])
+    page.goto(deployment.url)
+    page.wait_for_selector("body[data-live=on]")
+
+    picked = client.select("sel", ["sel-a", "sel-b"], "sel-b", mode="events", timeout=10)
+    assert isinstance(picked, SelectResult), picked
+    row = page.wait_for_selector(f'#live tbody tr[data-request="{picked.request_id}"]')
+    assert row is not None and "\tselect\tOK\tsel-b\t" in row.inner_text()
+
+    page.goto(f"{deployment.url}/search?q=sel")
+    lines = page.locator("#session ul.tree li").all_inner_texts()
+    assert any(line.startswith("sel-a") and "abandoned" in line for line in lines), lines
+    edge = f"merged into sel at seq {picked.from_seq}"
+    assert any(line.startswith("sel-b") and edge in line for line in lines), lines
+    page.locator("#session li", has_text="sel-b").get_by_role("link", name="sel", exact=True).click()
+    assert page.locator("#session h2").inner_text() == "Session sel"  # the merge edge is a link
 
 
 def test_an_unknown_id_is_a_not_found_page(deployment: Deployment, page: Page) -> None:

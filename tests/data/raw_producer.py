@@ -3,7 +3,8 @@
 Usage: python raw_producer.py PORT[,PORT...] SOURCE CHILD REQUEST_ID [RESULT_TTL [BOUNDARY [ROUTE [FIELDS]]]]
 (prints the reply).
 FIELDS: a JSON object of more request fields (``ifLength``, ``edits``, ``variants``) merged into the
-request; with ``variants`` the CHILD argument is ignored (a variant fan-out names its children).
+request; with ``variants`` the CHILD argument is ignored (a variant fan-out names its children); with
+``"op": "merge"`` or ``"select"`` SOURCE and CHILD are (FIELDS names the parent and child or candidates).
 It follows the README's "Any-language enqueue" recipe step by step; ENQUEUE is the shipped script,
 read as a file (``src/sessionfork/protocol/scripts/enqueue.lua``, the recipe's script: a test checks
 they are the same text), not imported from sessionfork. ROUTE ``eval``
@@ -43,6 +44,8 @@ if len(sys.argv) > 8:
     fields.update(json.loads(sys.argv[8]))  # e.g. {"ifLength": 8, "edits": [{"type": ..., "data": ...}]}
     if "variants" in fields:
         del fields["sessionId"]
+    if fields.get("op") in ("merge", "select"):  # a merge or select names its sessions in FIELDS
+        del fields["source"], fields["sessionId"]
 request = json.dumps(fields)
 now = time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())
 

@@ -201,7 +201,7 @@ def test_the_api_reference_documents_the_public_names_and_nothing_else() -> None
 
 
 REGISTRY_SURFACE = {"create", "append", "events", "header", "length", "last_turn_end", "instance", "exists",
-                    "children", "dispose", "flush", "delete"}
+                    "children", "state_of", "dispose", "flush", "delete"}
 """What an agent host calls on a ``Registry``: the reference shows these members and no other (the
 fork steps, ``resolve``, ``ask_flush``... are the library's own)."""
 

@@ -19,16 +19,19 @@ import sessionfork
 PUBLIC = {
     "sessionfork": [
         "ChildError", "Diff", "ErrorCode", "Event", "FanOut", "ForkError", "ForkFailure", "ForkResult", "Header",
-        "LiveHandle", "NewEvent", "Registry", "Reply", "SeedMeta", "Snapshot", "Summary", "diff", "fork",
-        "fork_many", "snapshot",
+        "LiveHandle", "MergeFailure", "MergeOptions", "MergeReply", "MergeResult", "Merged", "MergedFrom",
+        "MergedInto", "NewEvent", "Registry", "Reply", "SeedMeta", "SelectFailure", "SelectReply", "SelectResult",
+        "SessionState", "Snapshot", "Summary", "diff", "fork", "fork_many", "merge", "select", "snapshot",
     ],
     "sessionfork.client": [
-        "ChildError", "Client", "ForkFailure", "ForkOptions", "ForkRequest", "ForkResult", "Reply", "Variant",
-        "shard_of",
+        "ChildError", "Client", "ClientMergeOptions", "ForkFailure", "ForkOptions", "ForkRequest", "ForkResult",
+        "MergeFailure", "MergeReply", "MergeRequest", "MergeResult", "Reply", "SelectFailure", "SelectReply",
+        "SelectRequest", "SelectResult", "Variant", "shard_of",
     ],
     "sessionfork.aio": [
-        "AsyncClient", "ChildError", "ForkFailure", "ForkOptions", "ForkRequest", "ForkResult", "Reply", "Variant",
-        "shard_of",
+        "AsyncClient", "ChildError", "ClientMergeOptions", "ForkFailure", "ForkOptions", "ForkRequest", "ForkResult",
+        "MergeFailure", "MergeReply", "MergeRequest", "MergeResult", "Reply", "SelectFailure", "SelectReply",
+        "SelectRequest", "SelectResult", "Variant", "shard_of",
     ],
     "sessionfork.embedded": [
         "EmbeddedCluster", "EmbeddedSentinel", "EmbeddedServer", "ServerNotAvailable", "find_server_binary",
@@ -94,7 +97,7 @@ def test_error_codes_are_the_contract() -> None:
     assert [c.value for c in sessionfork.ErrorCode] == [
         "SESSION_NOT_FOUND", "SESSION_NOT_LIVE", "SESSION_ALREADY_EXISTS", "OPEN_TURN", "INVALID_BOUNDARY",
         "PRECONDITION_FAILED",
-        "INVALID_REQUEST", "IDEMPOTENCY_CONFLICT", "INTERNAL", "WRONG_SHARD",
+        "INVALID_REQUEST", "IDEMPOTENCY_CONFLICT", "INTERNAL", "WRONG_SHARD", "NOT_DESCENDANT", "ALREADY_MERGED",
     ]
 
 

@@ -24,6 +24,7 @@ from ..core.registry import Registry
 from ..core.wire import LiveHandle, NewEvent, Summary
 from ..embedded import EmbeddedServer, wait_until
 from ..ops import lineage
+from ..protocol import outcomes
 from ..protocol.requests import Variant
 
 Echo = Callable[[str], None]
@@ -91,8 +92,8 @@ def run_demo(settings: Settings, *, echo: Echo) -> None:
         with _worker(s, echo):
             wait_until(lambda: _worker_up(client, s), 30, "the worker to register")
 
-            def show(title: str, expect: str, reply: wire.Reply) -> wire.Reply:
-                code = reply.code if isinstance(reply, wire.ForkFailure) else "ok"
+            def show(title: str, expect: str, reply: wire.Outcome) -> wire.Outcome:
+                code = outcomes.code_of(reply).replace("OK", "ok")
                 echo(f"\n# {title} -> {code}\n{wire.encode(reply).decode()}")
                 if code != expect:
                     raise DemoFailed(f"demo expected {expect}, got {code}")
@@ -122,6 +123,7 @@ def run_demo(settings: Settings, *, echo: Echo) -> None:
             echo("  (same child as the first attempt: nothing new was created)")
             show("fan-out: 3 children from one snapshot", "ok", client.fork(sid("child"), count=3))
             _compose(client, registry, sid, show, echo)
+            _best_of_3(client, registry, sid, show, echo)
 
         echo("\n# lineage of " + sid("parent"))
         echo(lineage.render_text(lineage.lineage(registry, sid("parent"))))
@@ -130,7 +132,7 @@ def run_demo(settings: Settings, *, echo: Echo) -> None:
 
 
 def _compose(client: Client, registry: Registry, sid: Callable[[str], str],
-             show: Callable[[str, str, wire.Reply], wire.Reply], echo: Echo) -> None:
+             show: Callable[[str, str, wire.Outcome], wire.Outcome], echo: Echo) -> None:
     """Composed forks: an edit-and-retry under a guard, a stale guard, a variant fan-out, a summary fork."""
     source = sid("running")
     length = registry.length(source)
@@ -153,6 +155,25 @@ def _compose(client: Client, registry: Registry, sid: Callable[[str], str],
          client.fork(source, session_id=sid("compact"), boundary=last,
                      summary=Summary(keep_from=keep, data={"text": f"the first {len(ends) - 1} turn(s), summarised"})))
     echo("  " + ", ".join(f"{e.seq}:{e.type}" for e in registry.events(sid("compact"))))
+
+
+def _best_of_3(client: Client, registry: Registry, sid: Callable[[str], str],
+               show: Callable[[str, str, wire.Outcome], wire.Outcome], echo: Echo) -> None:
+    """Best of 3: three branches of the parent each do a turn, the best one is selected (merged back
+    as one turn), the others abandoned; a late merge of a loser is a stale ALREADY_MERGED."""
+    parent = sid("parent")
+    echo(f"\n(best of 3: three branches of {parent} each try turn 2)")
+    ids = [sid(f"best-{i}") for i in range(3)]
+    show("fan-out: 3 branches to compare", "ok", client.fork(parent, session_ids=ids))
+    for i, branch in enumerate(ids):
+        start, ask, _, end = _turn(2)
+        registry.append(branch, [start, ask, NewEvent("assistant/message", {"text": f"approach {i}"}), end])
+    show("select: the second branch wins, merged back as one turn; the others abandoned", "ok",
+         client.select(parent, ids, ids[1], mode="events"))
+    echo("  " + ", ".join(f"{e.seq}:{e.type}" for e in registry.events(parent)[4:]))
+    echo("  states: " + ", ".join(f"{branch}: {registry.state_of(branch).state}" for branch in ids))
+    show("merge a branch the select abandoned", "ALREADY_MERGED",
+         client.merge(parent, ids[0], mode="summary", summary={"text": "approach 0, late"}))
 
 
 def _worker_up(client: Client, settings: Settings) -> bool:

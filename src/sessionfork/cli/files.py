@@ -18,7 +18,7 @@ from ..protocol.requests import Variant
 _json = msgspec.json.Decoder(Any)
 
 
-def _load(stream: IO[bytes], option: str) -> Any:
+def load_json(stream: IO[bytes], option: str) -> Any:
     try:
         return _json.decode(stream.read())
     except (msgspec.DecodeError, RecursionError) as exc:
@@ -43,12 +43,12 @@ def _events(value: Any, option: str) -> list[NewEvent]:
 
 def read_edits(stream: IO[bytes], option: str) -> list[NewEvent]:
     """The events of an ``--edits`` file: ``[{"type", "data", ...extra}]``."""
-    return _events(_load(stream, option), option)
+    return _events(load_json(stream, option), option)
 
 
 def read_variants(stream: IO[bytes]) -> list[Variant]:
     """The variants of a ``--variants`` file: ``[{"sessionId"?, "edits"?}]``."""
-    value = _load(stream, "--variants")
+    value = load_json(stream, "--variants")
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
         raise click.BadParameter('expected a JSON array of {"sessionId"?, "edits"?}', param_hint="--variants")
     out = []
@@ -65,7 +65,7 @@ def read_variants(stream: IO[bytes]) -> list[Variant]:
 
 def read_summary(stream: IO[bytes]) -> Summary:
     """The summary of a ``--summary`` file: ``{"keepFrom": K, "data": <any JSON>}``."""
-    value = _load(stream, "--summary")
+    value = load_json(stream, "--summary")
     if not isinstance(value, dict) or set(value) - {"keepFrom", "data"} or "keepFrom" not in value:
         raise click.BadParameter('expected a JSON object {"keepFrom": K, "data": ...}', param_hint="--summary")
     keep_from = value["keepFrom"]

@@ -20,7 +20,7 @@ from .files import read_edits, read_summary, read_variants
 log = logging.getLogger("sessionfork.worker")
 
 
-def _check_wait(ctx: click.Context, param: click.Parameter, value: float) -> float:
+def check_wait(ctx: click.Context, param: click.Parameter, value: float) -> float:
     if not 0 <= value <= MAX_WAIT:  # NaN fails too
         raise click.BadParameter(f"expected 0 to {MAX_WAIT} seconds, got {value}", ctx, param)
     return value
@@ -92,7 +92,7 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
                    "event, then SOURCE's events K... renumbered from 1.")
 @click.option("--request-id", help="Idempotency key (default: generated).")
 @click.option("--reply-to", help="Reply channel for this request.")
-@click.option("--wait", "wait_s", type=float, default=10.0, show_default=True, callback=_check_wait, metavar="SECONDS",
+@click.option("--wait", "wait_s", type=float, default=10.0, show_default=True, callback=check_wait, metavar="SECONDS",
               help=f"Seconds to wait for the reply (0-{MAX_WAIT}); 0 = enqueue only and print the request id.")
 @click.pass_obj
 @clean_errors
@@ -121,17 +121,17 @@ def fork(obj: Context, source: str, instance: str | None, session_id: str | None
     except TimeoutError as exc:
         raise TimeoutError(f"{exc}: the request stays queued; wait for its reply with: "
                            f"sessionfork wait {request.request_id}") from None
-    _print_reply(reply)
+    print_reply(reply)
 
 
-def _print_reply(reply: wire.Reply) -> None:
+def print_reply(reply: wire.Outcome) -> None:
     click.echo(wire.encode(reply).decode())
     sys.exit(0 if reply.ok else 1)
 
 
 @cli.command("wait")
 @click.argument("request_id")
-@click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True, callback=_check_wait,
+@click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True, callback=check_wait,
               metavar="SECONDS",
               help=f"Seconds to wait for the reply (0-{MAX_WAIT}); 0 = only read the outcome stored now.")
 @click.option("--reply-to", help="The reply channel the request named (default: the reply channel).")
@@ -153,7 +153,7 @@ def wait(obj: Context, request_id: str, timeout_s: float, reply_to: str | None) 
     except TimeoutError:
         raise TimeoutError(f"no reply to request {request_id} within {timeout_s}s: it may still be queued; "
                            f"wait again with: sessionfork wait {request_id}") from None
-    _print_reply(reply)
+    print_reply(reply)
 
 
 @cli.command()

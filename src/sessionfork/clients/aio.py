@@ -48,7 +48,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar, Unpack, cast, overload
 
 from redis.asyncio import Redis
 
@@ -56,14 +56,26 @@ from ..core import connections, keys, wire
 from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
 from ..core.outages import is_lost
-from ..core.wire import ForkRequest, LiveHandle, Reply
-from ..protocol import requests, shards, tracing
+from ..core.wire import (
+    AnyRequest,
+    ForkRequest,
+    LiveHandle,
+    MergeReply,
+    MergeRequest,
+    Outcome,
+    Reply,
+    SelectReply,
+    SelectRequest,
+)
+from ..protocol import merge_requests, requests, shards, tracing
 from ..protocol.enqueue import AsyncEnqueuer, job_call
+from ..protocol.merge_requests import ClientMergeOptions
 from ..protocol.outcomes import OUTCOME_FIELDS, verdict
 from ..protocol.requests import ForkOptions
 from .subscriptions import ReplyRouter
 
 T = TypeVar("T")
+R = TypeVar("R", bound=AnyRequest)
 log = logging.getLogger("sessionfork.aio")
 
 
@@ -136,7 +148,35 @@ class AsyncClient:
     def _build(self, source: str | LiveHandle, options: ForkOptions, where: str) -> ForkRequest:
         return requests.build(source, options, self._new_id, traceparent=tracing.current_traceparent(), where=where)
 
-    async def submit(self, request: ForkRequest) -> str:
+    async def merge_request(self, parent: str | LiveHandle, child: str,
+                            **options: Unpack[ClientMergeOptions]) -> MergeRequest:
+        """Build a merge request (no I/O), as ``Client.merge_request``."""
+        request = merge_requests.build("merge", parent, options, self._new_id, child=child,
+                                       traceparent=tracing.current_traceparent())
+        assert isinstance(request, MergeRequest)
+        return request
+
+    async def select_request(self, parent: str | LiveHandle, candidates: Sequence[str], winner: str,
+                             **options: Unpack[ClientMergeOptions]) -> SelectRequest:
+        """Build a select request (no I/O), as ``Client.select_request``."""
+        request = merge_requests.build("select", parent, options, self._new_id, child=winner, candidates=candidates,
+                                       traceparent=tracing.current_traceparent())
+        assert isinstance(request, SelectRequest)
+        return request
+
+    async def merge(self, parent: str | LiveHandle, child: str, *, timeout: float = 10.0,
+                    **options: Unpack[ClientMergeOptions]) -> MergeReply:
+        """Submit a merge request and await its reply within ``timeout`` seconds, as ``Client.merge``."""
+        request = await self.merge_request(parent, child, **options)
+        return cast(MergeReply, await self.run_request(request, timeout))
+
+    async def select(self, parent: str | LiveHandle, candidates: Sequence[str], winner: str, *,
+                     timeout: float = 10.0, **options: Unpack[ClientMergeOptions]) -> SelectReply:
+        """Submit a select request and await its reply within ``timeout`` seconds, as ``Client.select``."""
+        request = await self.select_request(parent, candidates, winner, **options)
+        return cast(SelectReply, await self.run_request(request, timeout))
+
+    async def submit(self, request: AnyRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op.
         Sent again for up to ``requests.SUBMIT_RETRY_FOR`` seconds while its reply is lost."""
         request, call = self._job(request)
@@ -151,7 +191,19 @@ class AsyncClient:
         await _cut(deadline + requests.HARD_AFTER, f"request {request.request_id} not enqueued within {limit}s", work())
         return request.request_id
 
-    async def wait(self, request: ForkRequest | str, timeout: float, *, reply_to: str | None = None) -> Reply:
+    @overload
+    async def wait(self, request: ForkRequest, timeout: float, *, reply_to: str | None = None) -> Reply: ...
+
+    @overload
+    async def wait(self, request: MergeRequest, timeout: float, *, reply_to: str | None = None) -> MergeReply: ...
+
+    @overload
+    async def wait(self, request: SelectRequest, timeout: float, *, reply_to: str | None = None) -> SelectReply: ...
+
+    @overload
+    async def wait(self, request: str, timeout: float, *, reply_to: str | None = None) -> Outcome: ...
+
+    async def wait(self, request: AnyRequest | str, timeout: float, *, reply_to: str | None = None) -> Outcome:
         """The reply to a submitted request; ``TimeoutError`` when none comes within ``timeout`` s
         (``INVALID_REQUEST`` for a ``timeout`` that is not 0 to ``MAX_WAIT`` seconds).
 
@@ -181,6 +233,12 @@ class AsyncClient:
         ``INVALID_REQUEST`` for a ``timeout`` that is not 0 to ``MAX_WAIT`` seconds, and as
         ``request`` for the options (``TypeError`` for an unknown one), before anything is sent."""
         request = self._build(source, options, "AsyncClient.fork")
+        return cast(Reply, await self.run_request(request, timeout))
+
+    async def run_request(self, request: AnyRequest, timeout: float) -> Outcome:
+        """A request built already, of any operation: subscribed first, then enqueued with the first
+        read of its stored outcome, then its reply awaited, within ``timeout`` seconds."""
+        request = requests.checked(request, to_wait=True)
         timeout = requests.wait_bound(timeout)
         request, call = self._job(request)
         rid = request.request_id
@@ -188,7 +246,7 @@ class AsyncClient:
         deadline = asyncio.get_running_loop().time() + timeout
         router = self.routers[self.shard_of(rid)]
 
-        async def work(woken: asyncio.Event) -> Reply:
+        async def work(woken: asyncio.Event) -> Outcome:
             first = await _again(lambda: self._enqueue_and_read(rid, call), deadline)
             return await self._answer(request, wire.digest(request), woken, first, deadline, timeout)
 
@@ -203,16 +261,16 @@ class AsyncClient:
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _channel(self, request: ForkRequest) -> str:
+    def _channel(self, request: AnyRequest) -> str:
         return requests.reply_channel(request, self.settings.reply_channel)
 
-    def _job(self, request: ForkRequest) -> tuple[ForkRequest, tuple[list[Any], list[Any]]]:
+    def _job(self, request: R) -> tuple[R, tuple[list[Any], list[Any]]]:
         request, payload = requests.prepare(request, self._new_id)
         assert isinstance(request.request_id, str)
         return request, job_call(request.request_id, payload, self.settings, datetime.now(UTC))
 
-    async def _answer(self, request: ForkRequest, digest: str | None, woken: asyncio.Event,
-                      first: list[Any] | None, deadline: float, timeout: float) -> Reply:
+    async def _answer(self, request: AnyRequest, digest: str | None, woken: asyncio.Event,
+                      first: list[Any] | None, deadline: float, timeout: float) -> Outcome:
         """Read the stored outcome (``first``: read already) until it answers; between reads, wait
         for a wake-up (``woken``) or ``recheck_every`` seconds. A read whose reply is lost (a
         dropped connection) is sent again soon, until the deadline. Run in a task of its own
@@ -231,7 +289,7 @@ class AsyncClient:
                         raise
                     log.info("reading the outcome of %s failed (%s); reading it again", rid, exc)
             if stored is not None:
-                found = verdict(rid, stored, digest)
+                found = verdict(rid, stored, digest, wire.op_of(request))
                 if found is not None:
                     return found
             left = deadline - loop.time()

@@ -3,6 +3,8 @@
     client = Client(Redis.from_url("redis://localhost:6379/0"))
     reply = client.fork("sess-a", session_id="child-1", timeout=5)
     if reply.ok: print(reply.child.id)   # a ForkResult (a ForkFailure's ok is Literal[False])
+    merged = client.merge("sess-a", "child-1", mode="summary", summary={"text": "done"}, timeout=5)
+    if merged.ok: print(merged.length)   # a MergeResult: the parent's new length
 
 A request id (given, or generated as ``req-<uuid4>``) makes a submission idempotent: submitting
 it again, or retrying after a time-out, never forks twice and always answers the first outcome.
@@ -23,16 +25,27 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import TypeVar, Unpack
+from typing import TypeVar, Unpack, cast, overload
 
 from redis import Redis
 
 from ..core import connections, wire
 from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
-from ..core.wire import ForkRequest, LiveHandle, Reply
-from ..protocol import requests, shards, tracing
+from ..core.wire import (
+    AnyRequest,
+    ForkRequest,
+    LiveHandle,
+    MergeReply,
+    MergeRequest,
+    Outcome,
+    Reply,
+    SelectReply,
+    SelectRequest,
+)
+from ..protocol import merge_requests, requests, shards, tracing
 from ..protocol.enqueue import Enqueuer, job_call
+from ..protocol.merge_requests import ClientMergeOptions
 from ..protocol.requests import ForkOptions
 from .waiting import ReplyListener
 
@@ -85,7 +98,27 @@ class Client:
     def _build(self, source: str | LiveHandle, options: ForkOptions, where: str) -> ForkRequest:
         return requests.build(source, options, self._new_id, traceparent=tracing.current_traceparent(), where=where)
 
-    def submit(self, request: ForkRequest) -> str:
+    def merge_request(self, parent: str | LiveHandle, child: str,
+                      **options: Unpack[ClientMergeOptions]) -> MergeRequest:
+        """Build a merge request (no I/O): ``child``'s events into ``parent`` with ``options``
+        (``ClientMergeOptions``: ``mode`` required, ``summary``, ``range``, ``if_parent_length``,
+        ``if_child_length``, ``request_id``, ``reply_to``). ``TypeError`` for an unknown option;
+        ``INVALID_REQUEST`` for what the merge's rules refuse before any I/O."""
+        request = merge_requests.build("merge", parent, options, self._new_id, child=child,
+                                       traceparent=tracing.current_traceparent())
+        assert isinstance(request, MergeRequest)
+        return request
+
+    def select_request(self, parent: str | LiveHandle, candidates: Sequence[str], winner: str,
+                       **options: Unpack[ClientMergeOptions]) -> SelectRequest:
+        """Build a select request (no I/O): ``winner`` merged into ``parent`` as ``merge_request``
+        merges, every other of ``candidates`` abandoned; ``options`` as ``merge_request``'s."""
+        request = merge_requests.build("select", parent, options, self._new_id, child=winner, candidates=candidates,
+                                       traceparent=tracing.current_traceparent())
+        assert isinstance(request, SelectRequest)
+        return request
+
+    def submit(self, request: AnyRequest) -> str:
         """Enqueue ``request``; returns its request id. Enqueuing an id already queued is a no-op.
         Returns or raises within ``SUBMIT_RETRY_FOR`` seconds (then ``TimeoutError``: the request
         may be enqueued all the same), whatever the server and ``redis`` do (``connections.cut_at``)."""
@@ -93,7 +126,7 @@ class Client:
         return connections.cut_at(time.monotonic() + limit, lambda: self._submit(request)[0],
                        f"request {request.request_id} not enqueued within {limit}s")
 
-    def _submit(self, request: ForkRequest) -> tuple[str, int]:
+    def _submit(self, request: AnyRequest) -> tuple[str, int]:
         """The request id, and the enqueue script's answer (1: enqueued now)."""
         request, payload = requests.prepare(request, self._new_id)
         assert isinstance(request.request_id, str)
@@ -101,9 +134,22 @@ class Client:
         enqueued = self._enqueuers[shard](*job_call(request.request_id, payload, self.settings, datetime.now(UTC)))
         return request.request_id, enqueued
 
-    def wait(self, request: ForkRequest | str, timeout: float, *, reply_to: str | None = None) -> Reply:
-        """The reply to a submitted request; ``TimeoutError`` when none comes within ``timeout`` s
-        (``INVALID_REQUEST`` for a ``timeout`` that is not 0 to ``MAX_WAIT`` seconds).
+    @overload
+    def wait(self, request: ForkRequest, timeout: float, *, reply_to: str | None = None) -> Reply: ...
+
+    @overload
+    def wait(self, request: MergeRequest, timeout: float, *, reply_to: str | None = None) -> MergeReply: ...
+
+    @overload
+    def wait(self, request: SelectRequest, timeout: float, *, reply_to: str | None = None) -> SelectReply: ...
+
+    @overload
+    def wait(self, request: str, timeout: float, *, reply_to: str | None = None) -> Outcome: ...
+
+    def wait(self, request: AnyRequest | str, timeout: float, *, reply_to: str | None = None) -> Outcome:
+        """The reply to a submitted request (a fork's ``Reply``, a merge's ``MergeReply``, a select's
+        ``SelectReply``); ``TimeoutError`` when none comes within ``timeout`` s (``INVALID_REQUEST``
+        for a ``timeout`` that is not 0 to ``MAX_WAIT`` seconds).
 
         A request id used before for a different request answers ``IDEMPOTENCY_CONFLICT``. The
         answer is the outcome stored under the request id; a message on the reply channel only
@@ -121,21 +167,21 @@ class Client:
         return self._bounded(waited, timeout, lambda listener, deadline: self._wait(listener, waited, deadline,
                                                                                    timeout, digest))
 
-    def _wait(self, listener: ReplyListener, request: ForkRequest, deadline: float, timeout: float,
-              digest: str | None, *, announced_after_ready: bool = False) -> Reply:
+    def _wait(self, listener: ReplyListener, request: AnyRequest, deadline: float, timeout: float,
+              digest: str | None, *, announced_after_ready: bool = False) -> Outcome:
         """The reply by ``deadline`` (``time.monotonic``) of a call of ``timeout`` seconds (with
         ``digest``: a conflict for another request's id)."""
         assert isinstance(request.request_id, str), "submit() the request first"
         channel = requests.reply_channel(request, self.settings.reply_channel)
         reply = listener.wait(request.request_id, channel, max(deadline - time.monotonic(), 0.0),
-                              digest=digest, announced_after_ready=announced_after_ready,
+                              digest=digest, op=wire.op_of(request), announced_after_ready=announced_after_ready,
                               recheck_every=self.recheck_every)
         if reply is None:
             raise TimeoutError(_no_reply(request.request_id, timeout))
         return reply
 
-    def _bounded(self, request: ForkRequest, timeout: float,
-                 work: Callable[[ReplyListener, float], Reply]) -> Reply:
+    def _bounded(self, request: AnyRequest, timeout: float,
+                 work: Callable[[ReplyListener, float], Outcome]) -> Outcome:
         """``work(listener, deadline)`` with this thread's listener of the request's shard, cut
         ``HARD_AFTER`` seconds past the deadline (``connections.cut_at``: ``TimeoutError``). A call cut there
         leaves its listener to the work still running (which closes it when it ends): this
@@ -179,10 +225,30 @@ class Client:
         """``fork`` of a request built already (``request``): subscribed first, then enqueued, then
         its reply awaited, all within ``timeout`` seconds (``INVALID_REQUEST`` for one that is not
         0 to ``MAX_WAIT``); the CLI's ``fork --wait``."""
+        return cast(Reply, self.run_request(request, timeout))
+
+    def merge(self, parent: str | LiveHandle, child: str, *, timeout: float = 10.0,
+              **options: Unpack[ClientMergeOptions]) -> MergeReply:
+        """Submit a merge request (``merge_request(parent, child, **options)``) and wait for its
+        reply (``MergeResult`` or ``MergeFailure``) within ``timeout`` seconds, as ``fork`` does."""
+        request = self.merge_request(parent, child, **options)
+        return cast(MergeReply, self.run_request(request, requests.wait_bound(timeout)))
+
+    def select(self, parent: str | LiveHandle, candidates: Sequence[str], winner: str, *, timeout: float = 10.0,
+               **options: Unpack[ClientMergeOptions]) -> SelectReply:
+        """Submit a select request (``select_request(parent, candidates, winner, **options)``) and wait
+        for its reply (``SelectResult`` or ``SelectFailure``) within ``timeout`` seconds."""
+        request = self.select_request(parent, candidates, winner, **options)
+        return cast(SelectReply, self.run_request(request, requests.wait_bound(timeout)))
+
+    def run_request(self, request: AnyRequest, timeout: float) -> Outcome:
+        """A request built already, of any operation: subscribed first, then enqueued, then its reply
+        awaited, all within ``timeout`` seconds (``INVALID_REQUEST`` for one that is not 0 to
+        ``MAX_WAIT``); the CLI's ``--wait``."""
         request, timeout = requests.checked(request, to_wait=True), requests.wait_bound(timeout)
         channel = requests.reply_channel(request, self.settings.reply_channel)
 
-        def work(listener: ReplyListener, deadline: float) -> Reply:
+        def work(listener: ReplyListener, deadline: float) -> Outcome:
             ready = listener.ready(channel, deadline)
             _, enqueued = self._submit(request)
             return self._wait(listener, request, deadline, timeout, wire.digest(request),

@@ -21,7 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core import wire
 from ..core.connections import retries_until
-from ..core.wire import Reply
+from ..core.wire import Outcome
 from ..protocol.outcomes import addressee, read_outcome
 
 _LOST = (RedisConnectionError, RedisTimeoutError)
@@ -63,8 +63,8 @@ class ReplyListener:
                     return True
         return False
 
-    def wait(self, request_id: str, channel: str, timeout: float, *, digest: str | None = None,
-             announced_after_ready: bool = False, recheck_every: float = 1.0) -> Reply | None:
+    def wait(self, request_id: str, channel: str, timeout: float, *, digest: str | None = None, op: str = "fork",
+             announced_after_ready: bool = False, recheck_every: float = 1.0) -> Outcome | None:
         """The outcome of ``request_id`` within ``timeout`` seconds, else ``None``.
 
         ``announced_after_ready``: the request was enqueued (new) after ``ready(channel)`` returned,
@@ -74,22 +74,22 @@ class ReplyListener:
         """
         deadline = time.monotonic() + timeout
         with retries_until(deadline):  # no reconnection outlasts the deadline (a failover)
-            return self._wait(request_id, channel, deadline, digest, announced_after_ready, recheck_every)
+            return self._wait(request_id, channel, deadline, (digest, op), announced_after_ready, recheck_every)
 
-    def _wait(self, request_id: str, channel: str, deadline: float, digest: str | None,
-              announced_after_ready: bool, recheck_every: float) -> Reply | None:
+    def _wait(self, request_id: str, channel: str, deadline: float, asked: tuple[str | None, str],
+              announced_after_ready: bool, recheck_every: float) -> Outcome | None:
         read = not announced_after_ready
         while True:
             try:
                 if not self.ready(channel, deadline):
-                    return read_outcome(self.redis, request_id, digest)  # a last look, at the deadline
+                    return read_outcome(self.redis, request_id, *asked)  # a last look, at the deadline
                 if read:
-                    found = read_outcome(self.redis, request_id, digest)
+                    found = read_outcome(self.redis, request_id, *asked)
                     if found is not None:
                         return found
                 read = True
                 if not _woken(self._pubsub, request_id, deadline, recheck_every):
-                    return read_outcome(self.redis, request_id, digest)
+                    return read_outcome(self.redis, request_id, *asked)
             except _LOST:
                 self._drop()
                 if time.monotonic() >= deadline:
@@ -112,7 +112,7 @@ class ReplyListener:
 
 
 def wait_for_reply(redis: Redis, request_id: str, channel: str, timeout: float,
-                   *, digest: str | None = None, recheck_every: float = 1.0) -> Reply | None:
+                   *, digest: str | None = None, recheck_every: float = 1.0) -> Outcome | None:
     """Wait up to ``timeout`` seconds for the outcome of ``request_id``; ``None`` on time-out.
 
     Subscribes to ``channel`` and waits for the server's confirmation, then reads the stored

@@ -18,7 +18,7 @@ from msgspec import UNSET
 
 from ..core import errors, keys, rules, wire
 from ..core.registry import Registry
-from ..core.wire import ForkFailure, ForkResult
+from ..core.wire import ForkResult, MergeFailure, MergeResult, SelectFailure, SelectResult
 from ..ops import lineage, pauses
 from ..ops.stats import Outcome, outcome_of, read_outcomes
 from ..protocol.shards import shard_of
@@ -42,29 +42,45 @@ class Row(msgspec.Struct, rename="camel", kw_only=True):
     latency_ms: float
 
 
-def source_of(reply: ForkResult | ForkFailure) -> str:
-    """The session a result forked ("" for a failure: its request may not name a valid one)."""
+_OPS: dict[type, str] = {MergeResult: "merge", MergeFailure: "merge", SelectResult: "select", SelectFailure: "select"}
+
+
+def op_of(reply: wire.Outcome) -> str:
+    """``fork``, ``merge`` or ``select``: the operation a reply answers."""
+    return _OPS.get(type(reply), "fork")
+
+
+def source_of(reply: wire.Outcome) -> str:
+    """The session a result read from: a fork's source, a merge's or a select's merged child
+    ("" for a failure: its request may not name a valid one)."""
     if isinstance(reply, ForkResult):
         if reply.session is not UNSET and reply.session.parent_session is not UNSET:
             return reply.session.parent_session
         if reply.sessions is not UNSET and reply.sessions and reply.sessions[0].parent_session is not UNSET:
             return reply.sessions[0].parent_session
+    if isinstance(reply, MergeResult | SelectResult):
+        return reply.merged_from.session
     return ""
+
+
+def detail_of(reply: wire.Outcome) -> str:
+    """One line of what a reply did: the children made, the range merged, or the error's message."""
+    if isinstance(reply, ForkResult):
+        if reply.session is not UNSET:
+            return reply.session.id
+        return ", ".join(s.id for s in reply.sessions or [])
+    if isinstance(reply, MergeResult | SelectResult):
+        merged = reply.merged_from
+        text = f"{merged.session} [{merged.from_seq}-{merged.to_seq}] into {reply.parent} at seq {reply.from_seq}"
+        return text + (f"; abandoned {', '.join(reply.abandoned)}" if isinstance(reply, SelectResult) else "")
+    return reply.message
 
 
 def row_of(outcome: Outcome, shard: int) -> Row:
     reply = outcome.reply
-    if isinstance(reply, ForkFailure):
-        detail = reply.message
-    elif reply.session is not UNSET:
-        detail = reply.session.id
-    elif reply.sessions is not UNSET:
-        detail = ", ".join(s.id for s in reply.sessions)
-    else:
-        detail = ""
-    return Row(id=outcome.id, time=outcome.time, shard=shard, request_id=outcome.request_id, op="fork",
-               code=outcome.code, source=source_of(reply), detail=detail, duration_ms=outcome.duration_us / 1000,
-               latency_ms=outcome.latency_us / 1000)
+    return Row(id=outcome.id, time=outcome.time, shard=shard, request_id=outcome.request_id, op=op_of(reply),
+               code=outcome.code, source=source_of(reply), detail=detail_of(reply),
+               duration_ms=outcome.duration_us / 1000, latency_ms=outcome.latency_us / 1000)
 
 
 class Filter(msgspec.Struct, kw_only=True):
@@ -187,9 +203,12 @@ def _request_view(request_id: str, shard: int, routed: int, record: dict[str, An
     children: list[str] = []
     if isinstance(reply, ForkResult):
         children = [reply.session.id] if reply.session is not UNSET else [s.id for s in reply.sessions or []]
+    elif isinstance(reply, MergeResult | SelectResult):
+        children = [reply.parent, reply.merged_from.session]  # the sessions it joined
     elif field("children") is not None:
-        children = [str(c) for c in _pretty.decode(field("children") or b"[]") or []]
-    code = "" if reply is None else (reply.code if isinstance(reply, ForkFailure) else "OK")
+        planned = _pretty.decode(field("children") or b"[]")
+        children = [str(c) for c in planned] if isinstance(planned, list) else []
+    code = "" if reply is None else ("OK" if isinstance(reply, ForkResult | MergeResult | SelectResult) else reply.code)
     return RequestView(request_id=request_id, shard=shard, routed_shard=routed,
                        status="answered" if reply is not None else "claimed, running",
                        request=pretty(payload) if payload else "", identity=pretty(field("request") or b""),
@@ -207,13 +226,17 @@ def pretty(raw: bytes | str) -> str:
 
 
 class TreeLine(msgspec.Struct, kw_only=True):
-    """One node of a lineage as a line of the tree: its depth, id, state and seed."""
+    """One node of a lineage as a line of the tree: its depth, id, state, seed, and its merge edge
+    (the session it was last merged into and at which seq there; "" when none)."""
 
     depth: int
     id: str
     live: bool
     seed: str
     asked: bool
+    state: str = ""
+    merged_into: str = ""
+    merged_at: int = -1
 
 
 class SessionView(msgspec.Struct, kw_only=True):
@@ -246,8 +269,17 @@ def find_session(registry: Registry, session_id: str, max_nodes: int = 500) -> S
             walk(child, depth + 1, False)
 
     walk(tree.root, len(tree.ancestors), True)
-    return SessionView(id=session_id, header=pretty(wire.encode(header)), state="live" if tree.root.live else
-                       "disposed", length=registry.length(session_id), tree=lines)
+    for line in lines:  # each node's state and merge edge (one read each)
+        try:
+            state = registry.state_of(line.id)
+        except errors.ForkError:
+            continue
+        line.state = state.state
+        if state.merged_into is not UNSET:
+            line.merged_into, line.merged_at = state.merged_into.session, state.merged_into.seq
+    asked = next(line for line in lines if line.asked)
+    return SessionView(id=session_id, header=pretty(wire.encode(header)), state=asked.state or "live",
+                       length=registry.length(session_id), tree=lines)
 
 
 class ShardView(msgspec.Struct, kw_only=True):

@@ -27,6 +27,8 @@ class ErrorCode(StrEnum):
     IDEMPOTENCY_CONFLICT = "IDEMPOTENCY_CONFLICT"
     INTERNAL = "INTERNAL"
     WRONG_SHARD = "WRONG_SHARD"
+    NOT_DESCENDANT = "NOT_DESCENDANT"
+    ALREADY_MERGED = "ALREADY_MERGED"
 
 
 class ForkError(Exception):
@@ -102,6 +104,37 @@ def wrong_shard(request_id: str, owner: int, served: int, count: int) -> ForkErr
     return ForkError(ErrorCode.WRONG_SHARD,
                      f'request id "{request_id}" lives on shard {owner} of {count}, not on shard {served}, which this '
                      f"worker serves: enqueue it on shard {owner}'s queue server (protocol.shards.shard_of)")
+
+
+def not_descendant(child: str, parent: str) -> ForkError:
+    """A merge whose child's ``parentSession`` chain does not reach the parent it names."""
+    return ForkError(ErrorCode.NOT_DESCENDANT, f'session "{child}" does not descend from session "{parent}" '
+                     f"(its parentSession chain does not reach it): child and parent must be a fork's descendant "
+                     "and its ancestor")
+
+
+def already_merged(child: str, parent: str, request_id: str, seq: int) -> ForkError:
+    """A merge of what was merged already: the same parent, child and range, under any request id
+    (or, for a select, a candidate merged before): names the earlier request and where it landed."""
+    return ForkError(ErrorCode.ALREADY_MERGED, f'session "{child}" was already merged into session "{parent}" '
+                     f'by request "{request_id}" (at seq {seq})')
+
+
+def abandoned(child: str, request_id: str) -> ForkError:
+    """A merge or select of a session that a select abandoned (a stale selection)."""
+    return ForkError(ErrorCode.ALREADY_MERGED, f'session "{child}" was abandoned by request "{request_id}" '
+                     "(a select that chose another candidate)")
+
+
+def open_merge_turn(session_id: str, last_type: str) -> ForkError:
+    """A merge into a parent whose last turn is still open."""
+    return ForkError(ErrorCode.OPEN_TURN,
+                     f'cannot merge into session "{session_id}" inside an open turn (last event: {last_type})')
+
+
+def invalid_range(session_id: str, why: str) -> ForkError:
+    """A merge whose range is outside the child's own events, or does not end between turns."""
+    return ForkError(ErrorCode.INVALID_BOUNDARY, f'cannot merge from session "{session_id}": {why}')
 
 
 def invalid(message: str) -> ForkError:

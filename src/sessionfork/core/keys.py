@@ -25,6 +25,9 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                               absent on records written before turn indexes
                                     seedend   seq of the newest turn/end of the seed (-1: none)
                                     req       request id that created it by fork (for replays)
+                                    mergedinto  its latest merge into an ancestor: JSON [parent id,
+                                              the merge's first seq there, request id]
+                                    abandoned the request id of the select that abandoned it
                                     batch     id of the last append call, batchseq its first seq
                                               (a retried append is recognised, never doubled)
                                   once deleted, a tombstone (the id is never reused):
@@ -53,6 +56,12 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                   has no entry) bounds what its descendants read: the own-log
                                   positions before it are freed (``freed``), and at or past its
                                   seedlen it is unpinned from its parent
+    sf:s:{<id>}:merges     hash   merges into this session (merge.lua): ["m",child,fromSeq,toSeq] ->
+                                  "<request id> <first seq> <length after>" (one merge of one range,
+                                  under any request id: ALREADY_MERGED); ["r",<request id>] ->
+                                  "<child> <fromSeq> <toSeq> <first seq> <length after>" (a retried
+                                  request replays it); a select's candidates ["c",<id>] ->
+                                  "m <request id> <first seq>" (its winner) or "a <request id>"
     sf:s:{<id>}:turns      list   turn index of the session's own events: 2*seq + 1 for each
                                   turn/end, 2*seq for each turn/start, ascending (append-only), so
                                   the newest marker at or before a seq is a binary search
@@ -61,6 +70,10 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
     sf:lifecycle           stream session/created, session/flush, session/disposed, session/deleted
                                   for persistence backends (fields: type, id, len; session/deleted
                                   also header); capped (XADD MAXLEN ~)
+    sf:ended               zset   branches that ended (merged or abandoned), scored by when (epoch ms,
+                                  the first time): the retention sweep disposes them once
+                                  SESSIONFORK_BRANCH_TTL has passed (on a cluster, written right after
+                                  the mark)
     sf:disposed            zset   retention index: disposed session ids, scored by disposal time
                                   (epoch ms); one key (on a cluster, written right after dispose)
 
@@ -92,6 +105,7 @@ DEFAULT_REPLY_CHANNEL = f"{PREFIX}:replies"
 OUTCOME_STREAM = f"{PREFIX}:outcomes"
 LIFECYCLE_STREAM = f"{PREFIX}:lifecycle"
 DISPOSED_INDEX = f"{PREFIX}:disposed"
+ENDED_INDEX = f"{PREFIX}:ended"
 SHARD_MARKER = f"{PREFIX}:shard"
 AUDIT_STREAM = f"{PREFIX}:audit"
 
@@ -126,6 +140,11 @@ def session_flush_asked(session_id: str) -> str:
     """Set while a ``session/flush`` asked by a deletion that waits for the backend is recent
     (string with a TTL): such flushes are asked once per interval, not once per attempt."""
     return f"{session(session_id)}:flushasked"
+
+
+def session_merges(session_id: str) -> str:
+    """The merges into this session: their ranges, request ids and select candidates (hash)."""
+    return f"{session(session_id)}:merges"
 
 
 def session_turns(session_id: str) -> str:

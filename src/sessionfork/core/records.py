@@ -26,7 +26,7 @@ import msgspec
 from msgspec import UNSET
 
 from . import wire
-from .wire import ForkResult, Header, Reply
+from .wire import ForkResult, Header, Outcome
 
 HEADER_FIELDS: Final = ("header", "cwd", "parent")
 """A session header's fields in its record, in the order ``decode_header`` takes them."""
@@ -81,7 +81,7 @@ def decode_header(sid: str, raw: bytes | str, cwd: bytes | str | None = None,
                   seed_length=UNSET if seed is None else seed, kept_from=UNSET if kept is None else kept)
 
 
-def outcome_fields(reply: Reply, *, compact: bool = True) -> dict[str, bytes | str]:
+def outcome_fields(reply: Outcome, *, compact: bool = True) -> dict[str, bytes | str]:
     """A reply's fields in its request record: one child's outcome as ``child`` and its header's
     fields (compact), any other as one ``outcome`` JSON value."""
     if compact and isinstance(reply, ForkResult) and reply.ok and reply.session is not UNSET \
@@ -90,7 +90,7 @@ def outcome_fields(reply: Reply, *, compact: bool = True) -> dict[str, bytes | s
     return {"outcome": wire.encode(reply)}
 
 
-def decode_outcome(request_id: str, fields: Sequence[bytes | str | None]) -> Reply | None:
+def decode_outcome(request_id: str, fields: Sequence[bytes | str | None]) -> Outcome | None:
     """The outcome of ``request_id`` from its record's ``STORED_OUTCOME`` fields (either layout),
     ``None`` when none is stored. The rebuilt reply is the one stored: the same wire JSON."""
     outcome, child, raw, cwd, parent = fields

@@ -7,7 +7,8 @@ its scripts, the clock and id factories, the limits, the lineage cache) and the 
 * ``store.SessionStore``: create, append, dispose, flush, the record's reads;
 * ``deletion.Deleter``: delete, the flush requests and persistence marks of deletion;
 * ``fork_steps.ForkSteps``: the two atomic steps of a fork (the source step, the child step), on
-  ``logs``, ``store`` and ``deletion``; ``forks`` composes a fork from them.
+  ``logs``, ``store`` and ``deletion``; ``forks`` composes a fork from them;
+* ``merge_steps.MergeSteps``: a merge's and a select's steps, on ``store``; ``merges`` composes them.
 
 The facade delegates what its users call (agent hosts, ``ops``, ``cli``, the retention sweep,
 tools and tests), one line each, and states the contracts of all but the fork steps (stated on
@@ -27,11 +28,12 @@ from .config import Settings
 from .deletion import DELETED, LIVE, UNPERSISTED, Deleter
 from .fork_steps import CREATED, ForkSteps
 from .logs import LogReader
+from .merge_steps import MergeSteps
 from .snapshots import ForkPlan, Segments, Snapshot
 from .specs import ForkSpec
 from .state import RegistryOptions, RegistryState
 from .store import SessionRef, SessionStore
-from .wire import Event, Header, LiveHandle, NewEvent
+from .wire import Event, Header, LiveHandle, NewEvent, SessionState
 
 __all__ = ["CREATED", "DELETED", "LIVE", "UNPERSISTED", "Registry", "SessionRef"]
 
@@ -60,6 +62,8 @@ class Registry:
         """Deletion, its flush requests, the persistence marks, the release of a parent's log."""
         self.forks = ForkSteps(self.state, self.logs, self.store, self.deletion)
         """The fork steps, which ``forks`` composes (patch them here to reach a fork's path)."""
+        self.merges = MergeSteps(self.state, self.store)
+        """The merge and select steps, which ``merges`` composes."""
 
     @property
     def redis(self) -> Redis | RedisCluster:
@@ -130,6 +134,11 @@ class Registry:
         running session at its last completed turn. ``SESSION_NOT_FOUND`` if never created.
         """
         return self.store.last_turn_end(session_id)
+
+    def state_of(self, session_id: str) -> SessionState:
+        """Where a session stands (``SessionState``: live, merged, abandoned, disposed or deleted),
+        in one read. ``SESSION_NOT_FOUND`` if never created (or gone for good)."""
+        return self.store.state_of(session_id)
 
     def exists(self, session_id: str) -> bool:
         """True for a live or disposed session; False when never created or deleted."""

@@ -1,4 +1,4 @@
-"""``ForkSpec``: one fork, as every layer under the edge takes it.
+"""``ForkSpec``, ``MergeSpec``, ``SelectSpec``: one operation each, as every layer under the edge takes it.
 
 A spec is built once where a fork enters: the worker's request parser (``protocol.requests.spec_of``,
 from a request checked by ``parse``) and the library's ``forks.fork``/``forks.fork_many`` (their
@@ -11,10 +11,11 @@ new fork option is a field here, its check at the two edges, and the script that
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import msgspec
 
-from .wire import LiveHandle, NewEvent, Summary
+from .wire import LiveHandle, NewEvent, Summary, ref_id
 
 Edits = tuple[tuple[NewEvent, ...], ...]
 """Each child's edits, by position: empty (no child has any), or one tuple per child id."""
@@ -55,3 +56,43 @@ class ForkSpec(msgspec.Struct, frozen=True, kw_only=True):
         if ids == self.child_ids:
             return self
         return msgspec.structs.replace(self, child_ids=ids)
+
+
+class MergeSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A merge of ``child`` into ``parent`` (an ancestor of it), trusted by the core's steps.
+
+    ``mode``: ``"summary"`` (one ``session/summary`` event holding ``summary``) or ``"events"``
+    (the range's events, renumbered, each with its provenance). ``from_seq``/``to_seq``: the
+    child's events to merge (``None``: its own events after its seed up to its last completed
+    turn). ``if_parent_length``/``if_child_length``: guards. ``request_id``: the idempotency key
+    (``""``: none, each call merges anew unless the same range was merged already).
+    """
+
+    parent: str | LiveHandle
+    child: str
+    mode: str
+    summary: Any = None
+    from_seq: int | None = None
+    to_seq: int | None = None
+    if_parent_length: int | None = None
+    if_child_length: int | None = None
+    request_id: str = ""
+    traceparent: str | None = None
+
+    @property
+    def parent_id(self) -> str:
+        """The parent's session id (of a plain id or a live handle)."""
+        return ref_id(self.parent)
+
+
+class SelectSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Best of N: ``merge`` (the winner's merge into the parent) and the other ``candidates``
+    (distinct, the winner among them), abandoned in the same request."""
+
+    merge: MergeSpec
+    candidates: tuple[str, ...]
+
+    @property
+    def losers(self) -> tuple[str, ...]:
+        """The candidates other than the winner, in request order."""
+        return tuple(c for c in self.candidates if c != self.merge.child)

@@ -93,6 +93,36 @@ class Event(msgspec.Struct):
     """Its other fields, as appended."""
 
 
+class MergedInto(msgspec.Struct, rename="camel", frozen=True, kw_only=True):
+    """Where a session's latest merge landed: the ancestor, the merge's first seq there, the request."""
+
+    session: str
+    """The ancestor merged into."""
+    seq: int
+    """The seq of the merge's ``turn/start`` in it."""
+    request_id: str
+    """The request that merged it (``""``: a library call without one)."""
+
+
+SessionStateName: TypeAlias = Literal["live", "merged", "abandoned", "disposed", "deleted"]
+
+
+class SessionState(msgspec.Struct, rename="camel", frozen=True, kw_only=True, omit_defaults=True):
+    """Where a session stands: ``live``, ``merged`` (into an ancestor: ``mergedInto``; still live
+    until its branch TTL disposes it), ``abandoned`` (by a select: ``abandonedBy``), ``disposed``
+    or ``deleted`` (a tombstone its descendants keep). The first that holds, in this order:
+    deleted, disposed, abandoned, merged, live."""
+
+    id: str
+    """The session's id."""
+    state: SessionStateName
+    """Its state."""
+    merged_into: MergedInto | UnsetType = UNSET
+    """Its latest merge (kept once disposed)."""
+    abandoned_by: str | UnsetType = UNSET
+    """The select request that abandoned it."""
+
+
 class SeedMeta(msgspec.Struct, rename="camel", frozen=True):
     """Lineage of a snapshot: what a child forked from it records in its header."""
 
@@ -226,6 +256,8 @@ class ForkRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, om
     ``session_id``, ``session_ids``, ``count`` and ``edits``)."""
     summary: Summary | UnsetType = UNSET
     """Seed the children with a summary of the source's events before ``keepFrom`` (``Summary``)."""
+    op: Literal["fork"] | UnsetType = UNSET
+    """The operation: ``"fork"``, or absent (a request without ``op`` is a fork)."""
 
     @property
     def source_id(self) -> str:
@@ -322,8 +354,225 @@ Reply: TypeAlias = ForkResult | ForkFailure
 """The one reply a fork request gets: ``ForkResult`` or ``ForkFailure`` (narrow with
 ``isinstance``, or with ``if reply.ok:`` to a ``ForkResult``)."""
 
+MergeMode: TypeAlias = Literal["summary", "events"]
+"""How a merge brings a child's events back: one ``session/summary`` event carrying the request's
+``summary``, or the range's events themselves, renumbered, each with its provenance."""
+
+
+class MergeRange(msgspec.Struct, rename="camel", forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Seqs ``fromSeq..toSeq`` (both inclusive) of a child's own events (after its seed)."""
+
+    from_seq: int
+    """The first event merged (a seq of the child's, at or past its ``seedLength``)."""
+    to_seq: int
+    """The last event merged: it must end a turn, or lie between turns."""
+
+
+class MergeRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    """A merge request (``"op": "merge"``): bring ``child``'s events back into ``parent``, one of
+    its ancestors, as one turn. Unknown fields are rejected."""
+
+    op: Literal["merge"]
+    """Always ``"merge"``."""
+    parent: str | LiveHandle
+    """The session merged into: an id, or a live handle (that live incarnation only)."""
+    child: str
+    """The session merged from: its ``parentSession`` chain must reach ``parent``."""
+    mode: MergeMode
+    """``"summary"`` (one event carrying ``summary``) or ``"events"`` (the range's events)."""
+    request_id: str | UnsetType = UNSET
+    """The idempotency key and RQ job id (the clients generate ``req-<uuid4>`` when absent)."""
+    summary: Any = UNSET
+    """Mode ``summary`` only, and required there: the summary, any JSON but ``null``."""
+    range: MergeRange | UnsetType = UNSET
+    """The child's events to merge (default: its own events after its seed up to its last
+    completed turn)."""
+    if_parent_length: int | UnsetType = UNSET
+    """Merge only if the parent's log has exactly this many events (``PRECONDITION_FAILED``)."""
+    if_child_length: int | UnsetType = UNSET
+    """Merge only if the child's log has exactly this many events (``PRECONDITION_FAILED``)."""
+    reply_to: str | UnsetType = UNSET
+    """The reply channel (default ``sf:replies``)."""
+    traceparent: str | UnsetType = UNSET
+    """W3C trace context of the scheduler (set by the clients when OpenTelemetry is installed)."""
+
+
+class SelectRequest(msgspec.Struct, rename="camel", forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    """A select request (``"op": "select"``): best of N. ``winner`` is merged into ``parent`` as a
+    merge request would merge it, and every other candidate is marked abandoned, in one request
+    with one outcome. Unknown fields are rejected."""
+
+    op: Literal["select"]
+    """Always ``"select"``."""
+    parent: str | LiveHandle
+    """The session the winner is merged into."""
+    candidates: list[str]
+    """The branches compared (distinct ids, the winner among them)."""
+    winner: str
+    """The candidate merged; the others are abandoned."""
+    mode: MergeMode
+    """As a merge's: ``"summary"`` or ``"events"``."""
+    request_id: str | UnsetType = UNSET
+    """The idempotency key and RQ job id."""
+    summary: Any = UNSET
+    """As a merge's (mode ``summary``: required)."""
+    range: MergeRange | UnsetType = UNSET
+    """The winner's events to merge (default as a merge's)."""
+    if_parent_length: int | UnsetType = UNSET
+    """Select only if the parent's log has exactly this many events."""
+    if_child_length: int | UnsetType = UNSET
+    """Select only if the winner's log has exactly this many events."""
+    reply_to: str | UnsetType = UNSET
+    """The reply channel (default ``sf:replies``)."""
+    traceparent: str | UnsetType = UNSET
+    """W3C trace context of the scheduler."""
+
+
+AnyRequest: TypeAlias = ForkRequest | MergeRequest | SelectRequest
+"""A request of any operation, as the queue carries it."""
+
+
+class MergedFrom(msgspec.Struct, rename="camel", frozen=True, kw_only=True):
+    """Where merged events came from: the child and its seqs ``fromSeq..toSeq``."""
+
+    session: str
+    """The child merged from."""
+    from_seq: int
+    """The first of its events merged."""
+    to_seq: int
+    """The last of its events merged."""
+
+
+class MergeResult(msgspec.Struct, tag="merge/result", tag_field="type", rename="camel", kw_only=True):
+    """The reply when a merge landed (the wire's ``merge/result``)."""
+
+    request_id: str
+    """The request this answers."""
+    ok: Literal[True] = True
+    """Always true."""
+    parent: str
+    """The session merged into."""
+    length: int
+    """The parent's length after the merge."""
+    from_seq: int
+    """The parent's seq of the merge's ``turn/start``."""
+    to_seq: int
+    """The parent's seq of the merge's ``turn/end`` (``length - 1`` when nothing came after it)."""
+    merged_from: MergedFrom
+    """The child and the range of its events merged."""
+
+
+class MergeFailure(msgspec.Struct, tag="merge/error", tag_field="type", rename="camel", kw_only=True):
+    """The reply when a merge wrote nothing (the wire's ``merge/error``): ``code`` says why."""
+
+    request_id: str
+    """The request this answers."""
+    ok: Literal[False] = False
+    """Always false: nothing was written."""
+    code: str
+    """An ``ErrorCode`` value (``NOT_DESCENDANT``, ``ALREADY_MERGED``, ``OPEN_TURN``, ...)."""
+    message: str
+    """What went wrong, for people."""
+
+
+class SelectResult(msgspec.Struct, tag="select/result", tag_field="type", rename="camel", kw_only=True):
+    """The reply when a select merged its winner and abandoned the other candidates
+    (the wire's ``select/result``)."""
+
+    request_id: str
+    """The request this answers."""
+    ok: Literal[True] = True
+    """Always true."""
+    parent: str
+    """The session the winner was merged into."""
+    winner: str
+    """The candidate merged."""
+    abandoned: list[str]
+    """The other candidates, now abandoned, in request order."""
+    length: int
+    """The parent's length after the merge."""
+    from_seq: int
+    """The parent's seq of the merge's ``turn/start``."""
+    to_seq: int
+    """The parent's seq of the merge's ``turn/end``."""
+    merged_from: MergedFrom
+    """The winner and the range of its events merged."""
+
+
+class SelectFailure(msgspec.Struct, tag="select/error", tag_field="type", rename="camel", kw_only=True):
+    """The reply when a select changed nothing (the wire's ``select/error``): ``code`` says why."""
+
+    request_id: str
+    """The request this answers."""
+    ok: Literal[False] = False
+    """Always false: nothing was written, no candidate abandoned."""
+    code: str
+    """An ``ErrorCode`` value (``ALREADY_MERGED`` for a stale selection, ...)."""
+    message: str
+    """What went wrong, for people."""
+
+
+MergeReply: TypeAlias = MergeResult | MergeFailure
+"""The one reply a merge request gets (``if reply.ok:`` narrows to ``MergeResult``)."""
+SelectReply: TypeAlias = SelectResult | SelectFailure
+"""The one reply a select request gets (``if reply.ok:`` narrows to ``SelectResult``)."""
+Outcome: TypeAlias = ForkResult | ForkFailure | MergeResult | MergeFailure | SelectResult | SelectFailure
+"""The one outcome of any request (fork, merge or select)."""
+FAILURES: Final[dict[str, type[ForkFailure | MergeFailure | SelectFailure]]] = {
+    "fork": ForkFailure, "merge": MergeFailure, "select": SelectFailure}
+"""Each operation's failure reply type, by the request's ``op``."""
+
+
+def op_of(request: AnyRequest) -> str:
+    """The request's operation: ``"fork"``, ``"merge"`` or ``"select"``."""
+    return "fork" if isinstance(request, ForkRequest) else request.op
+
+
+def failure(op: str, request_id: str, code: str, message: str) -> ForkFailure | MergeFailure | SelectFailure:
+    """The failure reply of an ``op`` request (``fork/error``, ``merge/error``, ``select/error``)."""
+    return FAILURES.get(op, ForkFailure)(request_id=request_id, code=code, message=message)
+
+
+class _Op(msgspec.Struct):
+    op: Any = UNSET
+
+
 _request_decoder = msgspec.json.Decoder(ForkRequest)
-_reply_decoder: msgspec.json.Decoder[ForkResult | ForkFailure] = msgspec.json.Decoder(Reply)
+_merge_decoder = msgspec.json.Decoder(MergeRequest)
+_select_decoder = msgspec.json.Decoder(SelectRequest)
+_op_decoder = msgspec.json.Decoder(_Op)
+_reply_decoder: msgspec.json.Decoder[Outcome] = msgspec.json.Decoder(Outcome)
+
+
+def request_op(raw: bytes | str) -> str:
+    """The ``op`` of a request's JSON: ``"fork"`` when absent (every request before merges),
+    ``"merge"`` or ``"select"``; ``INVALID_REQUEST`` for any other value. A request that is not a
+    JSON object answers ``"fork"`` (its decoding says what is wrong)."""
+    if (b'"op"' not in raw) if isinstance(raw, bytes) else ('"op"' not in raw):
+        return "fork"  # the common case: no field, no second decode
+    try:
+        op = _op_decoder.decode(raw).op
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return "fork"
+    if op is UNSET or op == "fork":
+        return "fork"
+    if op in ("merge", "select"):
+        return str(op)
+    raise errors.invalid(f"invalid request: unknown op {rules.echo(op)} (expected fork, merge or select)")
+
+
+def decode_any_request(raw: bytes | str) -> AnyRequest:
+    """Decode a request of any operation (``request_op``), as ``decode_request`` decodes a fork."""
+    op = request_op(raw)
+    if op == "fork":
+        return decode_request(raw)
+    decoder: msgspec.json.Decoder[Any] = _merge_decoder if op == "merge" else _select_decoder
+    try:
+        return decoder.decode(raw)  # type: ignore[no-any-return]
+    except msgspec.ValidationError as exc:
+        raise errors.invalid(f"invalid {op} request: {exc}") from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise errors.invalid(_bad_text(raw) or f"invalid request: not JSON ({exc})") from None
 
 
 def decode_request(raw: bytes | str) -> ForkRequest:
@@ -400,19 +649,24 @@ def _surrogate(value: str) -> str | None:
     return None
 
 
-def decode_reply(raw: bytes | str) -> Reply:
+def decode_reply(raw: bytes | str) -> Outcome:
+    """Any request's outcome from its JSON (a fork's, a merge's or a select's)."""
     return _reply_decoder.decode(raw)
 
 
 IDENTITY_FIELDS: Final = ("source", "sessionId", "count", "sessionIds", "boundary", "ifLength", "edits",
-                          "variants", "summary")
+                          "variants", "summary", "op", "parent", "child", "mode", "range", "ifParentLength",
+                          "ifChildLength", "candidates", "winner")
 """The wire names of the fields that make two requests under one request id "the same", in order.
 ``protocol/scripts/enqueue.lua`` lists the same names (``FIELDS``; a test pins the two, and a property
 test runs the script against ``identity`` on random requests). ``identity`` is the one Python
 definition: both clients (``digest``, to read the outcome) and the worker (``digest`` and
 ``identity``, kept with the claim) use it."""
-_IDENTITY_ATTRS: Final = tuple(f.name for name in IDENTITY_FIELDS for f in msgspec.structs.fields(ForkRequest)
-                               if f.encode_name == name)
+_IDENTITY_ATTRS: Final = {
+    kind: tuple(next((f.name for f in msgspec.structs.fields(kind) if f.encode_name == name), "")
+                for name in IDENTITY_FIELDS)
+    for kind in (ForkRequest, MergeRequest, SelectRequest)}
+"""Each request type's attribute for each identity field (``""``: the type has none)."""
 
 
 IDENTITY_KEPT: Final = 4
@@ -421,7 +675,7 @@ IDENTITY_KEPT: Final = 4
 _canonical = msgspec.json.Encoder(order="deterministic")  # object keys sorted: edits in any key order
 
 
-def identity(request: ForkRequest) -> bytes:
+def identity(request: AnyRequest) -> bytes:
     """What makes two requests under one request id "the same", as JSON: the values of
     ``IDENTITY_FIELDS`` (``null`` when absent) with object keys sorted, trailing absent fields
     after the first four left out (a request without ``boundary``, ``ifLength``, ``edits`` and
@@ -431,12 +685,14 @@ def identity(request: ForkRequest) -> bytes:
     elsewhere, or run in another trace). The worker keeps it in the request's record, where the
     enqueue script compares it.
     """
-    fields = [getattr(request, attr) for attr in _IDENTITY_ATTRS]
+    fields = [getattr(request, attr) if attr else UNSET for attr in _IDENTITY_ATTRS[type(request)]]
+    if isinstance(request, ForkRequest):
+        fields[IDENTITY_FIELDS.index("op")] = UNSET  # "op": "fork" is a fork without op: the same request
     while len(fields) > IDENTITY_KEPT and fields[-1] is UNSET:
         fields.pop()
     return _canonical.encode([None if f is UNSET else f for f in fields])
 
 
-def digest(request: ForkRequest) -> str:
+def digest(request: AnyRequest) -> str:
     """The sha256 of ``identity(request)``: equal digests, same request."""
     return hashlib.sha256(identity(request)).hexdigest()

@@ -16,7 +16,8 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from ..core import rules
-from ..core.wire import ForkFailure, ForkResult, Reply
+from ..core.wire import ForkResult, MergeFailure, MergeResult, Outcome, SelectFailure, SelectResult
+from ..protocol.outcomes import code_of
 
 log = logging.getLogger("sessionfork.outcome")
 _request_source = msgspec.json.Decoder(dict[str, Any])
@@ -35,6 +36,8 @@ class Observer:
         labels = {} if shard is None else {"shard": str(shard)}
         self.forks = Counter("sessionfork_forks", "Fork requests by outcome code", ["code", *labels],
                              registry=self.registry)
+        self.merges = Counter("sessionfork_merges", "Merge and select requests by op and outcome code",
+                              ["op", "code", *labels], registry=self.registry)
         self.duration = Histogram("sessionfork_fork_duration_seconds", "Time to run one request to its outcome",
                                   list(labels), registry=self.registry,
                                   buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5))
@@ -49,6 +52,7 @@ class Observer:
                             list(labels), registry=self.registry)
         if labels:  # the children bound once: the hot path below stays as without shards
             self.forks = _Bound(self.forks, labels)  # type: ignore[assignment]
+            self.merges = _Bound(self.merges, labels)  # type: ignore[assignment]
             self.duration = self.duration.labels(**labels)
             self.seed_length = self.seed_length.labels(**labels)
             self.children = self.children.labels(**labels)
@@ -59,16 +63,20 @@ class Observer:
         if paused is not None:
             self.paused.set_function(lambda: float(paused()))
 
-    def __call__(self, request_id: str, payload: str, reply: Reply, seconds: float) -> None:
-        code = reply.code if isinstance(reply, ForkFailure) else "OK"
-        self.forks.labels(code=code).inc()
+    def __call__(self, request_id: str, payload: str, reply: Outcome, seconds: float) -> None:
+        code = code_of(reply)
+        op = _OPS.get(type(reply), "fork")
+        if op == "fork":
+            self.forks.labels(code=code).inc()
+        else:
+            self.merges.labels(op=op, code=code).inc()
         self.duration.observe(seconds)
         made = _children(reply)
         self.children.observe(len(made))
         for child in made:
             self.seed_length.observe(0 if child.seed_length is msgspec.UNSET else child.seed_length)
-        log.info("fork %s", code, extra={
-            "requestId": request_id, "op": "fork", "source": _source(payload), "children": [c.id for c in made],
+        log.info("%s %s", op, code, extra={
+            "requestId": request_id, "op": op, "source": _source(payload), "children": [c.id for c in made],
             "code": code, "durationMs": round(seconds * 1000, 3)})
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
@@ -85,7 +93,10 @@ class _Bound:
         return self._counter.labels(**labels, **self._fixed)
 
 
-def _children(reply: Reply) -> list[Any]:
+_OPS: dict[type, str] = {MergeResult: "merge", MergeFailure: "merge", SelectResult: "select", SelectFailure: "select"}
+
+
+def _children(reply: Outcome) -> list[Any]:
     if isinstance(reply, ForkResult):
         if reply.session is not msgspec.UNSET:
             return [reply.session]

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from ..core import keys, wire
-from ..core.wire import ForkFailure, ForkResult
+from ..core.wire import ForkFailure, ForkResult, MergeFailure, MergeResult, SelectFailure, SelectResult
 from ..protocol.outcomes import stream_entry
 
 _COLOURS = {"OK": "green", "OPEN_TURN": "yellow", "INVALID_BOUNDARY": "yellow", "SESSION_ALREADY_EXISTS": "yellow",
@@ -37,7 +37,7 @@ class Outcome(msgspec.Struct, rename="camel", kw_only=True):
     request_id: str
     code: str
     duration_us: int
-    reply: wire.ForkResult | wire.ForkFailure
+    reply: wire.Outcome
     latency_us: int = 0
     shard: int | msgspec.UnsetType = msgspec.UNSET
     """The shard whose stream holds it (a sharded queue only)."""
@@ -125,8 +125,12 @@ def format_line(outcome: Outcome, style: Any = None) -> str:
     when = datetime.fromtimestamp(outcome.time / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
     code = outcome.code if style is None else style(outcome.code.ljust(22), fg=_COLOURS.get(outcome.code, "cyan"))
     reply = outcome.reply
-    if isinstance(reply, ForkFailure):
+    if isinstance(reply, ForkFailure | MergeFailure | SelectFailure):
         detail = reply.message
+    elif isinstance(reply, SelectResult):
+        detail = f"{reply.winner} -> {reply.parent} @{reply.from_seq}, abandoned {len(reply.abandoned)}"
+    elif isinstance(reply, MergeResult):
+        detail = f"{reply.merged_from.session} -> {reply.parent} @{reply.from_seq}"
     elif isinstance(reply, ForkResult) and reply.session is not msgspec.UNSET:
         detail = f"{reply.session.id} <- {reply.session.parent_session} (seed {reply.session.seed_length})"
     elif isinstance(reply, ForkResult) and reply.sessions is not msgspec.UNSET:

@@ -18,7 +18,7 @@ from redis import Redis
 
 from ..core import keys, records, wire
 from ..core.errors import ErrorCode
-from ..core.wire import ForkFailure, Reply
+from ..core.wire import ForkFailure, MergeFailure, Outcome, SelectFailure
 
 DIGEST_CHARS = 32
 """A request digest is kept as its first 32 hex digits (128 bits): enough to tell two requests
@@ -30,9 +30,9 @@ def short_digest(digest: str) -> str:
     return digest[:DIGEST_CHARS + (8 if digest.startswith("invalid:") else 0)]
 
 
-def code_of(reply: Reply) -> str:
+def code_of(reply: Outcome) -> str:
     """``OK`` for a result, the error code for a failure: the outcome stream's ``code`` field."""
-    return reply.code if isinstance(reply, ForkFailure) else "OK"
+    return reply.code if isinstance(reply, ForkFailure | MergeFailure | SelectFailure) else "OK"
 
 
 SHOWN_ID_MAX = 256
@@ -86,11 +86,13 @@ def stream_entry(fields: Mapping[Any, Any]) -> dict[str, bytes]:
     return out
 
 
-def verdict(request_id: str, fields: Sequence[bytes | str | None], digest: str | None) -> Reply | None:
+def verdict(request_id: str, fields: Sequence[bytes | str | None], digest: str | None,
+            op: str = "fork") -> Outcome | None:
     """The answer a request with ``digest`` gets from its record's ``OUTCOME_FIELDS``, or ``None``
     (not answered yet). The one verdict of the sync and the asyncio clients.
 
-    ``IDEMPOTENCY_CONFLICT`` when the id was claimed by a request with another digest; else the
+    ``IDEMPOTENCY_CONFLICT`` (the failure type of the request's ``op``: ``fork/error``,
+    ``merge/error``, ``select/error``) when the id was claimed by a request with another digest; else the
     stored outcome, when it is this request id's. A reply seen on a channel is never an answer: it
     only wakes the waiter, which then reads the record (anyone may publish on a channel).
     """
@@ -98,7 +100,7 @@ def verdict(request_id: str, fields: Sequence[bytes | str | None], digest: str |
     stored = None if stored_digest is None else wire.text(stored_digest)
     # An "invalid:" digest marks a request refused before it was understood: its outcome stands.
     if digest is not None and stored and not stored.startswith("invalid:") and stored != short_digest(digest):
-        return conflict(request_id)
+        return conflict(request_id, op)
     reply = records.decode_outcome(request_id, outcome)
     return reply if reply is not None and reply.request_id == request_id else None
 
@@ -118,11 +120,12 @@ def addressee(data: Any) -> str | None:
         return None  # not a reply: anyone may publish on a channel
 
 
-def read_outcome(redis: Redis, request_id: str, digest: str | None) -> Reply | None:
+def read_outcome(redis: Redis, request_id: str, digest: str | None, op: str = "fork") -> Outcome | None:
     """``verdict`` on the record read now (sync I/O; the asyncio client reads the same fields)."""
-    return verdict(request_id, redis.hmget(keys.request(request_id), list(OUTCOME_FIELDS)), digest)
+    return verdict(request_id, redis.hmget(keys.request(request_id), list(OUTCOME_FIELDS)), digest, op)
 
 
-def conflict(request_id: str) -> ForkFailure:
-    return ForkFailure(request_id=request_id, code=ErrorCode.IDEMPOTENCY_CONFLICT.value,
-                       message=f'request id "{request_id}" was already used for a different request')
+def conflict(request_id: str, op: str = "fork") -> ForkFailure | MergeFailure | SelectFailure:
+    """The ``IDEMPOTENCY_CONFLICT`` reply of an ``op`` request whose id another request used."""
+    return wire.failure(op, request_id, ErrorCode.IDEMPOTENCY_CONFLICT.value,
+                        f'request id "{request_id}" was already used for a different request')

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypedDict
+from typing import Any, Final, TypedDict, TypeVar, cast
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -20,6 +20,8 @@ from ..core.specs import ForkSpec
 from ..core.wire import ForkRequest, LiveHandle, NewEvent
 
 MAX_CHANNEL_LENGTH = 256
+R = TypeVar("R", bound=wire.AnyRequest)
+"""A request of any operation, as the clients build and send it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,18 +140,20 @@ def build(source: str | LiveHandle, options: ForkOptions, new_id: Callable[[], s
                        edits=_edits(options.get("edits")), variants=wire_variants, summary=given("summary"))
 
 
-def checked(request: object, *, to_wait: bool = False) -> ForkRequest:
-    """``request`` if it is a ``ForkRequest`` (and, ``to_wait``, has its request id: a waiter reads
-    the outcome stored under it); ``INVALID_REQUEST`` otherwise, before any I/O."""
-    if not isinstance(request, ForkRequest):
-        raise errors.invalid(f"expected a ForkRequest (as the client's request() builds), not {type(request).__name__}")
+def checked(request: R, *, to_wait: bool = False) -> R:
+    """``request`` if it is a ``ForkRequest``, ``MergeRequest`` or ``SelectRequest`` (and,
+    ``to_wait``, has its request id: a waiter reads the outcome stored under it); ``INVALID_REQUEST``
+    otherwise, before any I/O."""
+    if not isinstance(request, ForkRequest | wire.MergeRequest | wire.SelectRequest):
+        raise errors.invalid("expected a ForkRequest, MergeRequest or SelectRequest (as the client's request(), "
+                             f"merge_request() or select_request() builds), not {type(request).__name__}")
     if to_wait and not isinstance(request.request_id, str):
         raise errors.invalid("a request without a request id cannot be waited for: build it with the client's "
                              "request(), which gives it one")
     return request
 
 
-def waited(request: object, reply_to: str | None = None) -> tuple[ForkRequest, str | None]:
+def waited(request: object, reply_to: str | None = None) -> tuple[wire.AnyRequest, str | None]:
     """What both clients' ``wait`` waits for, and the digest that tells a conflict: a request
     (``checked``, ``to_wait``) and its digest; or, for a request id alone (a request submitted
     elsewhere), a request of that id woken on ``reply_to`` and no digest (no request to tell a
@@ -158,11 +162,11 @@ def waited(request: object, reply_to: str | None = None) -> tuple[ForkRequest, s
     if isinstance(request, str):
         rid = rules.check_request_id(request, "request id")
         return ForkRequest(source="", request_id=rid, reply_to=reply_to or UNSET), None
-    request = checked(request, to_wait=True)
+    request = checked(cast(wire.AnyRequest, request), to_wait=True)
     return request, wire.digest(request)
 
 
-def prepare(request: object, new_id: Callable[[], str]) -> tuple[ForkRequest, bytes]:
+def prepare(request: R, new_id: Callable[[], str]) -> tuple[R, bytes]:
     """A request ready to enqueue, and its JSON: given a request id (``new_id()``) when it has
     none, that id checked, the request encoded. ``INVALID_REQUEST`` for anything but a
     ``ForkRequest``, a bad request id or a request that cannot be sent as JSON (e.g. a non-UTF-8
@@ -199,7 +203,7 @@ def wait_bound(timeout: object) -> float:
     return float(timeout)
 
 
-def reply_channel(request: ForkRequest, default: str) -> str:
+def reply_channel(request: wire.AnyRequest, default: str) -> str:
     """The channel a request's outcome is announced on: its ``replyTo``, else ``default`` (the
     settings' reply channel). The one rule of the clients (where they listen) and the worker
     (where it publishes)."""
@@ -213,10 +217,7 @@ def parse(payload: str | bytes, job_id: str, limits: Limits) -> ForkRequest:
     if len(raw) > limits.max_request_bytes:
         raise errors.invalid(f"request is {len(raw)} bytes, over the limit of {limits.max_request_bytes}")
     request = wire.decode_request(raw)
-    rules.check_request_id(job_id, "requestId (the RQ job id)")
-    if request.request_id is not UNSET and request.request_id != job_id:
-        raise errors.invalid(f"requestId {rules.echo(request.request_id)} does not match the job id "
-                             f"{rules.echo(job_id)}")
+    check_envelope(request, job_id)
     rules.check_id(request.source_id, "source")
     if isinstance(request.source, LiveHandle) and not request.source.instance:
         raise errors.invalid("invalid source: a live handle needs a non-empty instance")
@@ -250,12 +251,21 @@ def parse(payload: str | bytes, job_id: str, limits: Limits) -> ForkRequest:
     for field, value in named:
         if len(value) > limits.max_id_length:
             raise errors.invalid(f"invalid {field}: {len(value)} characters, over the limit of {limits.max_id_length}")
+    return request
+
+
+def check_envelope(request: wire.AnyRequest, job_id: str) -> None:
+    """What every request's ``parse`` checks first, whatever its op: the job id, a ``requestId``
+    that matches it, ``replyTo`` and ``traceparent`` (``INVALID_REQUEST`` naming the field)."""
+    rules.check_request_id(job_id, "requestId (the RQ job id)")
+    if request.request_id is not UNSET and request.request_id != job_id:
+        raise errors.invalid(f"requestId {rules.echo(request.request_id)} does not match the job id "
+                             f"{rules.echo(job_id)}")
     if request.reply_to is not UNSET and not is_valid_channel(request.reply_to):
         raise errors.invalid(f"invalid replyTo: expected 1-{MAX_CHANNEL_LENGTH} printable ASCII characters")
     if request.traceparent is not UNSET and not rules.is_valid_traceparent(request.traceparent):
         raise errors.invalid("invalid traceparent: expected a W3C traceparent "
                              "(version-traceid-parentid-flags, lowercase hex)")
-    return request
 
 
 def _check_variants(variants: list[wire.Variant] | UnsetType, limits: Limits) -> list[tuple[str, str]]:

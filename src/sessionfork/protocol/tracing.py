@@ -24,7 +24,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from ..core import rules
-from ..core.wire import ForkFailure, ForkResult, Reply
+from ..core.wire import ForkFailure, ForkResult, MergeFailure, Outcome, SelectFailure
 from .outcomes import code_of
 
 SPAN_NAME = "sessionfork fork"
@@ -73,7 +73,7 @@ class RequestSpan:
     def __init__(self, span: Any = None, otel: _Otel | None = None) -> None:
         self._span, self._otel = span, otel
 
-    def finish(self, reply: Reply) -> None:
+    def finish(self, reply: Outcome) -> None:
         if self._span is None or self._otel is None:
             return
         children: list[str] = []
@@ -86,7 +86,7 @@ class RequestSpan:
                 self._span.set_attribute("sessionfork.failed_ids", [f.session_id for f in reply.failed])
         self._span.set_attribute("sessionfork.child_ids", children)
         self._span.set_attribute("sessionfork.outcome", code_of(reply))
-        if isinstance(reply, ForkFailure):
+        if isinstance(reply, ForkFailure | MergeFailure | SelectFailure):
             self._span.set_status(self._otel.trace.Status(self._otel.trace.StatusCode.ERROR, reply.code))
 
 

@@ -30,7 +30,7 @@ from rq.job import Job
 
 from ..core import retention
 from ..core.factories import now_ms
-from ..core.wire import Reply
+from ..core.wire import Outcome
 from . import jobs
 from .rq_seam.entries import EntryRefused, ForkJob
 from .rq_seam.riders import JobFinish, JobStart
@@ -54,7 +54,7 @@ class ForkWorker(SeamWorker):
 
     def __init__(self, queues: list[Queue], *, service: ForkService, abandoned_after: int,
                  job_ttl: int | None = None, retention: int = 0, delete_after_persist: bool = False,
-                 on_outcome: Callable[[str, str, Reply, float], None] | None = None,
+                 on_outcome: Callable[[str, str, Outcome, float], None] | None = None,
                  **kwargs: Any) -> None:
         super().__init__(queues, serializer=jobs.JSONSerializer, job_class=ForkJob, **kwargs)
         self.service = service
@@ -135,7 +135,7 @@ class ForkWorker(SeamWorker):
             log.info("retention: deleted %d disposed session(s), %d bytes freed", len(swept),
                      sum(s.bytes for s in swept))
 
-    def _observe(self, request_id: str, payload: str, reply: Reply, seconds: float) -> None:
+    def _observe(self, request_id: str, payload: str, reply: Outcome, seconds: float) -> None:
         if self.on_outcome is None:
             return
         try:

@@ -15,7 +15,7 @@ from redis import Redis
 from ..core import keys, lua, records, wire
 from ..core.errors import ErrorCode
 from ..core.snapshots import Snapshot
-from ..core.wire import ForkFailure, Reply
+from ..core.wire import ForkFailure, Outcome
 from ..protocol.outcomes import OUTCOME_NAMES, code_of, short_digest, shown_id
 
 log = logging.getLogger("sessionfork.outcomes")
@@ -53,7 +53,7 @@ class Then(Protocol):
 
     redis: Any
 
-    def add(self, pipe: Any, reply: Reply) -> None: ...
+    def add(self, pipe: Any, reply: Outcome) -> None: ...
 
     def done(self, replies: list[Any]) -> None: ...
 
@@ -67,7 +67,7 @@ class Claim:
     state: str  # NEW | RESUME | DONE | CONFLICT
     children: tuple[str, ...] = ()
     snapshot: Snapshot | None = None
-    outcome: Reply | None = None
+    outcome: Outcome | None = None
 
 
 class Outcomes:
@@ -82,7 +82,7 @@ class Outcomes:
         self.stream_maxlen = stream_maxlen
         self._scripts = lua.Scripts(redis, SCRIPTS)
 
-    def claim_op(self, request_id: str, request: wire.ForkRequest, children: Sequence[str]) -> lua.Op:
+    def claim_op(self, request_id: str, request: wire.AnyRequest, children: Sequence[str]) -> lua.Op:
         """The claim of ``request_id`` for ``request`` (its digest and identity, kept for the
         any-language enqueue's conflict check), planning ``children`` if new, as an op for
         ``lua.run``; ``claim_of`` reads its result."""
@@ -118,8 +118,8 @@ class Outcomes:
         raw = self.redis.hget(keys.request(request_id), "children")
         return [] if raw is None else list(_ids.decode(raw))
 
-    def record(self, reply: Reply, channel: str, *, digest: str = "", duration_us: int = 0,
-               latency_us: int = 0, key: str | bytes | None = None, then: Then | None = None) -> Reply:
+    def record(self, reply: Outcome, channel: str, *, digest: str = "", duration_us: int = 0,
+               latency_us: int = 0, key: str | bytes | None = None, then: Then | None = None) -> Outcome:
         """Store ``reply`` as the request's outcome unless one is stored; announce it if stored now.
 
         ``key``: the request record, when not ``keys.request(reply.request_id)`` (``refuse``).
@@ -149,7 +149,7 @@ class Outcomes:
                         channel, wire.text(rest[0]))
         return reply
 
-    def _record_then(self, reply: Reply, named: dict[str, Any], then: Then) -> Any:
+    def _record_then(self, reply: Outcome, named: dict[str, Any], then: Then) -> Any:
         """The record script, then ``then``'s commands, in one transaction (``lua.run_loaded``: all
         or nothing, and never ``then``'s without the record on a server that lost its scripts)."""
         try:
@@ -164,7 +164,7 @@ class Outcomes:
         then.done(replies)
         return recorded
 
-    def refuse(self, request_id: str | bytes, reason: str, channel: str) -> Reply:
+    def refuse(self, request_id: str | bytes, reason: str, channel: str) -> Outcome:
         """Record ``INVALID_REQUEST`` for a job or queue entry that is not a fork request.
 
         ``request_id`` is the job id, or a queue entry's raw bytes (any bytes: a newline, a NUL,
@@ -176,7 +176,7 @@ class Outcomes:
         failure = ForkFailure(request_id=shown_id(raw), code=ErrorCode.INVALID_REQUEST.value, message=reason)
         return self.record(failure, channel, digest="invalid:job", key=keys.request("").encode() + raw)
 
-    def get(self, request_id: str) -> Reply | None:
+    def get(self, request_id: str) -> Outcome | None:
         return records.decode_outcome(request_id, self.redis.hmget(keys.request(request_id),
                                                                    list(records.STORED_OUTCOME)))
 

@@ -27,19 +27,22 @@ from typing import Any, Protocol
 
 from msgspec import UNSET
 
-from ..core import errors, forks, rules
+from ..core import errors, forks, merges, rules, wire
 from ..core.config import Settings
 from ..core.errors import ErrorCode, ForkError
 from ..core.factories import new_session_id, now_ms
 from ..core.outages import is_outage
 from ..core.registry import Registry
-from ..core.specs import ForkSpec
-from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, Reply
-from ..protocol import requests, tracing
+from ..core.specs import ForkSpec, MergeSpec, SelectSpec
+from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, Outcome, Reply
+from ..protocol import merge_requests, requests, tracing
 from ..protocol.requests import DEFAULT_LIMITS, Limits
 from ..protocol.shards import shard_of
 from .outcomes import Claim, Outcomes, Then
 from .trip import Part, Trip
+
+Spec = ForkSpec | MergeSpec | SelectSpec
+"""The one spec of a request: a fork's, a merge's or a select's."""
 
 
 class Start(Part, Protocol):
@@ -79,7 +82,7 @@ class ForkService:
         return cls(registry, outcomes, reply_channel=settings.reply_channel, limits=limits, shard=shard)
 
     def handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool = True,
-               enqueued_ms: int | None = None, start: Start | None = None, finish: Then | None = None) -> Reply:
+               enqueued_ms: int | None = None, start: Start | None = None, finish: Then | None = None) -> Outcome:
         """Run one request to its outcome and return the outcome (the first one, on a replay).
 
         ``enqueued_ms`` (epoch ms) lets the outcome stream record the enqueue-to-outcome latency.
@@ -102,16 +105,16 @@ class ForkService:
             return reply
 
     def _handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool,
-                enqueued_ms: int | None, start: Start | None, finish: Then | None) -> Reply:
+                enqueued_ms: int | None, start: Start | None, finish: Then | None) -> Outcome:
         started = self._monotonic()
+        op = "fork"
         try:
             self._check_shard(job_id)  # first: the right shard validates it, and nothing is read here
-            request = requests.parse(payload, job_id, self.limits)
-            spec = requests.spec_of(request, job_id, self._children_of(request))
-            forks.check(self.registry, spec)  # append's rules (event size, JSON), refused as parse refuses
+            op = wire.request_op(payload)
+            request, spec = self._parse(op, payload, job_id)
         except ForkError as exc:
             raw = payload.encode() if isinstance(payload, str) else payload
-            failure = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
+            failure = wire.failure(op, job_id, exc.code.value, exc.message)
             return self.outcomes.record(failure, requests.reply_channel_of(raw, self.reply_channel, self.limits),
                                         digest=requests.invalid_digest(raw))
         channel = requests.reply_channel(request, self.reply_channel)
@@ -123,27 +126,44 @@ class ForkService:
                 # Never announced: the request id's one outcome is the first request's. Its
                 # submitter learns of the conflict from the stored digest (``Client.wait``) or
                 # from the any-language enqueue script (-1); this job just ends with it.
-                return ForkFailure(
-                    request_id=job_id, code=ErrorCode.IDEMPOTENCY_CONFLICT.value,
-                    message=f'request id "{job_id}" was already used for a different request')
-            reply = self._fork(request, spec, claim, looked)
+                return wire.failure(op, job_id, ErrorCode.IDEMPOTENCY_CONFLICT.value,
+                                    f'request id "{job_id}" was already used for a different request')
+            if isinstance(spec, ForkSpec):
+                assert isinstance(request, ForkRequest)
+                reply: Outcome = self._fork(request, spec, claim, looked)
+            else:
+                reply = merge_requests.reply_of(job_id, merges.run(self.registry, spec), isinstance(spec, SelectSpec))
         except ForkError as exc:
-            reply = ForkFailure(request_id=job_id, code=exc.code.value, message=exc.message)
+            reply = wire.failure(op, job_id, exc.code.value, exc.message)
         except Exception as exc:
             if is_outage(exc):
                 raise  # Redis is briefly away or busy: the worker backs off and runs the request again
             if final_attempt:
                 message = f"internal error: {type(exc).__name__}: {exc}"
-                made = self._created_by(spec)
+                made = self._created_by(spec) if isinstance(spec, ForkSpec) else []
                 if made:  # no hidden partial state: say what exists
                     message += f"; created before the failure: {', '.join(made)}"
-                internal = ForkFailure(request_id=job_id, code=ErrorCode.INTERNAL.value, message=message)
+                internal = wire.failure(op, job_id, ErrorCode.INTERNAL.value, message)
                 self.outcomes.record(internal, channel)
             raise
         elapsed = int((self._monotonic() - started) * 1e6)
         latency = 0 if enqueued_ms is None else max(0, (now_ms() - enqueued_ms) * 1000)
         then = finish if start is not None and start.sent else None  # RQ's order: start, then finish
         return self.outcomes.record(reply, channel, duration_us=elapsed, latency_us=latency, then=then)
+
+    def _parse(self, op: str, payload: str | bytes, job_id: str) -> tuple[wire.AnyRequest, Spec]:
+        """The request decoded and validated (``INVALID_REQUEST``), and its one spec, checked
+        against ``append``'s rules (the event size limit is the registry's): a fork's
+        (``requests``, ``forks.check``), or a merge's or select's (``merge_requests``, ``merges.check``)."""
+        if op == "fork":
+            fork = requests.parse(payload, job_id, self.limits)
+            spec = requests.spec_of(fork, job_id, self._children_of(fork))
+            forks.check(self.registry, spec)
+            return fork, spec
+        merge = merge_requests.parse(payload, job_id, self.limits)
+        merge_spec = merge_requests.spec_of(merge, job_id, self.limits)
+        merges.check(self.registry, merge_spec)
+        return merge, merge_spec
 
     def _check_shard(self, request_id: str) -> None:
         """``WRONG_SHARD`` when ``request_id`` lives on another shard than the one served (a producer
@@ -157,26 +177,34 @@ class ForkService:
         if owner != served:
             raise errors.wrong_shard(rules.shown_id(request_id), owner, served, count)
 
-    def _claim(self, request: ForkRequest, spec: ForkSpec,
-               start: Start | None) -> tuple[Claim, ForkSpec, list[Any] | None]:
+    def _claim(self, request: wire.AnyRequest, spec: Spec,
+               start: Start | None) -> tuple[Claim, Spec, list[Any] | None]:
         """Claim the request id in one ``Trip`` on the queue server: the worker's ``start`` at its
-        head (when it goes there and was not sent yet), the claim, then the core's source step
-        when the registry is on that very server (``forks.source_ops``). Returns the claim, the
-        spec for the children the claim planned (an earlier attempt's, on a retry) and the source
-        step's replies, dropped (``None``) when the request is not new: its children were planned
-        by an earlier attempt, and the step runs again for them."""
+        head (when it goes there and was not sent yet), the claim, then, for a fork, the core's
+        source step when the registry is on that very server (``forks.source_ops``). Returns the
+        claim, the spec (a fork's for the children the claim planned: an earlier attempt's, on a
+        retry) and the source step's replies, dropped (``None``) when the request is not new: its
+        children were planned by an earlier attempt, and the step runs again for them. A merge or
+        select plans nothing: its retry is recognised by the parent's merges index."""
         trip = Trip(self.outcomes.redis)
         if start is not None and not start.sent and start.redis is trip.redis:
             trip.add(start)
-        trip.ops([self.outcomes.claim_op(spec.request_id, request, spec.child_ids)])
-        look = forks.source_ops(self.registry, spec, trip.redis)
+        fork = spec if isinstance(spec, ForkSpec) else None
+        trip.ops([self.outcomes.claim_op(self._request_id(spec), request, () if fork is None else fork.child_ids)])
+        look = None if fork is None else forks.source_ops(self.registry, fork, trip.redis)
         if look is not None:
             trip.ops(look)
         (raw,), *looked = trip.run()
-        claim = self.outcomes.claim_of(raw, spec.request_id)
+        claim = self.outcomes.claim_of(raw, self._request_id(spec))
+        if fork is None:
+            return claim, spec, None
         if claim.state != "NEW":
-            return claim, spec.with_children(claim.children), None
-        return claim, spec, looked[0] if looked else None
+            return claim, fork.with_children(claim.children), None
+        return claim, fork, looked[0] if looked else None
+
+    @staticmethod
+    def _request_id(spec: Spec) -> str:
+        return spec.merge.request_id if isinstance(spec, SelectSpec) else spec.request_id
 
     def _fork(self, request: ForkRequest, spec: ForkSpec, claim: Claim, looked: list[Any] | None) -> Reply:
         """The children of a claimed request, from one snapshot, each with its edits: the reply

@@ -1,4 +1,4 @@
--- Enqueue a fork request as an RQ job, once per request id, from any language (the README's
+-- Enqueue a request (a fork, a merge or a select) as an RQ job, once per request id, from any language (the README's
 -- any-language recipe; the Python clients enqueue with it too, as EVALSHA or as FCALL sf_enqueue).
 -- KEYS[1] = rq:job:<request id>, KEYS[2] = rq:queue:<queue>, KEYS[3] = sf:req:<request id>,
 -- KEYS[4] (optional) = rq:queues, the set of queue keys RQ lists (rq info, rq-dashboard)
@@ -6,16 +6,19 @@
 --           (origin, status, created_at, enqueued_at, timeout, retries_left, result_ttl, ...);
 --           without a "data" field, data is the JSON job [sessionfork.jobs.fork, null, [request], {}]
 -- Returns  1 enqueued;
---          0 the same request (same source, sessionId, count, sessionIds, boundary, ifLength, edits,
---            variants and summary; replyTo may differ) is queued or done: its one outcome answers this
---            submission too;
+--          0 the same request (the same values of FIELDS below: a fork's source, sessionId, count,
+--            sessionIds, boundary, ifLength, edits, variants and summary; a merge's or select's op, parent,
+--            child, mode, summary, range, ifParentLength, ifChildLength, candidates and winner; replyTo may
+--            differ) is queued or done: its one outcome answers this submission too;
 --         -1 the request id was used for a different request: IDEMPOTENCY_CONFLICT, nothing
 --            enqueued (and nothing will be announced for this submission);
 --         an error (nothing written) for malformed arguments, keys of the wrong type, or a request JSON
 --            over MAX_REQUEST_BYTES (refused before it is read: no request makes the server BUSY).
 -- The job hash keeps the request's identity digest in field sf_identity, whatever its serializer.
 local FIELDS = {'source', 'sessionId', 'count', 'sessionIds', 'boundary',  -- core/wire.py IDENTITY
-  'ifLength', 'edits', 'variants', 'summary'}
+  'ifLength', 'edits', 'variants', 'summary', 'op', 'parent', 'child', 'mode', 'range', 'ifParentLength',
+  'ifChildLength', 'candidates', 'winner'}
+local OP = 10  -- "op": "fork" is a fork without op, the same request
 local KEPT = 4  -- later fields count only up to the last one given: older digests stay as they were
 local MAX_REQUEST_BYTES = 65536  -- core/settings.py REQUEST_LIMIT (a test pins the two)
 local MAX_DATA_DEPTH = 100  -- core/rules.py MAX_DATA_DEPTH: the worker's depth of edits' data (pinned)
@@ -132,6 +135,7 @@ local function identity(text, stored)  -- a digest: equal digests, same request
     if not ok then return redis.sha1hex('raw:' .. text) end
     for n, name in ipairs(FIELDS) do parts[n] = fields[stored and n or cjson.encode(name)] or 'n' end
   end
+  if parts[OP] == '"fork"' then parts[OP] = 'n' end
   local n = #FIELDS
   while n > KEPT + 1 and (parts[n] == nil or parts[n] == 'n') do parts[n] = nil n = n - 1 end
   return redis.sha1hex(table.concat(parts, '\n'))

@@ -1,0 +1,317 @@
+"""The steps of a merge and a select: ``MergeSteps``, the part of ``registry.Registry`` that
+``merges`` composes them from.
+
+A merge reads the lineage (the child's ``parentSession`` chain up to the parent: records that
+never change, so the reads need no atomicity), then runs one script on the child's slot (which of
+its events: ``merge_read.lua``, read-only), one on the parent's slot (the whole merge turn written
+at once, or nothing: ``merge.lua``, which also keeps the merges index that makes a range merge
+once and a request id merge once), then marks the child merged (``mark.lua``; a select also marks
+its other candidates abandoned). The parent's step is the one effect: a worker that dies after it
+leaves a merge its retry recognises by request id, and marks again (marks are idempotent). No
+step touches two sessions' slots, so merges and selects run unchanged on a Redis Cluster, parent
+and child in different slots.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from ..core import errors, keys, lua, records, rules, wire
+from .specs import MergeSpec, SelectSpec
+from .state import RegistryState
+from .store import SessionStore, split_ref
+from .wire import NewEvent
+
+MAX_MERGE_EVENTS = 10_000
+"""Most events one merge of mode ``events`` brings back (``INVALID_BOUNDARY`` beyond: merge the
+range in parts)."""
+MAX_MERGE_BYTES = 16 * 1024 * 1024
+"""Most bytes of stored events one merge of mode ``events`` brings back (``INVALID_BOUNDARY``
+beyond: merge the range in parts); the default of ``SESSIONFORK_MAX_REQUEST_WRITE_BYTES``."""
+MAX_DEPTH = 100_000
+"""Most ``parentSession`` links a lineage walk follows before it gives up (``NOT_DESCENDANT``)."""
+_RECORD = ("header", "instance", "parent", "seedlen", "len", "mergedinto", "abandoned")
+_merged_into = msgspec.json.Decoder(tuple[str, int, str])
+_event_body = msgspec.json.Decoder(dict[str, Any])
+_json = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class Merged:
+    """What a merge (or a select's merge) wrote: the parent's seqs ``first..length-1`` (the merge's
+    turn/start to its turn/end), and the child's range ``from_seq..to_seq`` brought back."""
+
+    parent: str
+    """The session merged into."""
+    child: str
+    """The session merged from (a select's winner)."""
+    first: int
+    """The parent's seq of the merge's ``turn/start``."""
+    length: int
+    """The parent's length after the merge (its ``turn/end`` is ``length - 1``)."""
+    from_seq: int
+    """The first of the child's events merged."""
+    to_seq: int
+    """The last of the child's events merged."""
+    abandoned: tuple[str, ...] = ()
+    """A select's other candidates, abandoned (request order); ``()`` for a merge."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    exists: bool
+    instance: str | None
+    parent: str | None
+    seed_length: int
+    length: int
+    merged_into: tuple[str, int, str] | None
+    abandoned: str | None
+
+
+class MergeSteps:
+    """The merge's and select's steps on the state's connection; events encoded as ``store`` does."""
+
+    def __init__(self, state: RegistryState, store: SessionStore) -> None:
+        self.state = state
+        self.redis = state.redis
+        self.store = store
+
+    # -- the composed operations -----------------------------------------------------------------
+
+    def merge(self, spec: MergeSpec) -> Merged:
+        """``Registry.merge``'s steps for a checked spec: the errors in the documented order."""
+        replayed = self._replayed(spec)
+        if replayed is not None:
+            self._mark(spec, replayed, ())
+            return replayed
+        _, child = self._sessions(spec, (spec.child,))
+        forked_at = self._check_lineage(spec, spec.child, child[spec.child])
+        merged = self._write(spec, self._read_child(spec), forked_at, ())
+        self._mark(spec, merged, ())
+        return merged
+
+    def select(self, spec: SelectSpec) -> Merged:
+        """``Registry.select``'s steps for a checked spec: the winner merged, the others abandoned."""
+        m = spec.merge
+        replayed = self._replayed(m)
+        if replayed is not None:
+            replayed = dataclasses.replace(replayed, abandoned=spec.losers)
+            self._mark(m, replayed, spec.losers)
+            return replayed
+        _, found = self._sessions(m, spec.candidates)
+        forked_at = {cid: self._check_lineage(m, cid, found[cid]) for cid in spec.candidates}
+        for cid in spec.candidates:
+            got = found[cid]
+            if got.merged_into is not None:  # a stale selection: a candidate merged before
+                into, seq, req = got.merged_into
+                raise errors.already_merged(cid, into, _shown(req), seq)
+        merged = self._write(m, self._read_child(m), forked_at[m.child], spec.losers)
+        self._mark(m, merged, spec.losers)
+        return merged
+
+    # -- reads -----------------------------------------------------------------------------------
+
+    def _replayed(self, spec: MergeSpec) -> Merged | None:
+        """The merge this spec's request id made already (its parent's index says), or ``None``."""
+        if not spec.request_id:
+            return None
+        raw = self.redis.hget(keys.session_merges(spec.parent_id), replay_key(spec.request_id))
+        if raw is None:
+            return None
+        child, from_seq, to_seq, first, length = wire.text(raw).split()
+        return Merged(spec.parent_id, child, int(first), int(length), int(from_seq), int(to_seq))
+
+    def _sessions(self, spec: MergeSpec, children: Sequence[str]) -> tuple[_Record, dict[str, _Record]]:
+        """The parent's and the children's records, in one round trip: ``SESSION_NOT_FOUND`` (the
+        parent, then each child), ``SESSION_NOT_LIVE`` (the parent; its step checks again)."""
+        pid, instance = split_ref(spec.parent)
+        read = self._records([pid, *children])
+        parent = read[0]
+        if not parent.exists:
+            raise errors.not_found(pid)
+        for cid, got in zip(children, read[1:], strict=True):
+            if not got.exists:
+                raise errors.not_found(cid)
+        if parent.instance is None or (instance and parent.instance != instance):
+            raise errors.not_live(pid)
+        return parent, dict(zip(children, read[1:], strict=True))
+
+    def _records(self, ids: Sequence[str]) -> list[_Record]:
+        pipe = self.redis.pipeline(transaction=False)
+        for sid in ids:
+            pipe.hmget(keys.session(sid), list(_RECORD))
+        out = []
+        for header, instance, parent, seedlen, length, merged, abandoned in pipe.execute():
+            n = 0 if length is None else int(length)
+            out.append(_Record(
+                exists=header is not None, instance=None if instance is None else wire.text(instance),
+                parent=records.parent_of(header, parent), seed_length=n if seedlen is None else int(seedlen),
+                length=n, merged_into=None if merged is None else _merged_into.decode(merged),
+                abandoned=None if abandoned is None else wire.text(abandoned)))
+        return out
+
+    def _check_lineage(self, spec: MergeSpec, child: str, record: _Record) -> int:
+        """``forkedAt``: the ``seedLength`` of the session of ``child``'s chain that was forked from
+        the parent. ``NOT_DESCENDANT`` when the chain does not reach it, then ``ALREADY_MERGED``
+        for a child a select abandoned. Each link is read once (one round trip per level)."""
+        target = spec.parent_id
+        at, link, depth = record, child, 0
+        while at.parent is not None and at.parent != target and depth < MAX_DEPTH:
+            link, depth = at.parent, depth + 1
+            (at,) = self._records([link])
+        if at.parent != target or child == target:
+            raise errors.not_descendant(child, target)
+        if record.abandoned is not None:
+            raise errors.abandoned(child, _shown(record.abandoned))
+        return at.seed_length
+
+    def _read_child(self, spec: MergeSpec) -> tuple[int, int, list[bytes]]:
+        """The child's step: ``(fromSeq, toSeq, stored events)`` (mode ``summary``: none). ``PRECONDITION_FAILED``
+        (``ifChildLength``), then ``INVALID_BOUNDARY`` for a range outside the child's own
+        events, over ``MAX_MERGE_EVENTS``, or not ending between turns."""
+        cid = spec.child
+        reply = self._call(self.state.scripts.op(
+            "merge_read", record=keys.session(cid), turns=keys.session_turns(cid), log=keys.session_log(cid),
+            if_length="" if spec.if_child_length is None else spec.if_child_length,
+            from_seq="" if spec.from_seq is None else spec.from_seq,
+            to_seq="" if spec.to_seq is None else spec.to_seq, most=MAX_MERGE_EVENTS,
+            events="1" if spec.mode == "events" else "0", most_bytes=MAX_MERGE_BYTES))
+        status = wire.text(reply[0])
+        if status == "NOT_FOUND":
+            raise errors.not_found(cid)
+        if status == "ABANDONED":
+            raise errors.abandoned(cid, _shown(wire.text(reply[1])))
+        if status == "PRECONDITION":
+            raise errors.precondition_failed(cid, int(reply[1]), int(spec.if_child_length or 0))
+        if status == "RANGE":
+            raise _range_error(spec, wire.text(reply[1]), int(reply[2]), int(reply[3]))
+        if status == "INSIDE":
+            raise errors.invalid_range(cid, f"toSeq {int(reply[1])} is inside the turn opened at seq {int(reply[2])}: "
+                                            "a merge ends between turns")
+        if status == "NOINDEX":
+            raise errors.invalid_range(cid, "its record was written before turn indexes; fork it once and merge "
+                                            "the fork")
+        return int(reply[1]), int(reply[2]), list(reply[5:])
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    def _write(self, spec: MergeSpec, read: tuple[int, int, list[bytes]], forked_at: int,
+               others: Sequence[str]) -> Merged:
+        """The parent's step: the merge's turn, or ``NOT_FOUND``/``NOT_LIVE``, ``ALREADY_MERGED``,
+        ``PRECONDITION_FAILED`` (``ifParentLength``), ``OPEN_TURN``; a replay of this request id
+        writes nothing and answers the first merge."""
+        from_seq, to_seq, stored = read
+        pid, instance = split_ref(spec.parent)
+        now = self.state.clock()
+        events = self.merge_events(spec, (from_seq, to_seq), forked_at, stored, now)
+        reply = self._call(self.state.scripts.op(
+            "merge", record=keys.session(pid), log=keys.session_log(pid), turns=keys.session_turns(pid),
+            merges=keys.session_merges(pid), lifecycle=self.state.lifecycle_key, instance=instance,
+            if_length="" if spec.if_parent_length is None else spec.if_parent_length,
+            request_id=spec.request_id, merge_key=merge_key(spec.child, from_seq, to_seq),
+            replay_key=replay_key(spec.request_id) if spec.request_id else "", child=spec.child,
+            others=" ".join(others), maxlen=self.state.lifecycle_maxlen, session_id=pid, events=events))
+        status = wire.text(reply[0])
+        if status == "OK":
+            first, length = int(reply[1]), int(reply[2])
+            if self.state.cluster:
+                self.state.emit(self.redis, "session/flush", pid, length)
+            return Merged(pid, spec.child, first, length, from_seq, to_seq, tuple(others))
+        if status == "REPLAY":
+            who, f, t, at, after = (wire.text(x) for x in reply[1:6])
+            return Merged(pid, who, int(at), int(after), int(f), int(t), tuple(others))
+        if status == "NOT_FOUND":
+            raise errors.not_found(pid)
+        if status == "NOT_LIVE":
+            raise errors.not_live(pid)
+        if status == "ALREADY":
+            who, req, seq = (wire.text(x) for x in reply[1:4])
+            if not seq:
+                raise errors.abandoned(who, _shown(req))
+            raise errors.already_merged(who, pid, _shown(req), int(seq))
+        if status == "PRECONDITION":
+            raise errors.precondition_failed(pid, int(reply[1]), int(spec.if_parent_length or 0))
+        raise errors.open_merge_turn(pid, wire.text(reply[1]))
+
+    def merge_events(self, spec: MergeSpec, span: tuple[int, int], forked_at: int, stored: Sequence[bytes],
+                     now: int) -> list[bytes]:
+        """The stored JSON of a merge's turn: ``turn/start {"trigger": "merge"}``, ``session/merge``
+        (its ``parentLength`` added by the parent's step), the summary or the range's events (each
+        with ``"source": {"session", "seq"}``, its provenance, and the merge's time), then
+        ``turn/end {"reason": "merged"}``. ``INVALID_REQUEST`` for an event over the size limit."""
+        from_seq, to_seq = span
+        merged_from = {"session": spec.child, "fromSeq": from_seq, "toSeq": to_seq}
+        head = [NewEvent(rules.TURN_START, {"trigger": "merge"}),
+                NewEvent(MERGE_EVENT, {"mergedFrom": merged_from, "mode": spec.mode, "forkedAt": forked_at})]
+        if spec.mode == "summary":
+            head.append(NewEvent(rules.SUMMARY, {"summary": spec.summary, "summarizes": merged_from}))
+        out = self.store.encode_events(head, now)
+        for seq, raw in enumerate(stored, start=from_seq):
+            body = _event_body.decode(raw)
+            body.pop("seq", None)  # the position is the seq (a record of an old layout may hold one)
+            body["time"] = now
+            body["source"] = {"session": spec.child, "seq": seq}
+            out.append(_json.encode(body))
+        out += self.store.encode_events([NewEvent(rules.TURN_END, {"reason": "merged"})], now)
+        return out
+
+    def _mark(self, spec: MergeSpec, merged: Merged, losers: Sequence[str]) -> None:
+        """The child marked merged (``mergedinto``), a select's other candidates abandoned, and each
+        entered in the ended index (``keys.ENDED_INDEX``): idempotent, one round trip per server."""
+        now = self.state.clock()
+        ended = None if self.state.cluster else keys.ENDED_INDEX
+        value = _json.encode([merged.parent, merged.first, spec.request_id])
+        ops: list[lua.Call] = [self.state.scripts.op("mark", record=keys.session(merged.child), ended=ended,
+                                                     kind="merged", value=value, now=now, session_id=merged.child)]
+        ops += [self.state.scripts.op("mark", record=keys.session(cid), ended=ended, kind="abandoned",
+                                      value=spec.request_id or "-", now=now, session_id=cid) for cid in losers]
+        lua.eval_many(self.redis, ops)
+        if self.state.cluster:
+            self.redis.zadd(keys.ENDED_INDEX, dict.fromkeys([merged.child, *losers], now), nx=True)
+
+    def _call(self, op: lua.Call) -> Any:
+        if not self.state.cluster:
+            return lua.run(self.redis, [op])[0]
+        script, script_keys, args = op
+        return script(keys=list(script_keys), args=list(args))
+
+
+MERGE_EVENT = "session/merge"
+"""The type of a merge's second event: where the merged events came from."""
+
+
+def merge_key(child: str, from_seq: int, to_seq: int) -> str:
+    """A merge's key in its parent's merges index (``merge.lua`` reads its seqs back)."""
+    return json.dumps(["m", child, from_seq, to_seq], separators=(",", ":"))
+
+
+def replay_key(request_id: str) -> str:
+    """A request id's key in the parent's merges index."""
+    return json.dumps(["r", request_id], separators=(",", ":"))
+
+
+def _shown(request_id: str) -> str:
+    return "(no request id)" if request_id in ("", "-") else request_id
+
+
+def _range_error(spec: MergeSpec, why: str, length: int, seed_length: int) -> errors.ForkError:
+    cid = spec.child
+    if why == "EMPTY":
+        return errors.invalid_range(cid, f"it has no completed turn after its seed (seedLength {seed_length}, "
+                                         f"{length} events): nothing to merge")
+    if why == "SEED":
+        return errors.invalid_range(cid, f"fromSeq {spec.from_seq} is inside its seed (seqs 0 to {seed_length - 1}): "
+                                         "a merge brings back the child's own events")
+    if why == "PAST":
+        return errors.invalid_range(cid, f"toSeq {spec.to_seq} is past the end of a log of {length} events")
+    if why == "ORDER":
+        return errors.invalid_range(cid, f"fromSeq {spec.from_seq} is after toSeq {spec.to_seq}")
+    if why == "BYTES":
+        return errors.invalid_range(cid, f"the range's events are over {MAX_MERGE_BYTES} bytes: merge it in parts")
+    return errors.invalid_range(cid, f"the range holds more than {MAX_MERGE_EVENTS} events: merge it in parts")
