@@ -86,6 +86,7 @@ def test_a_select_is_a_live_row_and_its_merge_edge_is_in_the_lineage(deployment:
     assert any(line.startswith("sel-a") and "abandoned" in line for line in lines), lines
     edge = f"merged into sel at seq {picked.from_seq}"
     assert any(line.startswith("sel-b") and edge in line for line in lines), lines
+    shot(page, "search-merge")
     page.locator("#session li", has_text="sel-b").get_by_role("link", name="sel", exact=True).click()
     assert page.locator("#session h2").inner_text() == "Session sel"  # the merge edge is a link
 
