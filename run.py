@@ -4,7 +4,7 @@
     python3 run.py demo [--redis-url URL]   the main job: a walkthrough on an embedded server
     python3 run.py test [PYTEST ARGS]        ruff, mypy --strict, mkdocs build --strict, the whole test suite
                                              (current RQ), then mypy and the worker, fault and hostile tests
-                                             on RQ 2.12; installs Debian's chromium first when it is missing
+                                             on RQ 2.12; installs Debian's chromium and prometheus first when missing
     python3 run.py bench [--quick] [--publish]  the benchmark (table on stdout, JSON in bench-results/), then
                                              its RQ-dependent figures again on RQ 2.12; --publish: into the
                                              docs (docs/data/bench.json and the Performance page's table)
@@ -47,37 +47,59 @@ RQ2 = "rq==2.12.0"
 RQ2_MARK = "rq"
 SLOWEST = 25  # each pytest phase prints its slowest tests (--durations)
 
-# The one system package the suite needs: a headless browser for the lineage page test
-# (tests/support/browser.py looks for these names), and how it is installed on Debian.
+# The system packages the suite needs, from Debian, each with the commands that show it installed (of
+# each tuple, one name on PATH): chromium, the headless browser of the lineage page test
+# (tests/support/browser.py looks for either name); prometheus, the server and its promtool, for the
+# shipped alert rules and dashboard (tests/support/prometheus.py). One apt-get installs what is missing.
 BROWSERS = ("chromium", "chromium-browser")
-BROWSER_INSTALL = (("apt-get", "update", "-qq"), ("apt-get", "install", "-y", "-qq", "chromium"))
-BROWSER_HINT = ("error: the lineage page test needs Debian's chromium; install it with "
-                "`apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium` "
-                "(as root), then run python3 run.py test again")
+SYSTEM_PACKAGES: dict[str, tuple[tuple[str, ...], ...]] = {
+    "chromium": (BROWSERS,),
+    "prometheus": (("prometheus",), ("promtool",)),
+}
+APT_UPDATE = ("apt-get", "update", "-qq")
+APT_INSTALL = ("apt-get", "install", "-y", "-qq")
 
 
-def ensure_browser(which: Callable[[str], str | None] = shutil.which, is_root: bool | None = None,
-                   sh: Callable[..., Any] = subprocess.run) -> str | None:
-    """Make sure the headless browser the suite needs is on PATH; None when it is.
+def missing_packages(which: Callable[[str], str | None] = shutil.which) -> list[str]:
+    """The packages of ``SYSTEM_PACKAGES`` whose commands are not all on PATH, in that order."""
+    return [package for package, commands in SYSTEM_PACKAGES.items()
+            if not all(any(which(name) for name in names) for names in commands)]
 
-    When it is missing and this runs as root with apt-get, installs Debian's ``chromium``
-    (``BROWSER_INSTALL``, non-interactive). Otherwise installs nothing and returns the one-line
-    instruction to print; the caller then stops before running anything.
+
+def install_hint(packages: list[str]) -> str:
+    """The one-line instruction printed when ``packages`` are missing and cannot be installed here."""
+    names = " ".join(packages)
+    return (f"error: the test suite needs Debian's {', '.join(packages)} (chromium: the lineage page test's "
+            "headless browser; prometheus: the server and promtool that check the shipped alert rules); install "
+            f"with `apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {names}` (as root), "
+            "then run python3 run.py test again")
+
+
+def ensure_system_packages(which: Callable[[str], str | None] = shutil.which, is_root: bool | None = None,
+                           sh: Callable[..., Any] = subprocess.run) -> str | None:
+    """Make sure the system packages the suite needs (``SYSTEM_PACKAGES``) are installed; None when they are.
+
+    When some are missing and this runs as root with apt-get, installs them all with one
+    non-interactive ``apt-get install`` (after ``apt-get update``). Otherwise installs nothing and
+    returns the one-line instruction to print (``install_hint``); the caller then stops before
+    running anything.
     """
-    if any(which(name) for name in BROWSERS):
+    missing = missing_packages(which)
+    if not missing:
         return None
     if is_root is None:
         is_root = hasattr(os, "geteuid") and os.geteuid() == 0
     if not is_root or which("apt-get") is None:
-        return BROWSER_HINT
-    print("installing Debian's chromium (the lineage page test's headless browser) ...", flush=True)
-    for cmd in BROWSER_INSTALL:  # dpkg's progress is noise unless it fails
+        return install_hint(missing)
+    print(f"installing Debian's {', '.join(missing)} (the suite's browser and Prometheus) ...", flush=True)
+    for cmd in (APT_UPDATE, (*APT_INSTALL, *missing)):  # dpkg's progress is noise unless it fails
         done = sh(list(cmd), env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, stdout=subprocess.PIPE,
                   stderr=subprocess.STDOUT, text=True)
         if done.returncode:
             print(done.stdout[-4000:], file=sys.stderr)
-            return f"{BROWSER_HINT} ({' '.join(cmd)} failed)"
-    return None if any(which(name) for name in BROWSERS) else BROWSER_HINT
+            return f"{install_hint(missing)} ({' '.join(cmd)} failed)"
+    still = missing_packages(which)
+    return install_hint(still) if still else None
 
 
 TEST_EXTRAS = "test,docs,console"
@@ -388,8 +410,8 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     task, rest = argv[0], argv[1:]
-    if task in {"test", "mutations"}:  # a break's tests may include the browser's
-        problem = ensure_browser()
+    if task in {"test", "mutations"}:  # a break's tests may include the browser's or Prometheus's
+        problem = ensure_system_packages()
         if problem:
             print(problem, file=sys.stderr)
             return 1

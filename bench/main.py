@@ -32,6 +32,7 @@ from bench.measure import (
     rq_peer,
 )
 from bench.memory import BAR, bytes_held, child_bytes_at_depth, request_memory, steady_workload
+from bench.merges import FULL, QUICK, merge_rows
 from bench.publish import table
 from bench.redis_cost import redis_cpu_per_job, round_trips, steps_cpu_per_fork, waiter_cpu_us
 from bench.shards import shard_rows
@@ -142,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((FAN_OUT, fan, "single-fork requests/s (1 worker, median of rounds)", single, "≥ 20"))
         rows.append(("variant fan-out children/s (64 variants, one edit each, median of rounds)", varied,
                      FAN_OUT, fan, "≥ 0.5"))
+        # Merges and selects (issue 28): through one worker, against plain forks and fan-outs of the same rounds.
+        rows.extend(merge_rows(server, rounds, QUICK if q else FULL, step=step))
         mem = step("bytes retained per request", lambda: request_memory(server, 100 if q else 1000))
         print(mem.render(), file=sys.stderr)
         rows.append(("Redis bytes retained per completed request", mem.retained, "limit bytes", BAR, "≤ 1"))

@@ -58,6 +58,8 @@ def assert_one_error_line(stderr: str) -> None:
     (["acl", "--password", "nobody=x"], {}),
     (["worker", "--log-level", "bogus"], {}),
     (["worker", "--metrics-port", "70000"], {}),
+    (["worker", "--metrics-port", "9100", "--metrics-address", "0.0.0.0:9100"], {}),
+    (["worker"], {"SESSIONFORK_METRICS_ADDRESS": "not an address"}),
     (["persist", "--root", "/tmp/x", "--log-level", "bogus"], {}),
     (["stats", "--window", "99999999999999"], {}),
     (["health"], {"SESSIONFORK_RETRIES": "-1"}),

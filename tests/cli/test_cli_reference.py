@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from sessionfork.cli import cli, reference
-from sessionfork.core.retention import Swept
+from sessionfork.core.retention import Ended, Swept
 from sessionfork.core.wire import ForkFailure, ForkResult
 from sessionfork.ops.diff import Diff
 from sessionfork.ops.lineage import Lineage
@@ -59,13 +59,15 @@ def shapes() -> list[dict[str, object]]:
 
 
 # The documented shapes, in page order: fork (a result, a failure), fork --wait 0, events, stats,
-# health, gc, diff, tree. Optional fields may be left out (shard, shards, a result's sessions...).
+# health, gc (a branch disposed, a session deleted), diff, tree. Optional fields may be left out (shard,
+# shards, a result's sessions...).
 EXPECTED = [(fields(ForkResult) | {"type"}, {"sessions", "failed"}),
             (fields(ForkFailure) | {"type"}, set()),
             ({"requestId", "queued"}, set()),
             (fields(Outcome), {"shard"}),
             (fields(Stats), {"shards"}),
             ({"ok", "queue", "shards"}, set()),
+            (fields(Ended), set()),
             (fields(Swept), set()),
             (fields(Diff), {"kept"}),
             (fields(Lineage), set())]

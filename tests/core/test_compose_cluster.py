@@ -19,9 +19,11 @@ from redis.cluster import RedisCluster
 
 from sessionfork import Summary
 from sessionfork.client import Client, Variant
-from sessionfork.core import forks, keys
+from sessionfork.core import forks, keys, merges
 from sessionfork.core.errors import ErrorCode, ForkError
+from sessionfork.core.factories import now_ms
 from sessionfork.core.registry import Registry
+from sessionfork.core.retention import run_pass
 from sessionfork.core.wire import ForkResult, NewEvent
 from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
 
@@ -147,3 +149,31 @@ def test_no_node_answered_crossslot_to_a_composed_fork(cluster: EmbeddedCluster,
         with node.client() as c:
             errors = c.info("errorstats")
         assert "errorstat_CROSSSLOT" not in errors, (node.port, errors)
+
+
+def test_ended_branches_are_disposed_then_freed_across_nodes_without_a_descendants_byte_changing(
+        cluster_registry: Registry, cluster_client: RedisCluster) -> None:
+    """Issue 28 #3 on a cluster: the merged child, the select's loser and the parent in other slots."""
+    reg = cluster_registry
+    reg.append(reg.create("p"), turn(1))
+    home = node_of(cluster_client, "p")
+    won, lost = [n for n in (f"kid{i}" for i in range(100)) if node_of(cluster_client, n) != home][:2]
+    for kid in (won, lost):
+        forks.fork(reg, "p", kid)
+        reg.append(kid, turn(2))
+    forks.fork(reg, won, "grand")
+    reg.append("grand", turn(3))
+    merges.select(reg, "p", [won, lost], won, mode="events", request_id="pick")
+    assert set(cluster_client.zrange(keys.ENDED_INDEX, 0, -1)) == {won.encode(), lost.encode()}
+    raw = {sid: cluster_client.lrange(keys.session_log(sid), 0, -1) for sid in ("p", won, "grand")}
+    events = {sid: reg.events(sid) for sid in ("p", "grand")}
+    now = now_ms()
+    first = run_pass(reg, now_ms=now + 2000, retention_ms=60_000, branch_ttl_ms=1000)
+    assert first.swept == []  # disposed just now: past the retention only later
+    assert sorted(e.id for e in first.ended) == sorted([won, lost])
+    assert [reg.state_of(sid).state for sid in (won, lost, "grand")] == ["disposed", "disposed", "live"]
+    second = run_pass(reg, now_ms=now_ms() + 120_000, retention_ms=60_000, branch_ttl_ms=1000)
+    assert sorted((s.id, s.log_kept) for s in second.swept) == sorted([(won, True), (lost, False)])
+    assert not reg.exists(won) and not reg.exists(lost) and not cluster_client.exists(keys.session_log(lost))
+    assert {sid: cluster_client.lrange(keys.session_log(sid), 0, -1) for sid in ("p", won, "grand")} == raw
+    assert {sid: Registry(cluster_client).events(sid) for sid in ("p", "grand")} == events

@@ -174,7 +174,8 @@ def test_select_winner_must_be_a_candidate(registry: Registry) -> None:
 def test_the_merges_index_and_records_hold_what_the_key_schema_says(tree: Registry) -> None:
     merges.merge(tree, "p", "c", mode="events", request_id="m1")
     index = {wire.text(k): wire.text(v) for k, v in tree.redis.hgetall(keys.session_merges("p")).items()}
-    assert index == {'["m","c",8,15]': "m1 8 19", '["r","m1"]': "c 8 15 8 19"}
+    assert index == {'["m","c",8,15]': "m1 8 19"}  # one entry per merge in the parent
+    assert wire.text(tree.redis.hget(keys.session("c"), "plan:m1") or "") == "8 15"  # the range, kept in the child
     assert json.loads(tree.redis.hget(keys.session("c"), "mergedinto") or "") == ["p", 8, "m1"]
     assert tree.redis.zscore(keys.ENDED_INDEX, "c") is not None
 
@@ -188,3 +189,23 @@ def test_an_events_merge_over_the_limits_is_refused_and_writes_nothing(tree: Reg
     assert code is ErrorCode.INVALID_BOUNDARY and words in message, message
     assert tree.length("p") == 8
     assert merges.merge(tree, "p", "c", mode="events", range=(8, 11)).length == 8 + 2 + 4 + 1  # a part fits
+
+
+def test_a_retry_answers_its_first_merge_whatever_the_parent_and_child_hold_now(tree: Registry) -> None:
+    first = merges.merge(tree, "p", "c", mode="events", request_id="r2")
+    tree.append("c", turn(8))  # the default range would now end later
+    tree.dispose("p")  # and the parent is no longer live
+    assert merges.merge(tree, "p", "c", mode="events", request_id="r2") == first
+    assert code_of(lambda: merges.merge(tree, "p", "c", mode="events", request_id="r3"))[0] is \
+        ErrorCode.SESSION_NOT_LIVE
+
+
+def test_a_select_retried_after_its_marks_answers_its_first_merge(registry: Registry) -> None:
+    registry.append(registry.create("p"), turn(1))
+    for cid in ("a", "b"):
+        forks.fork(registry, "p", cid)
+        registry.append(cid, turn(2))
+    first = merges.select(registry, "p", ["a", "b"], "a", mode="summary", summary=1, request_id="sel")
+    registry.append("a", turn(3))
+    assert merges.select(registry, "p", ["a", "b"], "a", mode="summary", summary=1, request_id="sel") == first
+    assert registry.length("p") == first.length

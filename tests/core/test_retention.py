@@ -19,7 +19,7 @@ from racing import ctx_fixture, report, run, spawned_fixture  # noqa: F401  (fix
 from redis import Redis
 from waits import wait_until
 
-from sessionfork.core import forks, keys
+from sessionfork.core import forks, keys, merges
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.factories import now_ms
 from sessionfork.core.registry import DELETED, UNPERSISTED, Registry
@@ -95,8 +95,8 @@ def test_gc_command_dry_run_then_for_real(server: EmbeddedServer, timed: Registr
     assert real.returncode == 0, real.stderr
     assert sorted(json.loads(line)["id"] for line in real.stdout.splitlines()) == ["old-1", "old-2"]
     assert not timed.exists("old-1") and not timed.exists("old-2") and timed.exists("live")
-    off = subprocess.run(cli_args(server.url, "gc"), env=clean_environ(), capture_output=True, text=True,
-                         timeout=60)
+    off = subprocess.run(cli_args(server.url, "gc"), env=clean_environ(SESSIONFORK_BRANCH_TTL=0),
+                         capture_output=True, text=True, timeout=60)
     assert off.returncode == 2 and "retention is off" in off.stderr
 
 
@@ -116,6 +116,28 @@ def test_the_workers_maintenance_pass_sweeps(server: EmbeddedServer, redis: Redi
     with pytest.raises(ForkError) as info:
         registry.create("gone")
     assert info.value.code is ErrorCode.SESSION_ALREADY_EXISTS
+
+
+def test_the_workers_maintenance_pass_disposes_ended_branches_after_their_ttl(server: EmbeddedServer,
+                                                                               redis: Redis) -> None:
+    """SESSIONFORK_BRANCH_TTL through a worker process: a branch a select abandoned and the one it
+    merged are disposed by the worker's maintenance pass once the TTL has passed; a live branch
+    and the parent stay live."""
+    registry = Registry(redis)
+    registry.append(registry.create("p"), turn(1))
+    for cid in ("a", "b", "c"):
+        forks.fork(registry, "p", cid)
+        registry.append(cid, turn(2))
+    merges.select(registry, "p", ["a", "b"], "b", mode="summary", summary="b won")
+    name = worker_name()
+    proc = start_worker(server.url, name, SESSIONFORK_BRANCH_TTL=1)
+    try:
+        wait_registered(redis, name)
+        wait_until(lambda: registry.state_of("a").state == registry.state_of("b").state == "disposed", 30,
+                   "the maintenance pass to dispose the ended branches")
+        assert registry.state_of("c").state == registry.state_of("p").state == "live"
+    finally:
+        assert stop(proc) == 0
 
 
 def _named_sweeper(url: str, n: int, gate: Any, results: Any) -> None:

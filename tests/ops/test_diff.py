@@ -11,7 +11,7 @@ import pytest
 from helpers import turn
 
 from sessionfork import NewEvent, Registry, fork
-from sessionfork.core import wire
+from sessionfork.core import merges, wire
 from sessionfork.core.snapshots import Snapshot
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops.diff import diff, render_text, shared_length
@@ -123,6 +123,26 @@ def test_cli_diff_text_json_and_unrelated(server: EmbeddedServer, registry: Regi
     assert "unrelated" in unrelated.stderr and "no common ancestor" in unrelated.stderr
     missing = cli("x", "nobody")
     assert missing.returncode == 1 and "SESSION_NOT_FOUND" in missing.stderr
+
+
+def test_each_side_shows_its_state_and_merge(server: EmbeddedServer, registry: Registry) -> None:
+    history(registry, turns=2)
+    for kid in ("won", "lost", "plain"):
+        fork(registry, "root", kid)
+        registry.append(kid, turn(7))
+    merges.select(registry, "root", ["won", "lost"], "won", mode="events", request_id="pick")
+    found = diff(registry, "won", "lost")
+    assert (found.a.state, found.b.state) == ("merged", "abandoned")
+    assert found.a.merged_into == wire.MergedInto(session="root", seq=8, request_id="pick")
+    assert found.b.abandoned_by == "pick" and diff(registry, "root", "plain").a.state == "live"
+    text = render_text(found)
+    assert "A won (merged into root @8): left root" in text and "B lost (abandoned by pick): left" in text
+    registry.dispose("plain")
+    out = subprocess.run([sys.executable, "-m", "sessionfork", "--redis-url", server.url, "diff", "root", "plain",
+                          "--json"], capture_output=True, text=True, timeout=60, check=True)
+    sides = json.loads(out.stdout)
+    assert (sides["a"]["state"], sides["b"]["state"]) == ("live", "disposed")
+    assert "mergedInto" not in sides["b"] and "abandonedBy" not in sides["b"]
 
 
 # -- a deleted common ancestor; unrelated sessions (issue 16, #13) ---------------------------------

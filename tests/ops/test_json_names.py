@@ -21,7 +21,7 @@ from sessionfork import fork
 from sessionfork.cli import cli
 from sessionfork.core import keys, wire
 from sessionfork.core.registry import Registry
-from sessionfork.core.retention import Swept
+from sessionfork.core.retention import Ended, Swept
 from sessionfork.core.wire import ForkResult, Header
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import diff, lineage, stats
@@ -112,10 +112,10 @@ def test_diff_and_tree_json_are_camel_case(server: EmbeddedServer, registry: Reg
     assert_camel(json.loads(invoke(server, "tree", "n-a", "--format", "json")))
 
 
-@pytest.mark.parametrize("struct", [Swept, diff.Diff, diff.Side, diff.Kept, lineage.Lineage, lineage.Node,
-                                    stats.Outcome, stats.Stats, stats.Percentiles])
+@pytest.mark.parametrize("struct", [Swept, Ended, diff.Diff, diff.Side, diff.Kept, lineage.Lineage, lineage.Node,
+                                    lineage.MergeEdge, stats.Outcome, stats.Stats, stats.Percentiles])
 def test_every_field_of_the_json_a_user_reads_is_camel_case(struct: type[msgspec.Struct]) -> None:
-    """``gc --json`` prints ``Swept``, ``diff --json`` a ``Diff``, ``tree --json`` a ``Lineage``,
+    """``gc --json`` prints ``Ended`` and ``Swept``, ``diff --json`` a ``Diff``, ``tree --json`` a ``Lineage``,
     ``events --json`` an ``Outcome`` and ``stats --json`` a ``Stats``."""
     shown = [f.encode_name for f in msgspec.structs.fields(struct)]
     assert [n for n in shown if not CAMEL.match(n)] == [], shown

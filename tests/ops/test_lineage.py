@@ -1,4 +1,5 @@
-"""`sessionfork tree`: ancestors and descendants from the children index, as text, JSON and Mermaid."""
+"""`sessionfork tree`: ancestors and descendants from the children index, with their states and merge
+edges, as text, JSON and Mermaid."""
 
 from __future__ import annotations
 
@@ -6,10 +7,11 @@ import json
 import subprocess
 import sys
 
+from helpers import turn
 from redis import Redis
 
 from sessionfork import NewEvent, Registry, fork
-from sessionfork.core import keys
+from sessionfork.core import keys, merges
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops.lineage import lineage, render_mermaid, render_text
 
@@ -73,7 +75,56 @@ def test_tree_command_json(server: EmbeddedServer, registry: Registry) -> None:
     tree = json.loads(out.stdout)
     assert [n["id"] for n in tree["ancestors"]] == ["root"]
     assert tree["root"]["children"][0]["id"] == "a1"
-    assert set(tree["root"]) == {"id", "seedLength", "live", "createdAt", "children"}
+    assert set(tree["root"]) == {"id", "seedLength", "live", "state", "createdAt", "children"}
+    assert tree["merges"] == [] and tree["root"]["state"] == "live"
+
+
+def ended_family(registry: Registry) -> None:
+    """"p" (one turn) with children "a" (merged into p, mode events), "b" (the winner of a select
+    over b and c: merged into p), "c" (abandoned by that select), "d" (disposed) and "e" (live),
+    each child with a turn of its own; "a1" a child of "a"."""
+    registry.append(registry.create("p"), turn(1))
+    for kid in ("a", "b", "c", "d", "e"):
+        fork(registry, "p", kid)
+        registry.append(kid, turn(2))
+    fork(registry, "a", "a1")
+    merges.merge(registry, "p", "a", mode="events", request_id="m-a")
+    merges.select(registry, "p", ["b", "c"], "b", mode="summary", summary={"x": 1}, request_id="s-1")
+    registry.dispose("d")
+
+
+def test_states_and_merge_edges_in_every_rendering(server: EmbeddedServer, registry: Registry) -> None:
+    ended_family(registry)
+    out = subprocess.run([sys.executable, "-m", "sessionfork", "--redis-url", server.url, "tree", "p", "--json"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    tree = json.loads(out.stdout)
+    kids = {n["id"]: n for n in tree["root"]["children"]}
+    assert {k: n["state"] for k, n in kids.items()} == {
+        "a": "merged", "b": "merged", "c": "abandoned", "d": "disposed", "e": "live"}
+    assert tree["root"]["state"] == "live" and kids["a"]["children"][0]["state"] == "live"
+    assert kids["a"]["mergedInto"] == {"session": "p", "seq": 4, "requestId": "m-a"}
+    assert kids["b"]["mergedInto"] == {"session": "p", "seq": 11, "requestId": "s-1"}
+    assert kids["c"]["abandonedBy"] == "s-1" and "mergedInto" not in kids["c"]
+    assert "mergedInto" not in kids["e"] and "abandonedBy" not in kids["e"] and "abandonedBy" not in kids["b"]
+    assert [kids[k]["live"] for k in "abcde"] == [True, True, True, False, True]  # ended, not disposed yet
+    assert tree["merges"] == [{"child": "a", "into": "p", "seq": 4, "requestId": "m-a"},
+                              {"child": "b", "into": "p", "seq": 11, "requestId": "s-1"}]
+    # From below: the merged child's edge to its ancestor, with the ancestor listed above it.
+    below = lineage(registry, "a1")
+    assert [n.id for n in below.ancestors] == ["p", "a"] and [e.child for e in below.merges] == ["a"]
+    text = render_text(lineage(registry, "p"))
+    lines = {line.split()[1] if line.startswith(("├", "└")) else line.split()[0]: line for line in text.splitlines()}
+    assert "merged into p @4" in lines["a"] and "merged into p @11" in lines["b"]
+    assert "abandoned by s-1" in lines["c"] and "  disposed  " in lines["d"] and "  live  " in lines["e"]
+    mermaid = render_mermaid(lineage(registry, "p"))
+    assert "\n    n1 -.->|merged @4| n0\n" in mermaid and '    n1["a"]:::merged' in mermaid  # a -> p, dashed
+    assert mermaid.count("-.->") == 2 and ":::abandoned" in mermaid and ":::merged" in mermaid
+    assert '["c"]:::abandoned' in mermaid and '["d"]:::disposed' in mermaid and '["e"]\n' in mermaid
+    # Disposed after its merge: the state says so, the merge edge stays.
+    registry.dispose("a")
+    node = lineage(registry, "a")
+    assert node.root.state == "disposed" and [e.into for e in node.merges] == ["p"]
+    assert "disposed, merged into p @4" in render_text(node)
 
 
 def test_tree_command_missing_session_is_one_line(server: EmbeddedServer) -> None:

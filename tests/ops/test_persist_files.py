@@ -1,5 +1,6 @@
 """The JSONL persistence backend's files against a real server: a header line, then every event of
-the session (a child's inherited seed first), in the session's cwd directory, under an escaped name."""
+the session (a child's inherited seed first), in the session's cwd directory, under an escaped name;
+a branch that ended has its end in the header line, the merge's events in the ancestor's file."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from persist_fixtures import (  # noqa: F401  (fixtures: root, make_backend)
     session_with_turns,
 )
 
+from sessionfork.core import keys, merges
 from sessionfork.core.registry import Registry
+from sessionfork.core.retention import dispose_ended
 from sessionfork.core.wire import NewEvent
 
 # -- file contents -------------------------------------------------------------------------------
@@ -106,3 +109,36 @@ def test_a_child_with_edits_is_written_with_its_header_and_every_event(registry:
     lines = file_lines(file_of(registry, root, child))
     assert lines == expected_lines(registry, child)
     assert (lines[0]["seedLength"], [e["type"] for e in lines[5:]]) == (4, ["turn/start", "user/message"])
+
+
+def test_an_ended_branch_has_its_end_in_its_header_line(registry: Registry, root: Path, make_backend: Factory) -> None:
+    parent = session_with_turns(registry, 1)
+    won, lost = fork(registry, parent), fork(registry, parent)
+    for kid in (won, lost):
+        registry.append(kid, turn(2))
+    backend = make_backend()
+    drain(backend)  # the files exist before the branches end
+    before = {sid: file_of(registry, root, sid).read_bytes() for sid in (won, lost)}
+    merges.select(registry, parent, [won, lost], won, mode="events", request_id="pick")
+    registry.redis.zadd(keys.ENDED_INDEX, {won: 0, lost: 0}, xx=True)
+    assert sorted(e.id for e in dispose_ended(registry, now_ms=10, older_than_ms=1)) == sorted([won, lost])
+    drain(backend)
+    lines = {sid: file_lines(file_of(registry, root, sid)) for sid in (parent, won, lost)}
+    assert lines[won][0] == {**expected_lines(registry, won)[0], "mergedInto": {
+        "session": parent, "seq": 4, "requestId": "pick"}}
+    assert lines[lost][0] == {**expected_lines(registry, lost)[0], "abandonedBy": "pick"}
+    assert "abandonedBy" not in lines[won][0] and "mergedInto" not in lines[lost][0]
+    for sid in (won, lost):  # line 1 rewritten, every event line as it was
+        assert lines[sid][1:] == expected_lines(registry, sid)[1:]
+        assert file_of(registry, root, sid).read_bytes().split(b"\n", 1)[1] == before[sid].split(b"\n", 1)[1]
+    # The ancestor's file holds the merge's turn as the registry does: ordinary events, with provenance.
+    assert lines[parent] == expected_lines(registry, parent)
+    assert [e["type"] for e in lines[parent][5:7]] == ["turn/start", "session/merge"]
+    assert lines[parent][7]["source"] == {"session": won, "seq": 4}
+    assert [p.name for p in root.rglob("*") if p.is_file() and not p.name.endswith(".jsonl")] == []
+    # A new backend (no cache) finds the files whole: nothing written, line 1 kept; deletion ends the file.
+    again = make_backend(consumer="again")
+    assert again.sync(won) == 0 and file_lines(file_of(registry, root, won))[0] == lines[won][0]
+    registry.delete(won)
+    drain(backend)
+    assert file_lines(root / "_no-cwd" / f"{won}.jsonl")[-1]["type"] == "session/deleted"

@@ -9,7 +9,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from bench import ab
+from bench import ab, merges
 from bench import main as bench
 
 SHARD_ROWS = {"forks/s, 2 queue shards (2 worker processes in all, median of rounds)",
@@ -54,6 +54,13 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
     assert {"fork with 2 edits µs, 10-event parent", "Redis bytes/child with 2 edits, less the edits' own bytes",
             "variant fan-out children/s (64 variants, one edit each, median of rounds)",
             "bytes a deleted 2000-event parent's log holds, summary child keeping the last turn"} <= names
+    # Merges and selects (issue 28): each against its baseline of the same run; the targets are the full run's.
+    merge_rows = {(f["figure"], f["baseline"], f["bar"]) for f in figures}
+    fork = merges.fork_row()
+    assert {(fork, fork, ""), (merges.summary_row(merges.QUICK.big), fork, "≤ 1.5"), (merges.EVENTS_ROW, fork, "≤ 3"),
+            (merges.FAN_ROW, fork, ""), (merges.SELECT_ROW, merges.FAN_ROW, "≤ 2"),
+            (merges.SUMMARY_BYTES_ROW, "limit bytes", "≤ 1"), (merges.EVENTS_BYTES_ROW, "limit bytes", "≤ 1"),
+            (merges.EVENTS_JSON_ROW, "limit bytes", "")} <= merge_rows
 
 
 @pytest.mark.slow

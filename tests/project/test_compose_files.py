@@ -1,7 +1,8 @@
 """The compose files are deployable as they stand (issue 29 #10; Docker cannot run here, so the files are
 parsed and their healthcheck commands run): every stateful service keeps its data in a named volume of its
-own, every worker serves its metrics on an exposed port, every service has a healthcheck, and each check's
-command ends within the check's timeout even against a dead or hung server (run here against one).
+own, every worker serves its metrics on an exposed port that the prometheus service scrapes with the
+shipped rules, every service has a healthcheck, and each check's command ends within the check's timeout
+even against a dead or hung server (run here against one).
 """
 
 from __future__ import annotations
@@ -210,3 +211,47 @@ def test_the_dashboards_check_fails_within_its_timeout_on_a_hung_or_missing_dash
                             for check, port in cases])
     for (check, port), (code, took, output) in zip(cases, results, strict=True):
         assert code != 0 and took < seconds(check["timeout"]), (port, code, took, output)
+
+
+# -- Prometheus (issue 30 #4) -------------------------------------------------------------------------
+
+
+def config_of(spec: dict[str, Any]) -> Path:
+    """The repository file a prometheus service runs with: its ``--config.file``, through its mounts."""
+    mounts = {target: source for source, target, *_ in (str(m).split(":") for m in spec["volumes"])}
+    flag = next(word for word in spec["command"] if word.startswith("--config.file="))
+    path = flag.partition("=")[2]
+    folder = next(target for target in mounts if path.startswith(target + "/"))
+    return ROOT / mounts[folder] / path[len(folder) + 1:]
+
+
+@pytest.mark.parametrize("name", PROJECTS)
+def test_prometheus_scrapes_every_worker_with_the_shipped_rules(name: str) -> None:
+    compose = project(name)
+    services = compose["services"]
+    prometheus = services["prometheus"]
+    assert str(prometheus["image"]).startswith("prom/prometheus:")
+    assert "./deploy/prometheus:/etc/prometheus/sessionfork:ro" in prometheus["volumes"]  # config and rules/
+    assert "prometheus-data:/prometheus" in prometheus["volumes"] and "prometheus-data" in compose["volumes"]
+    config = yaml.safe_load(config_of(prometheus).read_text())
+    assert config["rule_files"] == ["rules/*.yml"]  # beside the config: deploy/prometheus/rules
+    (job,) = config["scrape_configs"]
+    scraped = {(target, sd["port"]) for sd in job["dns_sd_configs"] for target in sd["names"]}
+    served = {(service, int(spec["command"][spec["command"].index("--metrics-port") + 1]))
+              for service, spec in workers(services).items()}
+    assert job["job_name"] == "sessionfork" and scraped == served, (scraped, served)
+
+
+@pytest.mark.serial  # asserts time bounds
+def test_the_prometheus_check_passes_on_a_ready_server_and_fails_within_its_timeout_on_a_hung_or_missing_one(
+        silent: socket.socket) -> None:
+    from prometheus import PrometheusServer, shipped_rules
+
+    checks = distinct_checks(lambda services: {"prometheus": services["prometheus"]})
+    with PrometheusServer([], shipped_rules()) as live:
+        cases = [(check, port, healthy) for _, check in checks.values()
+                 for port, healthy in ((live.port, True), (silent.getsockname()[1], False), (refused_port(), False))]
+        results = side_by_side([([w.replace(":9090/", f":{port}/") for w in check["test"]], {}, None)
+                                for check, port, _ in cases])
+    for (check, port, healthy), (code, took, output) in zip(cases, results, strict=True):
+        assert (code == 0) == healthy and took < seconds(check["timeout"]), (port, code, took, output)

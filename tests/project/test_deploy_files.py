@@ -50,7 +50,7 @@ def test_compose_restarts_a_worker_that_failed() -> None:
 
 
 def test_ci_is_one_call_of_the_test_command_with_ci_set() -> None:
-    """The test command does its own set-up (run.ensure_browser), so CI is that command alone."""
+    """The test command does its own set-up (run.ensure_system_packages), so CI is that command alone."""
     lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
              if line.strip() and not line.startswith("#")]
     assert lines == ['cd "$(dirname "$0")/.." && CI="${CI:-true}" exec python3 run.py test']

@@ -1,7 +1,8 @@
-"""``python3 run.py test`` does its own set-up: the headless browser first, then the docs build.
+"""``python3 run.py test`` does its own set-up: the system packages first, then the docs build.
 
-``run.ensure_browser`` installs Debian's ``chromium`` with apt-get when it is missing and this runs
-as root; otherwise it installs nothing and the command stops, with a one-line instruction, before
+``run.ensure_system_packages`` installs Debian's ``chromium`` (the headless browser) and
+``prometheus`` (the server and promtool) with one apt-get when either is missing and this runs as
+root; otherwise it installs nothing and the command stops, with a one-line instruction, before
 running anything. Fakes stand in for PATH, apt-get and the steps (nothing is installed or run here).
 """
 
@@ -15,9 +16,12 @@ from typing import Any
 import pytest
 import run
 
+PROMETHEUS = {"prometheus", "promtool"}
+
 
 class Apt:
-    """A fake ``subprocess.run`` for apt-get: records each command; ``install`` puts chromium on PATH."""
+    """A fake ``subprocess.run`` for apt-get: records each command; ``install`` puts what it names on PATH
+    (chromium; prometheus as its two commands)."""
 
     def __init__(self, path: set[str], fail: bool = False) -> None:
         self.path, self.fail, self.calls = path, fail, []  # type: list[tuple[list[str], dict[str, str]]]
@@ -26,61 +30,83 @@ class Apt:
         assert output == {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
         self.calls.append((cmd, env))
         if "install" in cmd and not self.fail:
-            self.path.add("chromium")
+            for package in cmd[cmd.index("-qq") + 1:]:
+                self.path |= PROMETHEUS if package == "prometheus" else {package}
         return subprocess.CompletedProcess(cmd, 1 if self.fail else 0, stdout="E: apt says why" if self.fail else "")
 
     def which(self, name: str) -> str | None:
         return f"/usr/bin/{name}" if name in self.path else None
 
 
-def test_a_present_browser_needs_nothing() -> None:
+def test_present_packages_need_nothing() -> None:
     for name in run.BROWSERS:
-        apt = Apt({name, "apt-get"})
-        assert run.ensure_browser(apt.which, is_root=True, sh=apt) is None
+        apt = Apt({name, "apt-get", *PROMETHEUS})
+        assert run.ensure_system_packages(apt.which, is_root=True, sh=apt) is None
         assert apt.calls == []
 
 
 def test_as_root_a_missing_browser_is_installed_with_apt_get_non_interactively() -> None:
-    apt = Apt({"apt-get"})
-    assert run.ensure_browser(apt.which, is_root=True, sh=apt) is None
+    apt = Apt({"apt-get", *PROMETHEUS})
+    assert run.ensure_system_packages(apt.which, is_root=True, sh=apt) is None
     assert [cmd for cmd, _ in apt.calls] == [["apt-get", "update", "-qq"],
                                              ["apt-get", "install", "-y", "-qq", "chromium"]]
     assert all(env["DEBIAN_FRONTEND"] == "noninteractive" for _, env in apt.calls)
     assert "chromium" in apt.path
 
 
+@pytest.mark.parametrize("present", [set(), {"prometheus"}, {"promtool"}])
+def test_as_root_prometheus_without_either_command_is_installed(present: set[str]) -> None:
+    apt = Apt({"apt-get", "chromium", *present})
+    assert run.ensure_system_packages(apt.which, is_root=True, sh=apt) is None
+    assert [cmd for cmd, _ in apt.calls] == [["apt-get", "update", "-qq"],
+                                             ["apt-get", "install", "-y", "-qq", "prometheus"]]
+    assert apt.path >= PROMETHEUS
+
+
+def test_as_root_both_missing_are_installed_by_one_apt_get() -> None:
+    apt = Apt({"apt-get"})
+    assert run.ensure_system_packages(apt.which, is_root=True, sh=apt) is None
+    assert [cmd for cmd, _ in apt.calls] == [["apt-get", "update", "-qq"],
+                                             ["apt-get", "install", "-y", "-qq", "chromium", "prometheus"]]
+    assert run.missing_packages(apt.which) == []
+
+
 def test_without_root_nothing_is_installed_and_the_instruction_is_one_line() -> None:
     apt = Apt({"apt-get"})
-    hint = run.ensure_browser(apt.which, is_root=False, sh=apt)
+    hint = run.ensure_system_packages(apt.which, is_root=False, sh=apt)
     assert apt.calls == []
     assert hint is not None and "\n" not in hint
-    assert "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium" in hint
+    assert "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium prometheus" in hint
+    only = run.ensure_system_packages(Apt({"apt-get", "chromium"}).which, is_root=False, sh=apt)
+    assert only is not None and only.endswith(
+        "apt-get install -y -qq prometheus` (as root), then run python3 run.py test again")
 
 
 def test_a_failed_install_or_no_apt_get_is_reported(capsys: pytest.CaptureFixture[str]) -> None:
     apt = Apt({"apt-get"}, fail=True)
-    assert "apt-get update -qq failed" in (run.ensure_browser(apt.which, is_root=True, sh=apt) or "")
+    assert "apt-get update -qq failed" in (run.ensure_system_packages(apt.which, is_root=True, sh=apt) or "")
     assert "E: apt says why" in capsys.readouterr().err
     no_apt = Apt(set())
-    assert run.ensure_browser(no_apt.which, is_root=True, sh=no_apt) == run.BROWSER_HINT
+    assert run.ensure_system_packages(no_apt.which, is_root=True, sh=no_apt) == run.install_hint(
+        ["chromium", "prometheus"])
     assert no_apt.calls == []
 
 
-def test_the_test_command_stops_before_anything_when_the_browser_cannot_be_had(
+def test_the_test_command_stops_before_anything_when_a_system_package_cannot_be_had(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     ran: list[str] = []
-    monkeypatch.setattr(run, "ensure_browser", lambda: run.BROWSER_HINT)
+    monkeypatch.setattr(run, "ensure_system_packages", lambda: run.install_hint(["chromium"]))
     monkeypatch.setattr(run, "ensure_env", lambda *a: ran.append("ensure_env") or Path("/nonexistent"))
     monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append(" ".join(cmd)) or 0)
     assert run.main(["test"]) == 1
     assert ran == []
-    assert capsys.readouterr().err.strip() == run.BROWSER_HINT
+    assert capsys.readouterr().err.strip() == run.install_hint(["chromium"])
 
 
-def test_the_test_command_sets_up_the_browser_then_builds_the_docs_strictly_before_pytest(
+def test_the_test_command_sets_up_the_system_packages_then_builds_the_docs_strictly_before_pytest(
         monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[str] = []
-    monkeypatch.setattr(run, "ensure_browser", lambda: ran.append("browser") and None)
+    monkeypatch.setattr(run, "ensure_system_packages", lambda: ran.append("browser") and None)
     monkeypatch.setattr(run, "ensure_env", lambda *a: ran.append("env") or Path("/venv/bin"))
     monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append(" ".join(cmd)) or 0)
     assert run.main(["test", "tests/unit"]) == 0
@@ -93,7 +119,7 @@ def test_the_test_command_sets_up_the_browser_then_builds_the_docs_strictly_befo
 
 def test_a_failed_docs_build_fails_the_test_command(monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[str] = []
-    monkeypatch.setattr(run, "ensure_browser", lambda: None)
+    monkeypatch.setattr(run, "ensure_system_packages", lambda: None)
     monkeypatch.setattr(run, "ensure_env", lambda *a: Path("/venv/bin"))
     monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append(cmd[0]) or int("mkdocs" in cmd[0]))
     assert run.main(["test"]) == 1
@@ -103,7 +129,7 @@ def test_a_failed_docs_build_fails_the_test_command(monkeypatch: pytest.MonkeyPa
 def test_the_whole_suite_runs_in_parallel_then_the_serial_tests_alone_on_each_rq(
         monkeypatch: pytest.MonkeyPatch) -> None:
     ran: list[tuple[str, dict[str, str] | None]] = []
-    monkeypatch.setattr(run, "ensure_browser", lambda: None)
+    monkeypatch.setattr(run, "ensure_system_packages", lambda: None)
     monkeypatch.setattr(run, "ensure_env", lambda *a: Path("/rq2/bin" if a and a[0] == ".venv-rq2" else "/venv/bin"))
     monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append((" ".join(cmd), env)) or 0)
     assert run.main(["test"]) == 0

@@ -169,7 +169,7 @@ def requests(draw: st.DrawFn) -> wire.ForkRequest:
     return wire.ForkRequest(source=draw(st.one_of(ids, handles)), request_id="prop", **extra)
 
 
-def _json_text(request: wire.ForkRequest, shuffled: bool) -> str:
+def _json_text(request: wire.AnyRequest, shuffled: bool) -> str:
     """The request as another language might write it: keys in any order, spaces, escapes. (A
     fraction, an exponent or 16 digits anywhere sends the script down its exact, slower reader.)"""
     body = msgspec.to_builtins(request)
@@ -190,6 +190,49 @@ def test_the_script_and_wire_identity_agree_on_random_requests(redis: Redis, fir
     client.submit(first)  # queued by the sync client: compressed data, the identity field compared
     assert raw(redis, _json_text(second, shuffled), rid="prop") == expected
     redis.delete("rq:job:prop")  # claimed, the job gone: the identity the worker keeps is compared
+    redis.hset(keys.request("prop"), mapping={"digest": "d", "request": wire.identity(first)})
+    assert raw(redis, _json_text(second, shuffled), rid="prop") == expected
+
+
+# -- issue 28: merges' and selects' identity, Python's ------------------------------------------
+
+ranges = st.builds(wire.MergeRange, from_seq=numbers, to_seq=numbers)
+unset = st.just(msgspec.UNSET)
+
+
+@st.composite
+def merge_requests(draw: st.DrawFn) -> wire.MergeRequest | wire.SelectRequest:
+    """A merge or a select, any of its fields given or not (the script compares, the worker validates)."""
+    common: dict[str, Any] = {
+        "parent": draw(st.one_of(ids, handles)), "mode": draw(st.sampled_from(["summary", "events"])),
+        "summary": draw(st.one_of(unset, values)), "range": draw(st.one_of(unset, ranges)),
+        "if_parent_length": draw(st.one_of(unset, numbers)), "if_child_length": draw(st.one_of(unset, numbers)),
+        "reply_to": draw(st.one_of(unset, st.sampled_from(["sf:replies", "sf:replies:2"]))), "request_id": "prop"}
+    if draw(st.booleans()):
+        return wire.MergeRequest(op="merge", child=draw(ids), **common)
+    candidates = draw(st.lists(ids, min_size=1, max_size=3))
+    winner = draw(st.one_of(st.sampled_from(candidates), ids))
+    return wire.SelectRequest(op="select", candidates=candidates, winner=winner, **common)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(first=st.one_of(merge_requests(), requests()), second=st.one_of(merge_requests(), requests()),
+       same=st.sampled_from(["no", "reply", "one field"]), field=st.integers(0, 20), shuffled=st.booleans())
+def test_the_script_and_wire_identity_agree_on_random_merges_and_selects(redis: Redis, first: wire.AnyRequest,
+                                                                         second: wire.AnyRequest, same: str,
+                                                                         field: int, shuffled: bool) -> None:
+    """As for forks: a merge or a select against another (or a fork: a different request), queued
+    or claimed; ``same`` makes equal identities (``reply``: only the reply channel differs) and
+    identities one field apart (``one field``: ``first`` with one field of ``second``) frequent."""
+    if same != "no" and type(second) is type(first):
+        names = [f.name for f in msgspec.structs.fields(first) if f.name not in ("op", "request_id")]
+        name = "reply_to" if same == "reply" else names[field % len(names)]
+        second = msgspec.structs.replace(first, **{name: getattr(second, name)})
+    expected = 0 if wire.identity(first) == wire.identity(second) else -1
+    redis.flushall()
+    make_client(redis).submit(first)
+    assert raw(redis, _json_text(second, shuffled), rid="prop") == expected
+    redis.delete("rq:job:prop")
     redis.hset(keys.request("prop"), mapping={"digest": "d", "request": wire.identity(first)})
     assert raw(redis, _json_text(second, shuffled), rid="prop") == expected
 

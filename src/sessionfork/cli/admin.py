@@ -118,14 +118,35 @@ def delete(obj: Context, session_ids: tuple[str, ...], timeout: float) -> None:
 @click.pass_obj
 @clean_errors
 def gc(obj: Context, dry_run: bool, older_than: int | None, as_json: bool) -> None:
-    """Delete disposed sessions older than the retention (never a live one)."""
+    """Dispose branches that ended longer ago than the branch TTL, then delete disposed sessions
+    older than the retention (never a live one)."""
     from ..core.factories import now_ms
-    from ..core.retention import sweep
+    from ..core.retention import dispose_ended, sweep
 
     seconds = older_than if older_than is not None else obj.settings.retention
-    if seconds <= 0:
-        raise click.UsageError("retention is off: set SESSIONFORK_RETENTION or pass --older-than SECONDS")
+    ttl = obj.settings.branch_ttl
+    if seconds <= 0 and ttl <= 0:
+        raise click.UsageError("retention is off and SESSIONFORK_BRANCH_TTL is 0: set SESSIONFORK_RETENTION or "
+                               "pass --older-than SECONDS")
     registry = obj.registry()
+    held = ended = 0
+    while ttl > 0:
+        branches = dispose_ended(registry, now_ms=now_ms(), older_than_ms=ttl * 1000, dry_run=dry_run,
+                                 limit=100_000 if dry_run else 1000)
+        for b in branches:
+            when = datetime.fromtimestamp(b.ended_at / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
+            click.echo(wire.encode(b).decode() if as_json else
+                       f"{b.id}  {b.state} {when}Z  {b.bytes} B  ({'would be ' if dry_run else ''}disposed: "
+                       "branch TTL)")
+        held += sum(b.bytes for b in branches)
+        ended += len(branches)
+        if dry_run or not branches:
+            break
+    if ttl > 0:
+        click.echo(f"{ended} ended branch(es) {'would be ' if dry_run else ''}disposed, holding {held} bytes "
+                   "(freed by retention once it has passed)", err=as_json)
+    if seconds <= 0:
+        return
     total = count = 0
     while True:
         batch = sweep(registry, now_ms=now_ms(), older_than_ms=seconds * 1000, dry_run=dry_run,

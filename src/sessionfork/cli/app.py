@@ -169,7 +169,7 @@ def env_help(text: str, field: str) -> str:
 def _settings_epilog() -> str:
     """The group's help ends with every other variable the CLI reads, and its default."""
     defaults = config.Settings()
-    shown = {**FLAGS, "shard": "--shard"}
+    shown = {**FLAGS, "shard": "--shard", "metrics_address": "--metrics-address"}
     lines = [f"  {var} (default: {_shown(getattr(defaults, field))})" for field, var in config.ENV.items()
              if field not in shown]
     return "\b\nSettings read from the environment only (docs: Configuration):\n" + "\n".join(lines)

@@ -20,6 +20,13 @@ from .files import read_edits, read_summary, read_variants
 log = logging.getLogger("sessionfork.worker")
 
 
+def _check_address(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    try:
+        return None if value is None else config.check_address(value, "--metrics-address")
+    except config.ConfigError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
 def check_wait(ctx: click.Context, param: click.Parameter, value: float) -> float:
     if not 0 <= value <= MAX_WAIT:  # NaN fails too
         raise click.BadParameter(f"expected 0 to {MAX_WAIT} seconds, got {value}", ctx, param)
@@ -34,11 +41,14 @@ def check_wait(ctx: click.Context, param: click.Parameter, value: float) -> floa
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: one object per line, with request id, source, child, code, duration.")
 @click.option("--metrics-port", type=click.IntRange(1, 65535), help="Serve Prometheus metrics on this port.")
+@click.option("--metrics-address", callback=_check_address, metavar="ADDRESS",
+              help=env_help("Serve the metrics on this address (default: 0.0.0.0, every IPv4 one).",
+                            "metrics_address"))
 @click.option("--shard", type=int, help=env_help("Sharded queue: the shard to serve, 0-based.", "shard"))
 @click.pass_obj
 @clean_errors
 def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, log_level: str,
-           log_format: str, metrics_port: int | None, shard: int | None) -> None:
+           log_format: str, metrics_port: int | None, metrics_address: str | None, shard: int | None) -> None:
     """Run a fork worker until SIGTERM (finishes the fork in hand, then exits 0)."""
     from ..ops.metrics import Observer, configure_logging
     from ..ops.pauses import is_paused
@@ -56,12 +66,13 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
     observer = Observer(queue_depth=lambda: queue.count, shard=None if count == 1 else s.shard,
                         paused=lambda: is_paused(queue_redis))
     if metrics_port is not None:
-        observer.serve(metrics_port)
+        observer.serve(metrics_port, metrics_address or s.metrics_address)
     log.info("worker started", extra={"server": config.redacted(url), "queue": s.queue, "shard": s.shard or 0,
                                       "shards": count, "metricsPort": metrics_port,
                                       "registry": config.redacted(obj.registry_url)})
     fork_worker = ForkWorker([queue], service=service, connection=queue_redis, on_outcome=observer,
                              abandoned_after=s.abandoned_after, job_ttl=s.job_ttl, retention=s.retention,
+                             branch_ttl=s.branch_ttl,
                              delete_after_persist=s.delete_after_persist,
                              maintenance_interval=s.maintenance_interval,
                              worker_ttl=s.worker_ttl, name=name)

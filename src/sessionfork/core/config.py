@@ -6,6 +6,7 @@ that sets it) are in ``settings``; this module reads and checks them, and re-exp
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -16,8 +17,8 @@ import msgspec
 from .settings import BOUNDS, ENQUEUE_MODES, ENV, NAME_MAX_LENGTH, Settings
 
 __all__ = ["BOUNDS", "ENQUEUE_MODES", "ENV", "NAME_MAX_LENGTH", "SENTINEL_PORT", "SENTINEL_SCHEMES", "URL_SCHEMES",
-           "ConfigError", "SentinelURL", "Settings", "check_url", "from_environ", "parse_sentinel_url", "redacted",
-           "split_urls", "with_shard"]
+           "ConfigError", "SentinelURL", "Settings", "check_address", "check_url", "from_environ", "parse_sentinel_url",
+           "redacted", "split_urls", "with_shard"]
 
 URL_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
@@ -64,6 +65,7 @@ def from_environ(environ: Mapping[str, str], *, flags: Mapping[str, str] | None 
     if settings.enqueue not in ENQUEUE_MODES:
         raise ConfigError(f"{names['enqueue']} must be one of {', '.join(ENQUEUE_MODES)}, got {settings.enqueue!r}")
     _check_shards(settings, names)
+    check_address(settings.metrics_address, names["metrics_address"])
     if settings.cluster and settings.redis_url and settings.redis_url.partition("://")[0] in SENTINEL_SCHEMES:
         raise ConfigError(f"{names['cluster']} and a Sentinel {names['redis_url']} exclude each other: a cluster "
                           "fails over by itself")
@@ -204,6 +206,21 @@ def check_url(url: str, what: str) -> str:
         if not parts.hostname or port == 0 or (db and not db.isdigit()):
             raise ConfigError(f"{what} must name a host, a port 1-65535 and a database number, got {redacted(url)!r}")
     return url
+
+
+_HOST_NAME = re.compile(r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                        r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+
+
+def check_address(address: str, what: str) -> str:
+    """Return ``address`` or raise ``ConfigError`` (naming ``what``): an address to listen on, an
+    IPv4 or IPv6 address (unbracketed: ``::``) or a host name (RFC 1123 labels)."""
+    try:
+        ipaddress.ip_address(address)
+    except ValueError:
+        if not _HOST_NAME.fullmatch(address):
+            raise ConfigError(f"{what} must be an IP address or a host name, got {address!r}") from None
+    return address
 
 
 def redacted(url: str) -> str:

@@ -28,6 +28,9 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                     mergedinto  its latest merge into an ancestor: JSON [parent id,
                                               the merge's first seq there, request id]
                                     abandoned the request id of the select that abandoned it
+                                    plan:<request id>  "<fromSeq> <toSeq>": the range a request's
+                                              merge of this session resolved (merge_read.lua; a
+                                              retry merges the same range)
                                     batch     id of the last append call, batchseq its first seq
                                               (a retried append is recognised, never doubled)
                                   once deleted, a tombstone (the id is never reused):
@@ -58,10 +61,9 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                   seedlen it is unpinned from its parent
     sf:s:{<id>}:merges     hash   merges into this session (merge.lua): ["m",child,fromSeq,toSeq] ->
                                   "<request id> <first seq> <length after>" (one merge of one range,
-                                  under any request id: ALREADY_MERGED); ["r",<request id>] ->
-                                  "<child> <fromSeq> <toSeq> <first seq> <length after>" (a retried
-                                  request replays it); a select's candidates ["c",<id>] ->
-                                  "m <request id> <first seq>" (its winner) or "a <request id>"
+                                  under any request id: ALREADY_MERGED; request id "-": none); a
+                                  select's candidates ["c",<id>] -> "m <request id> <first seq>" (its
+                                  winner) or "a <request id>"
     sf:s:{<id>}:turns      list   turn index of the session's own events: 2*seq + 1 for each
                                   turn/end, 2*seq for each turn/start, ascending (append-only), so
                                   the newest marker at or before a seq is a binary search

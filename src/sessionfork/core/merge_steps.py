@@ -14,7 +14,6 @@ and child in different slots.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,6 +71,8 @@ class _Record:
     length: int
     merged_into: tuple[str, int, str] | None
     abandoned: str | None
+    planned: bool = False
+    """This request planned a merge of it already (``plan_field``): a retry."""
 
 
 class MergeSteps:
@@ -86,10 +87,6 @@ class MergeSteps:
 
     def merge(self, spec: MergeSpec) -> Merged:
         """``Registry.merge``'s steps for a checked spec: the errors in the documented order."""
-        replayed = self._replayed(spec)
-        if replayed is not None:
-            self._mark(spec, replayed, ())
-            return replayed
         _, child = self._sessions(spec, (spec.child,))
         forked_at = self._check_lineage(spec, spec.child, child[spec.child])
         merged = self._write(spec, self._read_child(spec), forked_at, ())
@@ -99,17 +96,12 @@ class MergeSteps:
     def select(self, spec: SelectSpec) -> Merged:
         """``Registry.select``'s steps for a checked spec: the winner merged, the others abandoned."""
         m = spec.merge
-        replayed = self._replayed(m)
-        if replayed is not None:
-            replayed = dataclasses.replace(replayed, abandoned=spec.losers)
-            self._mark(m, replayed, spec.losers)
-            return replayed
         _, found = self._sessions(m, spec.candidates)
         forked_at = {cid: self._check_lineage(m, cid, found[cid]) for cid in spec.candidates}
         for cid in spec.candidates:
             got = found[cid]
-            if got.merged_into is not None:  # a stale selection: a candidate merged before
-                into, seq, req = got.merged_into
+            if got.merged_into is not None and not (m.request_id and got.merged_into[2] == m.request_id):
+                into, seq, req = got.merged_into  # a stale selection: a candidate merged before
                 raise errors.already_merged(cid, into, _shown(req), seq)
         merged = self._write(m, self._read_child(m), forked_at[m.child], spec.losers)
         self._mark(m, merged, spec.losers)
@@ -117,43 +109,36 @@ class MergeSteps:
 
     # -- reads -----------------------------------------------------------------------------------
 
-    def _replayed(self, spec: MergeSpec) -> Merged | None:
-        """The merge this spec's request id made already (its parent's index says), or ``None``."""
-        if not spec.request_id:
-            return None
-        raw = self.redis.hget(keys.session_merges(spec.parent_id), replay_key(spec.request_id))
-        if raw is None:
-            return None
-        child, from_seq, to_seq, first, length = wire.text(raw).split()
-        return Merged(spec.parent_id, child, int(first), int(length), int(from_seq), int(to_seq))
-
     def _sessions(self, spec: MergeSpec, children: Sequence[str]) -> tuple[_Record, dict[str, _Record]]:
         """The parent's and the children's records, in one round trip: ``SESSION_NOT_FOUND`` (the
-        parent, then each child), ``SESSION_NOT_LIVE`` (the parent; its step checks again)."""
+        parent, then each child), ``SESSION_NOT_LIVE`` (the parent; its step checks again) unless
+        this request planned its merge already (a retry: it answers its first merge)."""
         pid, instance = split_ref(spec.parent)
-        read = self._records([pid, *children])
+        read = self._records([pid, *children], spec.request_id)
         parent = read[0]
         if not parent.exists:
             raise errors.not_found(pid)
         for cid, got in zip(children, read[1:], strict=True):
             if not got.exists:
                 raise errors.not_found(cid)
-        if parent.instance is None or (instance and parent.instance != instance):
+        retry = any(got.planned for got in read[1:])
+        if not retry and (parent.instance is None or (instance and parent.instance != instance)):
             raise errors.not_live(pid)
         return parent, dict(zip(children, read[1:], strict=True))
 
-    def _records(self, ids: Sequence[str]) -> list[_Record]:
+    def _records(self, ids: Sequence[str], request_id: str = "") -> list[_Record]:
+        fields = [*_RECORD, plan_field(request_id)] if request_id else list(_RECORD)
         pipe = self.redis.pipeline(transaction=False)
         for sid in ids:
-            pipe.hmget(keys.session(sid), list(_RECORD))
+            pipe.hmget(keys.session(sid), fields)
         out = []
-        for header, instance, parent, seedlen, length, merged, abandoned in pipe.execute():
+        for header, instance, parent, seedlen, length, merged, abandoned, *plan in pipe.execute():
             n = 0 if length is None else int(length)
             out.append(_Record(
                 exists=header is not None, instance=None if instance is None else wire.text(instance),
                 parent=records.parent_of(header, parent), seed_length=n if seedlen is None else int(seedlen),
                 length=n, merged_into=None if merged is None else _merged_into.decode(merged),
-                abandoned=None if abandoned is None else wire.text(abandoned)))
+                abandoned=None if abandoned is None else wire.text(abandoned), planned=bool(plan and plan[0])))
         return out
 
     def _check_lineage(self, spec: MergeSpec, child: str, record: _Record) -> int:
@@ -167,12 +152,14 @@ class MergeSteps:
             (at,) = self._records([link])
         if at.parent != target or child == target:
             raise errors.not_descendant(child, target)
-        if record.abandoned is not None:
+        if record.abandoned is not None and not (spec.request_id and record.abandoned == spec.request_id):
             raise errors.abandoned(child, _shown(record.abandoned))
         return at.seed_length
 
     def _read_child(self, spec: MergeSpec) -> tuple[int, int, list[bytes]]:
-        """The child's step: ``(fromSeq, toSeq, stored events)`` (mode ``summary``: none). ``PRECONDITION_FAILED``
+        """The child's step: ``(fromSeq, toSeq, stored events)`` (mode ``summary``: none); with a
+        request id it keeps the range it resolved in the child's record (``plan_field``), and a
+        retry takes that range, whatever the child holds now. ``PRECONDITION_FAILED``
         (``ifChildLength``), then ``INVALID_BOUNDARY`` for a range outside the child's own
         events, over ``MAX_MERGE_EVENTS``, or not ending between turns."""
         cid = spec.child
@@ -181,7 +168,8 @@ class MergeSteps:
             if_length="" if spec.if_child_length is None else spec.if_child_length,
             from_seq="" if spec.from_seq is None else spec.from_seq,
             to_seq="" if spec.to_seq is None else spec.to_seq, most=MAX_MERGE_EVENTS,
-            events="1" if spec.mode == "events" else "0", most_bytes=MAX_MERGE_BYTES))
+            events="1" if spec.mode == "events" else "0", most_bytes=MAX_MERGE_BYTES,
+            plan=plan_field(spec.request_id) if spec.request_id else ""))
         status = wire.text(reply[0])
         if status == "NOT_FOUND":
             raise errors.not_found(cid)
@@ -214,8 +202,7 @@ class MergeSteps:
             "merge", record=keys.session(pid), log=keys.session_log(pid), turns=keys.session_turns(pid),
             merges=keys.session_merges(pid), lifecycle=self.state.lifecycle_key, instance=instance,
             if_length="" if spec.if_parent_length is None else spec.if_parent_length,
-            request_id=spec.request_id, merge_key=merge_key(spec.child, from_seq, to_seq),
-            replay_key=replay_key(spec.request_id) if spec.request_id else "", child=spec.child,
+            request_id=spec.request_id, merge_key=merge_key(spec.child, from_seq, to_seq), child=spec.child,
             others=" ".join(others), maxlen=self.state.lifecycle_maxlen, session_id=pid, events=events))
         status = wire.text(reply[0])
         if status == "OK":
@@ -224,8 +211,7 @@ class MergeSteps:
                 self.state.emit(self.redis, "session/flush", pid, length)
             return Merged(pid, spec.child, first, length, from_seq, to_seq, tuple(others))
         if status == "REPLAY":
-            who, f, t, at, after = (wire.text(x) for x in reply[1:6])
-            return Merged(pid, who, int(at), int(after), int(f), int(t), tuple(others))
+            return Merged(pid, spec.child, int(reply[1]), int(reply[2]), from_seq, to_seq, tuple(others))
         if status == "NOT_FOUND":
             raise errors.not_found(pid)
         if status == "NOT_LIVE":
@@ -291,9 +277,10 @@ def merge_key(child: str, from_seq: int, to_seq: int) -> str:
     return json.dumps(["m", child, from_seq, to_seq], separators=(",", ":"))
 
 
-def replay_key(request_id: str) -> str:
-    """A request id's key in the parent's merges index."""
-    return json.dumps(["r", request_id], separators=(",", ":"))
+def plan_field(request_id: str) -> str:
+    """The child's record field that keeps the range a request's merge of it resolved
+    (``merge_read.lua``): a retry merges the same range, so the parent's step recognises it."""
+    return f"plan:{request_id}"
 
 
 def _shown(request_id: str) -> str:

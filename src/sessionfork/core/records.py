@@ -125,3 +125,30 @@ def parent_of(header: bytes | str | None, parent: bytes | str | None) -> str | N
         found = wire.decode_header(header).parent_session
         return None if found is UNSET else found
     return None
+
+
+STATE_FIELDS: Final = ("instance", "deleted", "mergedinto", "abandoned")
+"""A session's state in its record (``decode_state`` takes them in this order, after ``header``)."""
+_merged_tuple = msgspec.json.Decoder(tuple[str, int, str])
+
+
+def decode_state(sid: str, header: bytes | str | None, instance: bytes | str | None, deleted: bytes | str | None,
+                 merged: bytes | str | None, abandoned: bytes | str | None) -> wire.SessionState | None:
+    """The ``SessionState`` of a record's ``header`` and ``STATE_FIELDS`` (``None``: no such
+    session). The first that holds: deleted, disposed, abandoned, merged, live."""
+    into = UNSET if merged is None else merged_into(merged)
+    by = UNSET if abandoned is None else wire.text(abandoned)
+    if deleted is not None:
+        return wire.SessionState(id=sid, state="deleted", merged_into=into, abandoned_by=by)
+    if header is None:
+        return None
+    state: wire.SessionStateName = (
+        "disposed" if instance is None else "abandoned" if abandoned is not None
+        else "merged" if merged is not None else "live")
+    return wire.SessionState(id=sid, state=state, merged_into=into, abandoned_by=by)
+
+
+def merged_into(raw: bytes | str) -> wire.MergedInto:
+    """A record's ``mergedinto`` (JSON ``[parent, seq, request id]``)."""
+    parent, seq, request_id = _merged_tuple.decode(raw)
+    return wire.MergedInto(session=parent, seq=seq, request_id=request_id)

@@ -81,6 +81,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     retention: int = 0
     """Seconds a disposed session is kept before the workers' maintenance pass (and ``sessionfork
     gc``) deletes it; 0 = off (sessions are kept until deleted by hand). Never a live session."""
+    branch_ttl: int = 24 * 3600
+    """Seconds a branch that ended (merged into an ancestor, or abandoned by a select) stays live
+    before the workers' maintenance pass (and ``sessionfork gc``) disposes it; 0 = keep (never
+    disposed for having ended). Once disposed, ``retention`` deletes it as any disposed session."""
     delete_after_persist: bool = False
     """Deletion waits for the persistence backend: a session is removed from Redis only once its
     JSONL file holds its whole log (``sessionfork persist`` running)."""
@@ -99,6 +103,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     ``hash-max-listpack-value``. ``0`` writes the old layout (one JSON ``header``, one JSON
     ``outcome``), for a rolling upgrade while workers or clients of an earlier version still read
     the records; every version since reads both."""
+    metrics_address: str = "0.0.0.0"
+    """The address a worker serves its Prometheus metrics on (``SESSIONFORK_METRICS_ADDRESS``, ``worker
+    --metrics-address``; the port is ``--metrics-port``): an IPv4 or IPv6 address or a host name;
+    ``127.0.0.1`` keeps them on the host, ``::`` takes IPv6 too."""
     enqueue: str = "auto"
     """How the clients run the enqueue script (``SESSIONFORK_ENQUEUE``): ``auto`` = ``FCALL`` of the
     loaded ``sessionfork`` library, else ``EVALSHA``; ``fcall`` = the library only; ``eval`` = never
@@ -128,6 +136,7 @@ ENV: Mapping[str, str] = {
     "maintenance_interval": "SESSIONFORK_MAINTENANCE_INTERVAL",
     "worker_ttl": "SESSIONFORK_WORKER_TTL",
     "retention": "SESSIONFORK_RETENTION",
+    "branch_ttl": "SESSIONFORK_BRANCH_TTL",
     "delete_after_persist": "SESSIONFORK_DELETE_AFTER_PERSIST",
     "wait_replicas": "SESSIONFORK_WAIT_REPLICAS",
     "wait_timeout_ms": "SESSIONFORK_WAIT_TIMEOUT_MS",
@@ -135,6 +144,7 @@ ENV: Mapping[str, str] = {
     "connect_timeout": "SESSIONFORK_CONNECT_TIMEOUT",
     "enqueue": "SESSIONFORK_ENQUEUE",
     "compact_records": "SESSIONFORK_COMPACT_RECORDS",
+    "metrics_address": "SESSIONFORK_METRICS_ADDRESS",
 }
 
 _DAY = 24 * 3600
@@ -148,6 +158,7 @@ BOUNDS: Mapping[str, tuple[float, float]] = {
     "outcome_stream_maxlen": (1, 10**12),
     "job_ttl": (1, 3650 * _DAY),
     "retention": (0, 3650 * _DAY),  # 0: off
+    "branch_ttl": (0, 3650 * _DAY),  # 0: keep ended branches live
     "job_timeout": (1, 7 * _DAY),
     "retries": (0, 1000),
     "abandoned_after": (1, _DAY),

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TypeAlias
 
-import msgspec
 from msgspec import UNSET
 
 from ..core import errors, keys, records, rules, wire
@@ -142,18 +141,11 @@ class SessionStore:
     def state_of(self, session_id: str) -> wire.SessionState:
         """``Registry.state_of``."""
         sid = rules.check_id(session_id)
-        header, instance, deleted, merged, abandoned = self.redis.hmget(
-            keys.session(sid), ["header", "instance", "deleted", "mergedinto", "abandoned"])
-        into = UNSET if merged is None else _merged_into(merged)
-        by = UNSET if abandoned is None else wire.text(abandoned)
-        if deleted is not None:
-            return wire.SessionState(id=sid, state="deleted", merged_into=into, abandoned_by=by)
-        if header is None:
+        header, *state = self.redis.hmget(keys.session(sid), ["header", *records.STATE_FIELDS])
+        found = records.decode_state(sid, header, *state)
+        if found is None:
             raise errors.not_found(sid)
-        state: wire.SessionStateName = (
-            "disposed" if instance is None else "abandoned" if abandoned is not None
-            else "merged" if merged is not None else "live")
-        return wire.SessionState(id=sid, state=state, merged_into=into, abandoned_by=by)
+        return found
 
     def instance(self, session_id: str) -> str | None:
         """``Registry.instance``."""
@@ -181,15 +173,6 @@ class SessionStore:
         """``Registry.children``."""
         members = self.redis.smembers(keys.session_children(rules.check_id(session_id)))
         return sorted(wire.text(m) for m in members)
-
-
-_merged_tuple = msgspec.json.Decoder(tuple[str, int, str])
-
-
-def _merged_into(raw: bytes | str) -> wire.MergedInto:
-    """A record's ``mergedinto`` (JSON ``[parent, seq, request id]``)."""
-    parent, seq, request_id = _merged_tuple.decode(raw)
-    return wire.MergedInto(session=parent, seq=seq, request_id=request_id)
 
 
 class LengthMoved(Exception):

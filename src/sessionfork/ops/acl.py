@@ -38,9 +38,10 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
       ``CLIENT SETNAME``, ``CLIENT INFO`` (RQ 3 reads its own address there), ``INFO``.
       ``sessionfork health`` (which reads the worker registry) runs as this user too.
     * sessionfork: ``sf:req:*`` and ``sf:outcomes`` (claim and record scripts), ``PUBLISH`` to the
-      reply channel and its ``<reply>:`` prefix, ``sf:s:*``, ``sf:lifecycle`` and ``sf:ended`` (fork,
-      merge and select scripts, children index), ``sf:shard`` (the shard marker, read at start,
-      written by a sharded queue's first worker); ``WAIT`` when ``wait_replicas`` is set.
+      reply channel and its ``<reply>:`` prefix, ``sf:s:*`` and ``sf:lifecycle`` (fork and merge
+      scripts, children index), ``sf:disposed`` and ``sf:ended`` (retention, the branch TTL),
+      ``sf:shard`` (the shard marker, read at start, written by a sharded queue's first worker);
+      ``WAIT`` when ``wait_replicas`` is set.
     * no admin or dangerous command. ``CLIENT LIST`` is not granted on purpose: it shows every
       connection of the server; RQ 2 only uses it to learn its own address, and without it records
       ``ip_address = "unknown"`` (logging a warning at start-up).
@@ -49,8 +50,8 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
     * ``sf:s:*`` through the registry's scripts (``EVALSHA``/``SCRIPT LOAD``; the scripts run
       ``EXISTS``/``HGET``/``HMGET``/``HEXISTS``/``GET``/``HSET``/``HDEL``/``RPUSH``/``SADD``/
       ``SREM``/``SCARD``/``DEL``), reads (``HGET``/``HMGET``/``LRANGE``/``SMEMBERS``/``EXISTS``),
-      ``XADD`` to ``sf:lifecycle``, ``ZADD``/``ZREM`` on the retention index ``sf:disposed`` and the
-      ended-branches index ``sf:ended`` (merges and selects).
+      ``XADD`` to ``sf:lifecycle``, ``ZADD``/``ZREM`` on the retention index ``sf:disposed`` and on
+      the ended-branch index ``sf:ended`` (merges, selects, the branch TTL).
     * nothing on ``rq:*``, ``sf:req:*`` or ``sf:outcomes``, no channel.
     * residual: ACL key patterns cannot tell one host's sessions from another's; the instance
       token of a live handle is what keeps hosts apart.
@@ -176,8 +177,6 @@ def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
     wait = ("wait",) if settings.wait_replicas else ()
     # A script's declared keys need read and write access whatever the script does with them,
     # so keys passed to a script (rq:queue:<queue>, sf:lifecycle) cannot be write-only.
-    # sf:ended: the merge and select scripts index the branches they end (no rule named it: a select
-    # through a worker under sf-worker failed INTERNAL, NOPERM; the console's browser test runs one).
     sessions = (f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}", f"~{_glob(keys.DISPOSED_INDEX)}",
                 f"~{_glob(keys.ENDED_INDEX)}")
     rq = rq_layout.key_patterns(queue)
@@ -194,8 +193,7 @@ def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
         WORKER, passwords[WORKER],
         [f"~{rq['all']}", f"~{keys.PREFIX}:req:*", f"~{_glob(keys.OUTCOME_STREAM)}",
          f"~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}", f"~{_glob(keys.DISPOSED_INDEX)}",
-         f"~{_glob(keys.ENDED_INDEX)}",
-         f"~{_glob(keys.SHARD_MARKER)}"],
+         f"~{_glob(keys.ENDED_INDEX)}", f"~{_glob(keys.SHARD_MARKER)}"],
         [rq["worker_channels"], *replies], (*_WORKER_COMMANDS, *cluster, *wait))
     host = _line(HOST, passwords[HOST], sessions, (), (*_HOST_COMMANDS, *cluster))
     # XREADGROUP and XACK write the group's state, so the stream needs write access too.

@@ -7,7 +7,9 @@ without reading one event; only the divergent tails are read (through the seed r
 ``Registry.events`` does), so the cost of a diff follows the tails, not the shared history.
 
 The fork point is taken from the sessions' seed references, never from an ancestor's length: a
-child forked at an earlier seq than its parent's length (a boundary fork) is placed right.
+child forked at an earlier seq than its parent's length (a boundary fork) is placed right. Each
+side shows its state (``Registry.state_of``: live, merged, abandoned or disposed, with its merge),
+read with its pieces.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from msgspec import UNSET
 from ..core import errors, keys, records, rules, wire
 from ..core.registry import Registry
 from ..core.snapshots import decode_segments, window
+from ..core.wire import MergedInto, SessionState, SessionStateName
+from .lineage import describe
 
 Piece = tuple[str, int, int]  # (log owner, first list index, end list index)
 
@@ -35,6 +39,12 @@ class Side(msgspec.Struct, rename="camel", kw_only=True):
     """Events it shares with the common ancestor: the ancestor's seq where it branched off."""
     events: list[dict[str, Any]]
     """Its events with ``seq >= shared``, in the harness's JSON shape."""
+    state: SessionStateName
+    """``live``, ``merged``, ``abandoned`` or ``disposed`` (``Registry.state_of``)."""
+    merged_into: MergedInto | msgspec.UnsetType = UNSET
+    """Its latest merge into an ancestor (absent: never merged)."""
+    abandoned_by: str | msgspec.UnsetType = UNSET
+    """The select request that abandoned it (absent: not abandoned)."""
 
 
 class Kept(msgspec.Struct, rename="camel", kw_only=True):
@@ -85,13 +95,15 @@ def shared_length(a: Sequence[Piece], b: Sequence[Piece]) -> int:
     return pos
 
 
-def _pieces(registry: Registry, sid: str, *, deleted_ok: bool = False) -> tuple[int, list[Piece]]:
-    """``(length, pieces)`` of a session, from its record (one read, no event read).
+def _pieces(registry: Registry, sid: str, *, deleted_ok: bool = False) -> tuple[int, list[Piece], SessionState | None]:
+    """``(length, pieces, state)`` of a session, from its record (one read, no event read).
 
     With ``deleted_ok``, a deleted ancestor's tombstone does too while descendants pin it (it
     keeps its seed, and its log): its pieces are its seed and its whole own log."""
-    length, seed_length, seed, deleted = registry.redis.hmget(keys.session(sid),
-                                                              ["len", "seedlen", "seed", "deleted"])
+    length, seed_length, seed, header, *fields = registry.redis.hmget(
+        keys.session(sid), ["len", "seedlen", "seed", "header", *records.STATE_FIELDS])
+    deleted = fields[1]
+    state = records.decode_state(sid, header, *fields)
     if deleted is not None and deleted_ok and seed is not None and seed_length is not None:
         length = str(int(seed_length) + int(registry.redis.llen(keys.session_log(sid))))
     seed_length = seed_length if seed_length is not None else length  # absent until the first append
@@ -100,7 +112,7 @@ def _pieces(registry: Registry, sid: str, *, deleted_ok: bool = False) -> tuple[
     total, own = int(length), int(length) - int(seed_length)
     # A child's seed may reference its parent's seed: resolved into ancestor slices (cached).
     pieces = [p for p in registry.resolve(sid, decode_segments(seed)) if p[2] > p[1]]
-    return total, [*pieces, (sid, 0, own)] if own else pieces
+    return total, [*pieces, (sid, 0, own)] if own else pieces, state
 
 
 def _chain(registry: Registry, sid: str) -> list[str]:
@@ -125,20 +137,20 @@ def diff(registry: Registry, a: str, b: str) -> Diff:
     Unrelated sessions (``ancestor`` absent) read no event: ``shared`` is 0 and both sides list
     none, whatever their length."""
     a, b = rules.check_id(a), rules.check_id(b)
-    (len_a, pieces_a), (len_b, pieces_b) = _pieces(registry, a), _pieces(registry, b)
+    (len_a, pieces_a, state_a), (len_b, pieces_b, state_b) = _pieces(registry, a), _pieces(registry, b)
     shared = shared_length(pieces_a, pieces_b)
     chain_b = set(_chain(registry, b))
     ancestor = next((sid for sid in _chain(registry, a) if sid in chain_b), None)
     if ancestor is None:
-        return Diff(shared=0, a=Side(id=a, length=len_a, left_at=0, events=[]),
-                    b=Side(id=b, length=len_b, left_at=0, events=[]))
+        return Diff(shared=0, a=_side(registry, a, len_a, 0, len_a, state_a),
+                    b=_side(registry, b, len_b, 0, len_b, state_b))
     try:
-        _, pieces_n = _pieces(registry, ancestor, deleted_ok=True)
+        _, pieces_n, _ = _pieces(registry, ancestor, deleted_ok=True)
         left_a, left_b = shared_length(pieces_a, pieces_n), shared_length(pieces_b, pieces_n)
     except errors.ForkError:  # an ancestor gone for good (only after a data loss): they left at the split
         left_a = left_b = shared
-    return Diff(shared=shared, ancestor=ancestor, a=_side(registry, a, len_a, left_a, shared),
-                b=_side(registry, b, len_b, left_b, shared),
+    return Diff(shared=shared, ancestor=ancestor, a=_side(registry, a, len_a, left_a, shared, state_a),
+                b=_side(registry, b, len_b, left_b, shared, state_b),
                 kept=_kept(registry, a, pieces_a, pieces_b, len_b) or _kept(registry, b, pieces_b, pieces_a, len_a)
                 or UNSET)
 
@@ -153,9 +165,12 @@ def _kept(registry: Registry, sid: str, mine: list[Piece], other: list[Piece], o
     return Kept(session=sid, from_seq=keep_from, count=count) if count else None
 
 
-def _side(registry: Registry, sid: str, length: int, left_at: int, shared: int) -> Side:
+def _side(registry: Registry, sid: str, length: int, left_at: int, shared: int, state: SessionState | None) -> Side:
     tail = registry.events(sid, shared, length) if length > shared else []
-    return Side(id=sid, length=length, left_at=left_at, events=[wire.event_to_builtins(e) for e in tail])
+    if state is None:  # _pieces raised for a session that is not there
+        raise errors.not_found(sid)
+    return Side(id=sid, length=length, left_at=left_at, events=[wire.event_to_builtins(e) for e in tail],
+                state=state.state, merged_into=state.merged_into, abandoned_by=state.abandoned_by)
 
 
 def render_text(found: Diff, width: int = 160) -> str:
@@ -169,8 +184,9 @@ def render_text(found: Diff, width: int = 160) -> str:
                      f"{k.from_seq}-{k.from_seq + k.count - 1} (its seq 0 summarises 0-{k.from_seq - 1})")
     for label, side in (("A", found.a), ("B", found.b)):
         lines.append("")
-        lines.append(f"{label} {side.id}: left {found.ancestor} at seq {side.left_at}; length {side.length}; "
-                     f"{len(side.events)} event(s) after the shared prefix")
+        state = describe(side.state, side.merged_into, side.abandoned_by)
+        lines.append(f"{label} {side.id} ({state}): left {found.ancestor} at seq {side.left_at}; "
+                     f"length {side.length}; {len(side.events)} event(s) after the shared prefix")
         for event in side.events:
             rest = {k: v for k, v in event.items() if k not in ("type", "seq", "time")}
             body = json.dumps(rest, ensure_ascii=False, separators=(",", ":"))

@@ -4,6 +4,13 @@ Layout: ``<root>/<directory(cwd)>/<segment(id)>.jsonl``. A file holds the header
 ``{"type":"session", ...header}`` then one event per line, ``seq`` 0, 1, ... with no gap, and, once
 the session is deleted, the last line ``{"type":"session/deleted","time":<ms>}``. A torn last line
 (a crash mid-write) is cut off on recovery, never parsed as an event.
+
+A branch that ended has its end in the header line: ``"mergedInto": {"session", "seq",
+"requestId"}`` (its latest merge into an ancestor) and ``"abandonedBy": <request id>`` (the select
+that abandoned it), each only when the session has it (``STATE_KEYS``). A session ends after its
+file was made, so line 1 changes then: the file is rewritten whole, under another name, and renamed
+over the old one (``rewrite_header``: a crash leaves the old file or the new one, never a mix); a
+writer holding the old file's lock opens the path again (``is_current``).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import IO, Any
 import msgspec
 
 from ..core import wire
-from ..core.wire import Header
+from ..core.wire import Header, SessionState
 
 NO_CWD_DIR = "_no-cwd"
 DELETED_TYPE = "session/deleted"
@@ -78,9 +85,61 @@ def path_for(root: Path, header: Header, *, hashed: bool = False) -> Path:
     return root / directory(cwd) / f"{name}{SUFFIX}"
 
 
-def header_line(header: Header) -> bytes:
-    """The first line of a file: ``{"type":"session", ...}`` (type first, optional keys absent)."""
-    return wire.encode({"type": "session", **msgspec.to_builtins(header)}) + b"\n"
+STATE_KEYS = ("mergedInto", "abandonedBy")
+"""Header-line keys a session gains when its branch ends (after its file was made)."""
+
+
+def header_line(header: Header, state: SessionState | None = None) -> bytes:
+    """The first line of a file: ``{"type":"session", ...}`` (type first, optional keys absent),
+    then ``state``'s ``mergedInto`` and ``abandonedBy`` when it has them (``STATE_KEYS``)."""
+    line = {"type": "session", **msgspec.to_builtins(header)}
+    if state is not None:
+        line.update((k, v) for k, v in msgspec.to_builtins(state).items() if k in STATE_KEYS)
+    return wire.encode(line) + b"\n"
+
+
+def same_session(found: Any, expected: Any) -> bool:
+    """Header line ``found`` is ``expected``'s session: equal but for ``STATE_KEYS``."""
+    if not isinstance(found, dict) or not isinstance(expected, dict):
+        return False
+    return {k: v for k, v in found.items() if k not in STATE_KEYS} == \
+        {k: v for k, v in expected.items() if k not in STATE_KEYS}
+
+
+def first_line(f: IO[bytes]) -> bytes:
+    """Line 1 of the file, its newline included."""
+    f.seek(0)
+    return f.readline()
+
+
+def is_current(f: IO[bytes], path: Path) -> bool:
+    """``f`` is still the file at ``path`` (not one ``rewrite_header`` renamed another over)."""
+    try:
+        return os.fstat(f.fileno()).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def rewrite_header(path: Path, f: IO[bytes], end: int, first: bytes) -> None:
+    """Make ``first`` line 1 of the file at ``path`` (open as ``f``, its lock held, its good part
+    ending at ``end``): a copy with the new line 1 and the same lines after it, made durable, then
+    renamed over ``path``. Every writer, this one too, must open ``path`` again (``is_current``)."""
+    old = first_line(f)
+    tmp = path.parent / f"{hashlib.sha256(path.name.encode('utf-8', 'surrogatepass')).hexdigest()}.tmp"
+    with open(tmp, "wb") as out:  # never a session's name: those end with .jsonl
+        out.write(first)
+        f.seek(len(old))
+        left = end - len(old)
+        while left > 0:
+            chunk = f.read(min(_CHUNK, left))
+            if not chunk:
+                break
+            out.write(chunk)
+            left -= len(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
 
 
 class ForeignFile(Exception):
@@ -91,7 +150,8 @@ def recover(f: IO[bytes], size: int, first: bytes) -> tuple[int, int]:
     """(end of the last good line, next seq); next seq -1 means the file needs its header.
 
     Cuts back line by line while the last line is incomplete or does not parse, so a torn write
-    is never read as an event. Raises ``ForeignFile`` unless line 1 is ``first`` (as JSON).
+    is never read as an event. Raises ``ForeignFile`` unless line 1 is ``first``'s session (as
+    JSON, ``same_session``: its ``STATE_KEYS`` may differ).
     """
     expected = msgspec.json.decode(first)
     end = size
@@ -104,7 +164,7 @@ def recover(f: IO[bytes], size: int, first: bytes) -> tuple[int, int]:
         if prev < 0 or (isinstance(value, dict) and type(value.get("seq")) is int):
             f.seek(0)
             found = value if prev < 0 else _decode(f.readline())
-            if found != expected:
+            if not same_session(found, expected):
                 raise ForeignFile(f"line 1 is {found!r:.200}, not this session's header")
             return nl + 1, 0 if prev < 0 else value["seq"] + 1
         end = prev + 1

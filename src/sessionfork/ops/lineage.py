@@ -1,7 +1,9 @@
-"""Lineage: a session's ancestors and descendants, as text, JSON or a Mermaid graph.
+"""Lineage: a session's ancestors and descendants, with their states and merge edges, as text,
+JSON or a Mermaid graph.
 
 Descendants come from the children index (``keys.session_children``), never from a keyspace
-scan: one pipelined round trip per generation.
+scan: one pipelined round trip per generation (and one per ancestor). Each node's state and merge
+come from the same read of its record (``records.STATE_FIELDS``: what ``Registry.state_of`` reads).
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from msgspec import UNSET
 
 from ..core import errors, keys, records, rules, wire
 from ..core.registry import Registry
-from ..core.wire import Header
+from ..core.wire import Header, MergedInto, SessionStateName
+
+_FIELDS = (*records.HEADER_FIELDS, *records.STATE_FIELDS, "edits")
 
 
 class Node(msgspec.Struct, rename="camel", kw_only=True):
@@ -23,19 +27,40 @@ class Node(msgspec.Struct, rename="camel", kw_only=True):
     id: str
     seed_length: int
     live: bool
+    """It has a live instance (appends go in): ``state`` live, merged or abandoned."""
+    state: SessionStateName
+    """``live``, ``merged`` (into an ancestor, until its branch TTL disposes it), ``abandoned`` (by
+    a select) or ``disposed`` (``Registry.state_of``; deleted sessions are not listed)."""
     created_at: int
     children: list[Node] = msgspec.field(default_factory=list)
     edits: int | msgspec.UnsetType = UNSET
     """How many events the fork appended right after the seed (``edits``); absent: none."""
     kept_from: int | msgspec.UnsetType = UNSET
     """A summary child: its seq 0 summarises its parent's seqs ``0 .. keptFrom-1``; absent: none."""
+    merged_into: MergedInto | msgspec.UnsetType = UNSET
+    """Its latest merge: the ancestor, the merge's first seq there, the request id (kept once
+    disposed); absent: never merged."""
+    abandoned_by: str | msgspec.UnsetType = UNSET
+    """The select request that abandoned it; absent: not abandoned."""
+
+
+class MergeEdge(msgspec.Struct, rename="camel", kw_only=True):
+    """A merge edge: session ``child`` merged into ``into`` (an ancestor), the merge's turn
+    starting at ``into``'s seq ``seq``, by ``request_id`` (``""``: none)."""
+
+    child: str
+    into: str
+    seq: int
+    request_id: str
 
 
 class Lineage(msgspec.Struct, rename="camel", kw_only=True):
-    """``ancestors`` oldest first; ``root`` is the asked session with all its descendants."""
+    """``ancestors`` oldest first; ``root`` is the asked session with all its descendants;
+    ``merges`` the merge edges of the listed sessions (each one's latest merge), tree order."""
 
     ancestors: list[Node]
     root: Node
+    merges: list[MergeEdge] = msgspec.field(default_factory=list)
 
 
 def lineage(registry: Registry, session_id: str, *, max_nodes: int = 10_000) -> Lineage:
@@ -44,21 +69,20 @@ def lineage(registry: Registry, session_id: str, *, max_nodes: int = 10_000) -> 
     Deleted sessions are left out: ancestors stop above the nearest deleted one; the descendants
     of a deleted session are listed under its nearest listed ancestor."""
     sid = rules.check_id(session_id)
-    header = registry.header(sid)
+    root = _read(registry, sid)
+    if root is None:
+        raise errors.not_found(sid)
     ancestors: list[Node] = []
-    parent = header.parent_session
+    parent = root[1].parent_session
     while parent is not UNSET and len(ancestors) < max_nodes:
-        try:
-            h = registry.header(parent)
-        except errors.ForkError:
+        found = _read(registry, parent)
+        if found is None:
             break  # a deleted ancestor: the walk ends there
-
-        ancestors.insert(0, _node(h, registry.instance(parent) is not None, _edits_of(registry, parent)))
-        parent = h.parent_session
-    root = _node(header, registry.instance(sid) is not None, _edits_of(registry, sid))
+        ancestors.insert(0, found[0])
+        parent = found[1].parent_session
     # (node the children attach to, session whose children index is read): the descendants of a
     # deleted session (a tombstone that still pins its log) attach to its nearest listed ancestor.
-    frontier = [(root, root.id)]
+    frontier = [(root[0], root[0].id)]
     count = 1
     while frontier and count < max_nodes:
         pipe = registry.redis.pipeline(transaction=False)
@@ -69,30 +93,75 @@ def lineage(registry: Registry, session_id: str, *, max_nodes: int = 10_000) -> 
                for c in sorted(members)]
         pipe = registry.redis.pipeline(transaction=False)
         for _, cid in ids:
-            pipe.hmget(keys.session(cid), [*records.HEADER_FIELDS, "instance", "deleted", "edits"])
+            pipe.hmget(keys.session(cid), list(_FIELDS))
         next_frontier = []
-        for (node, cid), (raw, cwd, parent, instance, deleted, edits) in zip(ids, pipe.execute(), strict=True):
-            if raw is None:
-                if deleted is not None:
+        for (node, cid), fields in zip(ids, pipe.execute(), strict=True):
+            made = _node(cid, fields)
+            if made is None:
+                if fields[3] is not None:  # deleted: a tombstone whose descendants are listed
                     next_frontier.append((node, cid))
                 continue
-            child = _node(records.decode_header(cid, raw, cwd, parent), instance is not None, edits)
-            node.children.append(child)
-            next_frontier.append((child, cid))
+            node.children.append(made[0])
+            next_frontier.append((made[0], cid))
             count += 1
         frontier = next_frontier
-    return Lineage(ancestors=ancestors, root=root)
+    return Lineage(ancestors=ancestors, root=root[0], merges=_edges([*ancestors, root[0]]))
 
 
-def _edits_of(registry: Registry, sid: str) -> bytes | str | None:
-    raw: bytes | str | None = registry.redis.hget(keys.session(sid), "edits")
-    return raw
+def _read(registry: Registry, sid: str) -> tuple[Node, Header] | None:
+    """One session's node and header, in one read; ``None`` when deleted or never created."""
+    fields: list[bytes | str | None] = registry.redis.hmget(keys.session(sid), list(_FIELDS))
+    return _node(sid, fields)
 
 
-def _node(header: Header, live: bool, edits: bytes | str | None = None) -> Node:
+def _node(sid: str, fields: list[bytes | str | None]) -> tuple[Node, Header] | None:
+    raw, cwd, parent, instance, deleted, merged, abandoned, edits = fields
+    state = records.decode_state(sid, raw, instance, deleted, merged, abandoned)
+    if raw is None or state is None or state.state == "deleted":
+        return None
+    header = records.decode_header(sid, raw, cwd, parent)
     seed = 0 if header.seed_length is UNSET else header.seed_length
-    return Node(id=header.id, seed_length=seed, live=live, created_at=header.created_at,
-                edits=UNSET if edits is None else int(edits), kept_from=header.kept_from)
+    node = Node(id=sid, seed_length=seed, live=instance is not None, state=state.state, created_at=header.created_at,
+                edits=UNSET if edits is None else int(edits), kept_from=header.kept_from,
+                merged_into=state.merged_into, abandoned_by=state.abandoned_by)
+    return node, header
+
+
+def _edges(top: list[Node]) -> list[MergeEdge]:
+    out: list[MergeEdge] = []
+
+    def visit(node: Node) -> None:
+        if not isinstance(node.merged_into, msgspec.UnsetType):
+            m = node.merged_into
+            out.append(MergeEdge(child=node.id, into=m.session, seq=m.seq, request_id=m.request_id))
+
+    for node in top[:-1]:
+        visit(node)
+
+    def walk(node: Node) -> None:
+        visit(node)
+        for child in node.children:
+            walk(child)
+
+    walk(top[-1])
+    return out
+
+
+def state_text(node: Node) -> str:
+    """The node's state as ``describe`` words it."""
+    return describe(node.state, node.merged_into, node.abandoned_by)
+
+
+def describe(state: SessionStateName, merged_into: MergedInto | msgspec.UnsetType,
+             abandoned_by: str | msgspec.UnsetType) -> str:
+    """``live``, ``disposed``, ``merged into p @8`` (the merge's first seq there), ``abandoned by
+    r1`` (the select's request id), or ``disposed, merged into p @8``."""
+    parts: list[str] = [] if state in ("merged", "abandoned") else [state]
+    if not isinstance(merged_into, msgspec.UnsetType):
+        parts.append(f"merged into {merged_into.session} @{merged_into.seq}")
+    if not isinstance(abandoned_by, msgspec.UnsetType):
+        parts.append(f"abandoned by {abandoned_by or '(no request id)'}")
+    return ", ".join(parts)
 
 
 def seed_text(node: Node) -> str:
@@ -106,7 +175,7 @@ def _label(node: Node) -> str:
     when = datetime.fromtimestamp(node.created_at / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
     edits = "" if node.edits is UNSET else f"  edits={node.edits}"
     edits += "" if node.kept_from is UNSET else f"  summary=0-{node.kept_from - 1}"
-    return f"{node.id}  seed={node.seed_length}{edits}  {'live' if node.live else 'disposed'}  {when}Z"
+    return f"{node.id}  seed={node.seed_length}{edits}  {state_text(node)}  {when}Z"
 
 
 def render_text(tree: Lineage, mark: str = "*") -> str:
@@ -129,31 +198,39 @@ def render_text(tree: Lineage, mark: str = "*") -> str:
 
 
 def render_mermaid(tree: Lineage) -> str:
-    """A Mermaid flowchart; edges are labelled with the child's seed length."""
+    """A Mermaid flowchart: fork edges labelled with the child's seed length, merge edges dashed
+    from the merged child to the ancestor it merged into, labelled ``merged @<seq>``; merged,
+    abandoned and disposed nodes each have their class (``classDef``)."""
     out = ["graph TD"]
     nodes = [*tree.ancestors, tree.root]
     ids = {n.id: f"n{i}" for i, n in enumerate(nodes)}
 
-    def name(node: Node) -> str:
-        if node.id not in ids:
-            ids[node.id] = f"n{len(ids)}"
-        return ids[node.id]
+    def name(sid: str) -> str:
+        if sid not in ids:
+            ids[sid] = f"n{len(ids)}"
+        return ids[sid]
 
     def declare(node: Node) -> None:
-        style = "" if node.live else ":::disposed"
-        out.append(f'    {name(node)}["{node.id}"]{style}')
+        style = "" if node.state == "live" else f":::{node.state}"
+        out.append(f'    {name(node.id)}["{node.id}"]{style}')
 
     for node in nodes:
         declare(node)
     for a, b in itertools.pairwise(nodes):
-        out.append(f"    {name(a)} -->|{seed_text(b)}| {name(b)}")
+        out.append(f"    {name(a.id)} -->|{seed_text(b)}| {name(b.id)}")
 
     def walk(node: Node) -> None:
         for child in node.children:
             declare(child)
-            out.append(f"    {name(node)} -->|{seed_text(child)}| {name(child)}")
+            out.append(f"    {name(node.id)} -->|{seed_text(child)}| {name(child.id)}")
             walk(child)
 
     walk(tree.root)
+    for edge in tree.merges:
+        if edge.into not in ids:  # an ancestor above the listed ones (past a deleted one)
+            out.append(f'    {name(edge.into)}["{edge.into}"]')
+        out.append(f"    {name(edge.child)} -.->|merged @{edge.seq}| {name(edge.into)}")
     out.append("    classDef disposed stroke-dasharray: 5 5")
+    out.append("    classDef merged fill:#ddf4ff,stroke:#0969da")
+    out.append("    classDef abandoned fill:#f6f8fa,stroke:#8c959f,color:#8c959f,stroke-dasharray: 2 2")
     return "\n".join(out)

@@ -2,9 +2,11 @@
 
 Plain HTML and CSS, no script, no font or image fetched: the file opens anywhere, offline. The
 tree is nested lists (ancestors down to the asked session, then all its descendants), each
-session a card with its id, live or disposed, seed length and creation time (and, from the
-asked session down, how many children it has); the asked session is marked. Every card carries
-``data-id`` so tools can find a node in the DOM.
+session a card with its id, its state (live, merged, abandoned or disposed), seed length and
+creation time (and, from the asked session down, how many children it has); a merged session's
+card names the ancestor it merged into and the seq there (its merge edge), an abandoned one's
+the select request; the asked session is marked. Every card carries ``data-id`` and
+``data-state`` (and ``data-merged-into``) so tools can find a node in the DOM.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from html import escape
+
+import msgspec
 
 from .lineage import Lineage, Node, seed_text
 
@@ -37,7 +41,11 @@ ul.tree ul > li.node::before { content: ""; position: absolute; left: -16px; top
 .node.requested > .card { border: 2px solid var(--mark); background: #ffeff7; }
 .state { font-size: 11px; font-weight: 600; text-transform: uppercase; letter-spacing: .04em; }
 .state.live { color: var(--live); }
-.state.disposed { color: var(--gone); }
+.state.disposed, .state.abandoned { color: var(--gone); }
+.state.merged { color: #0969da; }
+.node.abandoned > .card { border-style: dotted; color: var(--gone); }
+.node.merged > .card { border-color: #0969da; }
+.merge { color: #0969da; }
 .seed, time, .kids { color: #57606a; }
 .mark { color: var(--mark); font-weight: 700; }
 """
@@ -50,14 +58,22 @@ def _when(ms: int) -> tuple[str, str]:
 
 def _card(node: Node, role: str) -> str:
     iso, shown = _when(node.created_at)
-    state = "live" if node.live else "disposed"
+    state = node.state
     mark = '<span class="mark">&#9664; requested</span>' if role == "requested" else ""
     n = len(node.children)
     kids = f'<span class="kids">{n} {"child" if n == 1 else "children"}</span>' if n and role != "ancestor" else ""
-    return (f'<li class="node {role} {state}" data-id="{escape(node.id)}"><div class="card">'
-            f'<span class="id">{escape(node.id)}</span><span class="state {state}">{state}</span>'
-            f'<span class="seed">{seed_text(node)}</span><time datetime="{iso}">{shown}Z</time>{kids}{mark}'
-            "</div>")
+    merge = into = ""
+    if not isinstance(node.merged_into, msgspec.UnsetType):
+        m = node.merged_into
+        into = f' data-merged-into="{escape(m.session)}" data-merged-at="{m.seq}"'
+        merge = f'<span class="merge">&#8631; merged into <code>{escape(m.session)}</code> @{m.seq}</span>'
+    if not isinstance(node.abandoned_by, msgspec.UnsetType):
+        by = escape(node.abandoned_by or "(no request id)")
+        merge += f'<span class="merge">abandoned by <code>{by}</code></span>'
+    return (f'<li class="node {role} {state}" data-id="{escape(node.id)}" data-state="{state}"{into}>'
+            f'<div class="card"><span class="id">{escape(node.id)}</span><span class="state {state}">{state}</span>'
+            f'<span class="seed">{escape(seed_text(node))}</span><time datetime="{iso}">{shown}Z</time>{merge}{kids}'
+            f"{mark}</div>")
 
 
 def _descendants(node: Node) -> Iterator[str]:
@@ -71,23 +87,25 @@ def _descendants(node: Node) -> Iterator[str]:
     yield "</ul>"
 
 
-def _count(node: Node) -> tuple[int, int]:
-    live, total = int(node.live), 1
+def _states(node: Node, counts: dict[str, int]) -> dict[str, int]:
+    counts[node.state] = counts.get(node.state, 0) + 1
     for child in node.children:
-        c_live, c_total = _count(child)
-        live, total = live + c_live, total + c_total
-    return live, total
+        _states(child, counts)
+    return counts
 
 
 def render_html(tree: Lineage) -> str:
     """The page: a summary line, then the tree (the asked session marked ``requested``)."""
-    live, total = _count(tree.root)
-    live += sum(n.live for n in tree.ancestors)
-    total += len(tree.ancestors)
+    counts = _states(tree.root, {})
+    for node in tree.ancestors:
+        counts[node.state] = counts.get(node.state, 0) + 1
+    total = sum(counts.values())
+    shown = ", ".join(f"{counts.get(s, 0)} {s}" for s in ("live", "merged", "abandoned", "disposed")
+                      if counts.get(s) or s in ("live", "disposed"))
     parts = ['<!doctype html>\n<html lang="en"><head><meta charset="utf-8">',
              f"<title>sessionfork lineage: {escape(tree.root.id)}</title><style>{_STYLE}</style></head><body>",
              f"<h1>Lineage of <code>{escape(tree.root.id)}</code></h1>",
-             f'<p class="summary">{total} session(s): {live} live, {total - live} disposed; '
+             f'<p class="summary">{total} session(s): {shown}; '
              f"{len(tree.ancestors)} ancestor(s). Seed = events inherited from the parent.</p>",
              '<ul class="tree">']
     for node in tree.ancestors:

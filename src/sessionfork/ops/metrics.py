@@ -1,20 +1,37 @@
-"""What a worker tells operators: Prometheus metrics and one log line per outcome.
+"""What a worker tells operators: Prometheus metrics, the same through OpenTelemetry, and one log
+line per outcome.
 
 ``Observer`` is the worker's ``on_outcome`` hook; its log line carries ``OUTCOME_FIELDS``, written
 by structlog's formatter (``configure_logging``) as logfmt or JSON. Metrics live in their own
-``CollectorRegistry`` (no process-global state) and are served by ``serve(port)``.
+``CollectorRegistry`` (no process-global state) and are served by ``serve(port, addr)``: the
+counters, histograms and gauges named below (``FORKS`` ... ``BUILD_INFO``) and the process's own
+(``process_*`` on Linux, ``python_info``). With the ``opentelemetry`` package installed the same
+counters, histograms and queue-depth gauge (same names, attributes and buckets) are recorded on an
+OpenTelemetry meter too: the process's global meter provider unless one is given; sessionfork
+configures no exporter.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Callable
-from typing import IO, Any
+from collections.abc import Callable, Iterator
+from importlib.metadata import PackageNotFoundError, version
+from typing import IO, Any, Final
 
 import msgspec
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
 
+from .. import __version__
 from ..core import rules
 from ..core.wire import ForkResult, MergeFailure, MergeResult, Outcome, SelectFailure, SelectResult
 from ..protocol.outcomes import code_of
@@ -22,38 +39,79 @@ from ..protocol.outcomes import code_of
 log = logging.getLogger("sessionfork.outcome")
 _request_source = msgspec.json.Decoder(dict[str, Any])
 
+FORKS: Final = "sessionfork_forks"
+"""Counter of fork outcomes by ``code`` (``OK`` or the error code); Prometheus shows ``…_total``."""
+MERGES: Final = "sessionfork_merges"
+"""Counter of merge and select outcomes by ``op`` (``merge``, ``select``) and ``code``."""
+DURATION: Final = "sessionfork_fork_duration_seconds"
+"""Histogram: a request's run time, from its dequeue to its outcome (what a worker is busy for)."""
+LATENCY: Final = "sessionfork_fork_latency_seconds"
+"""Histogram: a request's enqueue-to-outcome latency (queue wait and run time)."""
+SEED_LENGTH: Final = "sessionfork_seed_length"
+"""Histogram: events each child inherits."""
+CHILDREN: Final = "sessionfork_children_per_request"
+"""Histogram: children created per request."""
+QUEUE_DEPTH: Final = "sessionfork_queue_depth"
+"""Gauge: requests waiting in the served queue, read when scraped."""
+QUEUE_PAUSED: Final = "sessionfork_queue_paused"
+"""Gauge: 1 while the served queue is paused (``ops.pauses``: its workers take no job), read when scraped."""
+BUILD_INFO: Final = "sessionfork_build_info"
+"""Gauge, always 1: ``version`` (sessionfork's), ``rq_version`` and ``redis_py_version``."""
+
+HISTOGRAMS: Final[dict[str, tuple[str, str, tuple[float, ...]]]] = {
+    DURATION: ("Time to run one request to its outcome", "s",
+               (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5)),
+    LATENCY: ("Time from a request's enqueue to its outcome", "s",
+              (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)),
+    SEED_LENGTH: ("Events inherited by each child", "", (0, 10, 100, 1_000, 10_000, 100_000, 1_000_000)),
+    CHILDREN: ("Children created per request", "", (0, 1, 2, 4, 8, 16, 64, 256, 1024)),
+}
+"""Every histogram: its help, its unit (OpenTelemetry's) and its buckets, the same on both sides."""
+
+
+def build_labels() -> dict[str, str]:
+    """``sessionfork_build_info``'s labels: sessionfork's version and the RQ and redis-py it runs on."""
+    return {"version": __version__, "rq_version": _version_of("rq"), "redis_py_version": _version_of("redis")}
+
+
+def _version_of(distribution: str) -> str:
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "unknown"
+
 
 class Observer:
     """Counts, times and logs every outcome a worker produces."""
 
     def __init__(self, queue_depth: Callable[[], int] | None = None, *, shard: int | None = None,
-                 paused: Callable[[], bool] | None = None) -> None:
+                 meter_provider: Any = None, paused: Callable[[], bool] | None = None) -> None:
         """``shard``: the shard the worker serves, on a sharded queue: every metric then carries a
-        ``shard`` label (its index), so a dashboard sums or splits the shards. ``paused``: whether
-        the worker's queue server is paused (``ops.pauses``), read at each scrape."""
+        ``shard`` label (its index), so a dashboard sums or splits the shards. ``meter_provider``:
+        the OpenTelemetry ``MeterProvider`` to record on (default: the global one; ignored without
+        the ``opentelemetry`` package). ``paused``: whether the worker's queue server is paused
+        (``ops.pauses``), read at each scrape."""
         self.registry = CollectorRegistry()
         self.shard = shard
         labels = {} if shard is None else {"shard": str(shard)}
-        self.forks = Counter("sessionfork_forks", "Fork requests by outcome code", ["code", *labels],
-                             registry=self.registry)
-        self.merges = Counter("sessionfork_merges", "Merge and select requests by op and outcome code",
-                              ["op", "code", *labels], registry=self.registry)
-        self.duration = Histogram("sessionfork_fork_duration_seconds", "Time to run one request to its outcome",
-                                  list(labels), registry=self.registry,
-                                  buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1, 5))
-        self.seed_length = Histogram("sessionfork_seed_length", "Events inherited by each child",
-                                     list(labels), registry=self.registry,
-                                     buckets=(0, 10, 100, 1_000, 10_000, 100_000, 1_000_000))
-        self.children = Histogram("sessionfork_children_per_request", "Children created per request",
-                                  list(labels), registry=self.registry, buckets=(0, 1, 2, 4, 8, 16, 64, 256, 1024))
-        self.depth = Gauge("sessionfork_queue_depth", "Requests waiting in the queue", list(labels),
-                           registry=self.registry)
-        self.paused = Gauge("sessionfork_queue_paused", "1 while the queue is paused (workers take no job)",
-                            list(labels), registry=self.registry)
+        self.forks = Counter(FORKS, "Fork requests by outcome code", ["code", *labels], registry=self.registry)
+        self.merges = Counter(MERGES, "Merge and select requests by op and outcome code", ["op", "code", *labels],
+                              registry=self.registry)
+        self.duration, self.latency, self.seed_length, self.children = (
+            Histogram(name, help_, list(labels), registry=self.registry, buckets=buckets)
+            for name, (help_, _, buckets) in HISTOGRAMS.items())
+        self.depth = Gauge(QUEUE_DEPTH, "Requests waiting in the queue", list(labels), registry=self.registry)
+        self.paused = Gauge(QUEUE_PAUSED, "1 while the queue is paused (workers take no job)", list(labels),
+                            registry=self.registry)
+        Gauge(BUILD_INFO, "sessionfork's version and the RQ and redis-py it runs on (always 1)",
+              [*build_labels(), *labels], registry=self.registry).labels(**build_labels(), **labels).set(1)
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
+        PlatformCollector(registry=self.registry)  # python_info
         if labels:  # the children bound once: the hot path below stays as without shards
             self.forks = _Bound(self.forks, labels)  # type: ignore[assignment]
             self.merges = _Bound(self.merges, labels)  # type: ignore[assignment]
             self.duration = self.duration.labels(**labels)
+            self.latency = self.latency.labels(**labels)
             self.seed_length = self.seed_length.labels(**labels)
             self.children = self.children.labels(**labels)
             self.depth = self.depth.labels(**labels)
@@ -62,8 +120,12 @@ class Observer:
             self.depth.set_function(queue_depth)
         if paused is not None:
             self.paused.set_function(lambda: float(paused()))
+        self.otel = _OtelMetrics.of(meter_provider, labels, queue_depth)
 
-    def __call__(self, request_id: str, payload: str, reply: Outcome, seconds: float) -> None:
+    def __call__(self, request_id: str, payload: str, reply: Outcome, seconds: float,
+                 latency: float | None = None) -> None:
+        """One outcome: ``seconds`` its run time, ``latency`` its enqueue-to-outcome time (``None``:
+        unknown, as for a queue entry refused unread)."""
         code = code_of(reply)
         op = _OPS.get(type(reply), "fork")
         if op == "fork":
@@ -71,15 +133,21 @@ class Observer:
         else:
             self.merges.labels(op=op, code=code).inc()
         self.duration.observe(seconds)
+        if latency is not None:
+            self.latency.observe(latency)
         made = _children(reply)
         self.children.observe(len(made))
-        for child in made:
-            self.seed_length.observe(0 if child.seed_length is msgspec.UNSET else child.seed_length)
+        seeds = [0 if child.seed_length is msgspec.UNSET else child.seed_length for child in made]
+        for seed in seeds:
+            self.seed_length.observe(seed)
+        if self.otel is not None:
+            self.otel.record(op, code, seconds, latency, len(made), seeds)
         log.info("%s %s", op, code, extra={
             "requestId": request_id, "op": op, "source": _source(payload), "children": [c.id for c in made],
             "code": code, "durationMs": round(seconds * 1000, 3)})
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        """Serve the metrics over HTTP on ``addr:port`` (``/metrics``), in a daemon thread."""
         start_http_server(port, addr=addr, registry=self.registry)
 
 
@@ -91,6 +159,54 @@ class _Bound:
 
     def labels(self, **labels: str) -> Any:
         return self._counter.labels(**labels, **self._fixed)
+
+
+@functools.cache
+def _otel_metrics() -> Any:
+    """The ``opentelemetry.metrics`` module, or ``None`` without the package (looked up once)."""
+    try:
+        from opentelemetry import metrics
+    except ImportError:
+        return None
+    return metrics
+
+
+class _OtelMetrics:
+    """The Prometheus counters and histograms again, as OpenTelemetry instruments of one meter."""
+
+    def __init__(self, meter: Any, labels: dict[str, str], queue_depth: Callable[[], int] | None) -> None:
+        self.labels = labels
+        self.forks = meter.create_counter(FORKS, unit="", description="Fork requests by outcome code")
+        self.merges = meter.create_counter(MERGES, unit="",
+                                           description="Merge and select requests by op and outcome code")
+        self.duration, self.latency, self.seed_length, self.children = (
+            meter.create_histogram(name, unit=unit, description=help_, explicit_bucket_boundaries_advisory=buckets)
+            for name, (help_, unit, buckets) in HISTOGRAMS.items())
+        if queue_depth is not None:
+            def depth(_: Any) -> Iterator[Any]:
+                yield _otel_metrics().Observation(queue_depth(), labels)
+            meter.create_observable_gauge(QUEUE_DEPTH, callbacks=[depth], description="Requests waiting in the queue")
+
+    @classmethod
+    def of(cls, provider: Any, labels: dict[str, str], queue_depth: Callable[[], int] | None) -> _OtelMetrics | None:
+        metrics = _otel_metrics()
+        if metrics is None:
+            return None
+        provider = metrics.get_meter_provider() if provider is None else provider
+        return cls(provider.get_meter("sessionfork", __version__), labels, queue_depth)
+
+    def record(self, op: str, code: str, seconds: float, latency: float | None, children: int,
+               seeds: list[int]) -> None:
+        if op == "fork":
+            self.forks.add(1, {"code": code, **self.labels})
+        else:
+            self.merges.add(1, {"op": op, "code": code, **self.labels})
+        self.duration.record(seconds, self.labels)
+        if latency is not None:
+            self.latency.record(latency, self.labels)
+        self.children.record(children, self.labels)
+        for seed in seeds:
+            self.seed_length.record(seed, self.labels)
 
 
 _OPS: dict[type, str] = {MergeResult: "merge", MergeFailure: "merge", SelectResult: "select", SelectFailure: "select"}

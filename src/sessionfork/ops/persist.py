@@ -28,7 +28,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from ..core import keys, rules, wire
+from ..core import errors, keys, records, rules, wire
 from ..core.errors import ForkError
 from ..core.registry import Registry
 from . import jsonl
@@ -61,8 +61,9 @@ class JsonlBackend:
         self._pending_cursor: str | None = "0"  # own pending entries first, from a previous run
         self._claim_cursor: str | None = None
         self._next_claim = 0.0
-        # sid -> (file size, next seq) as last written: a file of that size needs no rescan.
-        self._cache: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        # sid -> (file size, next seq, header line) as last written: a file of that size with that
+        # header line needs no rescan.
+        self._cache: OrderedDict[str, tuple[int, int, bytes]] = OrderedDict()
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -197,6 +198,8 @@ class JsonlBackend:
         try:
             with open(path, "r+b") as f:  # never O_CREAT: a deleted session's file is not made anew
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+                if not jsonl.is_current(f, path):  # its header was rewritten meanwhile: the new file
+                    return self._mark_deleted(raw_header, entry_id)
                 size = os.fstat(f.fileno()).st_size
                 if jsonl.ends_deleted(f, size):
                     return True
@@ -218,58 +221,83 @@ class JsonlBackend:
         """Make the session's file match the registry up to its current length, durably.
 
         Writes the header if missing, then the events from the file's next seq, in one write;
-        returns how many events were written. A torn or unparsable tail is cut off first. Raises
-        ``ForkError`` (session not found), ``jsonl.ForeignFile``, ``OSError``.
+        returns how many events were written. A torn or unparsable tail is cut off first. A header
+        line without the branch's end the registry now holds (``jsonl.STATE_KEYS``) is rewritten
+        first (``jsonl.rewrite_header``). Raises ``ForkError`` (session not found),
+        ``jsonl.ForeignFile``, ``OSError``.
         """
-        header = self.registry.header(session_id)
-        length = self.registry.length(session_id)
+        header, length, state = self._record(session_id)
         path = jsonl.path_for(self.root, header)
-        first = jsonl.header_line(header)
+        first = jsonl.header_line(header, state)
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            if exc.errno != errno.ENAMETOOLONG:
-                raise
-            path = jsonl.path_for(self.root, header, hashed=True)  # this file system allows shorter names
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        with open(fd, "r+b") as f:
-            # Another consumer of the group may hold an entry of the same session right now.
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
-            size = os.fstat(f.fileno()).st_size
-            if jsonl.ends_deleted(f, size):
-                return 0  # deleted meanwhile (a later id cannot be this one: ids are never reused)
-            cached = self._cache.get(session_id)
-            if cached is not None and cached[0] == size:
-                end, next_seq = size, cached[1]
-            else:
-                end, next_seq = jsonl.recover(f, size, first)
-                if end < size:
-                    log.warning("%s: cut off %d bytes of a torn or unparsable tail", path, size - end)
-                    f.truncate(end)
-            start = max(next_seq, 0)
-            if start > length:  # Redis lost data, or this root belongs to another registry
-                log.warning("%s holds %d events, more than the registry's %d", path, start, length)
+        while True:
             try:
-                new = self.registry.events(session_id, start, length) if start < length else []
-            except ForkError:
-                if size == 0:  # deleted between the header read and the open: make no file for it
-                    path.unlink(missing_ok=True)
-                raise
-            assert not new or new[0].seq == start, "the registry skipped or repeated a seq"
-            data = (first if next_seq < 0 else b"") + b"".join(wire.encode_event(e) + b"\n" for e in new)
-            if data or end < size:
-                f.seek(end)
-                f.write(data)  # one write: the batch lands whole or as one torn tail, cut next time
-                f.flush()
-                os.fsync(f.fileno())
-            new_size = end + len(data)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                if exc.errno != errno.ENAMETOOLONG:
+                    raise
+                path = jsonl.path_for(self.root, header, hashed=True)  # this file system allows shorter names
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            with open(fd, "r+b") as f:
+                # Another consumer of the group may hold an entry of the same session right now.
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+                if not jsonl.is_current(f, path):
+                    continue  # its header was rewritten meanwhile: the new file is at the path
+                written = self._write(f, path, session_id, first, length)
+            if written is not None:
+                return written
+
+    def _record(self, session_id: str) -> tuple[wire.Header, int, wire.SessionState]:
+        """The session's header, length and state, in one read (``SESSION_NOT_FOUND`` once deleted)."""
+        sid = rules.check_id(session_id)
+        raw, cwd, parent, length, *fields = self._redis.hmget(
+            keys.session(sid), [*records.HEADER_FIELDS, "len", *records.STATE_FIELDS])
+        state = records.decode_state(sid, raw, *fields)
+        if raw is None or state is None or state.state == "deleted":
+            raise errors.not_found(sid)
+        return records.decode_header(sid, raw, cwd, parent), 0 if length is None else int(length), state
+
+    def _write(self, f: Any, path: Path, session_id: str, first: bytes, length: int) -> int | None:
+        """``sync``'s write into the open, locked file: how many events, or ``None`` when its header
+        was rewritten (the caller opens the new file)."""
+        size = os.fstat(f.fileno()).st_size
+        if jsonl.ends_deleted(f, size):
+            return 0  # deleted meanwhile (a later id cannot be this one: ids are never reused)
+        cached = self._cache.get(session_id)
+        if cached is not None and cached[0] == size and cached[2] == first:
+            end, next_seq = size, cached[1]
+        else:
+            end, next_seq = jsonl.recover(f, size, first)
+            if end < size:
+                log.warning("%s: cut off %d bytes of a torn or unparsable tail", path, size - end)
+                f.truncate(end)
+            if next_seq >= 0 and jsonl.first_line(f) != first:
+                jsonl.rewrite_header(path, f, end, first)  # the branch ended since the file was made
+                self._cache.pop(session_id, None)
+                return None
+        start = max(next_seq, 0)
+        if start > length:  # Redis lost data, or this root belongs to another registry
+            log.warning("%s holds %d events, more than the registry's %d", path, start, length)
+        try:
+            new = self.registry.events(session_id, start, length) if start < length else []
+        except ForkError:
+            if size == 0:  # deleted between the header read and the open: make no file for it
+                path.unlink(missing_ok=True)
+            raise
+        assert not new or new[0].seq == start, "the registry skipped or repeated a seq"
+        data = (first if next_seq < 0 else b"") + b"".join(wire.encode_event(e) + b"\n" for e in new)
+        if data or end < size:
+            f.seek(end)
+            f.write(data)  # one write: the batch lands whole or as one torn tail, cut next time
+            f.flush()
+            os.fsync(f.fileno())
+        new_size = end + len(data)
         if next_seq < 0:
             # A new file: its name, and its directories' (maybe made just now), must survive a crash too.
             for made in (path.parent, self.root, self.root.parent):
                 jsonl.fsync_dir(made)
         self.registry.mark_persisted(session_id, start + len(new))
-        self._cache[session_id] = (new_size, start + len(new))
+        self._cache[session_id] = (new_size, start + len(new), first)
         self._cache.move_to_end(session_id)
         if len(self._cache) > _CACHE_MAX:
             self._cache.popitem(last=False)

@@ -39,6 +39,10 @@ from .service import ForkService
 
 log = logging.getLogger("sessionfork.worker")
 
+OutcomeHook = Callable[[str, str, Outcome, float, float | None], None]
+"""``on_outcome(request_id, payload, reply, seconds, latency)``: called once per outcome the worker
+produces, with its run time and its enqueue-to-outcome latency (seconds; ``None`` when unknown)."""
+
 
 class _Refused(Exception):
     """A job that is not a sessionfork request; never run."""
@@ -53,14 +57,15 @@ class ForkWorker(SeamWorker):
     """
 
     def __init__(self, queues: list[Queue], *, service: ForkService, abandoned_after: int,
-                 job_ttl: int | None = None, retention: int = 0, delete_after_persist: bool = False,
-                 on_outcome: Callable[[str, str, Outcome, float], None] | None = None,
+                 job_ttl: int | None = None, retention: int = 0, branch_ttl: int = 0,
+                 delete_after_persist: bool = False, on_outcome: OutcomeHook | None = None,
                  **kwargs: Any) -> None:
         super().__init__(queues, serializer=jobs.JSONSerializer, job_class=ForkJob, **kwargs)
         self.service = service
         self.abandoned_after = abandoned_after
         self.job_ttl = job_ttl
         self.retention = retention
+        self.branch_ttl = branch_ttl
         self.delete_after_persist = delete_after_persist
         self.on_outcome = on_outcome
         self.push_exc_handler(self._finish_abandoned)  # type: ignore[no-untyped-call]  # rq leaves it untyped
@@ -97,7 +102,7 @@ class ForkWorker(SeamWorker):
             if final:  # the request ended: its INTERNAL outcome counts too
                 stored = self.until_up(lambda: self.service.outcomes.get(job.id))
                 if stored is not None:
-                    self._observe(job.id, payload, stored, time.perf_counter() - began)
+                    self._observe(job.id, payload, stored, time.perf_counter() - began, _latency(job))
             return
         if finish.sent:
             if finish.result is not reply:  # another attempt's outcome was stored first: RQ's result is it
@@ -105,13 +110,13 @@ class ForkWorker(SeamWorker):
         else:  # a replay, or a request refused before its claim (not started yet)
             start.ensure()
             self.until_up(lambda: self.finish(job, reply))
-        self._observe(job.id, payload, reply, time.perf_counter() - began)
+        self._observe(job.id, payload, reply, time.perf_counter() - began, _latency(job))
 
     def _refuse(self, job: Job, queue: Queue, reason: str) -> None:
         log.warning("refused job %s: %s", job.id, reason)
         reply = self.until_up(lambda: self.service.outcomes.refuse(job.id, reason, self.service.reply_channel))
         self.until_up(lambda: self.fail(job, queue, f"refused: {reason}", retry=False))
-        self._observe(job.id, "", reply, 0.0)
+        self._observe(job.id, "", reply, 0.0, _latency(job))
 
     def refuse_entry(self, entry: EntryRefused) -> None:
         """A queue entry RQ cannot load: an ``INVALID_REQUEST`` outcome under the entry's exact
@@ -124,22 +129,27 @@ class ForkWorker(SeamWorker):
         self._observe(reply.request_id, "", reply, 0.0)
 
     def maintain(self) -> None:
-        """The retention sweep: delete disposed sessions older than ``retention`` seconds (0: off).
+        """One maintenance pass (``retention.run_pass``): dispose merged and abandoned branches that
+        ended more than ``branch_ttl`` seconds ago (0: kept), then delete disposed sessions older
+        than ``retention`` seconds (0: off).
 
-        One batch per pass; several workers may sweep at once (every step is idempotent)."""
-        if self.retention <= 0:
+        One batch of each per pass; several workers may run it at once (every step is idempotent)."""
+        if self.retention <= 0 and self.branch_ttl <= 0:
             return
-        swept = retention.sweep(self.service.registry, now_ms=now_ms(), older_than_ms=self.retention * 1000,
-                                persisted_first=self.delete_after_persist)
-        if swept:
-            log.info("retention: deleted %d disposed session(s), %d bytes freed", len(swept),
-                     sum(s.bytes for s in swept))
+        done = retention.run_pass(self.service.registry, now_ms=now_ms(), retention_ms=self.retention * 1000,
+                                  branch_ttl_ms=self.branch_ttl * 1000, persisted_first=self.delete_after_persist)
+        if done.ended:
+            log.info("branch TTL: disposed %d merged or abandoned branch(es)", len(done.ended))
+        if done.swept:
+            log.info("retention: deleted %d disposed session(s), %d bytes freed", len(done.swept),
+                     sum(s.bytes for s in done.swept))
 
-    def _observe(self, request_id: str, payload: str, reply: Outcome, seconds: float) -> None:
+    def _observe(self, request_id: str, payload: str, reply: Outcome, seconds: float,
+                 latency: float | None = None) -> None:
         if self.on_outcome is None:
             return
         try:
-            self.on_outcome(request_id, payload, reply, seconds)
+            self.on_outcome(request_id, payload, reply, seconds, latency)
         except Exception:  # metrics and logs must never stop the worker
             log.exception("outcome observer failed for %s", request_id)
 
@@ -167,16 +177,22 @@ class ForkWorker(SeamWorker):
                 payload = _payload(job)
             except _Refused as refused:
                 reply = self.service.outcomes.refuse(job.id, str(refused), self.service.reply_channel)
-                self._observe(job.id, "", reply, 0.0)
+                self._observe(job.id, "", reply, 0.0, _latency(job))
                 return
             try:
                 self.service.handle(payload, job.id, final_attempt=True)
             finally:
                 stored = self.service.outcomes.get(job.id)
                 if stored is not None:
-                    self._observe(job.id, payload, stored, 0.0)
+                    self._observe(job.id, payload, stored, 0.0, _latency(job))
         except Exception:
             log.exception("could not finish the request of job %s", job.id)
+
+
+def _latency(job: Job) -> float | None:
+    """Seconds from the job's enqueue (RQ's ``enqueued_at``) to now; ``None`` when RQ has none."""
+    enqueued = job.enqueued_at
+    return None if enqueued is None else max(0.0, now_ms() / 1000 - enqueued.timestamp())
 
 
 def _payload(job: Job) -> str:

@@ -3,39 +3,32 @@
 -- KEYS[4] = sf:s:{<parent>}:merges   (one slot)
 -- KEYS[5] = sf:lifecycle   (optional: given only when it shares the server, i.e. not on a cluster)
 -- ARGV    = instance token ("" = any live instance), ifParentLength ("" = any), request id ("" =
---           none), the merge's key in the index (["m",child,fromSeq,toSeq]), the request's key there
---           (["r",request id]; "" = none), the child merged, the select's other candidates
---           (space-separated; "" for a merge), lifecycle stream MAXLEN, the parent's id, then the
---           events' stored JSON in order: turn/start, session/merge (written with its data's last
---           member added here: ,"parentLength":<length>), the merged content, turn/end
+--           none), the merge's key in the index (["m",child,fromSeq,toSeq]), the child merged, the
+--           select's other candidates (space-separated; "" for a merge), lifecycle stream MAXLEN, the
+--           parent's id, then the events' stored JSON in order: turn/start, session/merge (written
+--           with its data's last member added here: ,"parentLength":<length>), the merged content,
+--           turn/end
 -- The merges index (KEYS[4], a hash; core/keys.py) holds per merge its key -> "<request id> <first
--- seq> <length after>" and, with a request id, the request's key -> "<child> <fromSeq> <toSeq>
--- <first seq> <length after>"; a select also notes each candidate, ["c",id] -> "m <request id>
--- <first seq>" for its winner, "a <request id>" for the others.
--- Returns {"REPLAY", child, fromSeq, toSeq, first seq, length after} (this request id merged already:
--- nothing written, whatever the state now) / {"NOT_FOUND"} / {"NOT_LIVE"} / {"ALREADY", session,
+-- seq> <length after>" (request id "-": none); a select also notes each candidate, ["c",id] ->
+-- "m <request id> <first seq>" for its winner, "a <request id>" for the others.
+-- Returns {"REPLAY", first seq, length after} (this request id merged this range already: nothing
+-- written, whatever the parent's state now) / {"NOT_FOUND"} / {"NOT_LIVE"} / {"ALREADY", session,
 -- request id, seq or ""} (merged, or for a select abandoned, under another request id) /
 -- {"PRECONDITION", len} / {"OPEN_TURN", last type} / {"OK", first seq, length after}
-if ARGV[5] ~= '' then
-  local replay = redis.call('HGET', KEYS[4], ARGV[5])
-  if replay then
-    local out = {'REPLAY'}
-    for word in string.gmatch(replay, '%S+') do out[#out + 1] = word end
-    return out
-  end
+local done = redis.call('HGET', KEYS[4], ARGV[4])
+local by, at, after
+if done then
+  by, at, after = string.match(done, '^(%S+) (%S+) (%S+)$')
+  if ARGV[3] ~= '' and by == ARGV[3] then return {'REPLAY', at, after} end
 end
 local r = redis.call('HMGET', KEYS[1], 'header', 'instance', 'len', 'last', 'lastend', 'seedlen', 'seedend')
 if not r[1] then return {'NOT_FOUND'} end
 if not r[2] or (ARGV[1] ~= '' and r[2] ~= ARGV[1]) then return {'NOT_LIVE'} end
-local done = redis.call('HGET', KEYS[4], ARGV[4])
-if done then
-  local req, seq = string.match(done, '^(%S+) (%S+)')
-  return {'ALREADY', ARGV[6], req, seq}
-end
+if done then return {'ALREADY', ARGV[5], by, at} end
 local function seen_key(id) return '["c",' .. cjson.encode(id) .. ']' end
 local others = {}
-for id in string.gmatch(ARGV[7], '%S+') do others[#others + 1] = id end
-local ids = {ARGV[6], unpack(others)}
+for id in string.gmatch(ARGV[6], '%S+') do others[#others + 1] = id end
+local ids = {ARGV[5], unpack(others)}
 if #others > 0 then  -- a select: no candidate merged or abandoned here before (a stale selection)
   local fields = {}
   for i, id in ipairs(ids) do fields[i] = seen_key(id) end
@@ -50,7 +43,7 @@ end
 if ARGV[2] ~= '' and r[3] ~= ARGV[2] then return {'PRECONDITION', r[3]} end
 if r[3] ~= '0' and r[4] ~= 'turn/end' then return {'OPEN_TURN', r[4]} end
 local base = tonumber(r[3])
-local first = 10
+local first = 9
 local n = #ARGV - first + 1
 -- session/merge's parentLength is known only here, where the length is read and moved at once.
 local meta = ARGV[first + 1]
@@ -68,20 +61,15 @@ if r[5] then
   if not r[7] then redis.call('HSET', KEYS[1], 'seedend', r[5]) end
   redis.call('HSET', KEYS[1], 'lastend', len - 1)
 end
-local from, to = string.match(ARGV[4], '^%["m",".*",(%d+),(%d+)%]$')
 local marks = {ARGV[4], (ARGV[3] ~= '' and ARGV[3] or '-') .. ' ' .. base .. ' ' .. len}
-if ARGV[5] ~= '' then
-  marks[#marks + 1] = ARGV[5]
-  marks[#marks + 1] = ARGV[6] .. ' ' .. from .. ' ' .. to .. ' ' .. base .. ' ' .. len
-end
 if #others > 0 then
-  marks[#marks + 1] = seen_key(ARGV[6]); marks[#marks + 1] = 'm ' .. ARGV[3] .. ' ' .. base
+  marks[#marks + 1] = seen_key(ARGV[5]); marks[#marks + 1] = 'm ' .. ARGV[3] .. ' ' .. base
   for _, id in ipairs(others) do
     marks[#marks + 1] = seen_key(id); marks[#marks + 1] = 'a ' .. ARGV[3]
   end
 end
 redis.call('HSET', KEYS[4], unpack(marks))
 if KEYS[5] then
-  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[8], '*', 'type', 'session/flush', 'id', ARGV[9], 'len', len)
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[7], '*', 'type', 'session/flush', 'id', ARGV[8], 'len', len)
 end
 return {'OK', base, len}

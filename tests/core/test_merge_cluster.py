@@ -1,0 +1,147 @@
+"""Merge and select on a Redis Cluster (3 primaries, 1 replica each), in the library (issue 28): the
+parent and its children in different slots, on different nodes; the merge's three steps (the
+child's read, the parent's write, the marks) each on one slot. A merge, a select, a replay by
+request id, ``ALREADY_MERGED``, ``NOT_DESCENDANT``, a process that died between the parent's step
+and the marks (its retry marks), and, last, that no node answered CROSSSLOT."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
+    assert_no_crossslot,
+    cluster_client_fixture,
+    cluster_fixture,
+    cluster_registry_fixture,
+)
+from helpers import turn
+from redis.cluster import RedisCluster
+from waits import outcome_of
+
+from sessionfork.core import forks, keys, merges, wire
+from sessionfork.core.errors import ErrorCode, ForkError
+from sessionfork.core.merge_steps import Merged, merge_key, replay_key
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import MergedInto
+from sessionfork.embedded import EmbeddedCluster
+
+
+def node_of(client: RedisCluster, sid: str) -> str:
+    return str(client.get_node_from_key(keys.session(sid)).name)  # type: ignore[no-untyped-call]
+
+
+def elsewhere(client: RedisCluster, parent: str, prefix: str, n: int) -> list[str]:
+    """``n`` ids ``<prefix><i>`` whose sessions live on other nodes than ``parent``'s (so in other slots)."""
+    home = node_of(client, parent)
+    found = [f"{prefix}{i}" for i in range(200) if node_of(client, f"{prefix}{i}") != home][:n]
+    assert len(found) == n
+    slots = {client.keyslot(keys.session(sid)) for sid in [parent, *found]}  # type: ignore[no-untyped-call]
+    assert len(slots) == n + 1  # each in a slot of its own
+    return found
+
+
+def family(registry: Registry, parent: str, children: list[str]) -> None:
+    """``parent`` with one turn (4 events), each child forked from it with one turn of its own."""
+    registry.append(registry.create(parent), turn(1))
+    for i, child in enumerate(children):
+        forks.fork(registry, parent, child)
+        registry.append(child, turn(10 + i))
+
+
+def code_of(call: Callable[[], object]) -> tuple[ErrorCode, str]:
+    with pytest.raises(ForkError) as info:
+        call()
+    return info.value.code, info.value.message
+
+
+def test_merge_across_slots_replays_and_refuses_as_on_one_server(cluster_registry: Registry,
+                                                                  cluster_client: RedisCluster) -> None:
+    (child,) = elsewhere(cluster_client, "p", "kid", 1)
+    family(cluster_registry, "p", [child])
+    done = merges.merge(cluster_registry, "p", child, mode="events", request_id="cm-1")
+    assert (done.first, done.length, done.from_seq, done.to_seq) == (4, 11, 4, 7)
+    log = cluster_registry.events("p")
+    assert [e.type for e in log[4:]] == ["turn/start", "session/merge", "turn/start", "user/message",
+                                         "assistant/message", "turn/end", "turn/end"]
+    assert [e.extra["source"] for e in log[6:10]] == [{"session": child, "seq": s} for s in range(4, 8)]
+    assert [e.data for e in log[6:10]] == [e.data for e in cluster_registry.events(child)[4:8]]
+    state = cluster_registry.state_of(child)
+    assert state.state == "merged" and isinstance(state.merged_into, MergedInto) and state.merged_into.seq == 4
+    assert cluster_client.zscore(keys.ENDED_INDEX, child) is not None
+
+    assert outcome_of(lambda: merges.merge(cluster_registry, "p", child, mode="events", request_id="cm-1")) == done
+    assert cluster_registry.length("p") == 11
+    code, message = code_of(lambda: merges.merge(cluster_registry, "p", child, mode="events", request_id="cm-2"))
+    assert code is ErrorCode.ALREADY_MERGED and 'by request "cm-1" (at seq 4)' in message
+    code, message = code_of(lambda: merges.merge(cluster_registry, child, "p", mode="events"))
+    assert code is ErrorCode.NOT_DESCENDANT and f'session "p" does not descend from session "{child}"' in message
+    (stranger,) = elsewhere(cluster_client, "p", "stranger", 1)
+    family(cluster_registry, stranger, [])
+    code, _ = code_of(lambda: merges.merge(cluster_registry, "p", stranger, mode="summary", summary=1))
+    assert code is ErrorCode.NOT_DESCENDANT
+    assert cluster_registry.length("p") == 11
+
+
+def test_select_across_slots_merges_the_winner_and_abandons_the_rest(cluster_registry: Registry,
+                                                                     cluster_client: RedisCluster) -> None:
+    kids = elsewhere(cluster_client, "sp", "t", 3)
+    family(cluster_registry, "sp", kids)
+    done = merges.select(cluster_registry, "sp", kids, kids[1], mode="summary", summary={"best": 1},
+                         request_id="cs-1")
+    assert (done.child, done.abandoned, done.first, done.length) == (kids[1], (kids[0], kids[2]), 4, 8)
+    assert [cluster_registry.state_of(k).state for k in kids] == ["abandoned", "merged", "abandoned"]
+    assert cluster_registry.state_of(kids[0]).abandoned_by == "cs-1"
+    assert outcome_of(lambda: merges.select(cluster_registry, "sp", kids, kids[1], mode="summary",
+                                            summary={"best": 1}, request_id="cs-1")) == done
+    code, _ = code_of(lambda: merges.select(cluster_registry, "sp", kids, kids[2], mode="summary", summary=2,
+                                            request_id="cs-2"))
+    assert code is ErrorCode.ALREADY_MERGED
+    assert cluster_registry.length("sp") == 8
+
+
+def test_a_select_over_a_candidate_merged_before_is_stale(cluster_registry: Registry,
+                                                          cluster_client: RedisCluster) -> None:
+    kids = elsewhere(cluster_client, "st", "stk", 2)
+    family(cluster_registry, "st", kids)
+    merges.merge(cluster_registry, "st", kids[0], mode="summary", summary=0, request_id="st-m")
+    code, message = code_of(lambda: merges.select(cluster_registry, "st", kids, kids[1], mode="events"))
+    assert code is ErrorCode.ALREADY_MERGED and f'session "{kids[0]}" was already merged' in message
+    assert cluster_registry.length("st") == 8 and cluster_registry.state_of(kids[1]).state == "live"
+
+
+def test_a_merge_that_died_between_the_parent_step_and_the_marks_is_marked_by_its_retry(
+        cluster_registry: Registry, cluster_client: RedisCluster) -> None:
+    (child,) = elsewhere(cluster_client, "dp", "dk", 1)
+    family(cluster_registry, "dp", [child])
+    spec = merges.merge_spec("dp", child, {"mode": "events", "request_id": "died-1"})
+    steps = cluster_registry.merges
+    first = steps._write(spec, steps._read_child(spec), 4, ())  # the parent's step; then the process died
+    assert cluster_registry.length("dp") == 11 and cluster_registry.state_of(child).state == "live"
+
+    again = outcome_of(lambda: merges.merge(cluster_registry, "dp", child, mode="events", request_id="died-1"))
+    assert again == first and cluster_registry.length("dp") == 11
+    assert [e.seq for e in cluster_registry.events("dp") if e.data == {"trigger": "merge"}] == [4]
+    index = cluster_client.hgetall(keys.session_merges("dp"))
+    assert {wire.text(k) for k in index} == {merge_key(child, 4, 7), replay_key("died-1")}
+    assert json.loads(cluster_client.hget(keys.session(child), "mergedinto") or "") == ["dp", 4, "died-1"]
+    assert cluster_client.zscore(keys.ENDED_INDEX, child) is not None
+
+
+def test_a_select_that_died_between_the_parent_step_and_the_marks_is_marked_by_its_retry(
+        cluster_registry: Registry, cluster_client: RedisCluster) -> None:
+    kids = elsewhere(cluster_client, "ds", "dsk", 3)
+    family(cluster_registry, "ds", kids)
+    spec = merges.select_spec("ds", kids, kids[0], {"mode": "events", "request_id": "died-2"})
+    steps = cluster_registry.merges
+    steps._write(spec.merge, steps._read_child(spec.merge), 4, spec.losers)
+    assert [cluster_registry.state_of(k).state for k in kids] == ["live"] * 3
+
+    again = outcome_of(lambda: merges.select(cluster_registry, "ds", kids, kids[0], mode="events", request_id="died-2"))
+    assert isinstance(again, Merged) and again.abandoned == (kids[1], kids[2]) and cluster_registry.length("ds") == 11
+    assert [cluster_registry.state_of(k).state for k in kids] == ["merged", "abandoned", "abandoned"]
+
+
+def test_no_node_answered_crossslot(cluster: EmbeddedCluster) -> None:
+    assert_no_crossslot(cluster)
