@@ -274,8 +274,7 @@ def test_a_retry_that_ran_whole_between_the_first_runs_reads_and_its_parent_step
     same request whole (the job deemed abandoned): its parent step answers that merge, writes nothing."""
     family(registry, "p", ["c"])
     spec = merges.merge_spec("p", "c", {"mode": "events", "request_id": "twice"})
-    assert registry.merges._replayed(spec) is None
-    read = registry.merges._read_child(spec)
+    read = registry.merges._read_child(spec)  # the first run's child step: nothing merged yet
     first = merges.merge(registry, "p", "c", mode="events", request_id="twice")
     assert outcome_of(lambda: registry.merges._write(spec, read, 4, ())) == first
     assert registry.length("p") == 11 and [kind for kind, _ in segments(registry.events("p"))] == ["merge"]
