@@ -3,5 +3,5 @@ WORKDIR /app
 COPY pyproject.toml README.md LICENSE ./
 COPY src ./src
 COPY worker ./worker
-RUN pip install --no-cache-dir ".[dashboard]"
+RUN pip install --no-cache-dir ".[dashboard,console]"
 CMD ["sessionfork", "worker"]

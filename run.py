@@ -102,8 +102,8 @@ def ensure_system_packages(which: Callable[[str], str | None] = shutil.which, is
     return install_hint(still) if still else None
 
 
-TEST_EXTRAS = "test,docs"
-"""What the test command (and bench, mutations) installs: the suite's tools and the docs site's."""
+TEST_EXTRAS = "test,docs,console"
+"""What the test command (and bench, mutations) installs: the suite's tools, the docs site's and the console's."""
 DEMO_EXTRAS = "embedded"
 """What ``demo`` and ``worker`` install: the embedded server, none of the test or docs tools."""
 

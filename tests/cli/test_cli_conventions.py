@@ -73,7 +73,7 @@ def test_health_json(server: EmbeddedServer, redis: Redis) -> None:
     done = run_cli(server.url, "--queue", IDLE, "health", "--json")
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout) == {"ok": False, "queue": IDLE,
-                                       "shards": [{"shard": 0, "ok": False, "workers": []}]}
+                                       "shards": [{"shard": 0, "ok": False, "workers": [], "paused": False}]}
 
 
 def test_tree_json_is_format_json(server: EmbeddedServer, redis: Redis) -> None:

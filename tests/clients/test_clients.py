@@ -194,7 +194,8 @@ def test_one_reply_channel_rule_for_clients_and_worker(monkeypatch: pytest.Monke
 # -- a replyTo the worker's ACL user may not publish on -------------------------------------------
 
 
-PASSWORDS = {acl.SCHEDULER: "s-pw", acl.WORKER: "w-pw", acl.HOST: "h-pw", acl.PERSIST: "p-pw"}
+PASSWORDS = {acl.SCHEDULER: "s-pw", acl.WORKER: "w-pw", acl.HOST: "h-pw", acl.PERSIST: "p-pw",
+             acl.CONSOLE: "c-pw"}
 
 
 @pytest.fixture

@@ -55,6 +55,10 @@ def test_shard_marker() -> None:
     assert keys.SHARD_MARKER == "sf:shard"
 
 
+def test_audit_stream() -> None:
+    assert keys.AUDIT_STREAM == "sf:audit"
+
+
 def test_lifecycle_stream() -> None:
     assert keys.LIFECYCLE_STREAM == "sf:lifecycle"
 

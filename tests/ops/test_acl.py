@@ -43,7 +43,7 @@ from sessionfork.worker.rq_seam.worker import RQ_MAJOR
 pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
 
 PASSWORDS = {acl.SCHEDULER: "scheduler-secret", acl.WORKER: "worker-secret", acl.HOST: "host-secret",
-             acl.PERSIST: "persist-secret"}
+             acl.PERSIST: "persist-secret", acl.CONSOLE: "console-secret"}
 EXPECTED_DENIALS = set() if RQ_MAJOR >= 3 else {(acl.WORKER, "command", "client|list")}
 """RQ 2 asks CLIENT LIST for its own address, denied on purpose (see acl.py); RQ 3 asks CLIENT INFO."""
 
@@ -142,7 +142,7 @@ def test_rules_give_one_setuser_line_per_role_starting_from_nothing() -> None:
 
     heads = [shlex.split(line)[:9] for line in lines]
     assert heads == [["ACL", "SETUSER", user, "resetpass", "resetkeys", "resetchannels", "clearselectors",
-                      "-@all", "on"] for user in (acl.SCHEDULER, acl.WORKER, acl.HOST, acl.PERSIST)]
+                      "-@all", "on"] for user in (acl.SCHEDULER, acl.WORKER, acl.HOST, acl.PERSIST, acl.CONSOLE)]
 
 
 def test_rules_store_password_hashes_never_passwords() -> None:
@@ -172,7 +172,8 @@ def test_rules_escape_glob_characters_of_the_queue_and_reply_channel() -> None:
 
 
 def test_cluster_settings_grant_the_topology_commands_to_host_and_worker_only() -> None:
-    scheduler, worker, host, _ = (set(shlex.split(line)) for line in acl.acl_rules(Settings(cluster=True), PASSWORDS))
+    scheduler, worker, host, _, _ = (set(shlex.split(line)) for line in acl.acl_rules(Settings(cluster=True),
+                                                                                       PASSWORDS))
 
     assert "+cluster|slots" in worker
     assert "+cluster|slots" in host

@@ -24,13 +24,15 @@ RQ_LAYOUT = "sessionfork.protocol.rq_layout"
 """RQ's key names and job hash fields, which producers and workers agree on: no RQ import, but the
 one module outside the seam that spells RQ's keys."""
 # RQ's documented API: what a module other than the seam may import from rq.
-DOCUMENTED_RQ = {"Queue", "Retry", "Worker", "Job", "get_current_job", "DuplicateJobError", "AbandonedJobError"}
+DOCUMENTED_RQ = {"Queue", "Retry", "Worker", "Job", "get_current_job", "DuplicateJobError", "AbandonedJobError",
+                 "NoSuchJobError"}
 # Entry points read the environment; nothing else does.
 ENVIRON_MODULES = {"sessionfork.cli", "sessionfork.jobs"}
 # Layers, lowest first: a module imports only from its own layer or a lower one. The two sides of
 # the queue share a layer and never import each other: a scheduler's clients load no worker code,
-# a worker loads no client.
-LAYERS = [("core",), ("protocol",), ("clients", "worker"), ("ops",), ("cli",)]
+# a worker loads no client. The console (the [console] extra's web app) sits above ops; the CLI
+# imports it only inside its command, so `sessionfork` runs without the extra.
+LAYERS = [("core",), ("protocol",), ("clients", "worker"), ("ops",), ("console",), ("cli",)]
 SIDES = {"clients", "worker"}
 
 
@@ -128,6 +130,15 @@ def test_importing_the_package_does_not_import_rq() -> None:
     code = "import sys, sessionfork, sessionfork.core.forks; print(any(m.split('.')[0] == 'rq' for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_command_line_loads_no_console_framework() -> None:
+    # `sessionfork` runs without the [console] extra: the console command imports it when it runs.
+    code = ("import sys, sessionfork.cli; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in {'starlette', 'uvicorn', 'jinja2'} "
+            "or m.startswith('sessionfork.console')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_a_scheduler_importing_the_client_loads_neither_the_worker_nor_the_fork_service() -> None:

@@ -58,6 +58,9 @@ def test_the_wheel_holds_every_lua_script_py_typed_and_the_license(built: Path) 
     assert shipped and shipped == {n for n in names if n.endswith(".lua")}
     assert {"sessionfork/protocol/scripts/outcome.lua", "sessionfork/core/scripts/lib/header.lua"} <= shipped
     assert "sessionfork/py.typed" in names
+    console = {f"sessionfork/{p.relative_to(PACKAGE).as_posix()}" for folder in ("templates", "static")
+               for p in (PACKAGE / "console" / folder).iterdir()}
+    assert "sessionfork/console/static/live.js" in console and console <= names  # the console's pages
     assert f"sessionfork-{VERSION}.dist-info/licenses/LICENSE" in names
     assert "License-Expression: MIT" in metadata.splitlines()
     modules = {f"sessionfork/{p.relative_to(PACKAGE).as_posix()}" for p in PACKAGE.rglob("*.py")}

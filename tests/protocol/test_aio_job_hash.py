@@ -65,6 +65,12 @@ def test_rq_key_names_are_rqs_own(redis: Redis) -> None:
     assert rq_layout.QUEUES == queue.redis_queues_keys == rq_layout.key_patterns(queue.name)["queues"]
 
 
+def test_the_pause_key_is_rqs_suspension_key() -> None:
+    from rq.suspension import WORKERS_SUSPENDED  # RQ's own name (rq suspend, rq resume)
+
+    assert rq_layout.SUSPENDED == WORKERS_SUSPENDED
+
+
 def test_importing_the_async_client_imports_no_rq() -> None:
     code = "import sys, sessionfork.aio; print(sorted(m for m in sys.modules if m.split('.')[0] == 'rq'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -31,7 +31,7 @@ BUSY_MS = 250  # the server answers BUSY to everyone after 250 ms of one script 
 WORST_MS = BUSY_MS  # the worst accepted request: 20-50 ms measured on a loaded 2-core machine
 REFUSED_MS = 100  # a refusal: the server's copy of the argument into Lua, about 1 ms a MB (35 ms for 32 MB)
 PASSWORDS = {acl.SCHEDULER: "scheduler-secret", acl.WORKER: "worker-secret", acl.HOST: "host-secret",
-             acl.PERSIST: "persist-secret"}
+             acl.PERSIST: "persist-secret", acl.CONSOLE: "console-secret"}
 
 
 @pytest.fixture(scope="module")

@@ -230,7 +230,7 @@ def persist(obj: Context, root: Path, consumer: str | None, group: str, sync_ids
 @click.pass_obj
 @clean_errors
 def acl(obj: Context, passwords: tuple[str, ...]) -> None:
-    """Print Redis ACL SETUSER commands for the roles (scheduler, worker, host, persist)."""
+    """Print Redis ACL SETUSER commands for the roles (scheduler, worker, host, persist, console)."""
     from ..ops import acl as rules
 
     given = dict(p.split("=", 1) for p in passwords if "=" in p)
@@ -256,3 +256,33 @@ def load_functions(obj: Context) -> None:
 
     name = load_library(obj.queue_redis())
     click.echo(f"loaded library {name} (function {FUNCTION}) on the queue server")
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every one).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8080, show_default=True)
+@click.option("--bound", type=click.FloatRange(0.5, 60), default=2.0, show_default=True, metavar="SECONDS",
+              help="Each page's Redis reads answer within this time (an unreachable server: an error banner).")
+@click.pass_obj
+@clean_errors
+def console(obj: Context, host: str, port: int, bound: float) -> None:
+    """Serve the operators' web console (needs the [console] extra): live outcomes, search by
+    request or session id, workers and queue depth per shard, pause and resume of a shard's queue.
+    Read-only unless SESSIONFORK_CONSOLE_TOKEN is set: then pause and resume need that token."""
+    try:
+        import uvicorn
+
+        from ..console import Console, create_app
+    except ImportError as exc:
+        raise click.UsageError(f"the console needs the [console] extra (pip install 'sessionfork[console]'): "
+                               f"{exc}") from None
+    obj.bound_by(bound)
+    app = create_app(Console(shards=obj.shard_redis(), registry=obj.registry(), settings=obj.settings,
+                             token=obj.console_token, bound=bound))
+    click.echo(f"console on http://{host}:{port}/ ({'actions need the token' if obj.console_token else 'read-only'})",
+               err=True)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        # uvicorn stops on them (its own handlers), then raises them again with the handlers it
+        # found: these, so that a stop is exit status 0, as the worker's and persist's are.
+        signal.signal(sig, lambda *_: None)
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=2)

@@ -33,8 +33,9 @@ LOG_LEVELS = click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], cas
 class Context:
     """What the group's options give every command: settings, and clients made on demand."""
 
-    def __init__(self, settings: config.Settings) -> None:
+    def __init__(self, settings: config.Settings, console_token: str | None = None) -> None:
         self.settings = settings
+        self.console_token = console_token  # SESSIONFORK_CONSOLE_TOKEN: the console's actions
         self._queue: Any = None
         self._registry: Any = None
         self._shards: list[Any] | None = None
@@ -152,6 +153,9 @@ class OneLineGroup(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
 
+CONSOLE_TOKEN = "SESSIONFORK_CONSOLE_TOKEN"
+"""The variable that holds the console's action token (unset or empty: the console is read-only)."""
+
 FLAGS = {"redis_url": "--redis-url", "queue_url": "--queue-url", "queue_urls": "--queue-urls",
          "cluster": "--cluster", "tls_ca_file": "--tls-ca-file", "queue": "--queue", "reply_channel": "--reply-channel"}
 """The group's flags, by the setting each sets: an error in one names the flag, not its variable."""
@@ -198,4 +202,4 @@ def cli(ctx: click.Context, redis_url: str | None, queue_url: str | None, queue_
                                        tls_ca_file=tls_ca_file, queue=queue_name, reply_channel=reply_channel)
     except config.ConfigError as exc:
         raise click.UsageError(str(exc)) from None  # one ``error:`` line, exit status 2
-    ctx.obj = Context(settings)
+    ctx.obj = Context(settings, console_token=environ.get(CONSOLE_TOKEN) or None)

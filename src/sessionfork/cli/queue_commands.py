@@ -51,6 +51,7 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
            log_format: str, metrics_port: int | None, metrics_address: str | None, shard: int | None) -> None:
     """Run a fork worker until SIGTERM (finishes the fork in hand, then exits 0)."""
     from ..ops.metrics import Observer, configure_logging
+    from ..ops.pauses import is_paused
     from ..worker.fork_worker import ForkWorker
     from ..worker.shard_check import check_shard
 
@@ -62,7 +63,8 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
     queue_redis.ping()
     check_shard(queue_redis, s.shard or 0, count, url)
     queue = jobs.make_queue(queue_redis, s)
-    observer = Observer(queue_depth=lambda: queue.count, shard=None if count == 1 else s.shard)
+    observer = Observer(queue_depth=lambda: queue.count, shard=None if count == 1 else s.shard,
+                        paused=lambda: is_paused(queue_redis))
     if metrics_port is not None:
         observer.serve(metrics_port, metrics_address or s.metrics_address)
     log.info("worker started", extra={"server": config.redacted(url), "queue": s.queue, "shard": s.shard or 0,
@@ -171,30 +173,35 @@ def wait(obj: Context, request_id: str, timeout_s: float, reply_to: str | None) 
               help="Seconds within which it answers: an unreachable server is exit 3 by then (each "
                    "connection and command bounded by it, no retry past it).")
 @click.option("--json", "as_json", is_flag=True,
-              help='One JSON object: {"ok", "queue", "shards": [{"shard", "ok", "workers"}]}.')
+              help='One JSON object: {"ok", "queue", "shards": [{"shard", "ok", "workers", "paused"}]}.')
 @click.pass_obj
 @clean_errors
 def health(obj: Context, timeout_s: float, as_json: bool) -> None:
     """Exit 0 when a worker of the queue (of every shard, when sharded; of the one SESSIONFORK_SHARD
-    names, when set) has a fresh heartbeat, 1 otherwise."""
+    names, when set) has a fresh heartbeat, 1 otherwise. A paused shard is shown (a "paused:"
+    line), not unhealthy."""
     from ..core.connections import retries_until
+    from ..ops.pauses import is_paused
     from ..worker.jobs import fresh_workers
 
     s = obj.settings
     obj.bound_by(timeout_s)
     deadline = time.monotonic() + timeout_s
 
-    def look() -> tuple[list[Any], dict[int, list[str]]]:
+    def look() -> tuple[list[Any], dict[int, list[str]], set[int]]:
         with retries_until(deadline):
             shards = obj.shard_redis()
-            return shards, {index: sorted(fresh_workers(redis, obj.settings)) for index, redis in enumerate(shards)
-                            if obj.settings.shard is None or index == obj.settings.shard}  # a shard's own
+            asked = [(index, redis) for index, redis in enumerate(shards)
+                     if obj.settings.shard is None or index == obj.settings.shard]  # a shard's own
+            return (shards, {index: sorted(fresh_workers(redis, obj.settings)) for index, redis in asked},
+                    {index for index, redis in asked if is_paused(redis)})
 
     # Bounded as a whole too: a hung sentinel answers no connection or command time-out.
-    shards, found = within(timeout_s, "the queue server", look)
+    shards, found, paused = within(timeout_s, "the queue server", look)
     if as_json:
         click.echo(wire.encode({"ok": all(found.values()), "queue": s.queue, "shards": [
-            {"shard": index, "ok": bool(names), "workers": names} for index, names in found.items()]}).decode())
+            {"shard": index, "ok": bool(names), "workers": names, "paused": index in paused}
+            for index, names in found.items()]}).decode())
     for index, names in found.items() if not as_json else ():
         where = f"queue {s.queue!r}" + (f" of shard {index}" if len(shards) > 1 else "")
         if names:
@@ -202,6 +209,8 @@ def health(obj: Context, timeout_s: float, as_json: bool) -> None:
             click.echo(f"ok: {shown}{len(names)} worker(s): {', '.join(names)}")
         else:
             click.echo(f"unhealthy: no worker with a fresh heartbeat on {where}", err=True)
+        if index in paused:  # healthy or not: a paused queue takes no job until resumed
+            click.echo(f"paused: {where}: its workers take no new job (resume it in the console, or rq resume)")
     if not all(found.values()):
         sys.exit(1)
 

@@ -90,9 +90,13 @@ server holds these for the request ids routed to it)::
     sf:replies             channel default reply channel (requests may name their own)
     sf:shard               string "<index>/<count>" on each server of a sharded queue: which shard
                                   it is, written by its first worker (``queue.shard_check``)
+    sf:audit               stream the console's actions on this server's queue (pause, resume): fields
+                                  action, actor, detail; capped (XADD MAXLEN ~, ``ops.pauses``)
     sessionfork            RQ queue name; RQ derives its own keys from it (rq:queue:sessionfork,
                                   rq:job:<request id>, rq:queues ...), named for sessionfork's own
-                                  use only in protocol/rq_layout.py
+                                  use only in protocol/rq_layout.py; a paused shard is RQ's
+                                  suspension key on its server (``rq:suspended``, what ``rq
+                                  suspend`` sets: protocol/rq_layout.py, ``ops.pauses``)
 """
 
 from __future__ import annotations
@@ -105,6 +109,7 @@ LIFECYCLE_STREAM = f"{PREFIX}:lifecycle"
 DISPOSED_INDEX = f"{PREFIX}:disposed"
 ENDED_INDEX = f"{PREFIX}:ended"
 SHARD_MARKER = f"{PREFIX}:shard"
+AUDIT_STREAM = f"{PREFIX}:audit"
 
 
 def session(session_id: str) -> str:

@@ -62,6 +62,16 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
       evict); its consumer group on ``sf:lifecycle`` (``XGROUP CREATE``, ``XREADGROUP``, ``XACK``,
       ``XAUTOCLAIM``).
 
+``sf-console`` (``sessionfork console``; the queue servers and the registry): read-only but the pause
+    * reads: ``XRANGE``/``XREVRANGE``/``XREAD`` of ``sf:outcomes`` and ``sf:audit``; ``HGETALL``/
+      ``HMGET``/``HGET`` of ``sf:req:*``; on ``rq:*`` what RQ's documented ``Worker.all`` and
+      ``Job.fetch`` read (``SMEMBERS``, ``HGETALL``, ``HMGET``, ``EXISTS``, ``SCARD``, ``ZRANGE``...)
+      and ``LLEN`` of the queue; ``sf:s:*`` read-only (``HGET``/``HMGET``/``SMEMBERS``/``EXISTS``:
+      headers, lengths, the children index for lineage).
+    * the one action: ``SET``/``DEL`` of RQ's suspension key ``rq:suspended`` (pause, resume) and
+      ``XADD`` to the audit stream ``sf:audit``, in a transaction (``MULTI``/``EXEC``).
+    * nothing else: it cannot enqueue, claim, record, fork, append, delete or expire anything.
+
 With ``settings.cluster``, the host and the worker also get what redis-py's cluster client needs
 to learn the topology (``CLUSTER SLOTS``, ``COMMAND``; checked against an embedded 3-node cluster).
 Apply the same rules on the queue server and on the registry server when they differ.
@@ -81,7 +91,8 @@ SCHEDULER = "sf-scheduler"
 WORKER = "sf-worker"
 HOST = "sf-host"
 PERSIST = "sf-persist"
-USERS = (SCHEDULER, WORKER, HOST, PERSIST)
+CONSOLE = "sf-console"
+USERS = (SCHEDULER, WORKER, HOST, PERSIST, CONSOLE)
 
 # Every role starts from nothing; order matters (a later rule adds to an earlier one).
 _RESET = ("resetpass", "resetkeys", "resetchannels", "clearselectors", "-@all")
@@ -119,6 +130,12 @@ _HOST_COMMANDS = (
     "llen", "lindex",  # boundary and summary forks: the turn index (snapshot.lua, turn.lua)
     "sismember", "zcard", "zscore", "zrange", "ltrim", "lpush",  # deletion: what a summary child's source frees
 )
+_CONSOLE_COMMANDS = (
+    *_CONNECTION, *_TRANSACTIONS,
+    "xrange", "xrevrange", "xread",  # the outcome and audit streams (the live view blocks in XREAD)
+    "hgetall", "hget", "hmget", "exists", "smembers", "scard", "llen", "lrange", "zrange", "zcard", "type",
+    "set", "del", "xadd",  # the pause and its audit entry: key rules allow them on those two keys only
+)
 _PERSIST_COMMANDS = (
     *_CONNECTION,
     "hget", "hmget", "lrange", "exists", "hexists",  # reading sessions
@@ -142,9 +159,10 @@ def _line(user: str, password: str, key_rules: Sequence[str], channels: Sequence
 
 
 def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
-    """``ACL SETUSER`` lines for ``sf-scheduler``, ``sf-worker``, ``sf-host`` and ``sf-persist``.
+    """``ACL SETUSER`` lines for ``sf-scheduler``, ``sf-worker``, ``sf-host``, ``sf-persist`` and
+    ``sf-console``.
 
-    ``passwords`` maps each of the four user names to its (non-empty) password; a missing or
+    ``passwords`` maps each of the five user names to its (non-empty) password; a missing or
     empty one is a ``ValueError``. The queue name and reply channel come from ``settings``;
     ``settings.cluster`` and ``settings.wait_replicas`` add what those modes send. Each line is
     ``shlex``-quoted: ``shlex.split(line)`` gives the command's arguments.
@@ -182,7 +200,12 @@ def acl_rules(settings: Settings, passwords: Mapping[str, str]) -> list[str]:
     # A selector: SET and DEL on the "persisted" marks only (persist before evict), nothing else.
     persist = _line(PERSIST, passwords[PERSIST], [f"%R~{keys.PREFIX}:s:*", f"~{_glob(keys.LIFECYCLE_STREAM)}"],
                     (), (*_PERSIST_COMMANDS, *cluster), [f"(~{keys.PREFIX}:s:*:persisted +set +del)"])
-    return [scheduler, worker, host, persist]
+    # Read-only everywhere (%R~), but the suspension key and the audit stream (read and write).
+    console = _line(CONSOLE, passwords[CONSOLE],
+                    [f"%R~{rq['all']}", f"%R~{keys.PREFIX}:req:*", f"%R~{_glob(keys.OUTCOME_STREAM)}",
+                     f"%R~{keys.PREFIX}:s:*", f"~{_glob(rq_layout.SUSPENDED)}", f"~{_glob(keys.AUDIT_STREAM)}"],
+                    (), (*_CONSOLE_COMMANDS, *cluster))
+    return [scheduler, worker, host, persist, console]
 
 
 def render(lines: Sequence[str]) -> str:

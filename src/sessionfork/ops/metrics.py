@@ -53,6 +53,8 @@ CHILDREN: Final = "sessionfork_children_per_request"
 """Histogram: children created per request."""
 QUEUE_DEPTH: Final = "sessionfork_queue_depth"
 """Gauge: requests waiting in the served queue, read when scraped."""
+QUEUE_PAUSED: Final = "sessionfork_queue_paused"
+"""Gauge: 1 while the served queue is paused (``ops.pauses``: its workers take no job), read when scraped."""
 BUILD_INFO: Final = "sessionfork_build_info"
 """Gauge, always 1: ``version`` (sessionfork's), ``rq_version`` and ``redis_py_version``."""
 
@@ -83,11 +85,12 @@ class Observer:
     """Counts, times and logs every outcome a worker produces."""
 
     def __init__(self, queue_depth: Callable[[], int] | None = None, *, shard: int | None = None,
-                 meter_provider: Any = None) -> None:
+                 meter_provider: Any = None, paused: Callable[[], bool] | None = None) -> None:
         """``shard``: the shard the worker serves, on a sharded queue: every metric then carries a
         ``shard`` label (its index), so a dashboard sums or splits the shards. ``meter_provider``:
         the OpenTelemetry ``MeterProvider`` to record on (default: the global one; ignored without
-        the ``opentelemetry`` package)."""
+        the ``opentelemetry`` package). ``paused``: whether the worker's queue server is paused
+        (``ops.pauses``), read at each scrape."""
         self.registry = CollectorRegistry()
         self.shard = shard
         labels = {} if shard is None else {"shard": str(shard)}
@@ -98,6 +101,8 @@ class Observer:
             Histogram(name, help_, list(labels), registry=self.registry, buckets=buckets)
             for name, (help_, _, buckets) in HISTOGRAMS.items())
         self.depth = Gauge(QUEUE_DEPTH, "Requests waiting in the queue", list(labels), registry=self.registry)
+        self.paused = Gauge(QUEUE_PAUSED, "1 while the queue is paused (workers take no job)", list(labels),
+                            registry=self.registry)
         Gauge(BUILD_INFO, "sessionfork's version and the RQ and redis-py it runs on (always 1)",
               [*build_labels(), *labels], registry=self.registry).labels(**build_labels(), **labels).set(1)
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
@@ -110,8 +115,11 @@ class Observer:
             self.seed_length = self.seed_length.labels(**labels)
             self.children = self.children.labels(**labels)
             self.depth = self.depth.labels(**labels)
+            self.paused = self.paused.labels(**labels)
         if queue_depth is not None:
             self.depth.set_function(queue_depth)
+        if paused is not None:
+            self.paused.set_function(lambda: float(paused()))
         self.otel = _OtelMetrics.of(meter_provider, labels, queue_depth)
 
     def __call__(self, request_id: str, payload: str, reply: Outcome, seconds: float,

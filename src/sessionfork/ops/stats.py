@@ -53,7 +53,7 @@ def read_outcomes(redis: Any, *, start: str = "-", follow: bool = False, block_m
             entries = redis.xrange(keys.OUTCOME_STREAM, min=lo, max="+", count=batch)
             for entry_id, fields in entries:
                 last = wire.text(entry_id)
-                yield _outcome(last, fields)
+                yield outcome_of(last, fields)
             if len(entries) < batch:
                 break
         if last == "-":
@@ -62,7 +62,7 @@ def read_outcomes(redis: Any, *, start: str = "-", follow: bool = False, block_m
         for _, entries in redis.xread({keys.OUTCOME_STREAM: last}, block=block_ms, count=batch) or []:
             for entry_id, fields in entries:
                 last = wire.text(entry_id)
-                yield _outcome(last, fields)
+                yield outcome_of(last, fields)
 
 
 def read_sharded(shards: Sequence[Any], *, start: str = "-", follow: bool = False,
@@ -94,7 +94,7 @@ def _merged(shards: Sequence[Any], start: str, newest: list[str] | None, follow:
             for _, entries in redis.xread({keys.OUTCOME_STREAM: last[i]}, block=block, count=batch) or []:
                 for entry_id, fields in entries:
                     last[i] = wire.text(entry_id)
-                    yield msgspec.structs.replace(_outcome(last[i], fields), shard=i)
+                    yield msgspec.structs.replace(outcome_of(last[i], fields), shard=i)
 
 
 def _tagged(outcomes: Iterator[Outcome], shard: int) -> Iterator[Outcome]:
@@ -112,7 +112,8 @@ def _newest(redis: Any) -> str:
     return wire.text(newest[0][0]) if newest else "0-0"
 
 
-def _outcome(entry_id: str, fields: dict[Any, Any]) -> Outcome:
+def outcome_of(entry_id: str, fields: dict[Any, Any]) -> Outcome:
+    """One outcome stream entry (its id and fields as read) as an ``Outcome``."""
     f = stream_entry(fields)
     return Outcome(id=entry_id, time=int(entry_id.split("-")[0]), request_id=wire.text(f["requestId"]),
                    code=wire.text(f["code"]), duration_us=int(f["durationUs"]), reply=wire.decode_reply(f["reply"]),

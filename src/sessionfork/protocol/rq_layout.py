@@ -29,6 +29,12 @@ JOB_FUNCTION: Final = "sessionfork.jobs.fork"
 QUEUES: Final = "rq:queues"
 """RQ's set of queue keys."""
 
+SUSPENDED: Final = "rq:suspended"
+"""RQ's worker suspension key (``rq suspend`` sets it, ``rq resume`` deletes it): while it exists,
+the workers of that server finish the job they hold and take no new one. A shard is one queue
+server, so this key is the shard's pause (``ops.pauses``); RQ's ``suspension.WORKERS_SUSPENDED``,
+pinned equal by ``tests/protocol/test_aio_job_hash.py``."""
+
 
 def job_key(job_id: str) -> str:
     """RQ's job hash (``rq:job:<job id>``)."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 from rq import Queue, Retry, Worker
-from rq.exceptions import DuplicateJobError
+from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job
 
 from ..core.config import Settings
@@ -55,9 +55,46 @@ def enqueue(queue: Queue, payload: bytes, request_id: str, settings: Settings) -
     return True
 
 
+def queued_request(redis: Any, request_id: str) -> tuple[str, str] | None:
+    """The RQ job of ``request_id`` on ``redis`` as (its status, the request JSON it carries);
+    ``None`` when there is no such job (or RQ cannot load it)."""
+    try:
+        job = Job.fetch(request_id, connection=redis, serializer=JSONSerializer)
+    except NoSuchJobError:
+        return None
+    except Exception:  # a job hash RQ cannot load: shown as not found, the record tells the rest
+        return None
+    args = job.args
+    payload = args[0] if args and isinstance(args[0], str) else ""
+    return _text(job.get_status(refresh=False)), payload
+
+
 def is_final_attempt(job: Job) -> bool:
     """No RQ retry is left after this run."""
     return not job.retries_left
+
+
+class WorkerRow(msgspec.Struct, rename="camel", kw_only=True):
+    """What an operator sees of one worker: its name, RQ state (``idle``, ``busy``, ``suspended``
+    ...), the request it holds (``None``: none) and its last heartbeat (epoch ms; 0: none)."""
+
+    name: str
+    state: str
+    current_request: str | None
+    last_heartbeat: int
+
+
+def worker_rows(redis: Any, settings: Settings) -> list[WorkerRow]:
+    """Every registered worker of ``settings.queue`` on ``redis``, by name."""
+    rows = [WorkerRow(name=w.name, state=_text(w.get_state()), current_request=w.get_current_job_id(),
+                      last_heartbeat=0 if w.last_heartbeat is None else int(w.last_heartbeat.timestamp() * 1000))
+            for w in Worker.all(queue=make_queue(redis, settings))]
+    return sorted(rows, key=lambda row: row.name)
+
+
+def _text(value: Any) -> str:
+    """An RQ status (an enum of strings on RQ 3, a string on RQ 2) as its text."""
+    return str(getattr(value, "value", value))
 
 
 def fresh_workers(redis: Any, settings: Settings) -> list[str]:

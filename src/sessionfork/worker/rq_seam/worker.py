@@ -206,6 +206,8 @@ class SeamWorker(SimpleWorker):
           queue is always run; blocking waits are short, so an idle worker still stops within a
           second.
         * A queue entry RQ cannot load is handed to ``refuse_entry``, never raised.
+        * An idle worker checks the suspension (a paused shard: ``rq suspend``) after each wait,
+          so a pause holds within a second, not only between jobs.
         * The entry the last job's finish saw at the queue's front is dequeued with its job hash
           in one round trip (``_dequeue_front``).
         """
@@ -224,6 +226,9 @@ class SeamWorker(SimpleWorker):
             except DequeueTimeout:
                 if max_idle_time is not None and time.monotonic() - idle_since > max_idle_time:
                     return None
+                # RQ checks the suspension before its dequeue loop only: an idle worker would
+                # take the next job of a paused queue. Checked after each idle wait (a second).
+                self.check_for_suspension(False)
                 continue
             except StopRequested:
                 raise

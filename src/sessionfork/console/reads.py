@@ -1,0 +1,305 @@
+"""What the console shows, read from Redis: plain values for its templates (no HTML here).
+
+Every function takes the clients it reads (the queue servers in shard order, the registry) and
+sends only reads, but for ``ops.pauses`` (the one action). Ids, messages and event data come back
+as they are stored: escaping is the templates' (Jinja2's autoescape) and the page script's
+(``textContent``), never a concern of these reads.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from msgspec import UNSET
+
+from ..core import errors, keys, rules, wire
+from ..core.registry import Registry
+from ..core.wire import ForkResult, MergeFailure, MergeResult, SelectFailure, SelectResult
+from ..ops import lineage, pauses
+from ..ops.stats import Outcome, outcome_of, read_outcomes
+from ..protocol.shards import shard_of
+from ..worker.jobs import WorkerRow, queued_request, worker_rows
+
+_pretty = msgspec.json.Decoder()
+
+
+class Row(msgspec.Struct, rename="camel", kw_only=True):
+    """One outcome as the live view shows it (the event stream's ``data``, JSON)."""
+
+    id: str
+    time: int
+    shard: int
+    request_id: str
+    op: str
+    code: str
+    source: str
+    detail: str
+    duration_ms: float
+    latency_ms: float
+
+
+_OPS: dict[type, str] = {MergeResult: "merge", MergeFailure: "merge", SelectResult: "select", SelectFailure: "select"}
+
+
+def op_of(reply: wire.Outcome) -> str:
+    """``fork``, ``merge`` or ``select``: the operation a reply answers."""
+    return _OPS.get(type(reply), "fork")
+
+
+def source_of(reply: wire.Outcome) -> str:
+    """The session a result read from: a fork's source, a merge's or a select's merged child
+    ("" for a failure: its request may not name a valid one)."""
+    if isinstance(reply, ForkResult):
+        if reply.session is not UNSET and reply.session.parent_session is not UNSET:
+            return reply.session.parent_session
+        if reply.sessions is not UNSET and reply.sessions and reply.sessions[0].parent_session is not UNSET:
+            return reply.sessions[0].parent_session
+    if isinstance(reply, MergeResult | SelectResult):
+        return reply.merged_from.session
+    return ""
+
+
+def detail_of(reply: wire.Outcome) -> str:
+    """One line of what a reply did: the children made, the range merged, or the error's message."""
+    if isinstance(reply, ForkResult):
+        if reply.session is not UNSET:
+            return reply.session.id
+        return ", ".join(s.id for s in reply.sessions or [])
+    if isinstance(reply, MergeResult | SelectResult):
+        merged = reply.merged_from
+        text = f"{merged.session} [{merged.from_seq}-{merged.to_seq}] into {reply.parent} at seq {reply.from_seq}"
+        return text + (f"; abandoned {', '.join(reply.abandoned)}" if isinstance(reply, SelectResult) else "")
+    return reply.message
+
+
+def row_of(outcome: Outcome, shard: int) -> Row:
+    reply = outcome.reply
+    return Row(id=outcome.id, time=outcome.time, shard=shard, request_id=outcome.request_id, op=op_of(reply),
+               code=outcome.code, source=source_of(reply), detail=detail_of(reply),
+               duration_ms=outcome.duration_us / 1000, latency_ms=outcome.latency_us / 1000)
+
+
+class Filter(msgspec.Struct, kw_only=True):
+    """The live view's filter: each field empty (anything) or the exact value a row must carry."""
+
+    code: str = ""
+    op: str = ""
+    source: str = ""
+
+    def keeps(self, row: Row) -> bool:
+        return all(not want or want == got for want, got in
+                   ((self.code, row.code), (self.op, row.op), (self.source, row.source)))
+
+
+def recent(shards: Sequence[Any], keep: Filter, count: int = 50) -> list[Row]:
+    """The newest ``count`` outcomes of every shard that ``keep`` keeps, newest first (each
+    shard's newest ``4 * count`` entries looked at when filtering)."""
+    rows: list[Row] = []
+    for index, redis in enumerate(shards):
+        entries = redis.xrevrange(keys.OUTCOME_STREAM, count=count if keep == Filter() else count * 4)
+        rows += [row_of(outcome_of(wire.text(eid), fields), index) for eid, fields in entries]
+    rows = [r for r in rows if keep.keeps(r)]
+    rows.sort(key=lambda r: (r.time, r.id), reverse=True)
+    return rows[:count]
+
+
+def newest_ids(shards: Sequence[Any]) -> list[str]:
+    """Each shard's newest outcome entry id (``0-0``: none): where a live stream starts."""
+    out = []
+    for redis in shards:
+        newest = redis.xrevrange(keys.OUTCOME_STREAM, count=1)
+        out.append(wire.text(newest[0][0]) if newest else "0-0")
+    return out
+
+
+def following(shards: Sequence[Any], last: list[str], block_ms: int) -> list[Row]:
+    """The outcomes stored after ``last`` (one entry id per shard, advanced in place), oldest
+    first; each shard's read blocks at most ``block_ms / len(shards)``."""
+    rows = []
+    block = max(1, block_ms // max(len(shards), 1))
+    for index, redis in enumerate(shards):
+        for _, entries in redis.xread({keys.OUTCOME_STREAM: last[index]}, block=block, count=500) or []:
+            for entry_id, fields in entries:
+                last[index] = wire.text(entry_id)
+                rows.append(row_of(outcome_of(last[index], fields), index))
+    return rows
+
+
+class CodeStats(msgspec.Struct, rename="camel", kw_only=True):
+    """Per outcome code over the window: how many, and enqueue-to-outcome latency percentiles (ms)."""
+
+    code: str
+    count: int
+    p50_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+
+
+def window_stats(shards: Sequence[Any], window_seconds: int, now_ms: int) -> list[CodeStats]:
+    """Counts and latency percentiles per code over the last ``window_seconds``, every shard."""
+    samples: dict[str, list[float]] = defaultdict(list)
+    counts: dict[str, int] = defaultdict(int)
+    for redis in shards:
+        for outcome in read_outcomes(redis, start=f"{now_ms - window_seconds * 1000}-0"):
+            counts[outcome.code] += 1
+            if outcome.latency_us:
+                samples[outcome.code].append(outcome.latency_us / 1000)
+    return [CodeStats(code=code, count=counts[code], **_percentiles(samples[code])) for code in sorted(counts)]
+
+
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    if len(values) >= 2:
+        q = statistics.quantiles(values, n=100, method="inclusive")
+        return {"p50_ms": q[49], "p90_ms": q[89], "p99_ms": q[98]}
+    one = values[0] if values else None
+    return {"p50_ms": one, "p90_ms": one, "p99_ms": one}
+
+
+class RequestView(msgspec.Struct, kw_only=True):
+    """A request found by id: where it is, what it asked, its outcome and children."""
+
+    request_id: str
+    shard: int
+    routed_shard: int
+    status: str
+    request: str
+    """The request JSON the scheduler sent ("" once RQ's job is gone: only its identity stays)."""
+    identity: str
+    """The identity the worker keeps in the record (what a retried request is compared by)."""
+    digest: str
+    outcome: str
+    code: str
+    children: list[str]
+
+
+def find_request(shards: Sequence[Any], request_id: str) -> RequestView | None:
+    """The request ``request_id`` on whichever shard holds it (its record, else its queued job)."""
+    routed = shard_of(request_id, len(shards))
+    for index in [routed, *(i for i in range(len(shards)) if i != routed)]:
+        redis = shards[index]
+        record = {wire.text(k): v for k, v in redis.hgetall(keys.request(request_id)).items()}
+        queued = queued_request(redis, request_id)
+        if record:
+            return _request_view(request_id, index, routed, record, "" if queued is None else queued[1])
+        if queued is not None:
+            status, payload = queued
+            return RequestView(request_id=request_id, shard=index, routed_shard=routed, status=f"job {status}",
+                               request=pretty(payload), identity="", digest="", outcome="", code="", children=[])
+    return None
+
+
+def _request_view(request_id: str, shard: int, routed: int, record: dict[str, Any], payload: str) -> RequestView:
+    from ..core import records
+
+    def field(name: str) -> bytes | None:
+        value = record.get(name)
+        return value if value is None or isinstance(value, bytes) else str(value).encode()
+
+    reply = records.decode_outcome(request_id, [field(n) for n in records.STORED_OUTCOME])
+    children: list[str] = []
+    if isinstance(reply, ForkResult):
+        children = [reply.session.id] if reply.session is not UNSET else [s.id for s in reply.sessions or []]
+    elif isinstance(reply, MergeResult | SelectResult):
+        children = [reply.parent, reply.merged_from.session]  # the sessions it joined
+    elif field("children") is not None:
+        planned = _pretty.decode(field("children") or b"[]")
+        children = [str(c) for c in planned] if isinstance(planned, list) else []
+    code = "" if reply is None else ("OK" if isinstance(reply, ForkResult | MergeResult | SelectResult) else reply.code)
+    return RequestView(request_id=request_id, shard=shard, routed_shard=routed,
+                       status="answered" if reply is not None else "claimed, running",
+                       request=pretty(payload) if payload else "", identity=pretty(field("request") or b""),
+                       digest=wire.text(field("digest") or b""),
+                       outcome="" if reply is None else pretty(wire.encode(reply)), code=code, children=children)
+
+
+def pretty(raw: bytes | str) -> str:
+    """JSON indented for reading (as it is, when it is not JSON)."""
+    text = wire.text(raw)
+    try:
+        return msgspec.json.format(text, indent=2)
+    except msgspec.DecodeError:
+        return text
+
+
+class TreeLine(msgspec.Struct, kw_only=True):
+    """One node of a lineage as a line of the tree: its depth, id, state, seed, and its merge edge
+    (the session it was last merged into and at which seq there; "" when none)."""
+
+    depth: int
+    id: str
+    live: bool
+    seed: str
+    asked: bool
+    state: str = ""
+    merged_into: str = ""
+    merged_at: int = -1
+
+
+class SessionView(msgspec.Struct, kw_only=True):
+    """A session found by id: its header, state, length and lineage."""
+
+    id: str
+    header: str
+    state: str
+    length: int
+    tree: list[TreeLine]
+
+
+def find_session(registry: Registry, session_id: str, max_nodes: int = 500) -> SessionView | None:
+    """The session ``session_id`` (live or disposed), or ``None`` (never created, deleted, or not an id)."""
+    if not rules.is_valid_id(session_id):
+        return None
+    try:
+        tree = lineage.lineage(registry, session_id, max_nodes=max_nodes)
+        header = registry.header(session_id)
+    except errors.ForkError as exc:
+        if exc.code is errors.ErrorCode.SESSION_NOT_FOUND:
+            return None
+        raise
+    lines = [TreeLine(depth=i, id=n.id, live=n.live, seed=lineage.seed_text(n), asked=False)
+             for i, n in enumerate(tree.ancestors)]
+
+    def walk(node: lineage.Node, depth: int, asked: bool) -> None:
+        lines.append(TreeLine(depth=depth, id=node.id, live=node.live, seed=lineage.seed_text(node), asked=asked))
+        for child in node.children:
+            walk(child, depth + 1, False)
+
+    walk(tree.root, len(tree.ancestors), True)
+    for line in lines:  # each node's state and merge edge (one read each)
+        try:
+            state = registry.state_of(line.id)
+        except errors.ForkError:
+            continue
+        line.state = state.state
+        if state.merged_into is not UNSET:
+            line.merged_into, line.merged_at = state.merged_into.session, state.merged_into.seq
+    asked = next(line for line in lines if line.asked)
+    return SessionView(id=session_id, header=pretty(wire.encode(header)), state=asked.state or "live",
+                       length=registry.length(session_id), tree=lines)
+
+
+class ShardView(msgspec.Struct, kw_only=True):
+    """One shard: its queue's depth, whether it is paused, its workers."""
+
+    index: int
+    depth: int
+    paused: bool
+    workers: list[WorkerRow]
+
+
+def shard_views(shards: Sequence[Any], settings: Any) -> list[ShardView]:
+    from ..protocol import rq_layout
+
+    return [ShardView(index=i, depth=int(redis.llen(rq_layout.queue_key(settings.queue))),
+                      paused=pauses.is_paused(redis), workers=worker_rows(redis, settings))
+            for i, redis in enumerate(shards)]
+
+
+def audit_entries(shards: Sequence[Any], count: int = 50) -> list[pauses.AuditEntry]:
+    entries = [e for i, redis in enumerate(shards) for e in pauses.audit(redis, count, shard=i)]
+    entries.sort(key=lambda e: (e.time, e.id), reverse=True)
+    return entries[:count]

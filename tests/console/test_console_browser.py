@@ -1,0 +1,204 @@
+"""``sessionfork console`` in a real browser (Playwright driving Debian's chromium) against a live
+worker, each under its ACL user (``console_fixtures``): search by request and session id, the live
+view's filter, pause and resume, the token, escaping, and no ACL denial. The live view's time bound
+is test_console_live.py (serial)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import urllib.parse
+from datetime import datetime
+
+import pytest
+from console_fixtures import (
+    HOSTILE,
+    TOKEN,
+    Deployment,
+    answer,
+    browser_fixture,  # noqa: F401
+    deployment_fixture,  # noqa: F401
+    fork,
+    page_fixture,  # noqa: F401
+    shot,
+    user_url,
+)
+from helpers import clean_environ, cli_args, turn
+from playwright.sync_api import Page
+from redis import Redis
+from redis.exceptions import NoPermissionError
+from waits import wait_until
+
+from sessionfork.core.wire import ForkFailure, ForkResult, NewEvent, SelectResult
+from sessionfork.ops import acl, pauses
+
+
+def test_search_finds_a_request_by_id(deployment: Deployment, page: Page) -> None:
+    reply = fork(deployment, "root", "root-a")
+
+    page.goto(f"{deployment.url}/search?q={reply.request_id}")
+
+    section = page.locator("#request")
+    assert reply.request_id in section.locator("h2").inner_text()
+    assert section.locator("dd.code").inner_text() == "OK"
+    assert '"parentSession": "root"' in section.locator("pre.outcome").inner_text()
+    assert '"sessionId": "root-a"' in section.locator("pre.request").inner_text()  # as the scheduler sent it
+    assert "root-a" in section.locator("pre.identity").inner_text()
+    shot(page, "search-request")
+    section.get_by_role("link", name="root-a").click()  # the child, one click away
+    assert page.locator("#session h2").inner_text() == "Session root-a"
+
+
+def test_search_finds_a_session_with_its_state_length_and_lineage(deployment: Deployment, page: Page) -> None:
+    fork(deployment, "root", "root-b")
+    fork(deployment, "root-b", "root-b-1")
+
+    page.goto(f"{deployment.url}/search?q=root-b")
+
+    section = page.locator("#session")
+    assert section.locator("dd.state").inner_text() == "live"
+    assert "4 events" in section.inner_text()
+    assert '"parentSession": "root"' in section.locator("pre.json").inner_text()
+    tree = section.locator("ul.tree li")
+    assert [tree.nth(i).locator("a").inner_text() for i in range(tree.count())] == ["root", "root-b", "root-b-1"]
+    shot(page, "search-session")
+    section.get_by_role("link", name="root-b-1").click()  # a link per node
+    assert page.locator("#session h2").inner_text() == "Session root-b-1"
+
+
+def test_a_select_is_a_live_row_and_its_merge_edge_is_in_the_lineage(deployment: Deployment, page: Page) -> None:
+    registry, client = deployment.registry, deployment.client
+    registry.append(registry.create("sel", cwd="/work"), turn(1))
+    fan = client.fork("sel", session_ids=["sel-a", "sel-b"], timeout=10)
+    assert isinstance(fan, ForkResult) and fan.ok, fan
+    for child in ("sel-a", "sel-b"):
+        registry.append(child, [NewEvent("turn/start", {}), NewEvent("turn/end", {"reason": "completed"})])
+    page.goto(deployment.url)
+    page.wait_for_selector("body[data-live=on]")
+
+    picked = client.select("sel", ["sel-a", "sel-b"], "sel-b", mode="events", timeout=10)
+    assert isinstance(picked, SelectResult), picked
+    row = page.wait_for_selector(f'#live tbody tr[data-request="{picked.request_id}"]')
+    assert row is not None and "\tselect\tOK\tsel-b\t" in row.inner_text()
+
+    page.goto(f"{deployment.url}/search?q=sel")
+    lines = page.locator("#session ul.tree li").all_inner_texts()
+    assert any(line.startswith("sel-a") and "abandoned" in line for line in lines), lines
+    edge = f"merged into sel at seq {picked.from_seq}"
+    assert any(line.startswith("sel-b") and edge in line for line in lines), lines
+    shot(page, "search-merge")
+    page.locator("#session li", has_text="sel-b").get_by_role("link", name="sel", exact=True).click()
+    assert page.locator("#session h2").inner_text() == "Session sel"  # the merge edge is a link
+
+
+def test_an_unknown_id_is_a_not_found_page(deployment: Deployment, page: Page) -> None:
+    response = page.goto(f"{deployment.url}/search?q=nothing-here")
+
+    assert response is not None and response.status == 404
+    assert "No request and no session with id nothing-here" in page.locator("main").inner_text()
+
+
+def test_the_live_view_filters_by_code(deployment: Deployment, page: Page) -> None:
+    page.goto(f"{deployment.url}/?code=SESSION_NOT_FOUND")
+    page.wait_for_selector("body[data-live=on]")
+
+    ok = fork(deployment, "root", "root-filtered")
+    missing = deployment.client.fork("no-such-session", session_id="never", timeout=10)
+    assert isinstance(missing, ForkFailure) and missing.code == "SESSION_NOT_FOUND"
+    page.wait_for_selector(f'#live tbody tr[data-request="{missing.request_id}"]')
+
+    assert page.locator(f'#live tbody tr[data-request="{ok.request_id}"]').count() == 0
+
+
+def test_pause_stops_the_shards_worker_and_resume_restarts_it(deployment: Deployment, page: Page) -> None:
+    admin, client = deployment.admin, deployment.client
+    page.goto(f"{deployment.url}/workers")
+    page.fill("#shard-0 input[name=token]", TOKEN)
+    page.fill("#shard-0 input[name=reason]", "deploy")
+    page.click("#shard-0 button")
+
+    assert page.locator("#shard-0 .pill").inner_text() == "paused"
+    assert pauses.is_paused(admin)
+    wait_until(lambda: admin.hget(f"rq:worker:{deployment.worker}", "state") == b"suspended", 10,
+               "the worker to see the pause")
+    request = client.request("root", session_id="root-paused")
+    client.submit(request)
+    queued_at = time.time()
+    # The suspended worker polls the pause once a second, heart-beating each time: two beats after
+    # the enqueue, it has looked twice and left the job queued.
+    wait_until(lambda: _heartbeat(admin, deployment.worker) > queued_at + 1.0, 10, "two polls of the paused worker")
+    assert admin.llen("rq:queue:sessionfork") == 1
+    page.goto(f"{deployment.url}/workers")
+    assert page.locator("#shard-0 .depth").inner_text() == "1"
+    assert page.locator("#shard-0 td.state").inner_text() == "suspended"
+    health = subprocess.run(cli_args(user_url(deployment.server, acl.WORKER), "health"), env=clean_environ(),
+                            capture_output=True, text=True, timeout=30, check=False)
+    assert "paused: queue 'sessionfork'" in health.stdout
+    assert "deploy" in page.locator("#audit tbody tr").first.inner_text()
+    shot(page, "workers-paused")
+
+    page.fill("#shard-0 input[name=token]", TOKEN)
+    page.click("#shard-0 button")
+
+    assert page.locator("#shard-0 .pill").inner_text() == "running"
+    reply = client.wait(request, 10)
+    assert isinstance(reply, ForkResult) and reply.ok
+    actions = [row.split("\t")[2] for row in page.locator("#audit tbody tr").all_inner_texts()[:2]]
+    assert actions == ["resume", "pause"]
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _heartbeat(admin: Redis, worker: str) -> float:
+    raw = admin.hget(f"rq:worker:{worker}", "last_heartbeat")
+    return 0.0 if raw is None else datetime.fromisoformat(_text(raw).replace("Z", "+00:00")).timestamp()
+
+
+def test_an_action_without_the_token_is_refused(deployment: Deployment, page: Page) -> None:
+    page.goto(f"{deployment.url}/workers")
+    with page.expect_response(lambda r: r.url.endswith("/shards/0/pause")) as sent:
+        page.click("#shard-0 button")  # no token typed
+
+    assert sent.value.status == 403
+    assert "a valid console token is needed" in page.locator("main").inner_text()
+    assert not pauses.is_paused(deployment.admin)
+    assert answer(f"{deployment.url}/shards/0/pause", b"token=wrong")[0] == 403
+    assert answer(f"{deployment.url}/shards/0/pause", b"", {"Authorization": "Bearer wrong"})[0] == 403
+    assert not pauses.is_paused(deployment.admin)
+
+
+def test_hostile_ids_and_event_data_render_escaped(deployment: Deployment, page: Page) -> None:
+    registry = deployment.registry
+    registry.append(registry.create("hostile", cwd=HOSTILE), turn(1))
+    page.goto(deployment.url)
+    page.wait_for_selector("body[data-live=on]")
+    fork(deployment, "hostile", "hostile-child")
+    refused = deployment.client.fork(HOSTILE, timeout=10)  # the message quotes the source given
+    assert isinstance(refused, ForkFailure) and HOSTILE in refused.message
+
+    row = page.wait_for_selector(f'#live tbody tr[data-request="{refused.request_id}"]')
+    assert row is not None and HOSTILE in row.inner_text()  # shown as text
+    page.goto(f"{deployment.url}/search?q=hostile-child")
+    assert HOSTILE in page.locator("#session pre.json").inner_text()
+    page.goto(f"{deployment.url}/search?q={urllib.parse.quote(HOSTILE)}")
+    assert HOSTILE in page.locator("main").inner_text()
+    page.goto(deployment.url)  # the server-side rows too
+
+    assert page.locator("main img").count() == 0
+    assert page.evaluate("window.__pwned") is None
+
+
+def test_the_console_sends_nothing_its_acl_user_may_not(deployment: Deployment) -> None:
+    denials = [entry for entry in deployment.admin.acl_log() if _text(entry["username"]) == acl.CONSOLE]
+
+    assert denials == []
+    console = Redis.from_url(user_url(deployment.server, acl.CONSOLE))
+    try:
+        for refused in (lambda: console.hset("sf:req:x", "outcome", "forged"), lambda: console.delete("rq:queue:x"),
+                        lambda: console.eval("return 1", 0)):
+            with pytest.raises(NoPermissionError):
+                refused()
+    finally:
+        console.close()
