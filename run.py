@@ -135,8 +135,15 @@ def ensure_env(name: str = ".venv", *pins: str, extras: str = TEST_EXTRAS) -> Pa
     return bin_dir
 
 
-def run(*cmd: str, env: dict[str, str] | None = None) -> int:
-    return subprocess.run(cmd, cwd=ROOT, env=None if env is None else {**os.environ, **env}).returncode
+def run(*cmd: str, env: dict[str, str] | None = None, stdout: Any = None) -> int:
+    return subprocess.run(cmd, cwd=ROOT, env=None if env is None else {**os.environ, **env}, stdout=stdout,
+                          stderr=None if stdout is None else subprocess.STDOUT).returncode
+
+
+def start(*cmd: str, env: dict[str, str] | None = None, stdout: Any = None) -> subprocess.Popen[bytes]:
+    """``run``'s command started, not awaited (``wait()`` gives its status)."""
+    return subprocess.Popen(cmd, cwd=ROOT, env=None if env is None else {**os.environ, **env}, stdout=stdout,
+                            stderr=None if stdout is None else subprocess.STDOUT)
 
 
 def docs_build(bin_dir: Path, site_dir: Path, config: Path = ROOT / "mkdocs.yml") -> list[str]:
@@ -160,41 +167,54 @@ def test(bin_dir: Path, rest: list[str]) -> int:
             return code
     if rest:
         return run(str(bin_dir / "python"), "-m", "pytest", *rest)
-    code = suite(bin_dir)
-    if code:
-        return code
-    print(f"\n== again on {RQ2}: mypy --strict, then the worker, fault and hostile-input tests ==", flush=True)
     assert rq2_env is not None
+    return suite_on_both(bin_dir, rq2_env)
+
+
+RQ2_ENV = {"SESSIONFORK_EXPECT_RQ": "2"}
+
+
+def suite_on_both(bin_dir: Path, rq2_env: Future[Path]) -> int:
+    """The suite on the current RQ and, again, its ``rq`` tests on RQ 2.12 (after ``mypy`` there): the
+    two parallel phases at once (they spend most of their time waiting on the servers and workers
+    they start, so together they take little longer than the longer one), then each serial phase
+    alone, one after the other. The RQ 2.12 parallel phase starts once its env is made, and its
+    output is printed when it ends. The first failing step's status."""
+    current_parallel, current_serial = phases()
+    older_parallel, older_serial = phases(RQ2_MARK, processes=PARALLEL_RQ2)
+    print(f"\n== pytest {' '.join(current_parallel)} (and, beside it, the {RQ2} parallel phase) ==", flush=True)
+    current = start(str(bin_dir / "python"), "-m", "pytest", *current_parallel)
     rq2 = rq2_env.result()
-    code = run(str(rq2 / "mypy"))
-    if code:
-        return code
-    return suite(rq2, mark=RQ2_MARK, env={"SESSIONFORK_EXPECT_RQ": "2"})
+    with tempfile.TemporaryFile("w+") as out:
+        code = run(str(rq2 / "mypy"), stdout=out)
+        older = start(str(rq2 / "python"), "-m", "pytest", *older_parallel, env=RQ2_ENV, stdout=out) if not code \
+            else None
+        codes = [current.wait(), code or (older.wait() if older else 1)]
+        out.seek(0)
+        print(f"\n== on {RQ2}: mypy, then pytest {' '.join(older_parallel)} ==\n{out.read()}", flush=True)
+    if any(codes):
+        return next(c for c in codes if c)
+    for binary, args, env in ((bin_dir, current_serial, None), (rq2, older_serial, RQ2_ENV)):
+        print(f"\n== pytest {' '.join(args)}{'' if env is None else f' (on {RQ2})'} ==", flush=True)
+        code = run(str(binary / "python"), "-m", "pytest", *args, env=env)
+        if code:
+            return code
+    return 0
 
 
-def phases(mark: str | None = None) -> list[list[str]]:
+def phases(mark: str | None = None, processes: int | None = None) -> list[list[str]]:
     """The suite's two pytest runs: every test not marked ``serial`` in ``PARALLEL`` processes (each
     test file in one), then the ``serial`` ones alone (they assert a time bound or measure, so a
     neighbour's load must not weigh on them). Together they run every test once (``mark``: every
     test with that mark). Each prints its ``SLOWEST`` tests."""
     only = f"{mark} and " if mark else ""
     slowest = f"--durations={SLOWEST}"
-    return [["-n", str(PARALLEL), "--dist", "loadfile", "-m", f"{only}not serial", slowest],
+    return [["-n", str(processes or PARALLEL), "--dist", "loadfile", "-m", f"{only}not serial", slowest],
             ["-m", f"{only}serial", slowest]]
 
 
 PARALLEL = 3  # pytest-xdist processes of the parallel phase: 2 cores, and the tests wait on servers and workers
-
-
-def suite(bin_dir: Path, *, mark: str | None = None, env: dict[str, str] | None = None) -> int:
-    """The suite (``mark``: its tests with that mark), in its two ``phases``; the first failing
-    phase's status."""
-    for args in phases(mark):
-        print(f"\n== pytest {' '.join(args)} ==", flush=True)
-        code = run(str(bin_dir / "python"), "-m", "pytest", *args, env=env)
-        if code:
-            return code
-    return 0
+PARALLEL_RQ2 = 2  # the RQ 2.12 parallel phase's, beside the current RQ's
 
 
 MUTATIONS = ROOT / "tests" / "mutations.toml"

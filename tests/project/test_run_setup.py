@@ -126,27 +126,52 @@ def test_a_failed_docs_build_fails_the_test_command(monkeypatch: pytest.MonkeyPa
     assert ran[-1] == "/venv/bin/mkdocs"
 
 
-def test_the_whole_suite_runs_in_parallel_then_the_serial_tests_alone_on_each_rq(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+class _Started:
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+    def wait(self) -> int:
+        return self.status
+
+
+def _recorded(monkeypatch: pytest.MonkeyPatch, fail: str = "") -> list[tuple[str, dict[str, str] | None]]:
     ran: list[tuple[str, dict[str, str] | None]] = []
     monkeypatch.setattr(run, "ensure_system_packages", lambda: None)
     monkeypatch.setattr(run, "ensure_env", lambda *a: Path("/rq2/bin" if a and a[0] == ".venv-rq2" else "/venv/bin"))
-    monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append((" ".join(cmd), env)) or 0)
+
+    def record(*cmd: str, env: dict[str, str] | None = None, stdout: object = None) -> int:
+        ran.append((" ".join(cmd), env))
+        return int(bool(fail) and fail in ran[-1][0])
+
+    monkeypatch.setattr(run, "run", record)
+    monkeypatch.setattr(run, "start", lambda *cmd, env=None, stdout=None: _Started(record(*cmd, env=env)))
+    return ran
+
+
+def test_the_whole_suite_runs_in_parallel_then_the_serial_tests_alone_on_each_rq(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both parallel phases at once (RQ 2.12's after its mypy), then each serial phase alone."""
+    ran = _recorded(monkeypatch)
     assert run.main(["test"]) == 0
-    pytest_runs = [(cmd, env) for cmd, env in ran if " -m pytest" in cmd]
-    assert pytest_runs == [
-        (f"/venv/bin/python -m pytest -n {run.PARALLEL} --dist loadfile -m not serial --durations=25", None),
-        ("/venv/bin/python -m pytest -m serial --durations=25", None),
-        (f"/rq2/bin/python -m pytest -n {run.PARALLEL} --dist loadfile -m rq and not serial --durations=25",
-         {"SESSIONFORK_EXPECT_RQ": "2"}),
-        ("/rq2/bin/python -m pytest -m rq and serial --durations=25", {"SESSIONFORK_EXPECT_RQ": "2"})]
+    steps = [cmd for cmd, _ in ran if " -m pytest" in cmd or cmd.endswith("/mypy")]
+    assert steps == [
+        "/venv/bin/mypy",
+        f"/venv/bin/python -m pytest -n {run.PARALLEL} --dist loadfile -m not serial --durations=25",
+        "/rq2/bin/mypy",
+        f"/rq2/bin/python -m pytest -n {run.PARALLEL_RQ2} --dist loadfile -m rq and not serial --durations=25",
+        "/venv/bin/python -m pytest -m serial --durations=25",
+        "/rq2/bin/python -m pytest -m rq and serial --durations=25"]
+    envs = {cmd: env for cmd, env in ran if " -m pytest" in cmd}
+    assert [env for cmd, env in envs.items() if cmd.startswith("/rq2/")] == [{"SESSIONFORK_EXPECT_RQ": "2"}] * 2
+    assert [env for cmd, env in envs.items() if cmd.startswith("/venv/")] == [None, None]
 
 
-def test_a_failed_parallel_phase_stops_the_suite_before_the_serial_one(monkeypatch: pytest.MonkeyPatch) -> None:
-    ran: list[str] = []
-    monkeypatch.setattr(run, "run", lambda *cmd, env=None: ran.append(" ".join(cmd)) or int("not serial" in ran[-1]))
-    assert run.suite(Path("/venv/bin")) == 1
-    assert ran == [f"/venv/bin/python -m pytest -n {run.PARALLEL} --dist loadfile -m not serial --durations=25"]
+@pytest.mark.parametrize("failing", ["-m not serial", "-m rq and not serial", "/rq2/bin/mypy"])
+def test_a_failed_parallel_phase_stops_the_suite_before_the_serial_ones(monkeypatch: pytest.MonkeyPatch,
+                                                                         failing: str) -> None:
+    ran = _recorded(monkeypatch, fail=failing)
+    assert run.main(["test"]) == 1
+    assert not [cmd for cmd, _ in ran if cmd.endswith("-m serial --durations=25") or "and serial" in cmd]
 
 
 def test_the_two_phases_select_every_test_once() -> None:
