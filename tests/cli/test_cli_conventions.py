@@ -24,8 +24,6 @@ from sessionfork.core.wire import ForkResult, Header
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.worker.outcomes import Outcomes
 
-pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
-
 COMMANDS = sorted(cli.commands)
 IDLE = "idle-queue"
 """A queue no worker serves (the module's worker, once started, serves the default one)."""

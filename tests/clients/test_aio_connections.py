@@ -10,7 +10,6 @@ import socket
 import threading
 from typing import Any
 
-import pytest
 from aio_helpers import client_for, source, workers
 from redis import Redis
 from waits import wait_until
@@ -18,8 +17,6 @@ from waits import wait_until
 from sessionfork import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult
 from sessionfork.embedded import EmbeddedServer
-
-pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
 
 
 def local_addresses() -> set[str]:

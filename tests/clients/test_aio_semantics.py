@@ -15,8 +15,6 @@ from sessionfork.core.wire import ForkFailure, ForkResult
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.protocol import rq_layout
 
-pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
-
 # -- semantics ------------------------------------------------------------------------------------
 
 

@@ -11,7 +11,6 @@ import uuid
 from typing import Any
 
 import msgspec
-import pytest
 from aio_helpers import client_for, run, source, until, workers
 from helpers import SETTINGS
 from redis import Redis
@@ -23,8 +22,6 @@ from sessionfork.core import wire
 from sessionfork.core.wire import ForkFailure, ForkResult
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.worker.outcomes import Outcomes
-
-pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
 
 
 async def answered_on_a_new_subscription(client: AsyncClient, redis: Redis, outcomes: Outcomes, request_id: str,

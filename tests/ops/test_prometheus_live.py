@@ -25,8 +25,6 @@ import sessionfork
 from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedServer, free_port
 
-pytestmark = pytest.mark.rq  # a real worker (runs again on RQ 2.12: run.py test)
-
 ROUNDS = 2  # forks in two scrapes' worth of rounds: every rate sees its counters grow
 OK_PER_ROUND, ERRORS_PER_ROUND = 3, 2
 ADDRESS = "127.0.0.2"  # the worker's --metrics-address: a loopback address, not the default's 0.0.0.0

@@ -21,7 +21,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import run
 from click.testing import CliRunner
 from redis import Redis
@@ -122,7 +121,6 @@ def run_page(path: Path, url: str) -> str:
     return out.stdout
 
 
-@pytest.mark.rq  # with a worker: runs again on RQ 2.12 (run.py test); the rest of this file needs no RQ
 def test_the_pages_run_in_order_on_one_server_twice(server: EmbeddedServer) -> None:
     """README, Getting started, Agent hosts, Schedulers, ... as a reader follows them, on one
     database, then all again: no page needs a server of its own, none can run only once."""

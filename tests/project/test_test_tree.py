@@ -49,5 +49,7 @@ def test_a_test_that_imports_rq_runs_again_on_rq2(path: Path) -> None:
 def test_the_rq_mark_picks_the_worker_the_faults_and_the_job_hash() -> None:
     marked = {p.stem for p in TEST_FILES if "rq" in marks_of(p)}
     assert {"test_worker_replies", "test_faults_sigkill", "test_faults_sigterm", "test_hostile_queue",
-            "test_aio_job_hash", "test_rq_dashboard", "test_acl", "test_enqueue_script"} <= marked
+            "test_aio_job_hash", "test_rq_dashboard", "test_acl", "test_merge_queue", "test_merge_faults"} <= marked
+    # a test that only runs a worker to reach what it checks runs on the current RQ only (run.py RQ2_MARK)
+    assert not {"test_enqueue_script", "test_aio_connections", "test_cli_conventions", "test_prometheus_live"} & marked
     assert len(marked) >= 25

@@ -25,8 +25,6 @@ from sessionfork.core.config import Settings
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.protocol import enqueue as enqueue_module
 
-pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
-
 QUEUE = "rq:queue:sessionfork"
 
 

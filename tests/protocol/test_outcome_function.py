@@ -22,8 +22,6 @@ from sessionfork.embedded import EmbeddedServer
 from sessionfork.protocol import enqueue as enqueue_module
 from sessionfork.protocol.outcomes import read_outcome
 
-pytestmark = pytest.mark.rq  # a real worker stores the records
-
 
 def routes(redis: Redis) -> dict[str, tuple[Any, ...]]:
     """Every way to call the read: the loaded function (FCALL, FCALL_RO), the script's text (EVAL, EVALSHA)."""
