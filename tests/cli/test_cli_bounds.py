@@ -25,7 +25,8 @@ from sessionfork.core.wire import ForkResult, Header
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.worker.outcomes import Outcomes
 
-pytestmark = pytest.mark.serial  # run alone: see pyproject's markers
+# The tests that assert a time bound are marked serial (run alone: see pyproject's markers); the
+# usage and refusal checks assert no time, so they run in the parallel phase.
 
 USAGE, ERROR_CODE, UNREACHABLE, NO_REPLY = 2, 1, 3, 4
 
@@ -109,6 +110,7 @@ def _wait(client: object, request: object) -> object:
         return exc
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("args", [["fork", "src", "--wait", "2"], ["health"], ["stats"]])
 def test_a_frozen_server_is_status_3_within_the_socket_timeout(frozen: EmbeddedServer, args: list[str]) -> None:
     status, stderr, took = run(frozen.url, *args, bound=30, SESSIONFORK_SOCKET_TIMEOUT="2",
@@ -118,6 +120,7 @@ def test_a_frozen_server_is_status_3_within_the_socket_timeout(frozen: EmbeddedS
     assert took < 2 + 2 + 5, took  # one command's time-out and one connect, plus the interpreter's start
 
 
+@pytest.mark.serial
 def test_fork_wait_1_against_a_frozen_server_is_status_4_within_its_deadline(frozen: EmbeddedServer) -> None:
     """Issue 26 #6: ``fork --wait 1`` with a socket time-out far longer (30 s) ends within HARD_AFTER of
     its deadline (it took the socket time-out: the enqueue blocked): status 4, the client's
@@ -133,12 +136,14 @@ def test_fork_wait_1_against_a_frozen_server_is_status_4_within_its_deadline(fro
     assert took < start + 1.0 + HARD_AFTER + 0.5, (took, start)
 
 
+@pytest.mark.serial
 def test_a_frozen_server_is_status_3_within_the_default_bound(frozen: EmbeddedServer) -> None:
     status, stderr, took = run(frozen.url, "health", bound=60)
     assert status == UNREACHABLE, stderr
     assert took < 5 + 3 + 5, took  # SESSIONFORK_SOCKET_TIMEOUT and SESSIONFORK_CONNECT_TIMEOUT defaults
 
 
+@pytest.mark.serial
 def test_a_tls_url_pointed_at_a_plain_server_fails_fast(server: EmbeddedServer) -> None:
     status, stderr, took = run(f"rediss://127.0.0.1:{server.port}/0", "health", bound=30)
     assert status == UNREACHABLE, stderr
@@ -146,6 +151,7 @@ def test_a_tls_url_pointed_at_a_plain_server_fails_fast(server: EmbeddedServer) 
     assert took < 3 + 5, took
 
 
+@pytest.mark.serial
 def test_a_refused_password_is_status_3_at_once_without_a_connection_storm() -> None:
     with EmbeddedServer() as srv:
         with srv.client() as setup:
@@ -174,6 +180,7 @@ def test_python_m_worker_is_the_same_cli(server: EmbeddedServer) -> None:
 BOUND_ARGS = [["fork", "src", "--wait", "2"], ["wait", "r-bound", "--timeout", "2"], ["health", "--timeout", "2"]]
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("args", BOUND_ARGS, ids=" ".join)
 def test_a_server_refusing_connections_fails_within_the_time_given(args: list[str]) -> None:
     """Issue 29 #4: the retries of a refused connection stop at the time the user gave (they took
@@ -188,6 +195,7 @@ def test_a_server_refusing_connections_fails_within_the_time_given(args: list[st
     assert took < start + 2 + 1.0, (took, start)
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("args", BOUND_ARGS[1:], ids=" ".join)
 def test_a_frozen_server_fails_within_the_time_given(frozen: EmbeddedServer, args: list[str]) -> None:
     """``wait --timeout 2`` and ``health --timeout 2`` end within 2 s (and the start) against a
@@ -199,6 +207,7 @@ def test_a_frozen_server_fails_within_the_time_given(frozen: EmbeddedServer, arg
     assert took < start + 2 + 1.0, (took, start)
 
 
+@pytest.mark.serial
 def test_health_behind_hung_sentinels_fails_within_the_time_given(frozen: EmbeddedServer) -> None:
     """A sentinel that accepts connections and never answers: each lookup waits its socket time-out
     and is retried (over 40 s before), so ``health --timeout 2`` is bounded as a whole."""
