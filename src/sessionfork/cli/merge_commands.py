@@ -13,7 +13,7 @@ from ..protocol.merge_requests import ClientMergeOptions
 from ..protocol.requests import MAX_WAIT
 from .app import Context, clean_errors, cli
 from .files import load_json
-from .queue_commands import check_wait, print_reply
+from .queue_commands import check_wait, send
 
 _MODE = click.Choice(["summary", "events"])
 
@@ -27,18 +27,6 @@ def _merge_options(mode: str, summary_file: IO[bytes] | None, span: tuple[int, i
     return {"mode": "summary" if mode == "summary" else "events", "summary": summary, "range": span,
             "if_parent_length": if_parent_length, "if_child_length": if_child_length, "request_id": request_id,
             "reply_to": reply_to}
-
-
-def _send(client: Client, request: wire.MergeRequest | wire.SelectRequest, wait_s: float) -> None:
-    if wait_s == 0:
-        click.echo(wire.encode({"requestId": client.submit(request), "queued": True}).decode())
-        return
-    try:
-        reply = client.run_request(request, wait_s)  # subscribed, enqueued and answered within --wait
-    except TimeoutError as exc:
-        raise TimeoutError(f"{exc}: the request stays queued; wait for its reply with: "
-                           f"sessionfork wait {request.request_id}") from None
-    print_reply(reply)
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -83,7 +71,7 @@ def merge(obj: Context, parent: str, child: str, mode: str, summary_file: IO[byt
     client = Client(obj.shard_redis(), obj.settings)
     target: str | wire.LiveHandle = wire.LiveHandle(parent, instance) if instance else parent
     options = _merge_options(mode, summary_file, span, if_parent_length, if_child_length, request_id, reply_to)
-    _send(client, client.merge_request(target, child, **options), wait_s)
+    send(client, client.merge_request(target, child, **options), wait_s)
 
 
 @cli.command()
@@ -103,4 +91,4 @@ def select(obj: Context, parent: str, winner: str, candidates: tuple[str, ...], 
     client = Client(obj.shard_redis(), obj.settings)
     target: str | wire.LiveHandle = wire.LiveHandle(parent, instance) if instance else parent
     options = _merge_options(mode, summary_file, span, if_parent_length, if_child_length, request_id, reply_to)
-    _send(client, client.select_request(target, list(candidates), winner, **options), wait_s)
+    send(client, client.select_request(target, list(candidates), winner, **options), wait_s)

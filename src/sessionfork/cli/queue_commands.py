@@ -123,12 +123,18 @@ def fork(obj: Context, source: str, instance: str | None, session_id: str | None
     options: ForkOptions = {"session_id": session_id, "session_ids": session_ids.split(",") if session_ids else None,
                             "count": count, "request_id": request_id, "reply_to": reply_to, "boundary": boundary,
                             "if_length": if_length, "edits": edits, "variants": variants, "summary": summary}
-    request = client.request(src, **options)
+    send(client, client.request(src, **options), wait_s)
+
+
+def send(client: Client, request: wire.AnyRequest, wait_s: float) -> None:
+    """Enqueue ``request`` and print its reply event as JSON (``print_reply``), within ``wait_s``
+    seconds; ``wait_s`` 0: enqueue only, and print the request id. ``fork``'s, ``merge``'s and
+    ``select``'s one way to send."""
     if wait_s == 0:
         click.echo(wire.encode({"requestId": client.submit(request), "queued": True}).decode())
         return
     try:
-        reply = client.fork_request(request, wait_s)  # subscribed, enqueued and answered within --wait
+        reply = client.run_request(request, wait_s)  # subscribed, enqueued and answered within --wait
     except TimeoutError as exc:
         raise TimeoutError(f"{exc}: the request stays queued; wait for its reply with: "
                            f"sessionfork wait {request.request_id}") from None
