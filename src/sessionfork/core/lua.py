@@ -186,7 +186,7 @@ class Scripts:
 
 INCLUDE: Final = "--#include "
 """A script line ``--#include lib/<name>.lua`` stands for that file of the core's ``scripts/``
-(helpers shared by scripts: ``lib/header.lua``); ``source`` expands it."""
+(helpers shared by scripts: ``lib/header.lua``, ``lib/turns.lua``); ``source`` expands it."""
 
 
 def source(name: str, package: str | None = None) -> str:

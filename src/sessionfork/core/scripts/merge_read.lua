@@ -14,6 +14,7 @@
 -- range rules (a retry merges what the first run resolved, whatever the child holds now).
 --   (a record written before turn indexes: the caller checks the range by reading it) /
 --   {"OK", fromSeq, toSeq, len, seedlen, stored JSON of each event when asked}
+--#include lib/turns.lua
 local r = redis.call('HMGET', KEYS[1], 'header', 'len', 'seedlen', 'lastend', 'abandoned')
 if not r[1] then return {'NOT_FOUND'} end
 local len = tonumber(r[2])
@@ -38,14 +39,9 @@ else
   if to >= len then return {'RANGE', 'PAST', len, seedlen} end
   if from > to then return {'RANGE', 'ORDER', len, seedlen} end
   if to - from + 1 > tonumber(ARGV[4]) then return {'RANGE', 'MANY', len, seedlen} end
-  -- toSeq must not be inside a turn: the newest turn marker at or before it (binary search of the
-  -- append-only index of the child's own events) is a turn/end, or there is none.
-  local lo, hi, found = 0, redis.call('LLEN', KEYS[2]) - 1, nil
-  while lo <= hi do
-    local mid = math.floor((lo + hi) / 2)
-    local v = tonumber(redis.call('LINDEX', KEYS[2], mid))
-    if math.floor(v / 2) <= to then found = v; lo = mid + 1 else hi = mid - 1 end
-  end
+  -- toSeq must not be inside a turn: the newest turn marker at or before it (in the index of the
+  -- child's own events) is a turn/end, or there is none.
+  local found = newest(KEYS[2], to)
   if found and found % 2 == 0 then return {'INSIDE', to, math.floor(found / 2)} end
 end
 local out = {'OK', from, to, len, seedlen}

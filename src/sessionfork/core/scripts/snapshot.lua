@@ -16,15 +16,7 @@
 --   (or the source has no turn index): the caller checks it against the ancestor that holds it,
 --   whose events up to there never change.
 --#include lib/header.lua
-local function newest(turns, b)  -- the newest marker at or before b: binary search (sorted: append-only)
-  local lo, hi, found = 0, redis.call('LLEN', turns) - 1, nil
-  while lo <= hi do
-    local mid = math.floor((lo + hi) / 2)
-    local v = tonumber(redis.call('LINDEX', turns, mid))
-    if math.floor(v / 2) <= b then found = v; lo = mid + 1 else hi = mid - 1 end
-  end
-  return found
-end
+--#include lib/turns.lua
 local function step()
   local r = redis.call('HMGET', KEYS[1], 'instance', 'len', 'last', 'header', 'seed', 'seedlen', 'lastend',
     'seedend', 'cwd', 'parent')

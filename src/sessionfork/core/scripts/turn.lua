@@ -7,17 +7,13 @@
 -- Returns {"OK", seq of the newest turn/end at or before it (-1: none), type of the event, seedlen} /
 -- {"INSIDE", seq of the turn/start of the turn it is inside, seedlen} / {"NOINDEX"} (a record
 -- written before turn indexes). Seqs are this session's own.
+--#include lib/turns.lua
 local r = redis.call('HMGET', KEYS[1], 'lastend', 'seedend', 'seedlen', 'len')
 if not r[1] then return {'NOINDEX'} end
 r[2] = r[2] or r[1]  -- absent until an append moves lastend (create.lua)
 r[3] = r[3] or r[4]  -- absent until the first append: the seed is the whole log
 local b = tonumber(ARGV[1]) + tonumber(r[3])
-local lo, hi, found = 0, redis.call('LLEN', KEYS[2]) - 1, nil
-while lo <= hi do
-  local mid = math.floor((lo + hi) / 2)
-  local v = tonumber(redis.call('LINDEX', KEYS[2], mid))
-  if math.floor(v / 2) <= b then found = v; lo = mid + 1 else hi = mid - 1 end
-end
+local found = newest(KEYS[2], b)
 if found and found % 2 == 0 then return {'INSIDE', math.floor(found / 2), r[3]} end
 if found == 2 * b + 1 then return {'OK', b, 'turn/end', r[3]} end
 local raw = redis.call('LINDEX', KEYS[3], tonumber(ARGV[1]))
