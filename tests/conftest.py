@@ -10,6 +10,7 @@ import signal
 from collections.abc import Iterator
 
 import pytest
+from clocks import Clock
 from redis import Redis
 
 from sessionfork.core.registry import Registry
@@ -33,6 +34,18 @@ def redis(server: EmbeddedServer) -> Iterator[Redis]:
 @pytest.fixture
 def registry(redis: Redis) -> Registry:
     return Registry(redis)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    """A clock the test moves by hand (``clocks.Clock``), at ``clocks.T0``."""
+    return Clock()
+
+
+@pytest.fixture
+def timed(redis: Redis, clock: Clock) -> Registry:
+    """A registry on ``redis`` whose clock is ``clock``."""
+    return Registry(redis, clock=clock)
 
 
 @pytest.fixture

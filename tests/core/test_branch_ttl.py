@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import subprocess
 
-import pytest
+from clocks import HOUR, T0, Clock
 from helpers import clean_environ, cli_args, turn
 from redis import Redis
 from redis.cluster import RedisCluster
@@ -16,27 +16,6 @@ from sessionfork.core import forks, keys, merges
 from sessionfork.core.registry import Registry
 from sessionfork.core.retention import dispose_ended, run_pass
 from sessionfork.embedded import EmbeddedServer
-
-T0 = 1_800_000_000_000
-HOUR = 3_600_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> int:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def timed(redis: Redis, clock: Clock) -> Registry:
-    return Registry(redis, clock=clock)
 
 
 def ended_family(registry: Registry) -> None:

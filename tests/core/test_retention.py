@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clocks import HOUR, T0, Clock
 from helpers import clean_environ, cli_args, start_worker, stop, turn, wait_registered, worker_name
 from racing import ctx_fixture, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
 from redis import Redis
@@ -27,27 +28,6 @@ from sessionfork.core.retention import sweep
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops.jsonl import path_for
 from sessionfork.ops.persist import JsonlBackend
-
-T0 = 1_800_000_000_000
-HOUR = 3_600_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> int:
-        return self.now
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def timed(redis: Redis, clock: Clock) -> Registry:
-    return Registry(redis, clock=clock)
 
 
 def population(registry: Registry, clock: Clock) -> None:
