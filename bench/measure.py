@@ -123,37 +123,49 @@ def fork_throughput(server: EmbeddedServer, requests: int, workers: int = 1, cou
     procs, redis = start_fork_workers(server, workers)
     try:
         client = Client(redis, Settings())
-        replies = 0
-        done = threading.Event()
-        pubsub = server.client().pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-        pubsub.subscribe(Settings().reply_channel)
 
-        def listen() -> None:
-            nonlocal replies
-            while replies < requests:
-                if pubsub.get_message(timeout=1.0):
-                    replies += 1
-            done.set()
+        def submit() -> None:
+            for i in range(requests):
+                if variants:
+                    # Imported here: bench.ab runs this function against older trees, which lack it.
+                    from sessionfork.protocol.requests import Variant
 
-        listener = threading.Thread(target=listen, daemon=True)
-        listener.start()
-        began = time.perf_counter()
-        for i in range(requests):
-            if variants:
-                # Imported here: bench.ab runs this function against older trees, which lack it.
-                from sessionfork.protocol.requests import Variant
+                    client.submit(client.request("bench-src", variants=[
+                        Variant(edits=[NewEvent("user/message", {"text": f"variant {v}"})]) for v in range(variants)]))
+                    continue
+                client.submit(client.request("bench-src", session_id=None if count else f"c-{i}", count=count))
 
-                client.submit(client.request("bench-src", variants=[
-                    Variant(edits=[NewEvent("user/message", {"text": f"variant {v}"})]) for v in range(variants)]))
-                continue
-            client.submit(client.request("bench-src", session_id=None if count else f"c-{i}", count=count))
-        if not done.wait(300):
-            raise TimeoutError("benchmark replies did not all arrive")
-        elapsed = time.perf_counter() - began
-        pubsub.close()
+        elapsed = replies_timed(server.client(), Settings().reply_channel, requests, submit)
         return requests / elapsed
     finally:
         stop_processes(procs)
+
+
+def replies_timed(redis: Redis, channel: str, expected: int, submit: Callable[[], None]) -> float:
+    """Seconds from ``submit()``'s start (it sends the requests) to the ``expected``-th message on the
+    reply ``channel``, subscribed (and the subscription confirmed) first; ``TimeoutError`` when they
+    do not all arrive within 300 s."""
+    pubsub = redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub.subscribe(channel)
+    wait_until(lambda: pubsub.get_message(timeout=0.01) is None and pubsub.subscribed
+               and int(redis.pubsub_numsub(channel)[0][1]) >= 1, 10, "the reply subscription")
+    replies, done = 0, threading.Event()
+
+    def listen() -> None:
+        nonlocal replies
+        while replies < expected:
+            if pubsub.get_message(timeout=1.0):
+                replies += 1
+        done.set()
+
+    threading.Thread(target=listen, daemon=True).start()
+    began = time.perf_counter()
+    submit()
+    if not done.wait(300):
+        raise TimeoutError("benchmark replies did not all arrive")
+    elapsed = time.perf_counter() - began
+    pubsub.close()
+    return elapsed
 
 
 def latency(server: EmbeddedServer, samples: int) -> tuple[float, float]:

@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,14 +31,14 @@ from typing import Any
 
 from redis import Redis
 
-from bench.measure import flushed, start_fork_workers, stop_processes, write_session
+from bench.measure import flushed, replies_timed, start_fork_workers, stop_processes, write_session
 from sessionfork.clients.client import Client
 from sessionfork.core import forks, keys
 from sessionfork.core.config import Settings
 from sessionfork.core.merges import merge
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import AnyRequest, NewEvent
-from sessionfork.embedded import EmbeddedServer, wait_until
+from sessionfork.embedded import EmbeddedServer
 
 Row = tuple[str, float, str, float | None, str]
 FAN = 64
@@ -99,29 +97,11 @@ def branches(registry: Registry, parent: str, ids: Sequence[str], own_turns: int
 def timed(redis: Redis, client: Client, batch: Sequence[AnyRequest]) -> float:
     """Seconds from ``batch``'s first submit (all submitted at once) to its last reply on the reply
     channel (one worker draining); then every reply is checked ``ok``."""
-    channel = client.settings.reply_channel
-    pubsub = redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
-    pubsub.subscribe(channel)
-    wait_until(lambda: pubsub.get_message(timeout=0.01) is None and pubsub.subscribed
-               and int(redis.pubsub_numsub(channel)[0][1]) >= 1, 10, "the reply subscription")
-    replies, done = 0, threading.Event()
+    def submit() -> None:
+        for request in batch:
+            client.submit(request)
 
-    def listen() -> None:
-        nonlocal replies
-        while replies < len(batch):
-            if pubsub.get_message(timeout=1.0):
-                replies += 1
-        done.set()
-
-    listener = threading.Thread(target=listen, daemon=True)
-    listener.start()
-    began = time.perf_counter()
-    for request in batch:
-        client.submit(request)
-    if not done.wait(300):
-        raise TimeoutError("merge benchmark replies did not all arrive")
-    elapsed = time.perf_counter() - began
-    pubsub.close()
+    elapsed = replies_timed(redis, client.settings.reply_channel, len(batch), submit)
     failed = [reply for reply in (client.wait(request, 30) for request in batch) if not reply.ok]
     assert not failed, failed[:1]
     return elapsed
