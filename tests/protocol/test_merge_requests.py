@@ -47,7 +47,7 @@ def merge_shapes(draw: st.DrawFn) -> dict[str, Any]:
 def test_any_merge_shape_is_accepted_or_refused_with_invalid_request(body: dict[str, Any]) -> None:
     raw = json.dumps(body).encode()
     try:
-        request = merge_requests.parse(raw, "r-1", LIMITS)
+        request = merge_requests.parse(raw, "r-1", LIMITS, wire.request_op(raw))
         spec = merge_requests.spec_of(request, "r-1", LIMITS)
     except ForkError as exc:
         assert exc.code is ErrorCode.INVALID_REQUEST, exc
@@ -92,9 +92,10 @@ def test_any_python_value_for_the_builders_is_a_typed_error_or_a_request(options
 def test_refusals_name_the_field(body: dict[str, Any], words: str) -> None:
     with pytest.raises(ForkError) as info:
         raw = json.dumps(body).encode()
-        if wire.request_op(raw) == "fork":
+        op = wire.request_op(raw)
+        if op == "fork":
             wire.decode_request(raw)
-        request = merge_requests.parse(raw, "r-1", LIMITS)
+        request = merge_requests.parse(raw, "r-1", LIMITS, op)
         merge_requests.spec_of(request, "r-1", LIMITS)
     assert info.value.code is ErrorCode.INVALID_REQUEST and words in info.value.message, info.value.message
 

@@ -93,6 +93,11 @@ class SelectSpec(msgspec.Struct, frozen=True, kw_only=True):
     candidates: tuple[str, ...]
 
     @property
+    def request_id(self) -> str:
+        """The select's idempotency key: its merge's."""
+        return self.merge.request_id
+
+    @property
     def losers(self) -> tuple[str, ...]:
         """The candidates other than the winner, in request order."""
         return tuple(c for c in self.candidates if c != self.merge.child)

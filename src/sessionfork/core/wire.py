@@ -561,9 +561,10 @@ def request_op(raw: bytes | str) -> str:
     raise errors.invalid(f"invalid request: unknown op {rules.echo(op)} (expected fork, merge or select)")
 
 
-def decode_any_request(raw: bytes | str) -> AnyRequest:
-    """Decode a request of any operation (``request_op``), as ``decode_request`` decodes a fork."""
-    op = request_op(raw)
+def decode_any_request(raw: bytes | str, op: str | None = None) -> AnyRequest:
+    """Decode a request of any operation, as ``decode_request`` decodes a fork; ``op``: the one
+    ``request_op`` read from it already (``None``: read it here)."""
+    op = request_op(raw) if op is None else op
     if op == "fork":
         return decode_request(raw)
     decoder: msgspec.json.Decoder[Any] = _merge_decoder if op == "merge" else _select_decoder

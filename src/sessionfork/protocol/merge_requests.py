@@ -69,14 +69,15 @@ def _given(value: Any) -> Any:
     return UNSET if value is None else value
 
 
-def parse(payload: str | bytes, job_id: str, limits: Limits) -> MergeRequest | SelectRequest:
-    """Decode and validate a merge or select request whose RQ job id is ``job_id``:
+def parse(payload: str | bytes, job_id: str, limits: Limits, op: str) -> MergeRequest | SelectRequest:
+    """Decode and validate a merge or select request (``op``: ``wire.request_op`` of it, read by
+    the caller to route it here) whose RQ job id is ``job_id``:
     ``INVALID_REQUEST`` naming the field otherwise (the checks a fork's ``parse`` makes of the
     envelope, then the ids and their lengths, the candidates' count, the summary's size)."""
     raw = payload.encode() if isinstance(payload, str) else payload
     if len(raw) > limits.max_request_bytes:
         raise errors.invalid(f"request is {len(raw)} bytes, over the limit of {limits.max_request_bytes}")
-    request = wire.decode_any_request(raw)
+    request = wire.decode_any_request(raw, op)
     assert not isinstance(request, wire.ForkRequest)  # the caller routes by wire.request_op
     check_envelope(request, job_id)
     parent = request.parent

@@ -160,7 +160,7 @@ class ForkService:
             spec = requests.spec_of(fork, job_id, self._children_of(fork))
             forks.check(self.registry, spec)
             return fork, spec
-        merge = merge_requests.parse(payload, job_id, self.limits)
+        merge = merge_requests.parse(payload, job_id, self.limits, op)
         merge_spec = merge_requests.spec_of(merge, job_id, self.limits)
         merges.check(self.registry, merge_spec)
         return merge, merge_spec
@@ -190,21 +190,17 @@ class ForkService:
         if start is not None and not start.sent and start.redis is trip.redis:
             trip.add(start)
         fork = spec if isinstance(spec, ForkSpec) else None
-        trip.ops([self.outcomes.claim_op(self._request_id(spec), request, () if fork is None else fork.child_ids)])
+        trip.ops([self.outcomes.claim_op(spec.request_id, request, () if fork is None else fork.child_ids)])
         look = None if fork is None else forks.source_ops(self.registry, fork, trip.redis)
         if look is not None:
             trip.ops(look)
         (raw,), *looked = trip.run()
-        claim = self.outcomes.claim_of(raw, self._request_id(spec))
+        claim = self.outcomes.claim_of(raw, spec.request_id)
         if fork is None:
             return claim, spec, None
         if claim.state != "NEW":
             return claim, fork.with_children(claim.children), None
         return claim, fork, looked[0] if looked else None
-
-    @staticmethod
-    def _request_id(spec: Spec) -> str:
-        return spec.merge.request_id if isinstance(spec, SelectSpec) else spec.request_id
 
     def _fork(self, request: ForkRequest, spec: ForkSpec, claim: Claim, looked: list[Any] | None) -> Reply:
         """The children of a claimed request, from one snapshot, each with its edits: the reply
