@@ -516,9 +516,11 @@ MergeReply: TypeAlias = MergeResult | MergeFailure
 """The one reply a merge request gets (``if reply.ok:`` narrows to ``MergeResult``)."""
 SelectReply: TypeAlias = SelectResult | SelectFailure
 """The one reply a select request gets (``if reply.ok:`` narrows to ``SelectResult``)."""
+Failure: TypeAlias = ForkFailure | MergeFailure | SelectFailure
+"""The failure reply of any request: nothing was written (``isinstance(reply, Failure)`` tells one)."""
 Outcome: TypeAlias = ForkResult | ForkFailure | MergeResult | MergeFailure | SelectResult | SelectFailure
 """The one outcome of any request (fork, merge or select)."""
-FAILURES: Final[dict[str, type[ForkFailure | MergeFailure | SelectFailure]]] = {
+FAILURES: Final[dict[str, type[Failure]]] = {
     "fork": ForkFailure, "merge": MergeFailure, "select": SelectFailure}
 """Each operation's failure reply type, by the request's ``op``."""
 
@@ -528,7 +530,7 @@ def op_of(request: AnyRequest) -> str:
     return "fork" if isinstance(request, ForkRequest) else request.op
 
 
-def failure(op: str, request_id: str, code: str, message: str) -> ForkFailure | MergeFailure | SelectFailure:
+def failure(op: str, request_id: str, code: str, message: str) -> Failure:
     """The failure reply of an ``op`` request (``fork/error``, ``merge/error``, ``select/error``)."""
     return FAILURES.get(op, ForkFailure)(request_id=request_id, code=code, message=message)
 

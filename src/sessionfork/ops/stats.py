@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from ..core import keys, wire
-from ..core.wire import ForkFailure, ForkResult, MergeFailure, MergeResult, SelectFailure, SelectResult
+from ..core.wire import ForkResult, MergeResult, SelectResult
 from ..protocol.outcomes import stream_entry
 
 _COLOURS = {"OK": "green", "OPEN_TURN": "yellow", "INVALID_BOUNDARY": "yellow", "SESSION_ALREADY_EXISTS": "yellow",
@@ -125,7 +125,7 @@ def format_line(outcome: Outcome, style: Any = None) -> str:
     when = datetime.fromtimestamp(outcome.time / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
     code = outcome.code if style is None else style(outcome.code.ljust(22), fg=_COLOURS.get(outcome.code, "cyan"))
     reply = outcome.reply
-    if isinstance(reply, ForkFailure | MergeFailure | SelectFailure):
+    if isinstance(reply, wire.Failure):
         detail = reply.message
     elif isinstance(reply, SelectResult):
         detail = f"{reply.winner} -> {reply.parent} @{reply.from_seq}, abandoned {len(reply.abandoned)}"

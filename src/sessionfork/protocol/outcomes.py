@@ -18,7 +18,7 @@ from redis import Redis
 
 from ..core import keys, records, wire
 from ..core.errors import ErrorCode
-from ..core.wire import ForkFailure, MergeFailure, Outcome, SelectFailure
+from ..core.wire import Outcome
 
 DIGEST_CHARS = 32
 """A request digest is kept as its first 32 hex digits (128 bits): enough to tell two requests
@@ -32,7 +32,7 @@ def short_digest(digest: str) -> str:
 
 def code_of(reply: Outcome) -> str:
     """``OK`` for a result, the error code for a failure: the outcome stream's ``code`` field."""
-    return reply.code if isinstance(reply, ForkFailure | MergeFailure | SelectFailure) else "OK"
+    return reply.code if isinstance(reply, wire.Failure) else "OK"
 
 
 SHOWN_ID_MAX = 256
@@ -125,7 +125,7 @@ def read_outcome(redis: Redis, request_id: str, digest: str | None, op: str = "f
     return verdict(request_id, redis.hmget(keys.request(request_id), list(OUTCOME_FIELDS)), digest, op)
 
 
-def conflict(request_id: str, op: str = "fork") -> ForkFailure | MergeFailure | SelectFailure:
+def conflict(request_id: str, op: str = "fork") -> wire.Failure:
     """The ``IDEMPOTENCY_CONFLICT`` reply of an ``op`` request whose id another request used."""
     return wire.failure(op, request_id, ErrorCode.IDEMPOTENCY_CONFLICT.value,
                         f'request id "{request_id}" was already used for a different request')

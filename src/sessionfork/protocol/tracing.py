@@ -24,7 +24,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from ..core import rules
-from ..core.wire import ForkFailure, ForkResult, MergeFailure, Outcome, SelectFailure
+from ..core.wire import Failure, ForkResult, Outcome
 from .outcomes import code_of
 
 SPAN_NAME = "sessionfork fork"
@@ -86,7 +86,7 @@ class RequestSpan:
                 self._span.set_attribute("sessionfork.failed_ids", [f.session_id for f in reply.failed])
         self._span.set_attribute("sessionfork.child_ids", children)
         self._span.set_attribute("sessionfork.outcome", code_of(reply))
-        if isinstance(reply, ForkFailure | MergeFailure | SelectFailure):
+        if isinstance(reply, Failure):
             self._span.set_status(self._otel.trace.Status(self._otel.trace.StatusCode.ERROR, reply.code))
 
 
