@@ -72,7 +72,7 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
                                       "registry": config.redacted(obj.registry_url)})
     fork_worker = ForkWorker([queue], service=service, connection=queue_redis, on_outcome=observer,
                              abandoned_after=s.abandoned_after, job_ttl=s.job_ttl, retention=s.retention,
-                             branch_ttl=s.branch_ttl,
+                             branch_ttl=s.branch_ttl, batch=s.batch,
                              delete_after_persist=s.delete_after_persist,
                              maintenance_interval=s.maintenance_interval,
                              worker_ttl=s.worker_ttl, name=name)

@@ -111,6 +111,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """How the clients run the enqueue script (``SESSIONFORK_ENQUEUE``): ``auto`` = ``FCALL`` of the
     loaded ``sessionfork`` library, else ``EVALSHA``; ``fcall`` = the library only; ``eval`` = never
     the library (``protocol.enqueue``)."""
+    batch: int = 32
+    """Most queued requests a worker takes in one round trip when more than one waits
+    (``SESSIONFORK_BATCH``; 1 = one at a time, RQ's own dequeue). A batch's plain one-child forks
+    run together: three round trips for all of them, RQ's bookkeeping of them in two script calls
+    (docs/performance.md#batches). A lone request never waits for a batch to fill."""
 
 
 ENV: Mapping[str, str] = {
@@ -145,6 +150,7 @@ ENV: Mapping[str, str] = {
     "enqueue": "SESSIONFORK_ENQUEUE",
     "compact_records": "SESSIONFORK_COMPACT_RECORDS",
     "metrics_address": "SESSIONFORK_METRICS_ADDRESS",
+    "batch": "SESSIONFORK_BATCH",
 }
 
 _DAY = 24 * 3600
@@ -168,6 +174,7 @@ BOUNDS: Mapping[str, tuple[float, float]] = {
     "wait_timeout_ms": (1, 600_000),
     "socket_timeout": (0.1, 3600),
     "connect_timeout": (0.1, 3600),
+    "batch": (1, 1024),
 }
 """The range of every numeric setting, inclusive; any value outside it is a ``ConfigError``."""
 NAME_MAX_LENGTH = 256

@@ -33,9 +33,9 @@ from ..core.factories import now_ms
 from ..core.wire import Outcome
 from . import jobs
 from .rq_seam.entries import EntryRefused, ForkJob
-from .rq_seam.riders import JobFinish, JobStart
+from .rq_seam.riders import JobFinish, JobsFinish, JobsStart, JobStart
 from .rq_seam.worker import SeamWorker
-from .service import ForkService
+from .service import ForkService, Prepared
 
 log = logging.getLogger("sessionfork.worker")
 
@@ -85,9 +85,69 @@ class ForkWorker(SeamWorker):
             return
         self._run(job, queue, payload, start)
 
+    def run_batch(self, jobs: list[Job], queue: Queue) -> None:
+        """Run the jobs one ``take`` moved: the valid plain forks of one child together
+        (``ForkService.handle_many``: three round trips for the batch, RQ's start bookkeeping of
+        them all in the first, its success bookkeeping in the records' transaction), then every
+        other job on its own (``run_job``: a fan-out, a merge, a select, a job or request refused),
+        so that none of those holds the batch's replies. When the batch fails unexpectedly, each
+        of its requests runs on its own (``run_job``; idempotent: a request done is a replay),
+        as started already when its start was sent."""
+        batch: list[tuple[Job, str, Prepared]] = []
+        alone: list[Job] = []
+        for job in jobs:
+            try:
+                payload = _payload(job)
+            except _Refused:
+                alone.append(job)
+                continue
+            prepared = self.service.prepare(payload, job.id, enqueued_ms=_enqueued_ms(job))
+            if prepared is None:
+                alone.append(job)
+            else:
+                batch.append((job, payload, prepared))
+        if batch:
+            self._run_batch(batch, queue)
+        for job in alone:
+            self.run_job(job, queue)
+
+    def _run_batch(self, batch: list[tuple[Job, str, Prepared]], queue: Queue) -> None:
+        began = time.perf_counter()
+        jobs = [job for job, _, _ in batch]
+        start = JobsStart(self, jobs, queue)
+        finish = JobsFinish(self, start)
+        # One timeout for the batch: its shortest job's.
+        shortest = min(jobs, key=lambda job: job.timeout or self.queue_class.DEFAULT_TIMEOUT)
+        try:
+            replies = self.run_in_time(shortest, lambda: self.until_up(lambda: self.service.handle_many(
+                [prepared for _, _, prepared in batch], start=start, finish=finish)))
+            if not finish.sent:  # the records went on another client: the finish goes on its own
+                start.ensure()
+                self.until_up(lambda: self._finish_apart(finish, replies))
+        except Exception:
+            log.exception("a batch of %d requests failed; running each on its own", len(batch))
+            for job, payload, _ in batch:
+                single = JobStart(self, job, queue)
+                if start.sent:
+                    single.sent = True
+                    self.execution = start.executions[job.id]
+                self._run(job, queue, payload, single)
+            return
+        seconds = time.perf_counter() - began
+        for (job, payload, _), reply, result in zip(batch, replies, finish.results, strict=True):
+            if result is not reply:  # another attempt's outcome was stored first: RQ's result is it
+                self.execution = None
+                self.until_up(lambda job=job, reply=reply: self.correct_result(job, reply))  # type: ignore[misc]
+            self._observe(job.id, payload, reply, seconds, _latency(job))
+
+    def _finish_apart(self, finish: JobsFinish, replies: list[Outcome]) -> None:
+        pipe = self.connection.pipeline(transaction=True)
+        finish.add(pipe, replies)
+        finish.done(pipe.execute(raise_on_error=False))
+
     def _run(self, job: Job, queue: Queue, payload: str, start: JobStart) -> None:
         began = time.perf_counter()
-        enqueued = None if job.enqueued_at is None else int(job.enqueued_at.timestamp() * 1000)
+        enqueued = _enqueued_ms(job)
         finish = JobFinish(self, job)
         try:
             reply = self.run_in_time(job, lambda: self.until_up(lambda: self.service.handle(
@@ -187,6 +247,11 @@ class ForkWorker(SeamWorker):
                     self._observe(job.id, payload, stored, 0.0, _latency(job))
         except Exception:
             log.exception("could not finish the request of job %s", job.id)
+
+
+def _enqueued_ms(job: Job) -> int | None:
+    """The job's enqueue time (RQ's ``enqueued_at``), epoch ms; ``None`` when RQ has none."""
+    return None if job.enqueued_at is None else int(job.enqueued_at.timestamp() * 1000)
 
 
 def _latency(job: Job) -> float | None:

@@ -60,6 +60,31 @@ class Then(Protocol):
     def failed(self) -> None: ...
 
 
+class ThenMany(Protocol):
+    """``Then`` for a batch: commands sent right after a batch's records, in their transaction
+    (``rq_seam.riders.JobsFinish``); ``add`` takes every request's outcome, in batch order."""
+
+    redis: Any
+
+    def add(self, pipe: Any, results: Sequence[Outcome]) -> None: ...
+
+    def done(self, replies: list[Any]) -> None: ...
+
+    def failed(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """One request's outcome in a batch (``Outcomes.record_many``): stored and announced when
+    ``store`` (a request that claimed its id), else only passed on (a replay's, a conflict's)."""
+
+    reply: Outcome
+    channel: str = ""
+    duration_us: int = 0
+    latency_us: int = 0
+    store: bool = True
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
     """The state of a request id when a worker takes it up."""
@@ -129,17 +154,53 @@ class Outcomes:
         on a request's ``replyTo``) is logged as one warning line: the outcome is stored and
         streamed, not published, and its waiter reads it from the store.
         """
-        raw = wire.encode(reply)
-        # The compact layout only under the reply's own request id (its key): rebuilt from the key.
-        fields = records.outcome_fields(reply, compact=self.compact and key is None)
-        named = dict(record=keys.request(reply.request_id) if key is None else key, stream=keys.OUTCOME_STREAM,
-                     outcome=raw, channel=channel, ttl=self.ttl, maxlen=self.stream_maxlen,
-                     digest=short_digest(digest), request_id=reply.request_id, code=code_of(reply),
-                     run_us=duration_us, latency_us=latency_us, names=OUTCOME_NAMES, fields=records.flat(fields))
+        named = self._record_args(reply, channel, digest, duration_us, latency_us, key)
         if then is not None and then.redis is self.redis:
-            stored, *rest = self._record_then(reply, named, then)
-        else:
-            stored, *rest = self._scripts("record", **named)
+            return self._stored(reply, channel, self._record_then(reply, named, then))
+        return self._stored(reply, channel, self._scripts("record", **named))
+
+    def record_many(self, batch: Sequence[Pending], then: ThenMany | None = None) -> list[Outcome]:
+        """``record`` for each of ``batch`` that is to be stored, then ``then``'s commands (with every
+        reply of ``batch``), in one transaction when ``then`` goes on this very client (else
+        ``then`` is not sent: its owner sends it). Returns each request's outcome, in order: its
+        reply, or the outcome stored first; the reply of one not stored, as it is."""
+        calls = [self._scripts.op("record", **self._record_args(item.reply, item.channel, "", item.duration_us,
+                                                                 item.latency_us, None))
+                 for item in batch if item.store]
+        if then is not None and then.redis is not self.redis:
+            then = None
+        if not calls and then is None:
+            return [item.reply for item in batch]
+        pipe = self.redis.pipeline(transaction=True)
+        if calls:
+            # Loaded in the transaction itself: EVALSHA then never meets NOSCRIPT (a server that
+            # lost its scripts would run the rest of the transaction without the record).
+            pipe.script_load(calls[0][0].script)
+        for script, call_keys, args in calls:
+            pipe.evalsha(script.sha, len(call_keys), *call_keys, *args)
+        if then is not None:
+            then.add(pipe, [item.reply for item in batch])
+        try:
+            out = pipe.execute(raise_on_error=False)
+        except BaseException:
+            if then is not None:
+                then.failed()
+            raise
+        recorded = out[1:1 + len(calls)] if calls else []
+        for reply in recorded:
+            if isinstance(reply, Exception):
+                if then is not None:
+                    then.failed()
+                raise reply
+        if then is not None:
+            then.done(out[1 + len(calls):] if calls else out)
+        stored = iter(recorded)
+        return [self._stored(item.reply, item.channel, next(stored)) if item.store else item.reply
+                for item in batch]
+
+    def _stored(self, reply: Outcome, channel: str, recorded: list[Any]) -> Outcome:
+        """The outcome of a request whose record script answered ``recorded`` for ``reply``."""
+        stored, *rest = recorded
         if not stored:
             first = records.decode_outcome(reply.request_id, rest)
             assert first is not None
@@ -148,6 +209,16 @@ class Outcomes:
             log.warning("outcome of request %s stored but not published on %r: %s", reply.request_id,
                         channel, wire.text(rest[0]))
         return reply
+
+    def _record_args(self, reply: Outcome, channel: str, digest: str, duration_us: int, latency_us: int,
+                     key: str | bytes | None) -> dict[str, Any]:
+        """``record.lua``'s named arguments for ``reply`` (see ``record``)."""
+        # The compact layout only under the reply's own request id (its key): rebuilt from the key.
+        fields = records.outcome_fields(reply, compact=self.compact and key is None)
+        return dict(record=keys.request(reply.request_id) if key is None else key, stream=keys.OUTCOME_STREAM,
+                    outcome=wire.encode(reply), channel=channel, ttl=self.ttl, maxlen=self.stream_maxlen,
+                    digest=short_digest(digest), request_id=reply.request_id, code=code_of(reply),
+                    run_us=duration_us, latency_us=latency_us, names=OUTCOME_NAMES, fields=records.flat(fields))
 
     def _record_then(self, reply: Outcome, named: dict[str, Any], then: Then) -> Any:
         """The record script, then ``then``'s commands, in one transaction (``lua.run_loaded``: all

@@ -21,8 +21,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from msgspec import UNSET
@@ -38,7 +40,7 @@ from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, Outcom
 from ..protocol import merge_requests, requests, tracing
 from ..protocol.requests import DEFAULT_LIMITS, Limits
 from ..protocol.shards import shard_of
-from .outcomes import Claim, Outcomes, Then
+from .outcomes import Claim, Outcomes, Pending, Then, ThenMany
 from .trip import Part, Trip
 
 Spec = ForkSpec | MergeSpec | SelectSpec
@@ -51,6 +53,25 @@ class Start(Part, Protocol):
 
     redis: Any
     sent: bool
+
+
+class Starts(Part, Protocol):
+    """A worker's RQ start bookkeeping of a batch's jobs (``rq_seam.riders.JobsStart``), as ``Start``."""
+
+    redis: Any
+    sent: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A request a batch runs (``ForkService.prepare``): a valid plain fork of one child, parsed
+    and checked, with its one spec."""
+
+    payload: str | bytes
+    request: ForkRequest
+    spec: ForkSpec
+    channel: str
+    enqueued_ms: int | None = None
 
 
 class ForkService:
@@ -103,6 +124,72 @@ class ForkService:
                 raise  # an outage runs again (another span); anything else ends INTERNAL
             span.finish(reply)
             return reply
+
+    def prepare(self, payload: str | bytes, job_id: str, *, enqueued_ms: int | None = None) -> Prepared | None:
+        """``payload`` parsed and checked for a batch (``handle_many``), when it is a valid plain
+        fork of one child on this shard; ``None`` for anything else (a fan-out, a merge, a select,
+        a refused request): ``handle`` runs it on its own, so that none of them holds a batch."""
+        try:
+            self._check_shard(job_id)
+            if wire.request_op(payload) != "fork":
+                return None
+            request, spec = self._parse("fork", payload, job_id)
+        except ForkError:
+            return None
+        if not isinstance(request, ForkRequest) or not isinstance(spec, ForkSpec) or len(spec.child_ids) != 1:
+            return None
+        return Prepared(payload, request, spec, requests.reply_channel(request, self.reply_channel), enqueued_ms)
+
+    def handle_many(self, batch: Sequence[Prepared], *, start: Starts | None = None,
+                    finish: ThenMany | None = None) -> list[Outcome]:
+        """Run a batch of prepared requests to their outcomes (each the first one, on a replay), in
+        three round trips however many they are: the claims and source steps (with ``start``, the
+        worker's RQ start bookkeeping of the batch, at the head), the child steps, then the
+        records and announcements in one transaction (with ``finish``, its RQ success
+        bookkeeping, once ``start`` was sent). Each request's guarantees are ``handle``'s; an
+        unexpected exception is raised for the caller to run the requests on their own
+        (``handle``: each records ``INTERNAL`` on its last attempt)."""
+        with contextlib.ExitStack() as spans:
+            runs = [spans.enter_context(tracing.request_span(item.payload, item.spec.request_id)) for item in batch]
+            replies = self._handle_many(batch, start, finish)
+            for span, reply in zip(runs, replies, strict=True):
+                span.finish(reply)
+            return replies
+
+    def _handle_many(self, batch: Sequence[Prepared], start: Starts | None,
+                     finish: ThenMany | None) -> list[Outcome]:
+        started = self._monotonic()
+        trip = Trip(self.outcomes.redis)
+        if start is not None and not start.sent and start.redis is trip.redis:
+            trip.add(start)
+        claims = trip.ops([self.outcomes.claim_op(item.spec.request_id, item.request, item.spec.child_ids)
+                           for item in batch])
+        looks = [None if look is None else trip.ops(look)
+                 for look in (forks.source_ops(self.registry, item.spec, trip.redis) for item in batch)]
+        groups = trip.run()
+        pending: list[Pending] = []
+        for item, raw, look in zip(batch, groups[claims], looks, strict=True):
+            request_id = item.spec.request_id
+            claim = self.outcomes.claim_of(raw, request_id)
+            if claim.outcome is not None:
+                pending.append(Pending(claim.outcome, store=False))
+                continue
+            if claim.state == "CONFLICT":  # never announced: as ``handle``
+                pending.append(Pending(wire.failure("fork", request_id, ErrorCode.IDEMPOTENCY_CONFLICT.value,
+                                                    f'request id "{request_id}" was already used for a '
+                                                    f'different request'), store=False))
+                continue
+            new = claim.state == "NEW"
+            spec = item.spec if new else item.spec.with_children(claim.children)
+            try:
+                reply: Outcome = self._fork(item.request, spec, claim, groups[look] if new and look is not None
+                                            else None)
+            except ForkError as exc:
+                reply = wire.failure("fork", request_id, exc.code.value, exc.message)
+            latency = 0 if item.enqueued_ms is None else max(0, (now_ms() - item.enqueued_ms) * 1000)
+            pending.append(Pending(reply, item.channel, int((self._monotonic() - started) * 1e6), latency))
+        then = finish if start is not None and start.sent else None  # RQ's order: start, then finish
+        return self.outcomes.record_many(pending, then)
 
     def _handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool,
                 enqueued_ms: int | None, start: Start | None, finish: Then | None) -> Outcome:

@@ -55,6 +55,16 @@ RQ names used here, and why:
   (RQ's own check is a round trip per job). ``results.Result.create``: RQ's result made the stored
   outcome when another attempt's was stored first. ``handle_job_failure`` (its
   ``execution=`` argument is new in RQ 3) and ``job._status`` for failures: RQ's own path.
+* ``work``, for its ``max_jobs`` only: RQ counts one per ``execute_job``, and a batch is one call;
+  the budget is counted per job, and the dequeue returns ``None`` (RQ's loop ends) once it is spent.
+* batches (``batch`` above 1, one queue): ``take`` moves up to ``batch`` entries from the queue's
+  head to its ``intermediate_queue_key`` with their job hashes in one script call
+  (``scripts/take.lua``: RQ's dequeue, an ``LMOVE`` and an ``HGETALL`` per entry, for many); each
+  is loaded as the dequeue loads one (``DequeuedJob.loaded``), the others refused alone. RQ's
+  start and success bookkeeping of a batch (``start_many``, ``finish_many``: the methods named
+  below for one job, the worker's own state once per batch) are recorded into a redis-py pipeline
+  that is never sent (its ``command_stack``) and run by one ``scripts/apply.lua`` call each
+  (``riders.JobsStart``, ``riders.JobsFinish``): RQ's keys and fields, on any RQ version.
 * the dequeue (``dequeue_job_and_maintain_ttl``): RQ's own ``Queue.dequeue_any``, after one
   non-blocking ``LMOVE`` to the ``intermediate_queue_key`` pipelined with ``HGETALL`` of the job
   hash (``Job.key_for``) of the entry the last job's finish saw at the queue's front (``LINDEX``),

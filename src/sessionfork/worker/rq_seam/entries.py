@@ -64,6 +64,14 @@ def refuse_colon(id: str) -> None:
         raise ValueError("Job ID must only contain letters, numbers, underscores and dashes")
 
 
+class Taken:
+    """Queue entries one ``SeamWorker.take`` moved to the intermediate queue: each entry's bytes
+    and its job hash (HGETALL's mapping; empty when it names none), in queue order."""
+
+    def __init__(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        self.entries = entries
+
+
 class EntryRefused(Exception):
     """A queue entry that is not a loadable job; ``job_id`` is its text, ``raw`` its bytes."""
 

@@ -1,13 +1,45 @@
 """A worker's RQ bookkeeping of one job as riders of the request's own round trips (no RQ import:
 the commands are ``SeamWorker.start`` and ``SeamWorker.finish``'s, added to the pipelines that
-``worker.trip.Trip`` and ``worker.outcomes.Outcomes.record`` send)."""
+``worker.trip.Trip`` and ``worker.outcomes.Outcomes.record`` send), and of a batch of jobs as one
+script call each (``JobsStart``, ``JobsFinish``): RQ's own methods write their commands into a
+pipeline that is never sent (``recorded``), and ``scripts/apply.lua`` runs them on the server, so
+every key and field RQ writes is RQ's, on any RQ version, for one command where a pipeline sends
+dozens per job."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from ...core import lua
 
 if TYPE_CHECKING:
     from .worker import SeamWorker
+
+APPLY: Final = lua.source("apply.lua", __package__)
+"""``scripts/apply.lua``: sent whole (EVAL, a few hundred bytes), so that a server that lost its
+scripts never fails a batch's bookkeeping with NOSCRIPT."""
+
+
+def recorded(scratch: Any) -> list[Any]:
+    """The commands written into ``scratch`` (a redis-py pipeline that is never sent: its
+    ``command_stack``) as ``apply.lua``'s arguments: each command's word count, then its words."""
+    out: list[Any] = []
+    for args, _ in scratch.command_stack:
+        out.append(len(args))
+        out.extend(args)
+    return out
+
+
+def _check(replies: list[Any]) -> list[Any]:
+    """``apply.lua``'s one reply (each command's), raising the first error among them."""
+    (applied,) = replies
+    if isinstance(applied, Exception):
+        raise applied
+    for reply in applied:
+        if isinstance(reply, Exception):
+            raise reply
+    return list(applied)
 
 
 class JobStart:
@@ -60,3 +92,58 @@ class JobFinish:
 
     def failed(self) -> None:
         self.worker.finish_failed()
+
+
+class JobsStart:
+    """A worker's start bookkeeping of a batch of ``jobs`` as a ``trip.Part``: one ``apply.lua``
+    call at the head of the batch's claims, on the worker's own connection (``redis``)."""
+
+    def __init__(self, worker: SeamWorker, jobs: Sequence[Any], queue: Any) -> None:
+        self.worker, self.jobs, self.queue = worker, jobs, queue
+        self.redis = worker.connection
+        self.sent = False  # the server ran every start command
+        self.executions: dict[str, Any] = {}  # RQ's execution of each job, by job id
+
+    def add(self, pipe: Any) -> None:
+        scratch = self.redis.pipeline(transaction=False)
+        self.executions = self.worker.start_many(self.jobs, self.queue, scratch)
+        pipe.eval(APPLY, 0, *recorded(scratch))
+
+    def done(self, replies: list[Any]) -> None:
+        _check(replies)
+        self.sent = True
+
+    def ensure(self) -> None:
+        """Send the start bookkeeping now unless it rode a trip already."""
+        if not self.sent:
+            def send() -> None:
+                pipe = self.redis.pipeline(transaction=False)
+                self.add(pipe)
+                self.done(pipe.execute(raise_on_error=False))
+            self.worker.until_up(send)
+
+
+class JobsFinish:
+    """A worker's success bookkeeping of a batch of jobs (started by ``start``) as the tail of the
+    outcomes' record transaction (``Outcomes.record_many``'s ``then``): one ``apply.lua`` call."""
+
+    def __init__(self, worker: SeamWorker, start: JobsStart) -> None:
+        self.worker, self.start = worker, start
+        self.redis = worker.connection
+        self.sent = False  # the server ran it (with the records)
+        self.results: list[Any] = []  # the replies it stored as RQ's results, in job order
+        self._worked = 0.0
+
+    def add(self, pipe: Any, results: Sequence[Any]) -> None:
+        self.results = list(results)
+        scratch = self.redis.pipeline(transaction=False)
+        self._worked = self.worker.finish_many(self.start.jobs, self.results, self.start.executions, scratch)
+        pipe.eval(APPLY, 0, *recorded(scratch))
+
+    def done(self, replies: list[Any]) -> None:
+        applied = _check(replies)
+        self.worker.finished_many(applied, len(self.start.jobs), self._worked)
+        self.sent = True
+
+    def failed(self) -> None:
+        """The transaction failed: nothing of it ran (the executions stay, for a retry)."""

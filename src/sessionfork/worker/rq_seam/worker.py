@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -28,15 +28,18 @@ from rq.utils import now
 from rq.version import VERSION
 from rq.worker import WorkerStatus
 
+from ...core import lua
 from ...core.connections import stop_retrying
 from ...core.outages import is_outage
-from .entries import DequeuedJob, EntryRefused, entry_of, is_text
+from .entries import DequeuedJob, EntryRefused, Taken, entry_of, is_text
 
 T = TypeVar("T")
 log = logging.getLogger("sessionfork.worker")
 RQ_MAJOR = int(VERSION.split(".")[0])
 _HEARTBEAT_EVERY = 1.0
 _IDLE_POLL = 1  # seconds an idle worker blocks waiting for a job before it looks at its stop flag
+SCRIPTS = lua.table(lua.Spec("take", ("queue", "held"), ("count", "prefix"), __package__))
+"""The seam's own script (``scripts/take.lua`` of this package); ``riders`` runs ``scripts/apply.lua``."""
 
 
 class SeamWorker(SimpleWorker):
@@ -61,12 +64,20 @@ class SeamWorker(SimpleWorker):
     _unsent_jobs: int = 0
     _unsent_time: float = 0.0
     _flushing: tuple[int, float] = (0, 0.0)  # the counters a pipeline in flight adds
+    batch: int = 1  # entries one dequeue takes at most when more wait (``take``; 1: RQ's dequeue only)
+    _jobs_left: int | None = None  # ``work(max_jobs=...)``'s budget not dequeued yet (None: no limit)
 
     # -- hooks: what the subclass implements (no RQ name) ----------------------------------------
 
     def run_job(self, job: Job, queue: Queue) -> None:
         """Run one dequeued job, with ``start``, ``run_in_time``, ``finish`` and ``fail``."""
         raise NotImplementedError
+
+    def run_batch(self, jobs: list[Job], queue: Queue) -> None:
+        """Run jobs that one ``take`` moved to the intermediate queue together (each still to
+        start); by default one after the other, with ``run_job``."""
+        for job in jobs:
+            self.run_job(job, queue)
 
     def refuse_entry(self, entry: EntryRefused) -> None:
         """A queue entry RQ cannot load: give it its outcome, then ``remove_entry``."""
@@ -82,7 +93,18 @@ class SeamWorker(SimpleWorker):
         """The Redis clients this worker's steps use (their retries end at a stop request)."""
         return [self.connection]
 
+    def __init__(self, *args: Any, batch: int = 1, **kwargs: Any) -> None:
+        """RQ's worker, taking up to ``batch`` queued entries at once (see ``batch``)."""
+        super().__init__(*args, **kwargs)
+        self.batch = batch
+
     # -- the loop: start-up, stop, suspension, heartbeat, teardown ---------------------------------
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        # RQ counts one per ``execute_job``, a batch too: ``max_jobs`` (a keyword, as the CLI
+        # passes it) is counted per job here, and the dequeue ends the loop once it is spent.
+        self._jobs_left = kwargs.get("max_jobs")
+        return bool(super().work(*args, **kwargs))
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         # RQ registers the worker before it installs its signal handlers: a SIGTERM in between
@@ -238,15 +260,40 @@ class SeamWorker(SimpleWorker):
             return result
 
     def _dequeue(self, wait: int | None, front: bytes | None) -> Any:
-        """RQ's dequeue (``Queue.dequeue_any``), after one try at the entry the last job's finish saw
-        at the queue's front: LMOVE and that entry's job hash in one round trip (``_dequeue_front``)."""
-        if front is not None:
+        """The next job (or ``Taken`` entries), counted against ``work``'s ``max_jobs``; ``None``
+        once that budget is spent (RQ's loop then ends)."""
+        if self._jobs_left is not None and self._jobs_left <= 0:
+            return None
+        found = self._dequeue_next(wait, front)
+        if found is not None and self._jobs_left is not None:
+            self._jobs_left -= len(found[0].entries) if isinstance(found[0], Taken) else 1
+        return found
+
+    def _dequeue_next(self, wait: int | None, front: bytes | None) -> Any:
+        """With ``batch`` above 1 (one queue): up to ``batch`` waiting entries in one round trip
+        (``take``). Otherwise, or when none waits: RQ's dequeue (``Queue.dequeue_any``, a lone
+        request served at once), after one try at the entry the last job's finish saw at the
+        queue's front: LMOVE and that entry's job hash in one round trip (``_dequeue_front``)."""
+        if self.batch > 1 and len(self.queues) == 1:
+            count = self.batch if self._jobs_left is None else min(self.batch, self._jobs_left)
+            taken = self.take(count)
+            if taken.entries:
+                return taken, self.queues[0]
+        elif front is not None:
             found = self._dequeue_front(front)
             if found is not None:
                 return found
         return self.queue_class.dequeue_any(self._ordered_queues, wait, connection=self.connection,
                                             job_class=DequeuedJob, serializer=self.serializer,
                                             death_penalty_class=self.death_penalty_class)
+
+    def take(self, count: int) -> Taken:
+        """Up to ``count`` entries off the one queue's head, moved to its intermediate queue with
+        their job hashes in one atomic script call (``scripts/take.lua``): RQ's dequeue, for many."""
+        queue = self.queues[0]
+        raw = self._scripts("take", queue=queue.key, held=queue.intermediate_queue_key, count=count,
+                            prefix=self.job_class.key_for(""))
+        return Taken([(raw[i], _pairs(raw[i + 1])) for i in range(0, len(raw), 2)])
 
     def _dequeue_front(self, front: bytes) -> Any:
         """RQ's non-blocking dequeue of the one queue (LMOVE to its intermediate queue), pipelined
@@ -285,9 +332,23 @@ class SeamWorker(SimpleWorker):
 
     # -- a job: run, start, finish, failure ----------------------------------------------------------
 
-    def execute_job(self, job: Job, queue: Queue) -> None:
-        """RQ's documented hook: run one dequeued job (``run_job``), in this process."""
-        self.run_job(job, queue)
+    def execute_job(self, job: Job | Taken, queue: Queue) -> None:
+        """RQ's documented hook: run one dequeued job (``run_job``), or the entries one ``take``
+        moved (``run_batch``, after refusing those that are not loadable jobs), in this process."""
+        if not isinstance(job, Taken):
+            self.run_job(job, queue)
+            return
+        jobs: list[Job] = []
+        for raw, data in job.entries:
+            try:
+                jobs.append(DequeuedJob.loaded(raw.decode(), data, self.connection, self.serializer))
+            except Exception as exc:
+                if not isinstance(exc, UnicodeDecodeError):
+                    exc.job_id = raw.decode()  # type: ignore[attr-defined]
+                # Refused alone: the batch's other entries run.
+                self.until_up(functools.partial(self.refuse_entry, entry_of(exc)))
+        if jobs:
+            self.run_batch(jobs, queue)
 
     def run_in_time(self, job: Job, step: Callable[[], T]) -> T:
         """Run ``step`` under the job's timeout (RQ's ``JobTimeoutException`` when it runs over)."""
@@ -308,15 +369,28 @@ class SeamWorker(SimpleWorker):
                 self.start(job, queue, own)
                 own.execute()
             return
-        ttl = self.get_heartbeat_ttl(job)
-        self.execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+        self.execution = self._start_job(job, queue, pipe)
+        self._busy(job, pipe)
+
+    def start_many(self, jobs: Sequence[Job], queue: Queue, pipe: Any) -> dict[str, Execution]:
+        """``start`` of each of ``jobs`` (a batch), added to ``pipe``: the worker's own state once
+        (busy, with the first job as RQ 2's current job), then each job's start; each job's
+        execution, by job id (``finish_many`` takes them back)."""
+        self._busy(jobs[0], pipe)
+        return {job.id: self._start_job(job, queue, pipe) for job in jobs}
+
+    def _busy(self, job: Job, pipe: Any) -> None:
         super().set_state(WorkerStatus.BUSY, pipeline=pipe)
         if RQ_MAJOR < 3:
             getattr(self, "set_current_job_id")(job.id, pipeline=pipe)  # noqa: B009 - gone in RQ 3
-        super().heartbeat(ttl, pipeline=pipe)
+        super().heartbeat(self.get_heartbeat_ttl(job), pipeline=pipe)
+
+    def _start_job(self, job: Job, queue: Queue, pipe: Any) -> Execution:
+        execution = Execution.create(job, self.get_heartbeat_ttl(job), pipeline=pipe, worker_name=self.name)
         job.prepare_for_execution(self.name, pipeline=pipe)
         if len(self.queues) == 1:
             pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+        return execution
 
     def finish(self, job: Job, result: Any, pipe: Any = None) -> None:
         """RQ's success path (result, finished registry, counters, cleanup) in one pipeline, which
@@ -334,13 +408,27 @@ class SeamWorker(SimpleWorker):
             self.finished(replies)
             return
         execution = self._finishing = self.execution
-        assert execution is not None and job.started_at is not None
+        assert execution is not None
+        # RQ's counters (successful_job_count, total_working_time) go with the next beat, once a
+        # second (``flush_counters``), not with every job.
+        self._worked = self._finish_job(job, result, pipe, execution)
+        self._idle(pipe)
+
+    def finish_many(self, jobs: Sequence[Job], results: Sequence[Any], executions: dict[str, Execution],
+                    pipe: Any) -> float:
+        """``finish`` of each of ``jobs`` (a batch started by ``start_many``, whose ``executions``
+        it returned) with its result, added to ``pipe``, the worker's own state once; returns the
+        jobs' working time (seconds). Its sender then calls ``finished_many`` with the replies."""
+        worked = sum(self._finish_job(job, result, pipe, executions[job.id])
+                     for job, result in zip(jobs, results, strict=True))
+        self._idle(pipe)
+        return worked
+
+    def _finish_job(self, job: Job, result: Any, pipe: Any, execution: Execution) -> float:
+        assert job.started_at is not None
         job.ended_at = now()
         job._result = result
         result_ttl = self._result_ttl(job)
-        # RQ's counters (successful_job_count, total_working_time) go with the next beat, once a
-        # second (``flush_counters``), not with every job.
-        self._worked = (job.ended_at - job.started_at).total_seconds()
         job._handle_success(result_ttl, pipeline=pipe, worker_name=self.name, execution_id=execution.id,
                             execution_started_at=execution.created_at, execution_ended_at=job.ended_at)
         if result_ttl is not None and result_ttl > 0:
@@ -350,6 +438,9 @@ class SeamWorker(SimpleWorker):
         else:
             job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
         self._cleanup_execution(job, pipe, execution)
+        return (job.ended_at - job.started_at).total_seconds()
+
+    def _idle(self, pipe: Any) -> None:
         super().set_state(WorkerStatus.IDLE, pipeline=pipe)
         pipe.lindex(self.queues[0].key, 0)  # the next job's id, likely: its hash comes with the next dequeue
         pipe.exists(WORKERS_SUSPENDED)
@@ -367,6 +458,12 @@ class SeamWorker(SimpleWorker):
         self._unsuspended = not replies[-1]
         self._unsent_jobs += 1
         self._unsent_time += self._worked
+
+    def finished_many(self, replies: list[Any], jobs: int, worked: float) -> None:
+        """``finish_many``'s commands ran (``replies``: theirs) for ``jobs`` jobs that worked ``worked`` seconds."""
+        self._worked = worked
+        self.finished(replies)
+        self._unsent_jobs += jobs - 1
 
     def flush_counters(self, pipe: Any) -> None:
         """Add RQ's worker counters not sent yet to ``pipe``: its ``successful_job_count`` (RQ's
@@ -419,8 +516,11 @@ class SeamWorker(SimpleWorker):
             self.job_ended(job)
 
     def _cleanup_execution(self, job: Job, pipe: Any, execution: Execution) -> None:
-        extra: dict[str, Any] = {"execution": execution} if RQ_MAJOR >= 3 else {}
-        self.cleanup_execution(job, pipeline=pipe, **extra)
+        if RQ_MAJOR >= 3:
+            self.cleanup_execution(job, pipeline=pipe, execution=execution)
+            return
+        self.execution = execution  # RQ 2 cleans up the worker's current execution
+        self.cleanup_execution(job, pipeline=pipe)
 
     # -- maintenance ---------------------------------------------------------------------------------
 
@@ -469,6 +569,10 @@ class SeamWorker(SimpleWorker):
                     log.warning("job %s was stranded by a dead worker; requeued", job_id)
 
     @functools.cached_property
+    def _scripts(self) -> lua.Scripts:
+        return lua.Scripts(self.connection, SCRIPTS)
+
+    @functools.cached_property
     def _requeue(self) -> Any:
         return self.connection.register_script(_REQUEUE)
 
@@ -489,6 +593,11 @@ class SeamWorker(SimpleWorker):
                             raise
                         log.warning("could not release the maintenance lock of %s; it expires", queue.name)
         self.last_cleaned_at = now()  # type: ignore[assignment]
+
+
+def _pairs(flat: list[Any]) -> dict[bytes, bytes]:
+    """HGETALL's reply as a script returns it (a flat list) as redis-py's mapping."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 # Move a job stranded by a dead worker from RQ's intermediate queue back to its queue's front,

@@ -1,0 +1,201 @@
+"""Batches (``SESSIONFORK_BATCH``): a worker takes every waiting request up to the batch size in one
+round trip and answers each as it would alone; RQ's bookkeeping of a batch is RQ's own (the same
+keys, fields and registries as a job run on its own, on RQ 3 and 2.12); a poison entry is refused
+alone; a fan-out never holds the batch's other replies; ``max_jobs`` counts jobs."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+import msgspec
+import pytest
+from helpers import outcome_entries, queue_of
+from redis import Redis
+from rq.job import Job
+from rq.registry import FinishedJobRegistry, StartedJobRegistry
+
+from sessionfork import NewEvent, Registry
+from sessionfork.clients.client import Client
+from sessionfork.core import wire
+from sessionfork.core.config import Settings
+from sessionfork.core.wire import ForkFailure, ForkResult
+from sessionfork.protocol.requests import Limits
+from sessionfork.worker import jobs
+from sessionfork.worker.fork_worker import ForkWorker
+from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.rq_seam.entries import Taken
+from sessionfork.worker.service import ForkService
+
+pytestmark = pytest.mark.rq
+
+TURN = [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})]
+
+
+class Counting(ForkWorker):
+    """Records the size of every ``take`` that found entries, and every job run on its own."""
+
+    takes: ClassVar[list[int]]
+    alone: ClassVar[list[str]]
+
+    def take(self, count: int) -> Taken:
+        taken = super().take(count)
+        if taken.entries:
+            self.takes.append(len(taken.entries))
+        return taken
+
+    def run_job(self, job: Job, queue: Any) -> None:
+        self.alone.append(job.id)
+        super().run_job(job, queue)
+
+
+def _service(redis: Redis, registry: Registry) -> ForkService:
+    return ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=10_000), reply_channel="sf:replies",
+                       limits=Limits(max_fanout=1024))
+
+
+def _worker(redis: Redis, registry: Registry, batch: int, queue: str = Settings().queue) -> Counting:
+    Counting.takes, Counting.alone = [], []
+    return Counting([jobs.make_queue(redis, Settings(queue=queue))], service=_service(redis, registry),
+                    connection=redis, abandoned_after=30, batch=batch)
+
+
+def _submit(client: Client, n: int, prefix: str, source: str = "src") -> list[str]:
+    return [client.submit(client.request(source, session_id=f"{prefix}-child-{i}", request_id=f"{prefix}-{i}"))
+            for i in range(n)]
+
+
+def test_a_batch_takes_the_waiting_requests_in_one_take_and_answers_each(redis: Redis, registry: Registry) -> None:
+    registry.append(registry.create("src"), TURN)
+    client = Client(redis)
+    ids = _submit(client, 10, "b")
+    worker = _worker(redis, registry, 16)
+    assert worker.work(burst=True, logging_level="WARNING") is True
+    assert Counting.takes == [10] and Counting.alone == []  # one take, every request in the batch
+    outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
+    for i, request_id in enumerate(ids):
+        reply = outcomes.get(request_id)
+        assert isinstance(reply, ForkResult) and reply.child.id == f"b-child-{i}", reply
+        assert reply.child.parent_session == "src" and reply.child.seed_length == 2
+    assert sorted(e.request for e in outcome_entries(redis)) == sorted(ids)  # announced once each
+    queue = queue_of(client)
+    assert queue.count == 0 and redis.llen(queue.intermediate_queue_key) == 0
+    assert StartedJobRegistry(queue=queue).get_job_ids() == []
+    assert sorted(FinishedJobRegistry(queue=queue).get_job_ids()) == sorted(ids)
+    for request_id in ids:
+        job = Job.fetch(request_id, connection=redis, serializer=jobs.JSONSerializer)
+        assert str(getattr(job.get_status(), "value", job.get_status())) == "finished"
+        assert job.return_value() == msgspec.json.decode(wire.encode(outcomes.get(request_id)))  # the outcome
+
+
+def _rq_keys(redis: Redis, ids: list[str], queue: str) -> dict[str, str]:
+    """Every RQ key on the server, its name with the job ids, queue and execution ids masked, mapped
+    to its type (the keys two paths write for the same jobs compare equal)."""
+    out: dict[str, str] = {}
+    for key in redis.scan_iter("rq:*"):
+        name = key.decode()
+        if name.startswith(("rq:worker", "rq:workers", "rq:pubsub", "rq:maintenance")):
+            continue  # the worker's own (one per worker process, not per job)
+        if queue not in name and not any(request_id in name for request_id in ids):
+            continue  # the other path's
+        for i, request_id in enumerate(ids):
+            name = name.replace(request_id, f"<job{i}>")
+        name = re.sub(r"<job(\d+)>:[0-9a-z]+$", r"<job\1>:<execution>", name.replace(queue, "<queue>"))
+        out[name] = redis.type(key).decode()
+    return out
+
+
+def test_rqs_bookkeeping_of_a_batch_is_the_bookkeeping_of_jobs_run_alone(redis: Redis, registry: Registry) -> None:
+    registry.append(registry.create("src"), TURN)
+    alone_client, batch_client = (Client(redis, Settings(queue=name)) for name in ("q-alone", "q-batch"))
+    alone_ids, batch_ids = _submit(alone_client, 3, "alone"), _submit(batch_client, 3, "batch")
+    _worker(redis, registry, 1, "q-alone").work(burst=True, logging_level="WARNING")
+    assert Counting.takes == [] and Counting.alone == alone_ids  # RQ's dequeue, one job at a time
+    _worker(redis, registry, 8, "q-batch").work(burst=True, logging_level="WARNING")
+    assert Counting.takes == [3] and Counting.alone == []  # one batch
+    alone_keys = _rq_keys(redis, alone_ids, "q-alone")
+    batch_keys = _rq_keys(redis, batch_ids, "q-batch")
+    assert batch_keys == alone_keys and len(batch_keys) >= 6
+    for a, b in zip(alone_ids, batch_ids, strict=True):
+        alone_hash, batch_hash = redis.hgetall(f"rq:job:{a}"), redis.hgetall(f"rq:job:{b}")
+        assert sorted(alone_hash) == sorted(batch_hash)  # the same fields
+        for field in (b"status", b"timeout", b"result_ttl", b"failure_ttl", b"retries_left", b"data"):
+            assert batch_hash.get(field) == alone_hash.get(field) or field == b"data", field
+        assert batch_hash[b"origin"] == b"q-batch" and alone_hash[b"origin"] == b"q-alone"
+        assert batch_hash[b"worker_name"] and batch_hash[b"started_at"] and batch_hash[b"ended_at"]
+        assert 0 < redis.ttl(f"rq:job:{b}") <= redis.ttl(f"rq:job:{a}") + 5  # RQ's result TTL, the same
+        batch_job = Job.fetch(b, connection=redis, serializer=jobs.JSONSerializer)
+        alone_job = Job.fetch(a, connection=redis, serializer=jobs.JSONSerializer)
+        assert batch_job.get_status() == alone_job.get_status()
+        assert batch_job.worker_name and batch_job.started_at and batch_job.ended_at
+        assert batch_job.ended_at >= batch_job.started_at
+
+
+def test_a_poison_entry_in_a_batch_is_refused_alone_while_the_others_succeed(redis: Redis,
+                                                                              registry: Registry) -> None:
+    registry.append(registry.create("src"), TURN)
+    client = Client(redis)
+    first = _submit(client, 3, "p")
+    queue = queue_of(client)
+    other = queue.enqueue_call("os.getcwd", job_id="not-a-fork")  # a job of another function
+    redis.rpush(queue.key, b"no-such-job", b"bad:id", b"\xff\xfe")
+    last = [client.submit(client.request("src", session_id=f"q-child-{i}", request_id=f"q-{i}")) for i in range(3)]
+    worker = _worker(redis, registry, 16)
+    assert worker.work(burst=True, logging_level="WARNING") is True
+    assert Counting.takes == [10]  # every entry in one take: the poison shared the batch
+    assert Counting.alone == [other.id]  # the job of another function ran alone (refused)
+    outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
+    for request_id in first + last:
+        assert isinstance(outcomes.get(request_id), ForkResult), request_id
+    for entry in ("not-a-fork", "no-such-job", "bad:id"):
+        refused = outcomes.get(entry)
+        assert isinstance(refused, ForkFailure) and refused.code == "INVALID_REQUEST", entry
+    assert redis.hget(b"sf:req:\xff\xfe", "outcome") is not None
+    assert queue.count == 0 and redis.llen(queue.intermediate_queue_key) == 0
+    assert StartedJobRegistry(queue=queue).get_job_ids() == []
+
+
+def test_a_fan_out_in_a_batch_never_holds_the_other_replies(redis: Redis, registry: Registry) -> None:
+    registry.append(registry.create("src"), TURN)
+    client = Client(redis)
+    big = client.submit(client.request("src", count=1024, request_id="big"))  # first in the queue
+    singles = _submit(client, 5, "s")
+    worker = _worker(redis, registry, 8)
+    assert worker.work(burst=True, logging_level="WARNING") is True
+    assert Counting.takes == [6] and Counting.alone == [big]  # the race: the fan-out was in the batch
+    order = [e.request for e in outcome_entries(redis)]
+    assert order[-1] == big and sorted(order[:-1]) == sorted(singles)  # every single's reply came first
+    reply = Outcomes(redis, ttl=600, stream_maxlen=10).get(big)
+    assert isinstance(reply, ForkResult) and len(reply.children) == 1024
+
+
+def test_max_jobs_counts_jobs_not_batches(redis: Redis, registry: Registry) -> None:
+    registry.append(registry.create("src"), TURN)
+    client = Client(redis)
+    ids = _submit(client, 10, "m")
+    worker = _worker(redis, registry, 16)
+    assert worker.work(burst=True, logging_level="WARNING", max_jobs=4) is True
+    assert Counting.takes == [4]
+    outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
+    assert [outcomes.get(i) is not None for i in ids] == [True] * 4 + [False] * 6
+    assert queue_of(client).job_ids == ids[4:]
+
+
+def test_a_replay_and_a_repeated_entry_in_a_batch_keep_one_outcome_and_one_child(redis: Redis,
+                                                                                registry: Registry) -> None:
+    registry.append(registry.create("src"), TURN)
+    client = Client(redis)
+    done = _submit(client, 1, "r")
+    _worker(redis, registry, 8).work(burst=True, logging_level="WARNING")
+    first = Outcomes(redis, ttl=600, stream_maxlen=10).get(done[0])
+    fresh = _submit(client, 1, "twice")
+    queue = queue_of(client)
+    redis.rpush(queue.key, done[0], fresh[0])  # a finished request again, and a new one twice
+    _worker(redis, registry, 8).work(burst=True, logging_level="WARNING")
+    assert Counting.takes == [3]
+    outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
+    assert outcomes.get(done[0]) == first
+    reply = outcomes.get(fresh[0])
+    assert isinstance(reply, ForkResult) and reply.child.id == "twice-child-0"
+    assert sorted(e.request for e in outcome_entries(redis)) == sorted([done[0], fresh[0]])  # once each
+    assert registry.children("src") == sorted(["r-child-0", "twice-child-0"])
