@@ -32,7 +32,7 @@ from sessionfork.worker import jobs
 
 BIG = 4000
 """Children of the fan-out a fault is injected into (about 0.2 s of work for a worker)."""
-FAULT_ENV = {"SESSIONFORK_MAX_FANOUT": str(BIG), "SESSIONFORK_BATCH": "1"}  # one at a time: batches have tests of their own
+FAULT_ENV = {"SESSIONFORK_MAX_FANOUT": str(BIG), "SESSIONFORK_BATCH": "1"}  # one at a time: batches: test_batch*
 RECOVERY = 60.0
 
 

@@ -114,7 +114,8 @@ _WORKER_COMMANDS = (
     "subscribe", "unsubscribe", "publish",
     "del", "exists", "expire", "get", "set",  # get/set: RQ's intermediate-queue "first seen" marks
     "hget", "hmget", "hgetall", "hexists", "hset", "hsetnx", "hdel", "hincrby", "hincrbyfloat",
-    "blmove", "lmove", "rpush", "lpush", "lrange", "lrem", "llen", "lindex",  # lmove: --burst; llen: queue
+    "blmove", "lmove", "lpop", "rpush", "lpush", "lrange", "lrem", "llen", "lindex",  # lmove: --burst; llen: queue
+    # lpop: a batch's take (take.lua)
     # depth and, with lindex, the turn index of boundary forks;
     # lpush: a job stranded by a dead worker goes back to the queue's front
     "sadd", "srem", "smembers",

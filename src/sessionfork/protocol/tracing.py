@@ -104,7 +104,9 @@ def request_span(payload: str | bytes, request_id: str) -> Iterator[RequestSpan]
         fields = _fields.decode(payload)
     except (msgspec.MsgspecError, UnicodeDecodeError, RecursionError):
         fields = _Fields()
-    parent = None
+    # No traceparent: a new trace (an empty context), never a child of the span current here (a
+    # batch's requests each have their own span, open at once).
+    parent = otel.propagator.extract({})
     if isinstance(fields.traceparent, str) and rules.is_valid_traceparent(fields.traceparent):
         parent = otel.propagator.extract({"traceparent": fields.traceparent})
     source = fields.source.get("id") if isinstance(fields.source, dict) else fields.source

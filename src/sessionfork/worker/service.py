@@ -128,7 +128,11 @@ class ForkService:
     def prepare(self, payload: str | bytes, job_id: str, *, enqueued_ms: int | None = None) -> Prepared | None:
         """``payload`` parsed and checked for a batch (``handle_many``), when it is a valid plain
         fork of one child on this shard; ``None`` for anything else (a fan-out, a merge, a select,
-        a refused request): ``handle`` runs it on its own, so that none of them holds a batch."""
+        a refused request), and for every request when forks wait for replicas (each its own WAIT,
+        retried alone when too few acknowledge): ``handle`` runs it on its own, so that none of
+        them holds a batch."""
+        if self.registry.forks.state.wait_replicas:
+            return None
         try:
             self._check_shard(job_id)
             if wire.request_op(payload) != "fork":

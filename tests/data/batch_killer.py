@@ -1,0 +1,64 @@
+"""A ``sessionfork`` process that SIGKILLs itself at one step of the first batch its worker runs.
+
+Usage: python batch_killer.py STEP SESSIONFORK-ARGS...  (e.g. ``taken --redis-url URL worker``)
+
+STEP is where the kill lands: ``taken`` (the take moved the batch to RQ's intermediate queue, nothing
+started), ``started`` (the batch's first round trip ran: RQ's start of every job, every claim),
+``created`` (the batch's first child exists, the others not yet), ``recording`` (every child exists,
+the records' transaction is not sent).
+"""
+
+import os
+import signal
+import sys
+from typing import Any
+
+from sessionfork.core import forks
+from sessionfork.worker import service
+from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.rq_seam.worker import SeamWorker
+
+
+def die(*_: Any, **__: Any) -> Any:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+step = sys.argv[1]
+if step == "taken":
+    take = SeamWorker.take
+
+    def taken(self: SeamWorker, count: int) -> Any:
+        found = take(self, count)
+        if found.entries:
+            die()
+        return found
+
+    SeamWorker.take = taken  # type: ignore[method-assign]
+elif step == "started":
+    run = service.Trip.run
+
+    def ran(self: Any) -> Any:
+        out = run(self)
+        if self._parts:  # the batch's first trip carries RQ's start
+            die()
+        return out
+
+    service.Trip.run = ran  # type: ignore[method-assign]
+elif step == "created":
+    create = forks.create
+
+    def created(*args: Any, **kwargs: Any) -> Any:
+        out = create(*args, **kwargs)
+        die()
+        return out
+
+    forks.create = created
+elif step == "recording":
+    Outcomes.record_many = die  # type: ignore[method-assign]
+else:
+    raise SystemExit(f"unknown step {step!r}")
+
+from sessionfork.cli import main  # noqa: E402 - after the patches
+
+sys.argv = ["sessionfork", *sys.argv[2:]]
+main()

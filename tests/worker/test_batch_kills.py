@@ -1,0 +1,97 @@
+"""A worker SIGKILLed at each step of a batch: every request of the batch is recovered by the next
+worker and ends with exactly one outcome and one child (each kill test first asserts where the
+kill landed, from what it left in Redis); SIGTERM finishes the batch in hand and takes no other."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fault_fixtures import (  # noqa: F401  (fixtures: procs, own_server, rds)
+    missing_outcomes,
+    own_server_fixture,
+    procs_fixture,
+    rds_fixture,
+    stranded_jobs,
+    wait_all_outcomes,
+)
+from helpers import SETTINGS, clean_environ, make_client, outcome_entries, start_worker, turn, worker_name
+from redis import Redis
+from rq.registry import StartedJobRegistry
+from waits import exited, wait_until
+
+from sessionfork.core import keys
+from sessionfork.core.registry import Registry
+from sessionfork.core.wire import ForkResult
+from sessionfork.embedded import EmbeddedServer
+from sessionfork.worker import jobs
+
+pytestmark = [pytest.mark.slow, pytest.mark.rq]
+
+KILLER = Path(__file__).parent.parent / "data" / "batch_killer.py"
+N = 6
+
+
+def _batch(rds: Redis) -> list[str]:
+    """``N`` one-child forks of one source, queued before any worker runs: one batch."""
+    registry = Registry(rds)
+    registry.append(registry.create("src"), turn(1))
+    client = make_client(rds)
+    return [client.submit(client.request("src", session_id=f"k-child-{i}", request_id=f"k-{i}")) for i in range(N)]
+
+
+def _children(rds: Redis) -> list[str]:
+    return Registry(rds).children("src")
+
+
+@pytest.mark.parametrize("step", ["taken", "started", "created", "recording"])
+def test_a_worker_killed_at_a_step_of_a_batch_leaves_every_request_one_outcome(
+        step: str, own_server: EmbeddedServer, rds: Redis, procs: list[subprocess.Popen[bytes]]) -> None:
+    ids = _batch(rds)
+    killed = subprocess.Popen([sys.executable, str(KILLER), step, "--redis-url", own_server.url, "worker",
+                               "--name", worker_name("killed"), "--log-level", "WARNING"],
+                              env=clean_environ(SESSIONFORK_BATCH=N), stdin=subprocess.DEVNULL)
+    procs.append(killed)
+    assert exited(killed, 30) == -signal.SIGKILL
+    queue = jobs.make_queue(rds, SETTINGS)
+    started = sorted(StartedJobRegistry(queue=queue).get_job_ids(cleanup=False))
+    # Where the kill landed: nothing answered, and each step's own trace.
+    assert missing_outcomes(rds, ids) == ids and queue.count == 0
+    if step == "taken":
+        assert stranded_jobs(rds) == ids and started == [] and _children(rds) == []
+    else:
+        assert started == sorted(ids) and all(rds.hexists(keys.request(i), "digest") for i in ids)
+        assert _children(rds) == {"started": [], "created": ["k-child-0"],
+                                  "recording": sorted(f"k-child-{i}" for i in range(N))}[step]
+
+    procs.append(start_worker(own_server.url, worker_name("next")))
+    wait_all_outcomes(rds, ids)
+    for i, request_id in enumerate(ids):
+        reply = make_client(rds).wait(request_id, timeout=5)
+        assert isinstance(reply, ForkResult) and reply.child.id == f"k-child-{i}", reply
+    assert sorted(e.request for e in outcome_entries(rds)) == sorted(ids)  # announced exactly once each
+    assert _children(rds) == sorted(f"k-child-{i}" for i in range(N))  # one child each, none more
+    wait_until(lambda: StartedJobRegistry(queue=queue).get_job_ids() == [] and stranded_jobs(rds) == [], 30,
+               "RQ's registries to settle")
+
+
+def test_sigterm_finishes_the_batch_in_hand_and_takes_no_other(
+        own_server: EmbeddedServer, rds: Redis, procs: list[subprocess.Popen[bytes]]) -> None:
+    registry = Registry(rds)
+    registry.append(registry.create("src"), turn(1))
+    client = make_client(rds, max_fanout=1024)
+    first = [client.submit(client.request("src", count=1024, request_id="t-big"))]
+    first += [client.submit(client.request("src", request_id=f"t-{i}")) for i in range(N - 1)]
+    rest = [client.submit(client.request("src", request_id=f"u-{i}")) for i in range(N)]
+    proc = start_worker(own_server.url, worker_name("term"), SESSIONFORK_BATCH=N, SESSIONFORK_MAX_FANOUT=1024)
+    procs.append(proc)
+    # The batch's singles are answered first; the fan-out runs after them, alone: stop it there.
+    wait_until(lambda: missing_outcomes(rds, first[1:]) == [], 30, "the batch's single forks")
+    proc.send_signal(signal.SIGTERM)
+    assert exited(proc, 30) == 0
+    assert missing_outcomes(rds, first) == []  # the whole batch in hand, its fan-out too
+    assert missing_outcomes(rds, rest) == rest and jobs.make_queue(rds, SETTINGS).job_ids == rest  # no other
+    assert stranded_jobs(rds) == []
