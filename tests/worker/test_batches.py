@@ -199,3 +199,12 @@ def test_a_replay_and_a_repeated_entry_in_a_batch_keep_one_outcome_and_one_child
     assert isinstance(reply, ForkResult) and reply.child.id == "twice-child-0"
     assert sorted(e.request for e in outcome_entries(redis)) == sorted([done[0], fresh[0]])  # once each
     assert registry.children("src") == sorted(["r-child-0", "twice-child-0"])
+
+
+def test_with_forks_waiting_for_replicas_every_request_runs_alone(redis: Redis) -> None:
+    waiting = Registry(redis, wait_replicas=1, wait_timeout_ms=10)
+    plain = Registry(redis)
+    plain.append(plain.create("src"), TURN)
+    payload = wire.encode(Client(redis).request("src", request_id="w-1", session_id="w-child"))
+    assert _service(redis, plain).prepare(payload, "w-1") is not None  # batched without WAIT
+    assert _service(redis, waiting).prepare(payload, "w-1") is None  # its own WAIT: alone
