@@ -176,8 +176,7 @@ class Outcomes:
             # Loaded in the transaction itself: EVALSHA then never meets NOSCRIPT (a server that
             # lost its scripts would run the rest of the transaction without the record).
             pipe.script_load(calls[0][0].script)
-        for script, call_keys, args in calls:
-            pipe.evalsha(script.sha, len(call_keys), *call_keys, *args)
+        lua.add(pipe, calls)
         if then is not None:
             then.add(pipe, [item.reply for item in batch])
         try:

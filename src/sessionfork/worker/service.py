@@ -169,7 +169,7 @@ class ForkService:
         claims = trip.ops([self.outcomes.claim_op(item.spec.request_id, item.request, item.spec.child_ids)
                            for item in batch])
         looks = [None if look is None else trip.ops(look)
-                 for look in (forks.source_ops(self.registry, item.spec, trip.redis) for item in batch)]
+                 for look in (self._source_ops(item.spec, trip) for item in batch)]
         groups = trip.run()
         pending: list[Pending] = []
         for item, raw, look in zip(batch, groups[claims], looks, strict=True):
@@ -282,7 +282,7 @@ class ForkService:
             trip.add(start)
         fork = spec if isinstance(spec, ForkSpec) else None
         trip.ops([self.outcomes.claim_op(spec.request_id, request, () if fork is None else fork.child_ids)])
-        look = None if fork is None else forks.source_ops(self.registry, fork, trip.redis)
+        look = None if fork is None else self._source_ops(fork, trip)
         if look is not None:
             trip.ops(look)
         (raw,), *looked = trip.run()
@@ -292,6 +292,10 @@ class ForkService:
         if claim.state != "NEW":
             return claim, fork.with_children(claim.children), None
         return claim, fork, looked[0] if looked else None
+
+    def _source_ops(self, spec: ForkSpec, trip: Trip) -> list[Any] | None:
+        """The core's source step of ``spec`` to ride ``trip`` (``forks.source_ops``), or ``None``."""
+        return forks.source_ops(self.registry, spec, trip.redis)
 
     def _fork(self, request: ForkRequest, spec: ForkSpec, claim: Claim, looked: list[Any] | None) -> Reply:
         """The children of a claimed request, from one snapshot, each with its edits: the reply

@@ -107,7 +107,7 @@ class JobsStart:
     def add(self, pipe: Any) -> None:
         scratch = self.redis.pipeline(transaction=False)
         self.executions = self.worker.start_many(self.jobs, self.queue, scratch)
-        pipe.eval(APPLY, 0, *recorded(scratch))
+        lua.add_text(pipe, APPLY, recorded(scratch))
 
     def done(self, replies: list[Any]) -> None:
         _check(replies)
@@ -138,7 +138,7 @@ class JobsFinish:
         self.results = list(results)
         scratch = self.redis.pipeline(transaction=False)
         self._worked = self.worker.finish_many(self.start.jobs, self.results, self.start.executions, scratch)
-        pipe.eval(APPLY, 0, *recorded(scratch))
+        lua.add_text(pipe, APPLY, recorded(scratch))
 
     def done(self, replies: list[Any]) -> None:
         applied = _check(replies)
