@@ -516,11 +516,10 @@ class SeamWorker(SimpleWorker):
             self.job_ended(job)
 
     def _cleanup_execution(self, job: Job, pipe: Any, execution: Execution) -> None:
-        if RQ_MAJOR >= 3:
-            self.cleanup_execution(job, pipeline=pipe, execution=execution)
-            return
-        self.execution = execution  # RQ 2 cleans up the worker's current execution
-        self.cleanup_execution(job, pipeline=pipe)
+        extra: dict[str, Any] = {"execution": execution} if RQ_MAJOR >= 3 else {}
+        if RQ_MAJOR < 3:
+            self.execution = execution  # RQ 2 cleans up the worker's current execution
+        self.cleanup_execution(job, pipeline=pipe, **extra)
 
     # -- maintenance ---------------------------------------------------------------------------------
 
