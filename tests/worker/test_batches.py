@@ -199,6 +199,8 @@ def test_a_replay_and_a_repeated_entry_in_a_batch_keep_one_outcome_and_one_child
     assert isinstance(reply, ForkResult) and reply.child.id == "twice-child-0"
     assert sorted(e.request for e in outcome_entries(redis)) == sorted([done[0], fresh[0]])  # once each
     assert registry.children("src") == sorted(["r-child-0", "twice-child-0"])
+    assert StartedJobRegistry(queue=queue).get_job_ids(cleanup=False) == []  # each run's execution cleaned up
+    assert redis.llen(queue.intermediate_queue_key) == 0
 
 
 def test_with_forks_waiting_for_replicas_every_request_runs_alone(redis: Redis) -> None:

@@ -126,11 +126,11 @@ class ForkWorker(SeamWorker):
                 self.until_up(lambda: self._finish_apart(finish, replies))
         except Exception:
             log.exception("a batch of %d requests failed; running each on its own", len(batch))
-            for job, payload, _ in batch:
+            for i, (job, payload, _) in enumerate(batch):
                 single = JobStart(self, job, queue)
                 if start.sent:
                     single.sent = True
-                    self.execution = start.executions[job.id]
+                    self.execution = start.executions[i]
                 self._run(job, queue, payload, single)
             return
         seconds = time.perf_counter() - began

@@ -102,7 +102,7 @@ class JobsStart:
         self.worker, self.jobs, self.queue = worker, jobs, queue
         self.redis = worker.connection
         self.sent = False  # the server ran every start command
-        self.executions: dict[str, Any] = {}  # RQ's execution of each job, by job id
+        self.executions: list[Any] = []  # RQ's execution of each job, in job order
 
     def add(self, pipe: Any) -> None:
         scratch = self.redis.pipeline(transaction=False)

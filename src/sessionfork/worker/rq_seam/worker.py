@@ -372,12 +372,13 @@ class SeamWorker(SimpleWorker):
         self.execution = self._start_job(job, queue, pipe)
         self._busy(job, pipe)
 
-    def start_many(self, jobs: Sequence[Job], queue: Queue, pipe: Any) -> dict[str, Execution]:
+    def start_many(self, jobs: Sequence[Job], queue: Queue, pipe: Any) -> list[Execution]:
         """``start`` of each of ``jobs`` (a batch), added to ``pipe``: the worker's own state once
         (busy, with the first job as RQ 2's current job), then each job's start; each job's
-        execution, by job id (``finish_many`` takes them back)."""
+        execution, in job order (``finish_many`` takes them back; a job twice in a batch, an entry
+        queued twice, has two, each cleaned up by its own finish)."""
         self._busy(jobs[0], pipe)
-        return {job.id: self._start_job(job, queue, pipe) for job in jobs}
+        return [self._start_job(job, queue, pipe) for job in jobs]
 
     def _busy(self, job: Job, pipe: Any) -> None:
         super().set_state(WorkerStatus.BUSY, pipeline=pipe)
@@ -414,13 +415,13 @@ class SeamWorker(SimpleWorker):
         self._worked = self._finish_job(job, result, pipe, execution)
         self._idle(pipe)
 
-    def finish_many(self, jobs: Sequence[Job], results: Sequence[Any], executions: dict[str, Execution],
+    def finish_many(self, jobs: Sequence[Job], results: Sequence[Any], executions: Sequence[Execution],
                     pipe: Any) -> float:
         """``finish`` of each of ``jobs`` (a batch started by ``start_many``, whose ``executions``
         it returned) with its result, added to ``pipe``, the worker's own state once; returns the
         jobs' working time (seconds). Its sender then calls ``finished_many`` with the replies."""
-        worked = sum(self._finish_job(job, result, pipe, executions[job.id])
-                     for job, result in zip(jobs, results, strict=True))
+        worked = sum(self._finish_job(job, result, pipe, execution)
+                     for job, result, execution in zip(jobs, results, executions, strict=True))
         self._idle(pipe)
         return worked
 
