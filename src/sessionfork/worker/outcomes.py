@@ -185,14 +185,15 @@ class Outcomes:
             if then is not None:
                 then.failed()
             raise
-        recorded = out[1:1 + len(calls)] if calls else []
+        head = 1 if calls else 0  # SCRIPT LOAD's reply
+        recorded = out[head:head + len(calls)]
         for reply in recorded:
             if isinstance(reply, Exception):
                 if then is not None:
                     then.failed()
                 raise reply
         if then is not None:
-            then.done(out[1 + len(calls):] if calls else out)
+            then.done(out[head + len(calls):])
         stored = iter(recorded)
         return [self._stored(item.reply, item.channel, next(stored)) if item.store else item.reply
                 for item in batch]

@@ -48,15 +48,8 @@ Spec = ForkSpec | MergeSpec | SelectSpec
 
 
 class Start(Part, Protocol):
-    """A worker's RQ start bookkeeping of a job, on the queue connection ``redis``; ``sent`` once
-    the server has answered it (``rq_seam.riders.JobStart``)."""
-
-    redis: Any
-    sent: bool
-
-
-class Starts(Part, Protocol):
-    """A worker's RQ start bookkeeping of a batch's jobs (``rq_seam.riders.JobsStart``), as ``Start``."""
+    """A worker's RQ start bookkeeping of a job, or of a batch's jobs, on the queue connection
+    ``redis``; ``sent`` once the server has answered it (``rq_seam.riders.JobStart``, ``JobsStart``)."""
 
     redis: Any
     sent: bool
@@ -144,12 +137,12 @@ class ForkService:
             return None
         return Prepared(payload, request, spec, requests.reply_channel(request, self.reply_channel), enqueued_ms)
 
-    def handle_many(self, batch: Sequence[Prepared], *, start: Starts | None = None,
+    def handle_many(self, batch: Sequence[Prepared], *, start: Start | None = None,
                     finish: ThenMany | None = None) -> list[Outcome]:
-        """Run a batch of prepared requests to their outcomes (each the first one, on a replay), in
-        three round trips however many they are: the claims and source steps (with ``start``, the
-        worker's RQ start bookkeeping of the batch, at the head), the child steps, then the
-        records and announcements in one transaction (with ``finish``, its RQ success
+        """Run a batch of prepared requests to their outcomes (each the first one, on a replay): the
+        claims and source steps in one round trip (with ``start``, the worker's RQ start
+        bookkeeping of the batch, at the head), each request's child step (one round trip each),
+        then the records and announcements in one transaction (with ``finish``, its RQ success
         bookkeeping, once ``start`` was sent). Each request's guarantees are ``handle``'s; an
         unexpected exception is raised for the caller to run the requests on their own
         (``handle``: each records ``INTERNAL`` on its last attempt)."""
@@ -160,7 +153,7 @@ class ForkService:
                 span.finish(reply)
             return replies
 
-    def _handle_many(self, batch: Sequence[Prepared], start: Starts | None,
+    def _handle_many(self, batch: Sequence[Prepared], start: Start | None,
                      finish: ThenMany | None) -> list[Outcome]:
         started = self._monotonic()
         trip = Trip(self.outcomes.redis)
@@ -179,9 +172,7 @@ class ForkService:
                 pending.append(Pending(claim.outcome, store=False))
                 continue
             if claim.state == "CONFLICT":  # never announced: as ``handle``
-                pending.append(Pending(wire.failure("fork", request_id, ErrorCode.IDEMPOTENCY_CONFLICT.value,
-                                                    f'request id "{request_id}" was already used for a '
-                                                    f'different request'), store=False))
+                pending.append(Pending(_conflict("fork", request_id), store=False))
                 continue
             new = claim.state == "NEW"
             spec = item.spec if new else item.spec.with_children(claim.children)
@@ -190,8 +181,8 @@ class ForkService:
                                             else None)
             except ForkError as exc:
                 reply = wire.failure("fork", request_id, exc.code.value, exc.message)
-            latency = 0 if item.enqueued_ms is None else max(0, (now_ms() - item.enqueued_ms) * 1000)
-            pending.append(Pending(reply, item.channel, int((self._monotonic() - started) * 1e6), latency))
+            pending.append(Pending(reply, item.channel, int((self._monotonic() - started) * 1e6),
+                                   _latency_us(item.enqueued_ms)))
         then = finish if start is not None and start.sent else None  # RQ's order: start, then finish
         return self.outcomes.record_many(pending, then)
 
@@ -217,8 +208,7 @@ class ForkService:
                 # Never announced: the request id's one outcome is the first request's. Its
                 # submitter learns of the conflict from the stored digest (``Client.wait``) or
                 # from the any-language enqueue script (-1); this job just ends with it.
-                return wire.failure(op, job_id, ErrorCode.IDEMPOTENCY_CONFLICT.value,
-                                    f'request id "{job_id}" was already used for a different request')
+                return _conflict(op, job_id)
             if isinstance(spec, ForkSpec):
                 assert isinstance(request, ForkRequest)
                 reply: Outcome = self._fork(request, spec, claim, looked)
@@ -238,9 +228,9 @@ class ForkService:
                 self.outcomes.record(internal, channel)
             raise
         elapsed = int((self._monotonic() - started) * 1e6)
-        latency = 0 if enqueued_ms is None else max(0, (now_ms() - enqueued_ms) * 1000)
         then = finish if start is not None and start.sent else None  # RQ's order: start, then finish
-        return self.outcomes.record(reply, channel, duration_us=elapsed, latency_us=latency, then=then)
+        return self.outcomes.record(reply, channel, duration_us=elapsed, latency_us=_latency_us(enqueued_ms),
+                                    then=then)
 
     def _parse(self, op: str, payload: str | bytes, job_id: str) -> tuple[wire.AnyRequest, Spec]:
         """The request decoded and validated (``INVALID_REQUEST``), and its one spec, checked
@@ -333,3 +323,15 @@ class ForkService:
             return forks.created_by(self.registry, spec.with_children(self.outcomes.planned(spec.request_id)))
         except Exception:
             return []
+
+
+def _conflict(op: str, request_id: str) -> Outcome:
+    """The failure of a request whose id was claimed by a different request: never announced (the
+    request id's one outcome is the first request's)."""
+    return wire.failure(op, request_id, ErrorCode.IDEMPOTENCY_CONFLICT.value,
+                        f'request id "{request_id}" was already used for a different request')
+
+
+def _latency_us(enqueued_ms: int | None) -> int:
+    """Microseconds from a request's enqueue (epoch ms) to now; 0 when unknown."""
+    return 0 if enqueued_ms is None else max(0, (now_ms() - enqueued_ms) * 1000)
