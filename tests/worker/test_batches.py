@@ -195,6 +195,8 @@ def test_a_replay_and_a_repeated_entry_in_a_batch_keep_one_outcome_and_one_child
     assert Counting.takes == [3]
     outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
     assert outcomes.get(done[0]) == first
+    replayed = Job.fetch(done[0], connection=redis, serializer=jobs.JSONSerializer)
+    assert replayed.return_value() == msgspec.json.decode(wire.encode(first))  # RQ's result: the first outcome
     reply = outcomes.get(fresh[0])
     assert isinstance(reply, ForkResult) and reply.child.id == "twice-child-0"
     assert sorted(e.request for e in outcome_entries(redis)) == sorted([done[0], fresh[0]])  # once each
