@@ -64,10 +64,14 @@ MERGE, SELECT, WINNER_ONLY = "before-marks-merge", "before-marks-select", "after
 
 
 def start_dying_worker(url: str) -> subprocess.Popen[bytes]:
-    """A worker that SIGKILLs itself in the first merge or select it runs, after the parent's step."""
+    """A worker that SIGKILLs itself in the first merge or select it runs, after the parent's step.
+
+    It takes one request at a time (``SESSIONFORK_BATCH=1``): each of the test's dying workers is to
+    die in its own request, and a batch would strand its other entries in RQ's intermediate queue
+    until the stranded-job requeue (batches' kills: ``test_batch_kills.py``)."""
     return subprocess.Popen([sys.executable, "-c", DIES_IN_MERGE, "--redis-url", url, "worker", "--name",
                              worker_name("dies-in-merge"), "--log-level", "WARNING"],
-                            env=clean_environ(), stdin=subprocess.DEVNULL)
+                            env=clean_environ(SESSIONFORK_BATCH=1), stdin=subprocess.DEVNULL)
 
 
 def family(registry: Registry, parent: str, children: list[str]) -> None:
