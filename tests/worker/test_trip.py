@@ -96,3 +96,27 @@ def test_the_source_step_rides_only_on_the_registrys_own_single_server(server: E
     looked = forks.source_ops(registry, spec, redis)
     assert looked is not None
     assert looked[0] == ("HMGET", keys.session("c1"), "req", "header", "cwd", "parent")
+
+
+def test_reads_the_same_as_one_sent_earlier_in_the_trip_are_sent_once_and_share_its_reply(
+        server: EmbeddedServer, redis: Redis, registry: Registry) -> None:
+    source(registry)
+    specs = [forks.make_spec("src", [f"c{i}"]) for i in range(3)]
+    forks.plan(registry, specs[0])  # the snapshot script loaded: no NOSCRIPT re-run below
+    other = [forks.make_spec("src", ["d0"], boundary=1)]  # another source step: not the same op
+    with monitored(server) as seen:
+        trip = Trip(redis)
+        looks = []
+        for spec in [*specs, *other]:
+            looked = forks.source_ops(registry, spec, redis)
+            assert looked is not None
+            looks.append(trip.reads(looked))
+        trip.ops([("SET", "trip:a", "1")])
+        groups = trip.run()
+    assert looks == [0, 1, 2, 3]
+    ran = [c.name for c in seen if c.client != "lua" and c.name in {"HMGET", "EVALSHA", "SET"}]
+    assert ran == ["HMGET", "EVALSHA", "HMGET", "HMGET", "HMGET", "EVALSHA", "SET"]  # one step per source
+    plans = [forks.plan(registry, spec, groups[i]) for i, spec in enumerate([*specs, *other])]
+    assert [p.snapshot.length for p in plans if p.snapshot is not None] == [2, 2, 2, 2]
+    assert groups[0][-1] == groups[1][-1] == groups[2][-1]  # the one step's reply, shared
+    assert groups[4] == [True]

@@ -161,7 +161,8 @@ class ForkService:
             trip.add(start)
         claims = trip.ops([self.outcomes.claim_op(item.spec.request_id, item.request, item.spec.child_ids)
                            for item in batch])
-        looks = [None if look is None else trip.ops(look)
+        # Source steps only read: a batch of forks of one source reads it once (``Trip.reads``).
+        looks = [None if look is None else trip.reads(look)
                  for look in (self._source_ops(item.spec, trip) for item in batch)]
         groups = trip.run()
         pending: list[Pending] = []

@@ -33,7 +33,8 @@ class Trip:
         self.redis = redis
         self._parts: list[Part] = []
         self._ops: list[lua.Op] = []
-        self._groups: list[slice] = []
+        self._groups: list[list[int]] = []  # each group's ops, as indexes into ``_ops``
+        self._read: dict[tuple[Any, ...], int] = {}  # a read's words -> its index in ``_ops``
 
     def add(self, part: Part) -> None:
         """Send ``part``'s commands at the head of the trip."""
@@ -43,7 +44,23 @@ class Trip:
         """Send ``ops`` in the trip; returns the group's number, for ``results``."""
         start = len(self._ops)
         self._ops.extend(ops)
-        self._groups.append(slice(start, len(self._ops)))
+        self._groups.append(list(range(start, len(self._ops))))
+        return len(self._groups) - 1
+
+    def reads(self, ops: Sequence[lua.Op]) -> int:
+        """``ops`` as ``ops`` does, when they only read keys that nothing else in the trip writes
+        (the caller's promise: a batch's source steps, beside claims and RQ's bookkeeping): an op
+        the same as one that ``reads`` sent already in this trip is not sent again, its reply is
+        shared (a batch of forks of one source reads it once)."""
+        group: list[int] = []
+        for op in ops:
+            words = _words(op)
+            at = self._read.get(words)
+            if at is None:
+                at = self._read[words] = len(self._ops)
+                self._ops.append(op)
+            group.append(at)
+        self._groups.append(group)
         return len(self._groups) - 1
 
     def run(self) -> list[list[Any]]:
@@ -63,4 +80,12 @@ class Trip:
             part.done(out[at:at + size])
             at += size
         results = lua.settle(self.redis, self._ops, out[at:])
-        return [results[group] for group in self._groups]
+        return [[results[i] for i in group] for group in self._groups]
+
+
+def _words(op: lua.Op) -> tuple[Any, ...]:
+    """An op as the words the server runs: the script's digest, its keys and arguments."""
+    if isinstance(op[0], str):
+        return tuple(op)
+    script, call_keys, args = op
+    return script.sha, tuple(call_keys), tuple(args)

@@ -443,8 +443,15 @@ class SeamWorker(SimpleWorker):
 
     def _idle(self, pipe: Any) -> None:
         super().set_state(WorkerStatus.IDLE, pipeline=pipe)
-        pipe.lindex(self.queues[0].key, 0)  # the next job's id, likely: its hash comes with the next dequeue
+        if self._reads_front:
+            pipe.lindex(self.queues[0].key, 0)  # the next job's id, likely: its hash comes with the next dequeue
         pipe.exists(WORKERS_SUSPENDED)
+
+    @property
+    def _reads_front(self) -> bool:
+        """Whether a finish reads the queue's front for the next dequeue (``_dequeue_front``): one
+        queue, one job at a time (a batch's dequeue is ``take``, which needs no hint)."""
+        return self.batch == 1 and len(self.queues) == 1
 
     def finish_failed(self) -> None:
         """The finish's pipeline failed (it may run again)."""
@@ -452,10 +459,10 @@ class SeamWorker(SimpleWorker):
 
     def finished(self, replies: list[Any]) -> None:
         """The finish's pipeline ran; ``replies`` are its commands' (the last two: the queue's front
-        entry, the suspension key)."""
+        entry, when ``_reads_front``, and the suspension key)."""
         if RQ_MAJOR >= 3:
             self.execution = None
-        self._front = replies[-2] if len(self.queues) == 1 else None
+        self._front = replies[-2] if self._reads_front else None
         self._unsuspended = not replies[-1]
         self._unsent_jobs += 1
         self._unsent_time += self._worked
