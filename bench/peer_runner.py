@@ -10,8 +10,9 @@ subscription, up to a second) is not measured. Then it idles until the harness e
 else the frameworks print goes to stderr; stdout carries only these lines.
 
 SYSTEM (``SYSTEMS``): ``sessionfork`` (the ``sessionfork worker --burst`` command, run in this
-process, on fork requests of a 12-event source; a fork counts done when the worker hands its
-outcome to its observer, after the record), ``rq`` (RQ's ``SimpleWorker``, burst; a job counts
+process, on fork requests of a 12-event source, with the default settings; a fork counts done when
+the worker hands its outcome to its observer, after the record), ``sessionfork-1`` (the same with
+``SESSIONFORK_BATCH=1``: one request at a time), ``rq`` (RQ's ``SimpleWorker``, burst; a job counts
 done after RQ's success handling), ``dramatiq`` (its ``Worker``, ``THREADS`` threads, Redis broker;
 after the ack), ``huey`` (its consumer, ``THREADS`` threads; at the ``complete`` signal).
 """
@@ -29,13 +30,16 @@ from typing import Any
 
 from redis import Redis
 
-SYSTEMS = ("sessionfork", "rq", "dramatiq", "huey")
+SYSTEMS = ("sessionfork", "sessionfork-1", "rq", "dramatiq", "huey")
 THREADS = 8
 """Worker threads of the Dramatiq and Huey processes: Dramatiq's default, Huey's common setting."""
 DRAIN_LIMIT = 600.0
 """Seconds a threaded peer's drain may take before the runner reports what it counted."""
-IMPORTS = {"sessionfork": ("bench.measure", "sessionfork.cli", "sessionfork.worker.fork_worker",
-                           "sessionfork.ops.metrics", "sessionfork.worker.shard_check"),
+_SESSIONFORK = ("bench.measure", "sessionfork.cli", "sessionfork.worker.fork_worker", "sessionfork.ops.metrics",
+                "sessionfork.worker.shard_check")
+SETTINGS = {"sessionfork": {}, "sessionfork-1": {"SESSIONFORK_BATCH": "1"}}
+"""The environment each sessionfork system's worker command reads (the runner's own is not read)."""
+IMPORTS = {"sessionfork": _SESSIONFORK, "sessionfork-1": _SESSIONFORK,
            "rq": ("rq",), "dramatiq": ("dramatiq", "bench.peer_jobs"), "huey": ("huey", "bench.peer_jobs")}
 """What each system's runner imports before it says ``up`` (the harness may start them all at once)."""
 SOURCE = "bench-src"
@@ -99,8 +103,8 @@ def prepare(system: str, url: str, jobs: int, say: Callable[[str], None] = lambd
     """Queue ``jobs`` jobs of ``system`` on the server at ``url`` and build its worker (not started);
     its ``Done`` reports through ``say``."""
     done = Done(jobs, say)
-    if system == "sessionfork":
-        return Prepared(_sessionfork(url, jobs, done), done)
+    if system in SETTINGS:
+        return Prepared(_sessionfork(url, jobs, done, SETTINGS[system]), done)
     if system == "rq":
         return Prepared(_rq(url, jobs, done), done)
     if system == "dramatiq":
@@ -110,7 +114,7 @@ def prepare(system: str, url: str, jobs: int, say: Callable[[str], None] = lambd
     raise ValueError(f"unknown system {system!r}: one of {', '.join(SYSTEMS)}")
 
 
-def _sessionfork(url: str, jobs: int, done: Done) -> Callable[[], object]:
+def _sessionfork(url: str, jobs: int, done: Done, environ: dict[str, str]) -> Callable[[], object]:
     from bench.measure import write_session
     from sessionfork.cli import cli
     from sessionfork.clients.client import Client
@@ -137,7 +141,7 @@ def _sessionfork(url: str, jobs: int, done: Done) -> Callable[[], object]:
     def drain() -> None:
         try:
             cli.main(["--redis-url", url, "worker", "--burst", "--log-level", "ERROR"], prog_name="sessionfork",
-                     obj={})
+                     obj=dict(environ))
         except SystemExit as exit:  # the command line always exits; 0 once the queue is empty
             if exit.code:
                 raise

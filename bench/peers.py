@@ -1,4 +1,5 @@
-"""sessionfork's forks beside Dramatiq's, Huey's and RQ's no-op jobs, per worker process:
+"""sessionfork's forks (batches, the default; and one at a time) beside Dramatiq's, Huey's and RQ's
+no-op jobs, per worker process:
 ``python -m bench.peers [--rounds N] [--jobs N]`` (``bench.main`` measures the same in its rounds).
 
 Each system is measured alike (``drain``) on a throwaway server it is given, flushed first: its jobs
@@ -33,16 +34,20 @@ from redis import Redis
 from bench.measure import flushed
 from bench.peer_runner import RQ_QUEUE, SYSTEMS, request_id
 from sessionfork.core import keys, records
+from sessionfork.core.settings import Settings
 from sessionfork.embedded import EmbeddedServer
 
 ROOT = Path(__file__).resolve().parents[1]
 READY_WITHIN = 120.0  # seconds a worker process may take to import, or to queue its jobs and build its worker
 DRAIN_WITHIN = 900.0  # seconds a drain may take (2,000 RQ no-op jobs on a loaded machine: ~60)
 
-LABELS = {"sessionfork": "sessionfork forks", "rq": "RQ SimpleWorker no-op", "dramatiq": "Dramatiq no-op (8 threads)",
+LABELS = {"sessionfork": f"sessionfork forks (batches of up to {Settings().batch}, the default)",
+          "sessionfork-1": "sessionfork forks, one at a time (SESSIONFORK_BATCH=1)", "rq": "RQ SimpleWorker no-op",
+          "dramatiq": "Dramatiq no-op (8 threads)",
           "huey": "Huey no-op (8 threads, no results)"}
-PEERS = ("dramatiq", "huey", "rq")
-"""The peers each sessionfork figure is set against in ``rows``, in the table's order."""
+PEERS = ("sessionfork-1", "dramatiq", "huey", "rq")
+"""What each sessionfork figure (the default settings) is set against in ``rows``, in the table's
+order: its own one-at-a-time worker (the batch default's measure), then the peers."""
 
 
 @dataclass(frozen=True)
@@ -159,7 +164,7 @@ def verify(system: str, redis: Redis, jobs: int, count: int) -> None:
     and none failed, Dramatiq and Huey hold none pending."""
     if count != jobs:
         raise RuntimeError(f"{system}: {count} of {jobs} jobs reported done")
-    if system == "sessionfork":
+    if system.startswith("sessionfork"):
         pipe = redis.pipeline(transaction=False)
         for i in range(jobs):
             pipe.hmget(keys.request(request_id(i)), list(records.STORED_OUTCOME))

@@ -4,7 +4,8 @@ Usage: python batch_killer.py STEP SESSIONFORK-ARGS...  (e.g. ``taken --redis-ur
 
 STEP is where the kill lands: ``taken`` (the take moved the batch to RQ's intermediate queue, nothing
 started), ``started`` (the batch's first round trip ran: RQ's start of every job, every claim),
-``created`` (the batch's first child exists, the others not yet), ``recording`` (every child exists,
+``created`` (the batch's child steps' round trip cut after the first request's: its child exists,
+the others not), ``recording`` (every child exists,
 the records' transaction is not sent).
 """
 
@@ -13,7 +14,7 @@ import signal
 import sys
 from typing import Any
 
-from sessionfork.core import forks
+from sessionfork.core.fork_steps import ForkSteps
 from sessionfork.worker import service
 from sessionfork.worker.outcomes import Outcomes
 from sessionfork.worker.rq_seam.worker import SeamWorker
@@ -45,14 +46,13 @@ elif step == "started":
 
     service.Trip.run = ran  # type: ignore[method-assign]
 elif step == "created":
-    create = forks.create
+    run_children = ForkSteps.run_children
 
-    def created(*args: Any, **kwargs: Any) -> Any:
-        out = create(*args, **kwargs)
+    def created(self: ForkSteps, steps: Any) -> Any:
+        run_children(self, steps[:1])  # the batch's child steps are one round trip: cut after the first
         die()
-        return out
 
-    forks.create = created
+    ForkSteps.run_children = created  # type: ignore[method-assign]
 elif step == "recording":
     Outcomes.record_many = die  # type: ignore[method-assign]
 else:

@@ -54,10 +54,10 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
     # Issue 31 #5: the peers per worker process, measured in the same run (never skipped).
     per_process = {(f["figure"], f["baseline"]): f for f in figures if f["figure"] in {r[1] for r in peers.ROW_FIGURES}}
     assert set(per_process) == {(figure, f"{peers.LABELS[peer]} {unit}") for _, figure, unit in peers.ROW_FIGURES
-                                for peer in ("dramatiq", "huey", "rq")}
+                                for peer in ("sessionfork-1", "dramatiq", "huey", "rq")}
     assert all(f["value"] > 0 and f["baselineValue"] > 0 for f in per_process.values())
     systems = json.loads((tmp_path / "bench.json").read_text())["perProcess"]["systems"]
-    assert set(systems) == {"sessionfork", "rq", "dramatiq", "huey"}
+    assert set(systems) == {"sessionfork", "sessionfork-1", "rq", "dramatiq", "huey"}
     assert all(s["jobs"] == 30 and s["per_s"] > 0 and s["commands"] > 0 and s["worker_cpu_us"] > 0
                for s in systems.values())
     assert "| Dramatiq no-op (8 threads) |" in table and "| Huey no-op (8 threads, no results) |" in table

@@ -33,6 +33,21 @@ from .state import RegistryState
 from .store import SessionStore, split_ref
 from .wire import Event, Header, NewEvent
 
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChildStep:
+    """A fork's child step, built (``ForkSteps.child_step``) and not run yet: its script ``calls``
+    (one per child of ``child_ids``), each child's header as created now, its seed's length and
+    its count of edits."""
+
+    snap: Snapshot
+    child_ids: list[str]
+    calls: list[lua.Call]
+    headers: dict[str, Header]
+    lengths: dict[str, int]
+    edits: dict[str, int]
+
+
 CREATED = 1
 """``create.lua``'s reply for a record it created now: the caller has the header it sent (the
 script rebuilds a header's wire JSON only for a record that existed already: a replay)."""
@@ -209,6 +224,9 @@ class ForkSteps:
         """The child step for each of ``child_ids`` (default: the spec's; a subset of them, in the
         spec's order, when some exist already): create it from ``snap``, atomically on its own slot.
 
+        Built by ``child_step`` and run by ``run_children`` (for a batch of requests, a caller
+        runs several steps in one round trip), then read by ``children_of``.
+
         One pipelined round trip for all children, which also indexes them under the parent (on
         a cluster, a second round trip does). A child already created by the same ``request_id`` is returned as it is (a
         replay), so a request forks at most once; any other existing id is
@@ -226,6 +244,12 @@ class ForkSteps:
         The spec's ``summary``: each child is a summary child (``snapshots.summary_seed``;
         ``keep_from`` checked first: ``INVALID_BOUNDARY``), whose edits follow its kept events.
         """
+        step = self.child_step(snap, spec, child_ids)
+        return self.children_of(step, self.run_children([step])[0])
+
+    def child_step(self, snap: Snapshot, spec: ForkSpec, child_ids: Sequence[str] | None = None) -> ChildStep:
+        """``create_children``'s step, built and not run: on a cluster, the children are pinned in
+        the parent's index first (a round trip); ``INVALID_BOUNDARY`` for a summary's ``keepFrom``."""
         child_ids = spec.child_ids if child_ids is None else child_ids
         request_id, summary, edits = spec.request_id, spec.summary, spec.edits_by_id()
         source_id = snap.source.id
@@ -295,7 +319,27 @@ class ForkSteps:
                 item.update(records.create_args(header, compact=False))
             runs[-1][1].append(item)
         calls = [call for common, each in runs for call in state.scripts.op_each("create", common, each)]
-        replies = lua.eval_many(self.redis, calls, replicas=state.wait_replicas, wait_ms=state.wait_timeout_ms)
+        return ChildStep(snap, list(child_ids), calls, headers, {cid: seeds[cid].length for cid in child_ids},
+                         {cid: len(events) for cid, events in edits.items()})
+
+    def run_children(self, steps: Sequence[ChildStep]) -> list[list[Any]]:
+        """The replies of each of ``steps``' calls: every step's, in one pipelined round trip (per
+        server of a cluster); with ``wait_replicas``, acknowledged by that many replicas
+        (``lua.NotReplicated`` otherwise)."""
+        state = self.state
+        replies = lua.eval_many(self.redis, [call for step in steps for call in step.calls],
+                                replicas=state.wait_replicas, wait_ms=state.wait_timeout_ms)
+        out, at = [], 0
+        for step in steps:
+            out.append(replies[at:at + len(step.calls)])
+            at += len(step.calls)
+        return out
+
+    def children_of(self, step: ChildStep, replies: Sequence[Any]) -> list[Header | errors.ForkError]:
+        """The result of ``step`` (see ``create_children``) from its calls' ``replies``
+        (``run_children``'s): on a cluster, with the steps that follow the children's creation."""
+        snap, child_ids, headers, state = step.snap, step.child_ids, step.headers, self.state
+        source_id = snap.source.id
         if any(raw == -1 for raw in replies) and not self._deleted(source_id):
             raise self._lost(snap, [c for c, raw in zip(child_ids, replies, strict=True)
                                     if raw == CREATED or isinstance(raw, bytes)])
@@ -315,7 +359,7 @@ class ForkSteps:
             if created:  # pinned already; repeated for records indexed before pins existed
                 pipe.sadd(keys.session_children(source_id), *created)
             for cid in created:
-                state.emit(pipe, "session/created", cid, seeds[cid].length + len(edits.get(cid, ())))
+                state.emit(pipe, "session/created", cid, step.lengths[cid] + step.edits.get(cid, 0))
             refused = [cid for cid, r in zip(child_ids, results, strict=True) if not isinstance(r, Header)]
             stale = self._not_children(source_id, refused)
             pipe.execute()

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from ..core import errors, lua, rules
+from .fork_steps import ChildStep
 from .registry import Registry, SessionRef
 from .snapshots import ForkPlan, Snapshot
 from .specs import ForkSpec
@@ -190,6 +191,57 @@ def create(registry: Registry, spec: ForkSpec, planned: ForkPlan, snapshot: Snap
     are written in each child's create step; its summary makes each a summary child
     (``INVALID_BOUNDARY`` for a ``keepFrom`` outside the rule, before any child).
     """
+    start = _begin(registry, spec, planned, snapshot)
+    if start.snap is None:
+        return _finish(registry, start, start.made)
+    return _finish(registry, start, dict(zip(start.todo, registry.forks.create_children(start.snap, spec, start.todo),
+                                             strict=True)))
+
+
+def create_many(registry: Registry,
+                planned: Sequence[tuple[ForkSpec, ForkPlan, Snapshot | None]]) -> list[FanOut | errors.ForkError]:
+    """``create(registry, spec, plan, snapshot)`` of each of ``planned`` (a batch of requests),
+    the child steps of all of them in one round trip (``ForkSteps.run_children``): each fork's
+    result, or the error ``create`` raises for it, in its place."""
+    starts: list[tuple[_Start, ChildStep | None] | errors.ForkError] = []
+    for spec, plan, snapshot in planned:
+        try:
+            start = _begin(registry, spec, plan, snapshot)
+            starts.append((start, None if start.snap is None else registry.forks.child_step(start.snap, spec,
+                                                                                             start.todo)))
+        except errors.ForkError as exc:
+            starts.append(exc)
+    steps = [step for s in starts if not isinstance(s, errors.ForkError) for step in s[1:] if step is not None]
+    replies = iter(registry.forks.run_children(steps) if steps else ())
+    out: list[FanOut | errors.ForkError] = []
+    for begun in starts:
+        if isinstance(begun, errors.ForkError):
+            out.append(begun)
+            continue
+        start, step = begun
+        try:
+            made = start.made if step is None else \
+                dict(zip(start.todo, registry.forks.children_of(step, next(replies)), strict=True))
+            out.append(_finish(registry, start, made))
+        except errors.ForkError as exc:
+            out.append(exc)
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Start:
+    """A planned fork's children to create (``todo``) from ``snap``, or, for a replay whose source
+    cannot be forked now (``snap`` None), the error of each (``made``)."""
+
+    spec: ForkSpec
+    planned: ForkPlan
+    todo: list[str]
+    snap: Snapshot | None
+    made: dict[str, Header | errors.ForkError]
+
+
+def _begin(registry: Registry, spec: ForkSpec, planned: ForkPlan, snapshot: Snapshot | None) -> _Start:
+    """``create`` up to its child step; raises what ``create`` raises before it."""
     child_ids = spec.child_ids
     if planned.existing and len(planned.existing) == len(child_ids):
         # Error order: the source's own state and the guard, then the child id, then the boundary rules.
@@ -198,7 +250,6 @@ def create(registry: Registry, spec: ForkSpec, planned: ForkPlan, snapshot: Snap
         raise errors.already_exists(planned.existing[0])
     snap = snapshot or planned.snapshot
     todo = [c for c in child_ids if c not in planned.replayed and c not in planned.existing]
-    made: dict[str, Header | errors.ForkError]
     if snap is None:
         error = planned.error
         assert error is not None  # a plan holds its snapshot or its error
@@ -206,14 +257,18 @@ def create(registry: Registry, spec: ForkSpec, planned: ForkPlan, snapshot: Snap
             raise error
         # A replay whose source cannot be forked now: its children stay, reported with the error
         # in place of each child it did not create (no hidden partial state).
-        made = dict.fromkeys(todo, error)
-    else:
-        made = dict(zip(todo, registry.forks.create_children(snap, spec, todo), strict=True))
+        return _Start(spec, planned, todo, None, dict.fromkeys(todo, error))
+    return _Start(spec, planned, todo, snap, {})
+
+
+def _finish(registry: Registry, start: _Start, made: dict[str, Header | errors.ForkError]) -> FanOut:
+    """``create`` from its children's results (``made``) on."""
+    planned = start.planned
     lost = [e for e in made.values() if isinstance(e, errors.ForkError) and e.code in _SOURCE_ERRORS]
     if lost and not planned.replayed and not any(isinstance(h, Header) for h in made.values()):
         raise lost[0]  # nothing of this request exists: the source's error is the outcome
     registry.forks.confirm_replays(list(planned.replayed.values()))
-    return _settle(child_ids, made, planned.replayed)
+    return _settle(start.spec.child_ids, made, planned.replayed)
 
 
 def _settle(ids: Sequence[str], made: dict[str, Header | errors.ForkError],

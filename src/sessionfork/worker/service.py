@@ -35,6 +35,7 @@ from ..core.errors import ErrorCode, ForkError
 from ..core.factories import new_session_id, now_ms
 from ..core.outages import is_outage
 from ..core.registry import Registry
+from ..core.snapshots import ForkPlan, Snapshot
 from ..core.specs import ForkSpec, MergeSpec, SelectSpec
 from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, Outcome, Reply
 from ..protocol import merge_requests, requests, tracing
@@ -165,27 +166,36 @@ class ForkService:
         looks = [None if look is None else trip.reads(look)
                  for look in (self._source_ops(item.spec, trip) for item in batch)]
         groups = trip.run()
-        pending: list[Pending] = []
+        pending: list[Pending | None] = []  # None: a fork whose children ``forks.create_many`` makes
+        planned: list[tuple[ForkSpec, ForkPlan, Snapshot | None]] = []
         for item, raw, look in zip(batch, groups[claims], looks, strict=True):
             request_id = item.spec.request_id
             claim = self.outcomes.claim_of(raw, request_id)
             if claim.outcome is not None:
                 pending.append(Pending(claim.outcome, store=False))
-                continue
-            if claim.state == "CONFLICT":  # never announced: as ``handle``
+            elif claim.state == "CONFLICT":  # never announced: as ``handle``
                 pending.append(Pending(_conflict("fork", request_id), store=False))
-                continue
-            new = claim.state == "NEW"
-            spec = item.spec if new else item.spec.with_children(claim.children)
-            try:
-                reply: Outcome = self._fork(item.request, spec, claim, groups[look] if new and look is not None
-                                            else None)
-            except ForkError as exc:
-                reply = wire.failure("fork", request_id, exc.code.value, exc.message)
-            pending.append(Pending(reply, item.channel, int((self._monotonic() - started) * 1e6),
-                                   _latency_us(item.enqueued_ms)))
+            else:
+                new = claim.state == "NEW"
+                spec = item.spec if new else item.spec.with_children(claim.children)
+                plan = forks.plan(self.registry, spec, groups[look] if new and look is not None else None)
+                planned.append((spec, plan, claim.snapshot))
+                pending.append(None)
+        # Every child step of the batch in one round trip.
+        made = iter(forks.create_many(self.registry, planned))
+        for i, (item, done) in enumerate(zip(batch, pending, strict=True)):
+            if done is None:
+                result = next(made)
+                try:
+                    if isinstance(result, ForkError):
+                        raise result
+                    reply: Outcome = _single(item.spec.request_id, result)
+                except ForkError as exc:
+                    reply = wire.failure("fork", item.spec.request_id, exc.code.value, exc.message)
+                pending[i] = Pending(reply, item.channel, int((self._monotonic() - started) * 1e6),
+                                     _latency_us(item.enqueued_ms))
         then = finish if start is not None and start.sent else None  # RQ's order: start, then finish
-        return self.outcomes.record_many(pending, then)
+        return self.outcomes.record_many([p for p in pending if p is not None], then)
 
     def _handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool,
                 enqueued_ms: int | None, start: Start | None, finish: Then | None) -> Outcome:
@@ -299,9 +309,7 @@ class ForkService:
             snapshot = self.outcomes.keep_snapshot(spec.request_id, plan.snapshot)
         result = forks.create(self.registry, spec, plan, snapshot)
         if not request.fans_out:
-            if result.failed:
-                raise result.failed[0][1]
-            return ForkResult(request_id=spec.request_id, session=result.created[0])
+            return _single(spec.request_id, result)
         return ForkResult(
             request_id=spec.request_id, ok=not result.failed, sessions=result.created,
             failed=[ChildError(session_id=cid, code=e.code.value, message=e.message)
@@ -324,6 +332,13 @@ class ForkService:
             return forks.created_by(self.registry, spec.with_children(self.outcomes.planned(spec.request_id)))
         except Exception:
             return []
+
+
+def _single(request_id: str, result: forks.FanOut) -> Reply:
+    """The reply of a one-child fork request that ``result`` answers: its child, or its error raised."""
+    if result.failed:
+        raise result.failed[0][1]
+    return ForkResult(request_id=request_id, session=result.created[0])
 
 
 def _conflict(op: str, request_id: str) -> Outcome:
