@@ -5,7 +5,10 @@ alone; a fan-out never holds the batch's other replies; ``max_jobs`` counts jobs
 
 from __future__ import annotations
 
+import base64
 import re
+import time
+import zlib
 from typing import Any, ClassVar
 
 import msgspec
@@ -24,7 +27,8 @@ from sessionfork.protocol.requests import Limits
 from sessionfork.worker import jobs
 from sessionfork.worker.fork_worker import ForkWorker
 from sessionfork.worker.outcomes import Outcomes
-from sessionfork.worker.rq_seam.entries import Taken
+from sessionfork.worker.rq_seam.entries import DequeuedJob, Taken
+from sessionfork.worker.rq_seam.riders import JobsFinish, JobsStart
 from sessionfork.worker.service import ForkService
 
 pytestmark = pytest.mark.rq
@@ -212,3 +216,104 @@ def test_with_forks_waiting_for_replicas_every_request_runs_alone(redis: Redis) 
     payload = wire.encode(Client(redis).request("src", request_id="w-1", session_id="w-child"))
     assert _service(redis, plain).prepare(payload, "w-1") is not None  # batched without WAIT
     assert _service(redis, waiting).prepare(payload, "w-1") is None  # its own WAIT: alone
+
+
+_MASKS = ((re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z"), "<time>"), (re.compile(r"\b\d{10}\.\d+\b"), "<stamp>"),
+          (re.compile(r"\b\d{13}\b"), "<ms>"), (re.compile(r"[0-9a-f]{40}|[0-9a-f]{32}"), "<hex>"))
+
+
+def _masked(value: Any, side: str, field: bytes = b"") -> Any:
+    """A value as both paths write it: bytes decoded (a job's ``data`` decompressed, a result's
+    ``return_value`` decoded), the side's name, ids and times masked."""
+    if isinstance(value, bytes):
+        try:
+            value = value.decode()
+        except UnicodeDecodeError:
+            value = msgspec.json.decode(zlib.decompress(value))  # a job's data: what it says, not its bytes
+    text = str(value)
+    if field == b"return_value":
+        text = str(msgspec.json.decode(base64.b64decode(text)))  # RQ's result: the outcome it holds
+    for pattern, mask in _MASKS:
+        text = pattern.sub(mask, text)
+    return text.replace(side, "<side>")
+
+
+def _rq_state(redis: Redis, side: str, worker: str) -> dict[str, Any]:
+    """Every RQ key of one side (its keys name ``side`` or its ``worker``): masked name -> type,
+    contents (masked; scores and times to live as seconds from now, in tens) and time to live."""
+    out: dict[str, Any] = {}
+    soon = time.time()
+    for key in redis.scan_iter("rq:*"):
+        name = key.decode()
+        if side not in name and worker not in name:
+            continue
+        kind = redis.type(key).decode()
+        if kind == "hash":
+            value: Any = {f.decode(): _masked(v, side) for f, v in redis.hgetall(key).items()}
+        elif kind == "zset":
+            value = sorted((_masked(m, side), round((s - soon) / 10))
+                           for m, s in redis.zrange(key, 0, -1, withscores=True))
+        elif kind == "stream":
+            value = [{f.decode(): _masked(v, side, f) for f, v in fields.items()} for _, fields in redis.xrange(key)]
+        elif kind == "set":
+            value = sorted(_masked(m, side) for m in redis.smembers(key))
+        else:
+            value = [_masked(m, side) for m in redis.lrange(key, 0, -1)]
+        ttl = redis.ttl(key)
+        out[_masked(name.replace(worker, "<worker>"), side)] = (kind, value, ttl if ttl < 0 else round(ttl / 10))
+    return out
+
+
+def _differing(a: dict[str, Any], b: dict[str, Any]) -> list[Any]:
+    """What differs between two ``_rq_state``s: each key's entries, a hash's fields only."""
+    out: list[Any] = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if x != y and x is not None and y is not None and x[0] == y[0] == "hash":
+            fields = {f: (x[1].get(f), y[1].get(f)) for f in set(x[1]) | set(y[1]) if x[1].get(f) != y[1].get(f)}
+            out.append((key, fields, x[2], y[2]))
+        elif x != y:
+            out.append((key, x, y))
+    return out
+
+
+def test_a_batchs_start_and_finish_write_what_rqs_own_methods_write_for_each_job(redis: Redis,
+                                                                                registry: Registry) -> None:
+    """The ledger (``rq_seam.ledger``) against RQ's own methods, job by job: after the start and
+    after the finish, every RQ key either side wrote (the worker's too), its type, every field,
+    member, stream entry and score, and its time to live, ids and times masked."""
+    registry.append(registry.create("src"), TURN)
+    sides = {}
+    for side in ("alone", "batch"):
+        client = Client(redis, Settings(queue=f"q-{side}"))
+        _submit(client, 3, side)
+        worker = _worker(redis, registry, 8, f"q-{side}")
+        queue = worker.queues[0]
+        taken = worker.take(8)
+        loaded = [DequeuedJob.loaded(raw.decode(), data, redis, worker.serializer) for raw, data in taken.entries]
+        sides[side] = (worker, queue, loaded)
+    alone, queue, alone_jobs = sides["alone"]
+    executions = []
+    for job in alone_jobs:  # RQ's own methods, a job at a time, as ``start`` runs them
+        pipe = redis.pipeline(transaction=True)
+        executions.append(alone._start_job(job, queue, pipe))
+        alone._busy(job, pipe)
+        pipe.execute()
+    batch, batch_queue, batch_jobs = sides["batch"]
+    start = JobsStart(batch, batch_jobs, batch_queue)
+    start.ensure()
+    started = _rq_state(redis, "batch", batch.name)
+    assert started == _rq_state(redis, "alone", alone.name), _differing(started, _rq_state(redis, "alone", alone.name))
+    results = [f'{{"requestId": "{job.id}"}}' for job in alone_jobs]
+    pipe = redis.pipeline(transaction=True)
+    for job, result, execution in zip(alone_jobs, results, executions, strict=True):
+        alone._finish_job(job, result, pipe, execution)  # RQ's own methods, as ``finish`` runs them
+    alone._idle(pipe)
+    pipe.execute()
+    finish = JobsFinish(batch, start)
+    pipe = redis.pipeline(transaction=True)
+    finish.add(pipe, [r.replace("alone", "batch") for r in results])
+    finish.done(pipe.execute())
+    after = _rq_state(redis, "batch", batch.name)
+    assert after == _rq_state(redis, "alone", alone.name), _differing(after, _rq_state(redis, "alone", alone.name))
+    assert any(key.startswith("rq:results:") for key in after) and "rq:finished:q-<side>" in after

@@ -32,6 +32,7 @@ from ...core import lua
 from ...core.connections import stop_retrying
 from ...core.outages import is_outage
 from .entries import DequeuedJob, EntryRefused, Taken, entry_of, is_text
+from .ledger import Ledger
 
 T = TypeVar("T")
 log = logging.getLogger("sessionfork.worker")
@@ -97,6 +98,7 @@ class SeamWorker(SimpleWorker):
         """RQ's worker, taking up to ``batch`` queued entries at once (see ``batch``)."""
         super().__init__(*args, **kwargs)
         self.batch = batch
+        self._ledgers: dict[str, Ledger] = {}  # by queue name
 
     # -- the loop: start-up, stop, suspension, heartbeat, teardown ---------------------------------
 
@@ -373,12 +375,16 @@ class SeamWorker(SimpleWorker):
         self._busy(job, pipe)
 
     def start_many(self, jobs: Sequence[Job], queue: Queue, pipe: Any) -> list[Execution]:
-        """``start`` of each of ``jobs`` (a batch), added to ``pipe``: the worker's own state once
-        (busy, with the first job as RQ 2's current job), then each job's start; each job's
-        execution, in job order (``finish_many`` takes them back; a job twice in a batch, an entry
-        queued twice, has two, each cleaned up by its own finish)."""
-        self._busy(jobs[0], pipe)
-        return [self._start_job(job, queue, pipe) for job in jobs]
+        """``start`` of each of ``jobs`` (a batch), added to ``pipe``: each job's start, written by
+        the ``ledger``, then the worker's own state once (busy, with the last job as RQ 2's
+        current job, as after starting each in turn); each job's execution, in job order
+        (``finish_many`` takes them back; a job twice in a batch, an entry queued twice, has two,
+        each cleaned up by its own finish)."""
+        commands, executions = self._ledger(queue).start(jobs, self.get_heartbeat_ttl(jobs[0]))
+        for command in commands:
+            pipe.execute_command(*command)
+        self._busy(jobs[-1], pipe)  # after the executions, as RQ's prepare_execution: its heartbeat sets their TTL
+        return executions
 
     def _busy(self, job: Job, pipe: Any) -> None:
         super().set_state(WorkerStatus.BUSY, pipeline=pipe)
@@ -415,15 +421,34 @@ class SeamWorker(SimpleWorker):
         self._worked = self._finish_job(job, result, pipe, execution)
         self._idle(pipe)
 
-    def finish_many(self, jobs: Sequence[Job], results: Sequence[Any], executions: Sequence[Execution],
-                    pipe: Any) -> float:
+    def finish_many(self, jobs: Sequence[Job], queue: Queue, results: Sequence[Any],
+                    executions: Sequence[Execution], pipe: Any) -> float:
         """``finish`` of each of ``jobs`` (a batch started by ``start_many``, whose ``executions``
         it returned) with its result, added to ``pipe``, the worker's own state once; returns the
         jobs' working time (seconds). Its sender then calls ``finished_many`` with the replies."""
-        worked = sum(self._finish_job(job, result, pipe, execution)
-                     for job, result, execution in zip(jobs, results, executions, strict=True))
+        # The ledger writes the jobs whose result TTL is positive (a fork job's, always); RQ's own
+        # methods any other (see ``ledger``).
+        ttls = [self._result_ttl(job) for job in jobs]
+        kept = [i for i, ttl in enumerate(ttls) if isinstance(ttl, int) and ttl > 0 and ttl == ttls[0]]
+        if kept:
+            for command in self._ledger(queue).finish([jobs[i] for i in kept], [results[i] for i in kept],
+                                                      [executions[i] for i in kept], ttls[kept[0]]):
+                pipe.execute_command(*command)
+        for i in sorted(set(range(len(jobs))) - set(kept)):
+            self._finish_job(jobs[i], results[i], pipe, executions[i])
         self._idle(pipe)
-        return worked
+        return sum((job.ended_at - job.started_at).total_seconds() for job in jobs
+                   if job.ended_at is not None and job.started_at is not None)
+
+    def _ledger(self, queue: Queue) -> Ledger:
+        """This worker's ``Ledger`` of ``queue`` (built once per queue)."""
+        ledger = self._ledgers.get(queue.name)
+        if ledger is None:
+            ledger = self._ledgers[queue.name] = Ledger(
+                worker_name=self.name, worker_key=self.key, started=queue.started_job_registry.key,
+                finished=queue.finished_job_registry.key, held=queue.intermediate_queue_key,
+                serializer=self.serializer, rq_major=RQ_MAJOR)
+        return ledger
 
     def _finish_job(self, job: Job, result: Any, pipe: Any, execution: Execution) -> float:
         assert job.started_at is not None
