@@ -251,7 +251,7 @@ def _rq_state(redis: Redis, side: str, worker: str) -> dict[str, Any]:
         if kind == "hash":
             value: Any = {f.decode(): _masked(v, side) for f, v in redis.hgetall(key).items()}
         elif kind == "zset":
-            value = sorted((_masked(m, side), round((s - soon) / 10))
+            value = sorted((_masked(m, side), s if s == float("inf") else round((s - soon) / 10))
                            for m, s in redis.zrange(key, 0, -1, withscores=True))
         elif kind == "stream":
             value = [{f.decode(): _masked(v, side, f) for f, v in fields.items()} for _, fields in redis.xrange(key)]
@@ -281,12 +281,14 @@ def test_a_batchs_start_and_finish_write_what_rqs_own_methods_write_for_each_job
                                                                                 registry: Registry) -> None:
     """The ledger (``rq_seam.ledger``) against RQ's own methods, job by job: after the start and
     after the finish, every RQ key either side wrote (the worker's too), its type, every field,
-    member, stream entry and score, and its time to live, ids and times masked."""
+    member, stream entry and score, and its time to live, ids and times masked. One job of each
+    side is kept for ever (result TTL -1): in a batch, RQ's own methods finish it."""
     registry.append(registry.create("src"), TURN)
     sides = {}
     for side in ("alone", "batch"):
         client = Client(redis, Settings(queue=f"q-{side}"))
-        _submit(client, 3, side)
+        ids = _submit(client, 3, side)
+        redis.hset(f"rq:job:{ids[1]}", "result_ttl", -1)  # kept for ever: RQ's own methods write it, in a batch too
         worker = _worker(redis, registry, 8, f"q-{side}")
         queue = worker.queues[0]
         taken = worker.take(8)
@@ -317,3 +319,4 @@ def test_a_batchs_start_and_finish_write_what_rqs_own_methods_write_for_each_job
     after = _rq_state(redis, "batch", batch.name)
     assert after == _rq_state(redis, "alone", alone.name), _differing(after, _rq_state(redis, "alone", alone.name))
     assert any(key.startswith("rq:results:") for key in after) and "rq:finished:q-<side>" in after
+    assert redis.ttl("rq:job:batch-1") == -1 and redis.ttl("rq:job:batch-0") > 0

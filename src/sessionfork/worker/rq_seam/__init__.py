@@ -61,10 +61,19 @@ RQ names used here, and why:
   head to its ``intermediate_queue_key`` with their job hashes in one script call
   (``scripts/take.lua``: RQ's dequeue, an ``LMOVE`` and an ``HGETALL`` per entry, for many); each
   is loaded as the dequeue loads one (``DequeuedJob.loaded``), the others refused alone. RQ's
-  start and success bookkeeping of a batch (``start_many``, ``finish_many``: the methods named
-  below for one job, the worker's own state once per batch) are recorded into a redis-py pipeline
-  that is never sent (its ``command_stack``) and run by one ``scripts/apply.lua`` call each
-  (``riders.JobsStart``, ``riders.JobsFinish``): RQ's keys and fields, on any RQ version.
+  start and success bookkeeping of a batch (``start_many``, ``finish_many``) is written by
+  ``ledger.Ledger``: per job what ``Execution.create``, ``prepare_for_execution``,
+  ``_handle_success`` and ``cleanup_execution`` write (RQ's key names from
+  ``Execution.key``, ``composite_key``, RQ 3's ``worker_executions_key``,
+  ``ExecutionRegistry.key_template``, ``Result.get_key``, the queue's registries' ``key``; its
+  values from ``rq.utils.now``, ``current_timestamp`` and ``utcformat``, ``JobStatus``,
+  ``Result.Type`` and the worker's ``serializer``; the job's ``worker_name``, ``last_heartbeat``,
+  ``started_at``, ``ended_at`` and ``_status`` set as RQ sets them), each registry the jobs share
+  written once per batch; the worker's own state by RQ's methods, once per batch. Their commands
+  are written into a redis-py pipeline that is never sent (its ``command_stack``) and run by one
+  ``scripts/apply.lua`` call each (``riders.JobsStart``, ``riders.JobsFinish``). RQ 3 and RQ 2.12
+  each have their layout (``tests/worker/test_batches.py`` compares every key, field, score and
+  time to live with what RQ's own methods write).
 * the dequeue (``dequeue_job_and_maintain_ttl``): RQ's own ``Queue.dequeue_any``, after one
   non-blocking ``LMOVE`` to the ``intermediate_queue_key`` pipelined with ``HGETALL`` of the job
   hash (``Job.key_for``) of the entry the last job's finish saw at the queue's front (``LINDEX``),
