@@ -276,12 +276,6 @@ def add(pipe: Any, ops: Sequence[Op]) -> None:
             pipe.execute_command(*op)
 
 
-def add_text(pipe: Any, text: str, args: Sequence[Any]) -> None:
-    """Put an EVAL of a short script's ``text`` (no KEYS) with ``args`` in ``pipe``: sent whole, it
-    never meets NOSCRIPT (``rq_seam``'s ``apply.lua``)."""
-    pipe.eval(text, 0, *args)
-
-
 def settle(redis: Any, ops: Sequence[Op], replies: Sequence[Any], *,
            keep_errors: tuple[type[Exception], ...] = (), replicas: int = 0, wait_ms: int = 1000) -> list[Any]:
     """The results of ``ops`` from their ``replies`` (``add``'s, in order): the calls that got

@@ -1,45 +1,25 @@
 """A worker's RQ bookkeeping of one job as riders of the request's own round trips (no RQ import:
 the commands are ``SeamWorker.start`` and ``SeamWorker.finish``'s, added to the pipelines that
 ``worker.trip.Trip`` and ``worker.outcomes.Outcomes.record`` send), and of a batch of jobs as one
-script call each (``JobsStart``, ``JobsFinish``): the worker writes the batch's commands (the
-``ledger``'s, RQ's own methods' for the worker's state) into a pipeline that is never sent
-(``recorded``), and ``scripts/apply.lua`` runs them on the server: one command where a pipeline
-sends dozens per job."""
+transaction each (``JobsStart``, ``JobsFinish``): the batch's commands (the ``ledger``'s, RQ's own
+methods' for the worker's state) added to the round trips the batch makes anyway, each registry
+the jobs share written once."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Final
-
-from ...core import lua
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .worker import SeamWorker
 
-APPLY: Final = lua.source("apply.lua", __package__)
-"""``scripts/apply.lua``: sent whole (EVAL, a few hundred bytes), so that a server that lost its
-scripts never fails a batch's bookkeeping with NOSCRIPT."""
-
-
-def recorded(scratch: Any) -> list[Any]:
-    """The commands written into ``scratch`` (a redis-py pipeline that is never sent: its
-    ``command_stack``) as ``apply.lua``'s arguments: each command's word count, then its words."""
-    out: list[Any] = []
-    for args, _ in scratch.command_stack:
-        out.append(len(args))
-        out.extend(args)
-    return out
-
 
 def _check(replies: list[Any]) -> list[Any]:
-    """``apply.lua``'s one reply (each command's), raising the first error among them."""
-    (applied,) = replies
-    if isinstance(applied, Exception):
-        raise applied
-    for reply in applied:
+    """``replies``, raising the first error among them."""
+    for reply in replies:
         if isinstance(reply, Exception):
             raise reply
-    return list(applied)
+    return list(replies)
 
 
 class JobStart:
@@ -95,8 +75,9 @@ class JobFinish:
 
 
 class JobsStart:
-    """A worker's start bookkeeping of a batch of ``jobs`` as a ``trip.Part``: one ``apply.lua``
-    call at the head of the batch's claims, on the worker's own connection (``redis``)."""
+    """A worker's start bookkeeping of a batch of ``jobs`` as a ``trip.Part``: one transaction
+    (``MULTI`` … ``EXEC``) at the head of the batch's claims, on the worker's own connection
+    (``redis``): all of it runs, or none (a worker killed while sending it)."""
 
     def __init__(self, worker: SeamWorker, jobs: Sequence[Any], queue: Any) -> None:
         self.worker, self.jobs, self.queue = worker, jobs, queue
@@ -105,12 +86,17 @@ class JobsStart:
         self.executions: list[Any] = []  # RQ's execution of each job, in job order
 
     def add(self, pipe: Any) -> None:
-        scratch = self.redis.pipeline(transaction=False)
-        self.executions = self.worker.start_many(self.jobs, self.queue, scratch)
-        lua.add_text(pipe, APPLY, recorded(scratch))
+        """Add the transaction to ``pipe``, a pipeline without one of its own."""
+        pipe.execute_command("MULTI")
+        self.executions = self.worker.start_many(self.jobs, self.queue, pipe)
+        pipe.execute_command("EXEC")
 
     def done(self, replies: list[Any]) -> None:
-        _check(replies)
+        _check(replies[:-1])  # MULTI's and each command's QUEUED (or an error: the EXEC then aborts)
+        ran = replies[-1]
+        if isinstance(ran, Exception):
+            raise ran
+        _check(list(ran))
         self.sent = True
 
     def ensure(self) -> None:
@@ -125,7 +111,7 @@ class JobsStart:
 
 class JobsFinish:
     """A worker's success bookkeeping of a batch of jobs (started by ``start``) as the tail of the
-    outcomes' record transaction (``Outcomes.record_many``'s ``then``): one ``apply.lua`` call."""
+    outcomes' record transaction (``Outcomes.record_many``'s ``then``)."""
 
     def __init__(self, worker: SeamWorker, start: JobsStart) -> None:
         self.worker, self.start = worker, start
@@ -135,15 +121,13 @@ class JobsFinish:
         self._worked = 0.0
 
     def add(self, pipe: Any, results: Sequence[Any]) -> None:
+        """Add the commands to ``pipe``, a transaction's pipeline."""
         self.results = list(results)
-        scratch = self.redis.pipeline(transaction=False)
         self._worked = self.worker.finish_many(self.start.jobs, self.start.queue, self.results, self.start.executions,
-                                               scratch)
-        lua.add_text(pipe, APPLY, recorded(scratch))
+                                               pipe)
 
     def done(self, replies: list[Any]) -> None:
-        applied = _check(replies)
-        self.worker.finished_many(applied, len(self.start.jobs), self._worked)
+        self.worker.finished_many(_check(replies), len(self.start.jobs), self._worked)
         self.sent = True
 
     def failed(self) -> None:

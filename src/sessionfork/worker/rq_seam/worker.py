@@ -40,7 +40,7 @@ RQ_MAJOR = int(VERSION.split(".")[0])
 _HEARTBEAT_EVERY = 1.0
 _IDLE_POLL = 1  # seconds an idle worker blocks waiting for a job before it looks at its stop flag
 SCRIPTS = lua.table(lua.Spec("take", ("queue", "held"), ("count", "prefix"), __package__))
-"""The seam's own script (``scripts/take.lua`` of this package); ``riders`` runs ``scripts/apply.lua``."""
+"""The seam's own script (``scripts/take.lua`` of this package)."""
 
 
 class SeamWorker(SimpleWorker):
