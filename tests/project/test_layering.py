@@ -14,10 +14,11 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "sessionfork"
 SOURCES = sorted(PACKAGE.rglob("*.py"))
 # The worker's job, seam and worker modules, and the public job function, speak RQ.
 RQ_MODULES = {"sessionfork.jobs", "sessionfork.worker.jobs", "sessionfork.worker.rq_seam.worker",
-              "sessionfork.worker.rq_seam.entries", "sessionfork.worker.fork_worker"}
+              "sessionfork.worker.rq_seam.entries", "sessionfork.worker.rq_seam.ledger",
+              "sessionfork.worker.fork_worker"}
 SEAM = "sessionfork.worker.rq_seam"
-"""The RQ seam (a package of the worker side: ``worker`` and ``entries`` import RQ, ``riders`` does
-not)."""
+"""The RQ seam (a package of the worker side: ``worker``, ``entries`` and ``ledger`` import RQ,
+``riders`` does not)."""
 SEAM_WORKER = ("sessionfork.worker.rq_seam.worker", "SeamWorker")
 """The one subclass of RQ's worker: every override of an RQ worker method is in it."""
 RQ_LAYOUT = "sessionfork.protocol.rq_layout"
@@ -240,7 +241,7 @@ def test_key_names_are_built_only_in_keys() -> None:
 # ``core/forks.py`` only, one entry per step, and never calls the registry's fork steps itself.
 FORK_STEPS = {"take_snapshot", "prepare_fork", "look_ops", "plan_of", "create_children", "create_child",
               "confirm_replays", "read_snapshot", "child_header", "is_cluster"}
-FORK_ENTRIES = {"check", "source_ops", "plan", "create", "created_by"}
+FORK_ENTRIES = {"check", "source_ops", "plan", "create", "create_many", "created_by"}
 QUEUE_SOURCES = [p for p in SOURCES
                  if module_name(p).startswith(("sessionfork.protocol", "sessionfork.clients", "sessionfork.worker"))]
 
@@ -262,7 +263,8 @@ def test_the_service_runs_a_request_through_one_entry_per_step() -> None:
     service = PACKAGE / "worker" / "service.py"
     called = [node.attr for node in ast.walk(tree(service)) if isinstance(node, ast.Attribute)
               and isinstance(node.value, ast.Name) and node.value.id == "forks"]
-    assert sorted(called) == sorted(FORK_ENTRIES)  # each once: check, source ops, plan, children, what a failure left
+    # Each once: check, source ops, plan, the children (of a request; of a batch's), what a failure left.
+    assert sorted(called) == sorted(FORK_ENTRIES)
 
 
 # Strings that name a module of another layer: none, but RQ's job function path, which producers

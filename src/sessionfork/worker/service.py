@@ -33,6 +33,7 @@ from ..core import errors, forks, merges, rules, wire
 from ..core.config import Settings
 from ..core.errors import ErrorCode, ForkError
 from ..core.factories import new_session_id, now_ms
+from ..core.forks import FanOut
 from ..core.outages import is_outage
 from ..core.registry import Registry
 from ..core.snapshots import ForkPlan, Snapshot
@@ -178,8 +179,7 @@ class ForkService:
             else:
                 new = claim.state == "NEW"
                 spec = item.spec if new else item.spec.with_children(claim.children)
-                plan = forks.plan(self.registry, spec, groups[look] if new and look is not None else None)
-                planned.append((spec, plan, claim.snapshot))
+                planned.append((spec, *self._plan(spec, claim, groups[look] if new and look is not None else None)))
                 pending.append(None)
         # Every child step of the batch in one round trip.
         made = iter(forks.create_many(self.registry, planned))
@@ -303,10 +303,7 @@ class ForkService:
         that reports them. The source step's plan comes from ``looked`` (its replies in the
         claim's trip) or runs now; a fan-out keeps its snapshot before any child exists, so that
         a retry after a crash creates the rest from the same one."""
-        plan = forks.plan(self.registry, spec, looked)
-        snapshot = claim.snapshot
-        if snapshot is None and len(spec.child_ids) > 1 and plan.snapshot is not None:
-            snapshot = self.outcomes.keep_snapshot(spec.request_id, plan.snapshot)
+        plan, snapshot = self._plan(spec, claim, looked)
         result = forks.create(self.registry, spec, plan, snapshot)
         if not request.fans_out:
             return _single(spec.request_id, result)
@@ -315,6 +312,17 @@ class ForkService:
             failed=[ChildError(session_id=cid, code=e.code.value, message=e.message)
                     for cid, e in result.failed] or UNSET,
         )
+
+    def _plan(self, spec: ForkSpec, claim: Claim, looked: list[Any] | None) -> tuple[ForkPlan, Snapshot | None]:
+        """A claimed fork's plan (its source step's, from ``looked``, or run now) and the snapshot its
+        children are made from: the claim's (a retried fan-out's, kept by its first attempt) or,
+        for a new fan-out, the plan's, kept before any child exists (a retry after a crash
+        creates the rest from the same one); ``None``: the plan's own."""
+        plan = forks.plan(self.registry, spec, looked)
+        snapshot = claim.snapshot
+        if snapshot is None and len(spec.child_ids) > 1 and plan.snapshot is not None:
+            snapshot = self.outcomes.keep_snapshot(spec.request_id, plan.snapshot)
+        return plan, snapshot
 
     def _children_of(self, request: ForkRequest) -> list[str]:
         """The child ids a new request plans: the caller's, or generated ones."""
@@ -334,7 +342,7 @@ class ForkService:
             return []
 
 
-def _single(request_id: str, result: forks.FanOut) -> Reply:
+def _single(request_id: str, result: FanOut) -> Reply:
     """The reply of a one-child fork request that ``result`` answers: its child, or its error raised."""
     if result.failed:
         raise result.failed[0][1]
