@@ -39,7 +39,7 @@ log = logging.getLogger("sessionfork.worker")
 RQ_MAJOR = int(VERSION.split(".")[0])
 _HEARTBEAT_EVERY = 1.0
 _IDLE_POLL = 1  # seconds an idle worker blocks waiting for a job before it looks at its stop flag
-SCRIPTS = lua.table(lua.Spec("take", ("queue", "held"), ("count",), __package__))
+SCRIPTS = lua.table(lua.Spec("take", ("queue", "held"), ("count", "prefix"), __package__))
 """The seam's own script (``scripts/take.lua`` of this package)."""
 
 
@@ -290,18 +290,12 @@ class SeamWorker(SimpleWorker):
                                             death_penalty_class=self.death_penalty_class)
 
     def take(self, count: int) -> Taken:
-        """Up to ``count`` entries off the one queue's head, moved to its intermediate queue in one
-        atomic script call (``scripts/take.lua``: RQ's dequeue, for many), then their job hashes
-        in one pipelined round trip (an entry that names none: an empty hash, refused later)."""
+        """Up to ``count`` entries off the one queue's head, moved to its intermediate queue with
+        their job hashes in one atomic script call (``scripts/take.lua``): RQ's dequeue, for many."""
         queue = self.queues[0]
-        ids = self._scripts("take", queue=queue.key, held=queue.intermediate_queue_key, count=count)
-        if not ids:
-            return Taken([])
-        prefix = self.job_class.key_for("").encode()
-        pipe = self.connection.pipeline(transaction=False)
-        for raw in ids:
-            pipe.hgetall(prefix + raw)
-        return Taken(list(zip(ids, pipe.execute(), strict=True)))
+        raw = self._scripts("take", queue=queue.key, held=queue.intermediate_queue_key, count=count,
+                            prefix=self.job_class.key_for(""))
+        return Taken([(raw[i], _pairs(raw[i + 1])) for i in range(0, len(raw), 2)])
 
     def _dequeue_front(self, front: bytes) -> Any:
         """RQ's non-blocking dequeue of the one queue (LMOVE to its intermediate queue), pipelined
@@ -631,6 +625,11 @@ class SeamWorker(SimpleWorker):
                             raise
                         log.warning("could not release the maintenance lock of %s; it expires", queue.name)
         self.last_cleaned_at = now()  # type: ignore[assignment]
+
+
+def _pairs(flat: list[Any]) -> dict[bytes, bytes]:
+    """HGETALL's reply as a script returns it (a flat list) as redis-py's mapping."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 # Move a job stranded by a dead worker from RQ's intermediate queue back to its queue's front,
