@@ -99,6 +99,24 @@ print(sorted(m for m, mod in sys.modules.items() if m.startswith("opentelemetry"
     assert out.stdout.splitlines() == ['{"source":"a","requestId":"r1"}', "[]"]
 
 
+def test_with_the_api_but_no_sdk_tracer_provider_the_worker_makes_no_span() -> None:
+    """In a process of its own: first no provider set (the API's proxy), then an SDK one."""
+    code = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from sessionfork.protocol import tracing
+payload = b'{"source":"a","traceparent":"00-TRACE-SPAN-01"}'
+with tracing.request_span(payload, "r1") as span:
+    print(span.traced)
+trace.set_tracer_provider(TracerProvider())
+with tracing.request_span(payload, "r1") as span:
+    print(span.traced)
+""".replace("TRACE", "1" * 32).replace("SPAN", "2" * 16)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60,
+                         env=clean_environ())
+    assert out.stdout.splitlines() == ["False", "True"]
+
+
 def test_a_retried_request_is_one_span_per_run(server: EmbeddedServer, redis: Redis, registry: Registry,
                                                tmp_path: Path) -> None:
     # No replica exists: every run creates (or finds) the child, then WAIT fails and RQ retries;

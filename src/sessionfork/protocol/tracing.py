@@ -8,7 +8,9 @@ code) and, for a fan-out's refused ids, ``sessionfork.failed_ids``; a ``fork/err
 span's status to ERROR, described by its code.
 
 Without the ``opentelemetry`` package nothing is imported (it is looked up once, on first use),
-requests carry no ``traceparent`` and the worker makes no span. The spans go wherever the
+requests carry no ``traceparent`` and the worker makes no span; with its API but no SDK tracer
+provider set in the worker's process (``trace.set_tracer_provider``), the worker makes no span
+either (nothing would record it). The spans go wherever the
 process's OpenTelemetry SDK sends them: sessionfork configures no exporter.
 """
 
@@ -73,6 +75,11 @@ class RequestSpan:
     def __init__(self, span: Any = None, otel: _Otel | None = None) -> None:
         self._span, self._otel = span, otel
 
+    @property
+    def traced(self) -> bool:
+        """Whether this run has a span (OpenTelemetry with an SDK tracer provider)."""
+        return self._span is not None
+
     def finish(self, reply: Outcome) -> None:
         if self._span is None or self._otel is None:
             return
@@ -97,7 +104,9 @@ def request_span(payload: str | bytes, request_id: str) -> Iterator[RequestSpan]
     It continues the request's ``traceparent`` when that is valid; otherwise it starts a trace.
     """
     otel = _otel()
-    if otel is None:
+    if otel is None or isinstance(otel.trace.get_tracer_provider(), otel.trace.ProxyTracerProvider):
+        # No OpenTelemetry, or its API with no SDK's tracer provider set in this process: nothing
+        # would record the span (a batch paid a decode and a span per request for it).
         yield RequestSpan()
         return
     try:
