@@ -57,7 +57,7 @@ def test_a_request_id_claimed_by_an_unfinished_request_is_a_conflict_for_another
     svc = ForkService(registry, outcomes, reply_channel="sf:replies", limits=Limits(max_fanout=16))
     # A first attempt of request A claimed "dup" (planning child "a-child") and died before its outcome.
     first = wire.decode_request('{"source":"src","sessionId":"a-child"}')
-    lua.run(redis, [outcomes.claim_op("dup", first, ["a-child"])])
+    lua.run(redis, [outcomes.claim_op([("dup", first, ["a-child"])])])
 
     reply = svc.handle('{"source":"src","sessionId":"b-child"}', "dup", final_attempt=True)
 

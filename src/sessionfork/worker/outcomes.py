@@ -21,7 +21,7 @@ from ..protocol.outcomes import OUTCOME_NAMES, code_of, short_digest, shown_id
 log = logging.getLogger("sessionfork.outcomes")
 
 SCRIPTS = lua.table(
-    lua.Spec("claim", ("record",), ("digest", "children", "ttl", "identity", "names"), __package__),
+    lua.Spec("claim", ("records*",), ("ttl", "names", "claims*"), __package__),
     lua.Spec("record", ("record", "stream"),
              ("outcome", "channel", "ttl", "maxlen", "digest", "request_id", "code", "run_us", "latency_us", "names",
               "fields*"), __package__),
@@ -107,13 +107,16 @@ class Outcomes:
         self.stream_maxlen = stream_maxlen
         self._scripts = lua.Scripts(redis, SCRIPTS)
 
-    def claim_op(self, request_id: str, request: wire.AnyRequest, children: Sequence[str]) -> lua.Op:
-        """The claim of ``request_id`` for ``request`` (its digest and identity, kept for the
-        any-language enqueue's conflict check), planning ``children`` if new, as an op for
-        ``lua.run``; ``claim_of`` reads its result."""
-        return self._scripts.op("claim", record=keys.request(request_id), digest=short_digest(wire.digest(request)),
-                                children=wire.encode(list(children)), ttl=self.ttl, identity=wire.identity(request),
-                                names=OUTCOME_NAMES)
+    def claim_op(self, claims: Sequence[tuple[str, wire.AnyRequest, Sequence[str]]]) -> lua.Op:
+        """The claims of ``claims`` (each a request id, its request, whose digest and identity are
+        kept for the any-language enqueue's conflict check, and the children it plans if new), in
+        order, as one op for ``lua.run`` (a batch's claims are one script call); its result is
+        each claim's reply, for ``claim_of``."""
+        flat: list[Any] = []
+        for _, request, children in claims:
+            flat += [short_digest(wire.digest(request)), wire.encode(list(children)), wire.identity(request)]
+        return self._scripts.op("claim", records=[keys.request(request_id) for request_id, _, _ in claims],
+                                ttl=self.ttl, names=OUTCOME_NAMES, claims=flat)
 
     @staticmethod
     def claim_of(reply: list[Any], request_id: str) -> Claim:

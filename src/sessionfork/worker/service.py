@@ -161,15 +161,15 @@ class ForkService:
         trip = Trip(self.outcomes.redis)
         if start is not None and not start.sent and start.redis is trip.redis:
             trip.add(start)
-        claims = trip.ops([self.outcomes.claim_op(item.spec.request_id, item.request, item.spec.child_ids)
-                           for item in batch])
+        claims = trip.ops([self.outcomes.claim_op([(item.spec.request_id, item.request, item.spec.child_ids)
+                                                   for item in batch])])
         # Source steps only read: a batch of forks of one source reads it once (``Trip.reads``).
         looks = [None if look is None else trip.reads(look)
                  for look in (self._source_ops(item.spec, trip) for item in batch)]
         groups = trip.run()
         pending: list[Pending | None] = []  # None: a fork whose children ``forks.create_many`` makes
         planned: list[tuple[ForkSpec, ForkPlan, Snapshot | None]] = []
-        for item, raw, look in zip(batch, groups[claims], looks, strict=True):
+        for item, raw, look in zip(batch, groups[claims][0], looks, strict=True):
             request_id = item.spec.request_id
             claim = self.outcomes.claim_of(raw, request_id)
             if claim.outcome is not None:
@@ -282,11 +282,11 @@ class ForkService:
         if start is not None and not start.sent and start.redis is trip.redis:
             trip.add(start)
         fork = spec if isinstance(spec, ForkSpec) else None
-        trip.ops([self.outcomes.claim_op(spec.request_id, request, () if fork is None else fork.child_ids)])
+        trip.ops([self.outcomes.claim_op([(spec.request_id, request, () if fork is None else fork.child_ids)])])
         look = None if fork is None else self._source_ops(fork, trip)
         if look is not None:
             trip.ops(look)
-        (raw,), *looked = trip.run()
+        ((raw,),), *looked = trip.run()
         claim = self.outcomes.claim_of(raw, spec.request_id)
         if fork is None:
             return claim, spec, None
