@@ -22,9 +22,7 @@ log = logging.getLogger("sessionfork.outcomes")
 
 SCRIPTS = lua.table(
     lua.Spec("claim", ("records*",), ("ttl", "names", "claims*"), __package__),
-    lua.Spec("record", ("record", "stream"),
-             ("outcome", "channel", "ttl", "maxlen", "digest", "request_id", "code", "run_us", "latency_us", "names",
-              "fields*"), __package__),
+    lua.Spec("record", ("stream", "records*"), ("ttl", "maxlen", "names", "outcomes*"), __package__),
 )
 """The worker's scripts (``scripts/claim.lua``, ``scripts/record.lua`` of this package), by name."""
 _ids = msgspec.json.Decoder(list[str])
@@ -157,19 +155,20 @@ class Outcomes:
         on a request's ``replyTo``) is logged as one warning line: the outcome is stored and
         streamed, not published, and its waiter reads it from the store.
         """
-        named = self._record_args(reply, channel, digest, duration_us, latency_us, key)
+        call = self._record_op([self._record_item(reply, channel, digest, duration_us, latency_us, key)])
         if then is not None and then.redis is self.redis:
-            return self._stored(reply, channel, self._record_then(reply, named, then))
-        return self._stored(reply, channel, self._scripts("record", **named))
+            return self._stored(reply, channel, self._record_then(reply, call, then))
+        ((recorded,),) = lua.run(self.redis, [call])
+        return self._stored(reply, channel, recorded)
 
     def record_many(self, batch: Sequence[Pending], then: ThenMany | None = None) -> list[Outcome]:
         """``record`` for each of ``batch`` that is to be stored, then ``then``'s commands (with every
         reply of ``batch``), in one transaction when ``then`` goes on this very client (else
         ``then`` is not sent: its owner sends it). Returns each request's outcome, in order: its
         reply, or the outcome stored first; the reply of one not stored, as it is."""
-        calls = [self._scripts.op("record", **self._record_args(item.reply, item.channel, "", item.duration_us,
-                                                                 item.latency_us, None))
+        items = [self._record_item(item.reply, item.channel, "", item.duration_us, item.latency_us, None)
                  for item in batch if item.store]
+        calls = [self._record_op(items)] if items else []  # every record of the batch: one script call
         if then is not None and then.redis is not self.redis:
             then = None
         if not calls and then is None:
@@ -189,12 +188,11 @@ class Outcomes:
                 then.failed()
             raise
         head = 1 if calls else 0  # SCRIPT LOAD's reply
-        recorded = out[head:head + len(calls)]
-        for reply in recorded:
-            if isinstance(reply, Exception):
-                if then is not None:
-                    then.failed()
-                raise reply
+        recorded = out[head] if calls else []
+        if isinstance(recorded, Exception):
+            if then is not None:
+                then.failed()
+            raise recorded
         if then is not None:
             then.done(out[head + len(calls):])
         stored = iter(recorded)
@@ -213,22 +211,26 @@ class Outcomes:
                         channel, wire.text(rest[0]))
         return reply
 
-    def _record_args(self, reply: Outcome, channel: str, digest: str, duration_us: int, latency_us: int,
-                     key: str | bytes | None) -> dict[str, Any]:
-        """``record.lua``'s named arguments for ``reply`` (see ``record``)."""
+    def _record_item(self, reply: Outcome, channel: str, digest: str, duration_us: int, latency_us: int,
+                     key: str | bytes | None) -> tuple[str | bytes, list[Any]]:
+        """``reply``'s request record and its arguments of ``record.lua`` (see ``record``)."""
         # The compact layout only under the reply's own request id (its key): rebuilt from the key.
         fields = records.outcome_fields(reply, compact=self.compact and key is None)
-        return dict(record=keys.request(reply.request_id) if key is None else key, stream=keys.OUTCOME_STREAM,
-                    outcome=wire.encode(reply), channel=channel, ttl=self.ttl, maxlen=self.stream_maxlen,
-                    digest=short_digest(digest), request_id=reply.request_id, code=code_of(reply),
-                    run_us=duration_us, latency_us=latency_us, names=OUTCOME_NAMES, fields=records.flat(fields))
+        own = [wire.encode(reply), channel, short_digest(digest), reply.request_id, code_of(reply), duration_us,
+               latency_us, *records.flat(fields)]
+        return keys.request(reply.request_id) if key is None else key, [len(own), *own]
 
-    def _record_then(self, reply: Outcome, named: dict[str, Any], then: Then) -> Any:
+    def _record_op(self, items: Sequence[tuple[str | bytes, list[Any]]]) -> lua.Call:
+        """One ``record.lua`` call recording ``items`` (``_record_item``'s), in order."""
+        return self._scripts.op("record", stream=keys.OUTCOME_STREAM, records=[key for key, _ in items],
+                                ttl=self.ttl, maxlen=self.stream_maxlen, names=OUTCOME_NAMES,
+                                outcomes=[arg for _, args in items for arg in args])
+
+    def _record_then(self, reply: Outcome, call: lua.Call, then: Then) -> Any:
         """The record script, then ``then``'s commands, in one transaction (``lua.run_loaded``: all
         or nothing, and never ``then``'s without the record on a server that lost its scripts)."""
         try:
-            recorded, replies = lua.run_loaded(self.redis, self._scripts.op("record", **named),
-                                               lambda pipe: then.add(pipe, reply))
+            recorded, replies = lua.run_loaded(self.redis, call, lambda pipe: then.add(pipe, reply))
         except BaseException:
             then.failed()
             raise
@@ -236,7 +238,7 @@ class Outcomes:
             then.failed()
             raise recorded
         then.done(replies)
-        return recorded
+        return recorded[0]
 
     def refuse(self, request_id: str | bytes, reason: str, channel: str) -> Outcome:
         """Record ``INVALID_REQUEST`` for a job or queue entry that is not a fork request.
