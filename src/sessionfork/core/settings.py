@@ -114,8 +114,8 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     batch: int = 32
     """Most queued requests a worker takes in one round trip when more than one waits
     (``SESSIONFORK_BATCH``; 1 = one at a time, RQ's own dequeue). A batch's plain one-child forks
-    run together: one round trip for all their claims, one per child, one transaction for all their
-    records, RQ's bookkeeping of them in two script calls
+    run together: one round trip for RQ's start of them all and all their claims, one for all their
+    children, one transaction for all their records and RQ's finish
     (docs/performance.md#batches). A lone request never waits for a batch to fill."""
 
 

@@ -698,4 +698,9 @@ def identity(request: AnyRequest) -> bytes:
 
 def digest(request: AnyRequest) -> str:
     """The sha256 of ``identity(request)``: equal digests, same request."""
-    return hashlib.sha256(identity(request)).hexdigest()
+    return digest_of(identity(request))
+
+
+def digest_of(identity: bytes) -> str:
+    """``digest`` of a request whose ``identity`` is this (computed once, where both are kept)."""
+    return hashlib.sha256(identity).hexdigest()

@@ -87,7 +87,7 @@ class ForkWorker(SeamWorker):
 
     def run_batch(self, jobs: list[Job], queue: Queue) -> None:
         """Run the jobs one ``take`` moved: the valid plain forks of one child together
-        (``ForkService.handle_many``: one round trip for every claim, one per child step, one
+        (``ForkService.handle_many``: one round trip for every claim, one for every child step, one
         transaction for every record; RQ's start bookkeeping of them all in the first, its success
         bookkeeping in the records' transaction), then every
         other job on its own (``run_job``: a fan-out, a merge, a select, a job or request refused),

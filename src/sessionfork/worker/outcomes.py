@@ -112,7 +112,8 @@ class Outcomes:
         each claim's reply, for ``claim_of``."""
         flat: list[Any] = []
         for _, request, children in claims:
-            flat += [short_digest(wire.digest(request)), wire.encode(list(children)), wire.identity(request)]
+            identity = wire.identity(request)
+            flat += [short_digest(wire.digest_of(identity)), wire.encode(list(children)), identity]
         return self._scripts.op("claim", records=[keys.request(request_id) for request_id, _, _ in claims],
                                 ttl=self.ttl, names=OUTCOME_NAMES, claims=flat)
 

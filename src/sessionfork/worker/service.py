@@ -5,7 +5,8 @@
    (``forks.check``: the event size limit is the registry's);
 2. one ``Trip``: the worker's RQ start bookkeeping, the claim of the request id and, on a shared
    single server, the core's source step (``forks.source_ops``, read by ``forks.plan``);
-3. create the children (``forks.create``; a fan-out first keeps its snapshot for retries);
+3. create the children (``forks.create``; a fan-out first keeps its snapshot for retries; a
+   batch's, every request's, in one round trip: ``forks.create_many``);
 4. record, stream and publish the outcome (``outcomes``: the one module that writes outcomes),
    with the worker's RQ success bookkeeping in the same transaction.
 
@@ -142,9 +143,10 @@ class ForkService:
     def handle_many(self, batch: Sequence[Prepared], *, start: Start | None = None,
                     finish: ThenMany | None = None) -> list[Outcome]:
         """Run a batch of prepared requests to their outcomes (each the first one, on a replay): the
-        claims and source steps in one round trip (with ``start``, the worker's RQ start
-        bookkeeping of the batch, at the head), each request's child step (one round trip each),
-        then the records and announcements in one transaction (with ``finish``, its RQ success
+        claims (one script call) and source steps (one per source) in one round trip (with
+        ``start``, the worker's RQ start bookkeeping of the batch, at the head), every request's
+        child step in one round trip (``forks.create_many``), then the records and announcements
+        (one script call) in one transaction (with ``finish``, its RQ success
         bookkeeping, once ``start`` was sent). Each request's guarantees are ``handle``'s; an
         unexpected exception is raised for the caller to run the requests on their own
         (``handle``: each records ``INTERNAL`` on its last attempt)."""

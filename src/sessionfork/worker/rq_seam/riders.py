@@ -1,9 +1,8 @@
 """A worker's RQ bookkeeping of one job as riders of the request's own round trips (no RQ import:
 the commands are ``SeamWorker.start`` and ``SeamWorker.finish``'s, added to the pipelines that
 ``worker.trip.Trip`` and ``worker.outcomes.Outcomes.record`` send), and of a batch of jobs as one
-transaction each (``JobsStart``, ``JobsFinish``): the batch's commands (the ``ledger``'s, RQ's own
-methods' for the worker's state) added to the round trips the batch makes anyway, each registry
-the jobs share written once."""
+script call each (``JobsStart``, ``JobsFinish``: the ``ledger``'s), with RQ's own methods' commands
+for the worker's state, added to the round trips the batch makes anyway."""
 
 from __future__ import annotations
 
@@ -75,9 +74,9 @@ class JobFinish:
 
 
 class JobsStart:
-    """A worker's start bookkeeping of a batch of ``jobs`` as a ``trip.Part``: one transaction
-    (``MULTI`` … ``EXEC``) at the head of the batch's claims, on the worker's own connection
-    (``redis``): all of it runs, or none (a worker killed while sending it)."""
+    """A worker's start bookkeeping of a batch of ``jobs`` as a ``trip.Part``: one script call
+    (``ledger``: atomic) and the worker's own state, at the head of the batch's claims, on the
+    worker's own connection (``redis``)."""
 
     def __init__(self, worker: SeamWorker, jobs: Sequence[Any], queue: Any) -> None:
         self.worker, self.jobs, self.queue = worker, jobs, queue
@@ -86,17 +85,10 @@ class JobsStart:
         self.executions: list[Any] = []  # RQ's execution of each job, in job order
 
     def add(self, pipe: Any) -> None:
-        """Add the transaction to ``pipe``, a pipeline without one of its own."""
-        pipe.execute_command("MULTI")
         self.executions = self.worker.start_many(self.jobs, self.queue, pipe)
-        pipe.execute_command("EXEC")
 
     def done(self, replies: list[Any]) -> None:
-        _check(replies[:-1])  # MULTI's and each command's QUEUED (or an error: the EXEC then aborts)
-        ran = replies[-1]
-        if isinstance(ran, Exception):
-            raise ran
-        _check(list(ran))
+        _check(replies)
         self.sent = True
 
     def ensure(self) -> None:

@@ -32,6 +32,7 @@ from ...core import lua
 from ...core.connections import stop_retrying
 from ...core.outages import is_outage
 from .entries import DequeuedJob, EntryRefused, Taken, entry_of, is_text
+from .ledger import SCRIPTS as LEDGER_SCRIPTS
 from .ledger import Ledger
 
 T = TypeVar("T")
@@ -380,9 +381,8 @@ class SeamWorker(SimpleWorker):
         current job, as after starting each in turn); each job's execution, in job order
         (``finish_many`` takes them back; a job twice in a batch, an entry queued twice, has two,
         each cleaned up by its own finish)."""
-        commands, executions = self._ledger(queue).start(jobs, self.get_heartbeat_ttl(jobs[0]))
-        for command in commands:
-            pipe.execute_command(*command)
+        call, executions = self._ledger(queue).start(jobs, self.get_heartbeat_ttl(jobs[0]))
+        _add_loaded(pipe, call)
         self._busy(jobs[-1], pipe)  # after the executions, as RQ's prepare_execution: its heartbeat sets their TTL
         return executions
 
@@ -431,9 +431,8 @@ class SeamWorker(SimpleWorker):
         ttls = [self._result_ttl(job) for job in jobs]
         kept = [i for i, ttl in enumerate(ttls) if isinstance(ttl, int) and ttl > 0 and ttl == ttls[0]]
         if kept:
-            for command in self._ledger(queue).finish([jobs[i] for i in kept], [results[i] for i in kept],
-                                                      [executions[i] for i in kept], ttls[kept[0]]):
-                pipe.execute_command(*command)
+            _add_loaded(pipe, self._ledger(queue).finish([jobs[i] for i in kept], [results[i] for i in kept],
+                                                         [executions[i] for i in kept], ttls[kept[0]]))
         for i in sorted(set(range(len(jobs))) - set(kept)):
             self._finish_job(jobs[i], results[i], pipe, executions[i])
         self._idle(pipe)
@@ -447,7 +446,7 @@ class SeamWorker(SimpleWorker):
             ledger = self._ledgers[queue.name] = Ledger(
                 worker_name=self.name, worker_key=self.key, started=queue.started_job_registry.key,
                 finished=queue.finished_job_registry.key, held=queue.intermediate_queue_key,
-                serializer=self.serializer, rq_major=RQ_MAJOR)
+                serializer=self.serializer, rq_major=RQ_MAJOR, scripts=self._ledger_scripts)
         return ledger
 
     def _finish_job(self, job: Job, result: Any, pipe: Any, execution: Execution) -> float:
@@ -605,6 +604,10 @@ class SeamWorker(SimpleWorker):
         return lua.Scripts(self.connection, SCRIPTS)
 
     @functools.cached_property
+    def _ledger_scripts(self) -> lua.Scripts:
+        return lua.Scripts(self.connection, LEDGER_SCRIPTS)
+
+    @functools.cached_property
     def _requeue(self) -> Any:
         return self.connection.register_script(_REQUEUE)
 
@@ -625,6 +628,13 @@ class SeamWorker(SimpleWorker):
                             raise
                         log.warning("could not release the maintenance lock of %s; it expires", queue.name)
         self.last_cleaned_at = now()  # type: ignore[assignment]
+
+
+def _add_loaded(pipe: Any, call: lua.Call) -> None:
+    """``call`` added to ``pipe`` after its script's ``SCRIPT LOAD``: it never meets NOSCRIPT (a
+    server that lost its scripts), in a transaction or not (two replies: the digest, the call's)."""
+    pipe.script_load(call[0].script)
+    lua.add(pipe, [call])
 
 
 def _pairs(flat: list[Any]) -> dict[bytes, bytes]:
