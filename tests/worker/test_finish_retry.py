@@ -121,7 +121,7 @@ def test_the_finish_runs_in_the_records_transaction_right_after_the_record(serve
     (streamed,) = [i for i, c in enumerate(seen) if c.client == "lua" and c.writes({keys.OUTCOME_STREAM})]
     transaction = transaction_of(seen, streamed)  # the record's script appends to the outcome stream
     assert transaction is not None, "the record ran outside any transaction"
-    assert transaction[0].name == "EVAL" and transaction[0].args[3] == keys.request(request_id), transaction[0]
+    assert transaction[0].name == "EVAL" and transaction[0].args[4] == keys.request(request_id), transaction[0]
     assert {c.name for c in transaction if finishing(c)} == {"HSET", "ZADD"}
     assert [c for c in seen if finishing(c)] == [c for c in transaction if finishing(c)]  # nowhere else
 
