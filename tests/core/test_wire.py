@@ -160,7 +160,7 @@ def test_any_json_event_round_trips_through_storage(
 
 
 def test_the_request_identity_is_defined_once_and_both_sides_use_it() -> None:
-    """``wire.identity`` (and ``wire.digest``, its sha256) is the one Python definition of what makes
+    """``wire.identity`` (and ``wire.digest``, its sha256: ``digest_of``) is the one Python definition of what makes
     two requests "the same": no other module defines or reads the identity fields, and the clients
     and the worker call it (the enqueue script's copy is pinned by test_enqueue_script.py)."""
     src = Path(wire.__file__).resolve().parents[1]
@@ -172,7 +172,8 @@ def test_the_request_identity_is_defined_once_and_both_sides_use_it() -> None:
     for side in ("clients/client.py", "clients/aio.py"):
         assert "wire.digest(request)" in texts[side], side
     worker = "".join(text for name, text in texts.items() if name.startswith("worker/"))
-    assert "wire.digest(request)" in worker and "wire.identity(request)" in worker
+    # The worker keeps both: the identity once, its digest from it.
+    assert "wire.identity(request)" in worker and "wire.digest_of(identity)" in worker
 
 
 def test_a_single_forks_result_reads_its_child_typed_and_encodes_as_before() -> None:
