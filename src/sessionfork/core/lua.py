@@ -74,8 +74,8 @@ class Spec:
         checked and ``shared``'s values placed once, then each item's values put in their places
         (the children of a fan-out differ in a few of the create script's names). An item naming
         other names than the first, or a ``None`` (a left-out name), is built on its own."""
-        if not each:
-            return []
+        if len(each) < 2:  # one item: its own build is the cheaper (no template to build and copy)
+            return [self.build({**shared, **item}) for item in each]
         varying = each[0].keys()
         star = next((bare for bare, _, many in self._plan[1] if many and bare in varying), None)
         keys_t, args_t = self.build({**shared, **{n: None if n == star else _Slot(n) for n in varying}})
