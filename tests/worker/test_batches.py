@@ -288,7 +288,7 @@ def test_a_batchs_start_and_finish_write_what_rqs_own_methods_write_for_each_job
     for side in ("alone", "batch"):
         client = Client(redis, Settings(queue=f"q-{side}"))
         ids = _submit(client, 3, side)
-        redis.hset(f"rq:job:{ids[1]}", "result_ttl", -1)  # kept for ever: RQ's own methods write it, in a batch too
+        redis.hset(f"rq:job:{ids[0]}", "result_ttl", -1)  # kept for ever: RQ's own methods write it, in a batch too
         worker = _worker(redis, registry, 8, f"q-{side}")
         queue = worker.queues[0]
         taken = worker.take(8)
@@ -319,4 +319,4 @@ def test_a_batchs_start_and_finish_write_what_rqs_own_methods_write_for_each_job
     after = _rq_state(redis, "batch", batch.name)
     assert after == _rq_state(redis, "alone", alone.name), _differing(after, _rq_state(redis, "alone", alone.name))
     assert any(key.startswith("rq:results:") for key in after) and "rq:finished:q-<side>" in after
-    assert redis.ttl("rq:job:batch-1") == -1 and redis.ttl("rq:job:batch-0") > 0
+    assert redis.ttl("rq:job:batch-0") == -1 and redis.ttl("rq:job:batch-1") > 0

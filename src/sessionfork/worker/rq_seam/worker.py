@@ -429,10 +429,11 @@ class SeamWorker(SimpleWorker):
         # The ledger writes the jobs whose result TTL is positive (a fork job's, always); RQ's own
         # methods any other (see ``ledger``).
         ttls = [self._result_ttl(job) for job in jobs]
-        kept = [i for i, ttl in enumerate(ttls) if isinstance(ttl, int) and ttl > 0 and ttl == ttls[0]]
-        if kept:
+        kept_for = next((ttl for ttl in ttls if isinstance(ttl, int) and ttl > 0), None)  # one TTL per call
+        kept = [i for i, ttl in enumerate(ttls) if kept_for is not None and ttl == kept_for]
+        if kept_for is not None:
             _add_loaded(pipe, self._ledger(queue).finish([jobs[i] for i in kept], [results[i] for i in kept],
-                                                         [executions[i] for i in kept], ttls[kept[0]]))
+                                                         [executions[i] for i in kept], kept_for))
         for i in sorted(set(range(len(jobs))) - set(kept)):
             self._finish_job(jobs[i], results[i], pipe, executions[i])
         self._idle(pipe)
