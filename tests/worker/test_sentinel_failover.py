@@ -18,7 +18,9 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -48,12 +50,13 @@ from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkRequest, ForkResult, Reply
 from sessionfork.embedded import EmbeddedSentinel
 from sessionfork.embedded.server import free_port
+from sessionfork.protocol import enqueue, requests
 
 pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
 
 TIMEOUT = 60.0
 AFTER = 30  # requests submitted after the promotion
-BURST = 40  # requests submitted just before the kill
+BURST = 200  # requests queued just before the kill
 
 
 class Submitter(threading.Thread):
@@ -185,10 +188,18 @@ def test_workers_and_clients_follow_a_sentinel_promotion_with_exactly_one_outcom
             direct = setup.primary.client()
             wait_until(lambda: direct.pubsub_numsub(SETTINGS.reply_channel)[0][1] >= 1, TIMEOUT,
                        "the waiter to listen")
-            # Where the kill lands: a burst just queued, so requests are queued or running on the
-            # primary that dies.
+            # Where the kill lands: a burst just queued (in one pipeline: batched workers answer
+            # requests submitted one by one as fast as they come), so requests are queued or
+            # running, in batches, on the primary that dies.
+            direct.script_load(enqueue.SOURCE)
+            pipe = direct.pipeline(transaction=False)
             for _ in range(BURST):
-                submitter.ids[waiter_client.submit(waiter_client.request("src"))] = "before"
+                request, payload = requests.prepare(waiter_client.request("src"), lambda: uuid.uuid4().hex)
+                assert isinstance(request.request_id, str)
+                call_keys, args = enqueue.job_call(request.request_id, payload, SETTINGS, datetime.now(UTC))
+                pipe.evalsha(enqueue.SHA, len(call_keys), *call_keys, *args)
+                submitter.ids[request.request_id] = "before"
+            assert pipe.execute() == [1] * BURST
             outstanding = missing(direct, submitter.in_phase("before"))
             direct.close()
             setup.primary.kill()
