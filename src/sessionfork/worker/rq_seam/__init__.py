@@ -69,9 +69,11 @@ RQ names used here, and why:
   values from ``rq.utils.now``, ``current_timestamp`` and ``utcformat``, ``JobStatus``,
   ``Result.Type`` and the worker's ``serializer``; the job's ``worker_name``, ``last_heartbeat``,
   ``started_at``, ``ended_at`` and ``_status`` set as RQ sets them), each registry the jobs share
-  written once per batch; the worker's own state by RQ's methods, once per batch. The start is
-  one ``MULTI`` … ``EXEC`` at the head of the batch's first round trip (``riders.JobsStart``), the
-  success rides the records' transaction (``riders.JobsFinish``). RQ 3 and RQ 2.12
+  written once per batch, by two scripts (``scripts/started.lua``, ``scripts/finished.lua``: a
+  few words per job); the worker's own state by RQ's methods, once per batch. The start's call
+  rides the head of the batch's first round trip (``riders.JobsStart``), the success's the
+  records' transaction (``riders.JobsFinish``), each after its script's ``SCRIPT LOAD`` (never a
+  NOSCRIPT). RQ 3 and RQ 2.12
   each have their layout (``tests/worker/test_batches.py`` compares every key, field, score and
   time to live with what RQ's own methods write).
 * the dequeue (``dequeue_job_and_maintain_ttl``): RQ's own ``Queue.dequeue_any``, after one
