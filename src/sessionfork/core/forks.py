@@ -211,7 +211,7 @@ def create_many(registry: Registry,
                                                                                              start.todo)))
         except errors.ForkError as exc:
             starts.append(exc)
-    steps = [step for s in starts if not isinstance(s, errors.ForkError) for step in s[1:] if step is not None]
+    steps = [s[1] for s in starts if not isinstance(s, errors.ForkError) and s[1] is not None]
     replies = iter(registry.forks.run_children(steps) if steps else ())
     out: list[FanOut | errors.ForkError] = []
     for begun in starts:

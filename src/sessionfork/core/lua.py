@@ -302,15 +302,21 @@ def settle(redis: Any, ops: Sequence[Op], replies: Sequence[Any], *,
     return results
 
 
-def run_loaded(redis: Any, call: Call, then: Callable[[Any], None]) -> tuple[Any, list[Any]]:
-    """``call``, then the commands ``then`` adds to the pipeline, in one transaction (MULTI/EXEC)
-    on one server: the call's result (an error reply as its exception) and the replies of
-    ``then``'s commands. The call is an EVAL of the script's text, not an EVALSHA: on a server that
-    lost its scripts (restarted, flushed) a NOSCRIPT would fail the call alone, and EXEC would
-    still run ``then``'s commands, without it (one command, where SCRIPT LOAD + EVALSHA took two)."""
+def add_loaded(pipe: Any, call: Call) -> None:
+    """Put ``call`` in ``pipe`` as an EVAL of the script's text, not an EVALSHA: it never meets
+    NOSCRIPT (a server that lost its scripts: restarted, flushed). In a transaction a NOSCRIPT
+    would fail the call alone, and EXEC would still run the commands around it; in a pipeline
+    those commands would run too (one command, where SCRIPT LOAD + EVALSHA take two)."""
     script, call_keys, args = call
-    pipe = redis.pipeline(transaction=True)
     pipe.eval(script.script, len(call_keys), *call_keys, *args)
+
+
+def run_loaded(redis: Any, call: Call, then: Callable[[Any], None]) -> tuple[Any, list[Any]]:
+    """``call`` (``add_loaded``), then the commands ``then`` adds to the pipeline, in one
+    transaction (MULTI/EXEC) on one server: the call's result (an error reply as its exception)
+    and the replies of ``then``'s commands."""
+    pipe = redis.pipeline(transaction=True)
+    add_loaded(pipe, call)
     then(pipe)
     result, *replies = pipe.execute(raise_on_error=False)
     return result, replies

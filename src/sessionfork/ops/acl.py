@@ -33,7 +33,8 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
     * RQ bookkeeping on ``rq:*``: job hashes, queue and intermediate queue (``BLMOVE``/``LMOVE``,
       ``LREM``), started/finished/failed registries (sorted sets), executions, results (streams),
       the worker's hash and sets, retries and abandoned jobs (``RPUSH``), transactions
-      (``MULTI``/``EXEC``/``WATCH``; ``EVAL`` of the record script in the finish's transaction),
+      (``MULTI``/``EXEC``/``WATCH``; ``EVAL`` of the record script in the finish's transaction, and
+      of a batch's bookkeeping scripts),
       ``SUBSCRIBE rq:pubsub:<worker>`` (RQ's command channel),
       ``CLIENT SETNAME``, ``CLIENT INFO`` (RQ 3 reads its own address there), ``INFO``.
       ``sessionfork health`` (which reads the worker registry) runs as this user too.
@@ -110,7 +111,7 @@ _SCHEDULER_COMMANDS = (
 )
 _WORKER_COMMANDS = (
     *_CONNECTION, *_SCRIPTS, *_TRANSACTIONS, "watch", "unwatch", "info", "client|setname", "client|info",
-    "eval",  # the record script in the finish's transaction (lua.run_loaded)
+    "eval",  # the record scripts and a batch's RQ bookkeeping, their text (lua.add_loaded: never NOSCRIPT)
     "subscribe", "unsubscribe", "publish",
     "del", "exists", "expire", "get", "set",  # get/set: RQ's intermediate-queue "first seen" marks
     "hget", "hmget", "hgetall", "hexists", "hset", "hsetnx", "hdel", "hincrby", "hincrbyfloat",

@@ -169,17 +169,13 @@ class Outcomes:
         reply, or the outcome stored first; the reply of one not stored, as it is."""
         items = [self._record_item(item.reply, item.channel, "", item.duration_us, item.latency_us, None)
                  for item in batch if item.store]
-        calls = [self._record_op(items)] if items else []  # every record of the batch: one script call
         if then is not None and then.redis is not self.redis:
             then = None
-        if not calls and then is None:
+        if not items and then is None:
             return [item.reply for item in batch]
         pipe = self.redis.pipeline(transaction=True)
-        if calls:
-            # Loaded in the transaction itself: EVALSHA then never meets NOSCRIPT (a server that
-            # lost its scripts would run the rest of the transaction without the record).
-            pipe.script_load(calls[0][0].script)
-        lua.add(pipe, calls)
+        if items:  # every record of the batch: one script call, never without its record (NOSCRIPT)
+            lua.add_loaded(pipe, self._record_op(items))
         if then is not None:
             then.add(pipe, [item.reply for item in batch])
         try:
@@ -188,14 +184,13 @@ class Outcomes:
             if then is not None:
                 then.failed()
             raise
-        head = 1 if calls else 0  # SCRIPT LOAD's reply
-        recorded = out[head] if calls else []
+        recorded, rest = (out[0], out[1:]) if items else ([], out)
         if isinstance(recorded, Exception):
             if then is not None:
                 then.failed()
             raise recorded
         if then is not None:
-            then.done(out[head + len(calls):])
+            then.done(rest)
         stored = iter(recorded)
         return [self._stored(item.reply, item.channel, next(stored)) if item.store else item.reply
                 for item in batch]

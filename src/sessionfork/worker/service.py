@@ -160,9 +160,7 @@ class ForkService:
     def _handle_many(self, batch: Sequence[Prepared], start: Start | None,
                      finish: ThenMany | None) -> list[Outcome]:
         started = self._monotonic()
-        trip = Trip(self.outcomes.redis)
-        if start is not None and not start.sent and start.redis is trip.redis:
-            trip.add(start)
+        trip = self._trip(start)
         claims = trip.ops([self.outcomes.claim_op([(item.spec.request_id, item.request, item.spec.child_ids)
                                                    for item in batch])])
         # Source steps only read: a batch of forks of one source reads it once (``Trip.reads``).
@@ -187,11 +185,8 @@ class ForkService:
         made = iter(forks.create_many(self.registry, planned))
         for i, (item, done) in enumerate(zip(batch, pending, strict=True)):
             if done is None:
-                result = next(made)
                 try:
-                    if isinstance(result, ForkError):
-                        raise result
-                    reply: Outcome = _single(item.spec.request_id, result)
+                    reply: Outcome = _single(item.spec.request_id, next(made))
                 except ForkError as exc:
                     reply = wire.failure("fork", item.spec.request_id, exc.code.value, exc.message)
                 pending[i] = Pending(reply, item.channel, int((self._monotonic() - started) * 1e6),
@@ -280,9 +275,7 @@ class ForkService:
         retry) and the source step's replies, dropped (``None``) when the request is not new: its
         children were planned by an earlier attempt, and the step runs again for them. A merge or
         select plans nothing: its retry is recognised by the parent's merges index."""
-        trip = Trip(self.outcomes.redis)
-        if start is not None and not start.sent and start.redis is trip.redis:
-            trip.add(start)
+        trip = self._trip(start)
         fork = spec if isinstance(spec, ForkSpec) else None
         trip.ops([self.outcomes.claim_op([(spec.request_id, request, () if fork is None else fork.child_ids)])])
         look = None if fork is None else self._source_ops(fork, trip)
@@ -295,6 +288,14 @@ class ForkService:
         if claim.state != "NEW":
             return claim, fork.with_children(claim.children), None
         return claim, fork, looked[0] if looked else None
+
+    def _trip(self, start: Start | None) -> Trip:
+        """A round trip on the queue server, with ``start`` at its head when it goes there and was
+        not sent yet."""
+        trip = Trip(self.outcomes.redis)
+        if start is not None and not start.sent and start.redis is trip.redis:
+            trip.add(start)
+        return trip
 
     def _source_ops(self, spec: ForkSpec, trip: Trip) -> list[Any] | None:
         """The core's source step of ``spec`` to ride ``trip`` (``forks.source_ops``), or ``None``."""
@@ -344,8 +345,10 @@ class ForkService:
             return []
 
 
-def _single(request_id: str, result: FanOut) -> Reply:
+def _single(request_id: str, result: FanOut | ForkError) -> Reply:
     """The reply of a one-child fork request that ``result`` answers: its child, or its error raised."""
+    if isinstance(result, ForkError):
+        raise result
     if result.failed:
         raise result.failed[0][1]
     return ForkResult(request_id=request_id, session=result.created[0])

@@ -72,8 +72,8 @@ RQ names used here, and why:
   written once per batch, by two scripts (``scripts/started.lua``, ``scripts/finished.lua``: a
   few words per job); the worker's own state by RQ's methods, once per batch. The start's call
   rides the head of the batch's first round trip (``riders.JobsStart``), the success's the
-  records' transaction (``riders.JobsFinish``), each after its script's ``SCRIPT LOAD`` (never a
-  NOSCRIPT). RQ 3 and RQ 2.12
+  records' transaction (``riders.JobsFinish``), each an ``EVAL`` of the script's text (never a
+  NOSCRIPT: ``lua.add_loaded``). RQ 3 and RQ 2.12
   each have their layout (``tests/worker/test_batches.py`` compares every key, field, score and
   time to live with what RQ's own methods write).
 * the dequeue (``dequeue_job_and_maintain_ttl``): RQ's own ``Queue.dequeue_any``, after one

@@ -34,9 +34,7 @@ class JobStart:
         self.worker.start(self.job, self.queue, pipe)
 
     def done(self, replies: list[Any]) -> None:
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
+        _check(replies)
         self.sent = True
 
     def ensure(self) -> None:

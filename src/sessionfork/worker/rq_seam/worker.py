@@ -382,7 +382,7 @@ class SeamWorker(SimpleWorker):
         (``finish_many`` takes them back; a job twice in a batch, an entry queued twice, has two,
         each cleaned up by its own finish)."""
         call, executions = self._ledger(queue).start(jobs, self.get_heartbeat_ttl(jobs[0]))
-        _add_loaded(pipe, call)
+        lua.add_loaded(pipe, call)
         self._busy(jobs[-1], pipe)  # after the executions, as RQ's prepare_execution: its heartbeat sets their TTL
         return executions
 
@@ -432,8 +432,8 @@ class SeamWorker(SimpleWorker):
         kept_for = next((ttl for ttl in ttls if isinstance(ttl, int) and ttl > 0), None)  # one TTL per call
         kept = [i for i, ttl in enumerate(ttls) if kept_for is not None and ttl == kept_for]
         if kept_for is not None:
-            _add_loaded(pipe, self._ledger(queue).finish([jobs[i] for i in kept], [results[i] for i in kept],
-                                                         [executions[i] for i in kept], kept_for))
+            lua.add_loaded(pipe, self._ledger(queue).finish([jobs[i] for i in kept], [results[i] for i in kept],
+                                                            [executions[i] for i in kept], kept_for))
         for i in sorted(set(range(len(jobs))) - set(kept)):
             self._finish_job(jobs[i], results[i], pipe, executions[i])
         self._idle(pipe)
@@ -629,13 +629,6 @@ class SeamWorker(SimpleWorker):
                             raise
                         log.warning("could not release the maintenance lock of %s; it expires", queue.name)
         self.last_cleaned_at = now()  # type: ignore[assignment]
-
-
-def _add_loaded(pipe: Any, call: lua.Call) -> None:
-    """``call`` added to ``pipe`` after its script's ``SCRIPT LOAD``: it never meets NOSCRIPT (a
-    server that lost its scripts), in a transaction or not (two replies: the digest, the call's)."""
-    pipe.script_load(call[0].script)
-    lua.add(pipe, [call])
 
 
 def _pairs(flat: list[Any]) -> dict[bytes, bytes]:
