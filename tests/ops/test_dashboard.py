@@ -98,6 +98,21 @@ def test_metrics_count_outcomes_by_code(redis: Redis, registry: Registry) -> Non
     assert "sessionfork_children_per_request_sum 1.0" in text
 
 
+def test_an_unserved_observer_updates_no_prometheus_metric_and_still_logs_each_outcome(
+        redis: Redis, registry: Registry, caplog: pytest.LogCaptureFixture) -> None:
+    """The worker command without ``--metrics-port``: nobody reads its Prometheus metrics, so an
+    outcome skips their updates; its log line stays."""
+    served, unserved = Observer(), Observer(prometheus=False)
+    with caplog.at_level(logging.INFO, logger="sessionfork.outcome"):
+        for i, reply in enumerate(outcomes(redis, registry)):
+            served(f"r{i}", '{"source":"src"}', reply, 0.002)
+            unserved(f"r{i}", '{"source":"src"}', reply, 0.002)
+    assert "sessionfork_fork_duration_seconds_count 4.0" in generate_latest(served.registry).decode()
+    text = generate_latest(unserved.registry).decode()
+    assert "sessionfork_fork_duration_seconds_count 0.0" in text and "sessionfork_forks_total{" not in text
+    assert [r.getMessage() for r in caplog.records].count("fork OK") == 2
+
+
 def test_a_shard_workers_metrics_carry_its_shard_label(redis: Redis, registry: Registry) -> None:
     observer = Observer(queue_depth=lambda: 3, shard=2)
     for i, reply in enumerate(outcomes(redis, registry)):

@@ -146,9 +146,10 @@ def _recorded(monkeypatch: pytest.MonkeyPatch, fail: str = "") -> list[tuple[str
     return ran
 
 
-def test_the_whole_suite_runs_in_parallel_then_the_serial_tests_alone_on_each_rq(
+def test_the_whole_suite_runs_in_parallel_then_the_serial_tests_in_one_process_on_each_rq(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Both parallel phases at once (RQ 2.12's after its mypy), then each serial phase alone."""
+    """Both parallel phases at once (RQ 2.12's after its mypy), then both serial phases at once, in
+    one process each (RQ 2.12's started first, the current RQ's run beside it)."""
     ran = _recorded(monkeypatch)
     assert run.main(["test"]) == 0
     steps = [cmd for cmd, _ in ran if " -m pytest" in cmd or cmd.endswith("/mypy")]
@@ -157,8 +158,8 @@ def test_the_whole_suite_runs_in_parallel_then_the_serial_tests_alone_on_each_rq
         f"/venv/bin/python -m pytest -n {run.PARALLEL} --dist loadfile -m not serial --durations=25",
         "/rq2/bin/mypy",
         f"/rq2/bin/python -m pytest -n {run.PARALLEL_RQ2} --dist loadfile -m rq and not serial --durations=25",
-        "/venv/bin/python -m pytest -m serial --durations=25",
-        "/rq2/bin/python -m pytest -m rq and serial --durations=25"]
+        "/rq2/bin/python -m pytest -m rq and serial --durations=25",
+        "/venv/bin/python -m pytest -m serial --durations=25"]
     envs = {cmd: env for cmd, env in ran if " -m pytest" in cmd}
     assert [env for cmd, env in envs.items() if cmd.startswith("/rq2/")] == [{"SESSIONFORK_EXPECT_RQ": "2"}] * 2
     assert [env for cmd, env in envs.items() if cmd.startswith("/venv/")] == [None, None]
@@ -170,6 +171,13 @@ def test_a_failed_parallel_phase_stops_the_suite_before_the_serial_ones(monkeypa
     ran = _recorded(monkeypatch, fail=failing)
     assert run.main(["test"]) == 1
     assert not [cmd for cmd, _ in ran if cmd.endswith("-m serial --durations=25") or "and serial" in cmd]
+
+
+@pytest.mark.parametrize("failing", ["-m serial", "-m rq and serial"])
+def test_a_failed_serial_phase_on_either_rq_fails_the_suite(monkeypatch: pytest.MonkeyPatch, failing: str) -> None:
+    ran = _recorded(monkeypatch, fail=failing)
+    assert run.main(["test"]) == 1
+    assert [cmd for cmd, _ in ran if "and serial" in cmd] and [cmd for cmd, _ in ran if " -m serial" in cmd]
 
 
 def test_the_two_phases_select_every_test_once() -> None:

@@ -64,7 +64,7 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
     check_shard(queue_redis, s.shard or 0, count, url)
     queue = jobs.make_queue(queue_redis, s)
     observer = Observer(queue_depth=lambda: queue.count, shard=None if count == 1 else s.shard,
-                        paused=lambda: is_paused(queue_redis))
+                        paused=lambda: is_paused(queue_redis), prometheus=metrics_port is not None)
     if metrics_port is not None:
         observer.serve(metrics_port, metrics_address or s.metrics_address)
     log.info("worker started", extra={"server": config.redacted(url), "queue": s.queue, "shard": s.shard or 0,

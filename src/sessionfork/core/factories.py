@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import time
 import uuid
@@ -19,7 +20,7 @@ def new_session_id() -> str:
 
 def new_instance_token() -> str:
     """An unguessable token naming one live incarnation of a session."""
-    return secrets.token_hex(16)
+    return os.urandom(16).hex()  # secrets.token_hex(16), without its two Python calls per child
 
 
 def new_request_id() -> str:

@@ -85,12 +85,16 @@ class Observer:
     """Counts, times and logs every outcome a worker produces."""
 
     def __init__(self, queue_depth: Callable[[], int] | None = None, *, shard: int | None = None,
-                 meter_provider: Any = None, paused: Callable[[], bool] | None = None) -> None:
+                 meter_provider: Any = None, paused: Callable[[], bool] | None = None,
+                 prometheus: bool = True) -> None:
         """``shard``: the shard the worker serves, on a sharded queue: every metric then carries a
         ``shard`` label (its index), so a dashboard sums or splits the shards. ``meter_provider``:
         the OpenTelemetry ``MeterProvider`` to record on (default: the global one; ignored without
         the ``opentelemetry`` package). ``paused``: whether the worker's queue server is paused
-        (``ops.pauses``), read at each scrape."""
+        (``ops.pauses``), read at each scrape. ``prometheus``: whether outcomes update the
+        Prometheus metrics (``registry``); the worker command passes whether it serves them
+        (``--metrics-port``): unserved, nobody reads them, and an outcome skips their updates."""
+        self.prometheus = prometheus
         self.registry = CollectorRegistry()
         self.shard = shard
         labels = {} if shard is None else {"shard": str(shard)}
@@ -128,23 +132,25 @@ class Observer:
         unknown, as for a queue entry refused unread)."""
         code = code_of(reply)
         op = _OPS.get(type(reply), "fork")
-        if op == "fork":
-            self.forks.labels(code=code).inc()
-        else:
-            self.merges.labels(op=op, code=code).inc()
-        self.duration.observe(seconds)
-        if latency is not None:
-            self.latency.observe(latency)
         made = _children(reply)
-        self.children.observe(len(made))
         seeds = [0 if child.seed_length is msgspec.UNSET else child.seed_length for child in made]
-        for seed in seeds:
-            self.seed_length.observe(seed)
+        if self.prometheus:
+            if op == "fork":
+                self.forks.labels(code=code).inc()
+            else:
+                self.merges.labels(op=op, code=code).inc()
+            self.duration.observe(seconds)
+            if latency is not None:
+                self.latency.observe(latency)
+            self.children.observe(len(made))
+            for seed in seeds:
+                self.seed_length.observe(seed)
         if self.otel is not None:
             self.otel.record(op, code, seconds, latency, len(made), seeds)
-        log.info("%s %s", op, code, extra={
-            "requestId": request_id, "op": op, "source": _source(payload), "children": [c.id for c in made],
-            "code": code, "durationMs": round(seconds * 1000, 3)})
+        if log.isEnabledFor(logging.INFO):  # the line's fields (the payload read again) only when logged
+            log.info("%s %s", op, code, extra={
+                "requestId": request_id, "op": op, "source": _source(payload), "children": [c.id for c in made],
+                "code": code, "durationMs": round(seconds * 1000, 3)})
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
         """Serve the metrics over HTTP on ``addr:port`` (``/metrics``), in a daemon thread."""

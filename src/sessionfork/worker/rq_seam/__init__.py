@@ -60,7 +60,9 @@ RQ names used here, and why:
 * batches (``batch`` above 1, one queue): ``take`` moves up to ``batch`` entries from the queue's
   head to its ``intermediate_queue_key`` with their job hashes in one script call
   (``scripts/take.lua``: RQ's dequeue, an ``LMOVE`` and an ``HGETALL`` per entry, for many); each
-  is loaded as the dequeue loads one (``DequeuedJob.loaded``), the others refused alone. RQ's
+  is loaded as the dequeue loads one (``DequeuedJob.loaded``: ``Job.restore`` of the hash, the
+  worker's resolved serializer set as the job's ``serializer`` attribute, not passed to the
+  constructor, which checks it against RQ's runtime Protocol per job), the others refused alone. RQ's
   start and success bookkeeping of a batch (``start_many``, ``finish_many``) is written by
   ``ledger.Ledger``: per job what ``Execution.create``, ``prepare_for_execution``,
   ``_handle_success`` and ``cleanup_execution`` write (RQ's key names from
