@@ -89,8 +89,12 @@ RQ names used here, and why:
   intermediate queue) is refused with an outcome.
 * ``Job.restore`` overridden, clearing ``webhooks`` and ``_success_callback_name``,
   ``_failure_callback_name``, ``_stopped_callback_name``: a job hash written by a scheduler must
-  not make a worker POST to a URL or import a name. ``Job.key_for``: a refused queue entry's job
-  hash is deleted, not leaked.
+  not make a worker POST to a URL or import a name; and its five timestamp fields (the attributes
+  ``created_at``, ``enqueued_at``, ``started_at``, ``ended_at``, ``last_heartbeat``) set from
+  ``datetime.fromisoformat`` when a field is as RQ's ``utcformat`` writes it (RQ's ``strptime`` was
+  a sixth of a batch job's load), any other left to RQ (``tests/worker/test_job_restore.py``
+  compares the job with RQ's own ``restore`` of the same hash). ``Job.key_for``: a refused queue
+  entry's job hash is deleted, not leaked.
 * ``registry.clean_registries``, ``worker_registration.clean_worker_registry``,
   ``queue.intermediate_queue`` (its ``key``, ``get_job_ids``, ``set_first_seen``,
   ``get_first_seen``, ``get_first_seen_key``, ``cleanup``), ``queue.acquire_maintenance_lock`` /

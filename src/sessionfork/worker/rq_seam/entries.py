@@ -4,6 +4,8 @@ reason, in the package docstring (``sessionfork.worker.rq_seam``)."""
 
 from __future__ import annotations
 
+import re
+from datetime import datetime
 from typing import Any
 
 from rq.exceptions import NoSuchJobError
@@ -24,13 +26,33 @@ class ForkJob(Job):
     """
 
     def restore(self, raw_data: Any) -> Any:
+        # RQ parses each timestamp with strptime (a sixth of a batch job's load): a timestamp as
+        # RQ's utcformat writes it is parsed here by fromisoformat (the same datetime), any other
+        # is left to RQ (its old format, or one it refuses).
+        dates = {}
+        if isinstance(raw_data, dict):
+            dates = {field: value for field in _DATES if isinstance(value := raw_data.get(field), bytes)
+                     and _UTCFORMAT.fullmatch(value)}
+            if dates:
+                raw_data = {k: v for k, v in raw_data.items() if k not in dates}
         try:
             restored = super().restore(raw_data)
         except NoSuchJobError as exc:
             raise MalformedJob(str(exc)) from None
+        for field, value in dates.items():
+            setattr(self, _DATES[field], datetime.fromisoformat(value.decode()))
         self.webhooks = []
         self._success_callback_name = self._failure_callback_name = self._stopped_callback_name = None
         return restored
+
+
+_DATES = {b"created_at": "created_at", b"enqueued_at": "enqueued_at", b"started_at": "started_at",
+          b"ended_at": "ended_at", b"last_heartbeat": "last_heartbeat"}
+"""The job hash's timestamp fields, each the attribute ``Job.restore`` sets from it."""
+
+_UTCFORMAT = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+"""A timestamp as RQ's ``utcformat`` writes it (``%Y-%m-%dT%H:%M:%S.%fZ``): ``fromisoformat`` reads
+it as RQ's ``utcparse`` does (UTC, ``timezone.utc``)."""
 
 
 class DequeuedJob(ForkJob):
