@@ -13,6 +13,13 @@ from typing import Any, ClassVar
 
 import msgspec
 import pytest
+from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
+    assert_no_crossslot,
+    cluster_client_fixture,
+    cluster_fixture,
+    cluster_registry_fixture,
+    completed_source,
+)
 from helpers import outcome_entries, queue_of
 from redis import Redis
 from rq.job import Job
@@ -23,7 +30,9 @@ from sessionfork.clients.client import Client
 from sessionfork.core import wire
 from sessionfork.core.config import Settings
 from sessionfork.core.wire import ForkFailure, ForkResult
+from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
 from sessionfork.protocol.requests import Limits
+from sessionfork.protocol.shards import shard_of
 from sessionfork.worker import jobs
 from sessionfork.worker.fork_worker import ForkWorker
 from sessionfork.worker.outcomes import Outcomes
@@ -53,14 +62,15 @@ class Counting(ForkWorker):
         super().run_job(job, queue)
 
 
-def _service(redis: Redis, registry: Registry) -> ForkService:
+def _service(redis: Redis, registry: Registry, shard: tuple[int, int] | None = None) -> ForkService:
     return ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=10_000), reply_channel="sf:replies",
-                       limits=Limits(max_fanout=1024))
+                       limits=Limits(max_fanout=1024), shard=shard)
 
 
-def _worker(redis: Redis, registry: Registry, batch: int, queue: str = Settings().queue) -> Counting:
+def _worker(redis: Redis, registry: Registry, batch: int, queue: str = Settings().queue,
+            shard: tuple[int, int] | None = None) -> Counting:
     Counting.takes, Counting.alone = [], []
-    return Counting([jobs.make_queue(redis, Settings(queue=queue))], service=_service(redis, registry),
+    return Counting([jobs.make_queue(redis, Settings(queue=queue))], service=_service(redis, registry, shard),
                     connection=redis, abandoned_after=30, batch=batch)
 
 
@@ -171,6 +181,70 @@ def test_a_fan_out_in_a_batch_never_holds_the_other_replies(redis: Redis, regist
     assert order[-1] == big and sorted(order[:-1]) == sorted(singles)  # every single's reply came first
     reply = Outcomes(redis, ttl=600, stream_maxlen=10).get(big)
     assert isinstance(reply, ForkResult) and len(reply.children) == 1024
+
+
+def test_a_batch_on_a_cluster_registry_answers_each_request_as_alone(
+        redis: Redis, cluster: EmbeddedCluster, cluster_registry: Registry) -> None:
+    """The queue on its own server, the registry on a cluster (the sources and children on several
+    slots): one take, each request its own outcome and child, a taken id and a missing source
+    refused in the batch, two requests for one new child id (the first in the queue makes it, the
+    second is ``SESSION_ALREADY_EXISTS``), every child indexed under its parent, no cross-slot command."""
+    sources = ["bt-a", "bt-b", "bt-c"]
+    for source in sources:
+        completed_source(cluster_registry, source)
+    cluster_registry.create("bt-taken")
+    client = Client(redis)
+    ids = [client.submit(client.request(sources[i % 3], session_id=f"bt-child-{i}", request_id=f"bt-{i}"))
+           for i in range(9)]
+    taken = client.submit(client.request("bt-a", session_id="bt-taken", request_id="bt-taken-req"))
+    missing = client.submit(client.request("bt-gone", session_id="bt-x", request_id="bt-gone-req"))
+    twice = [client.submit(client.request("bt-b", session_id="bt-dup", request_id=f"bt-dup-{i}")) for i in (1, 2)]
+    worker = _worker(redis, cluster_registry, 16)
+    assert worker.work(burst=True, logging_level="WARNING") is True
+    assert Counting.takes == [13] and Counting.alone == []  # the race: all of them in one batch
+    outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
+    for i, request_id in enumerate(ids):
+        reply = outcomes.get(request_id)
+        assert isinstance(reply, ForkResult) and reply.child.id == f"bt-child-{i}", reply
+        assert reply.child.parent_session == sources[i % 3] and reply.child.seed_length == 4
+    refused = outcomes.get(taken), outcomes.get(missing)
+    assert [r.code if isinstance(r, ForkFailure) else r for r in refused] == ["SESSION_ALREADY_EXISTS",
+                                                                               "SESSION_NOT_FOUND"]
+    first, second = (outcomes.get(request_id) for request_id in twice)
+    assert isinstance(first, ForkResult) and first.child.id == "bt-dup", first
+    assert isinstance(second, ForkFailure) and second.code == "SESSION_ALREADY_EXISTS", second
+    for k, source in enumerate(sources):
+        dup = ["bt-dup"] if source == "bt-b" else []
+        assert cluster_registry.children(source) == sorted([*dup, *(f"bt-child-{i}" for i in range(k, 9, 3))])
+        assert [e.type for e in cluster_registry.events(f"bt-child-{k}")] == \
+            [e.type for e in cluster_registry.events(source)]
+    assert cluster_registry.exists("bt-taken") and not cluster_registry.exists("bt-x")
+    assert sorted(e.request for e in outcome_entries(redis)) == sorted([*ids, taken, missing, *twice])
+    assert_no_crossslot(cluster)
+
+
+def test_a_batch_on_a_sharded_queue_forks_its_own_shards_requests_and_refuses_another_shards(
+        registry: Registry) -> None:
+    """Shard 0 of two: its worker takes its shard's requests and one routed by another shard list
+    in one batch; that one is refused ``WRONG_SHARD`` alone, every other forks."""
+    registry.append(registry.create("src"), TURN)
+    own = [f"sh-{i}" for i in range(40) if shard_of(f"sh-{i}", 2) == 0][:6]
+    other = next(f"sh-{i}" for i in range(40) if shard_of(f"sh-{i}", 2) == 1)
+    with EmbeddedServer() as shard0, shard0.client() as queue_redis:
+        client = Client(queue_redis)  # a producer with no shard list: everything on this server
+        for request_id in [*own[:3], other, *own[3:]]:
+            client.submit(client.request("src", session_id=f"{request_id}-child", request_id=request_id))
+        worker = _worker(queue_redis, registry, 16, shard=(0, 2))
+        assert worker.work(burst=True, logging_level="WARNING") is True
+        assert Counting.takes == [7] and Counting.alone == [other]  # in the batch, run alone
+        outcomes = Outcomes(queue_redis, ttl=600, stream_maxlen=10)
+        for request_id in own:
+            reply = outcomes.get(request_id)
+            assert isinstance(reply, ForkResult) and reply.child.id == f"{request_id}-child", reply
+        wrong = outcomes.get(other)
+        assert isinstance(wrong, ForkFailure) and wrong.code == "WRONG_SHARD", wrong
+        assert registry.children("src") == sorted(f"{r}-child" for r in own)
+        assert sorted(e.request for e in outcome_entries(queue_redis)) == sorted([*own, other])
 
 
 def test_max_jobs_counts_jobs_not_batches(redis: Redis, registry: Registry) -> None:
