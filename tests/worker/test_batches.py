@@ -22,6 +22,7 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their 
 )
 from helpers import outcome_entries, queue_of
 from redis import Redis
+from rq.executions import Execution
 from rq.job import Job
 from rq.registry import FinishedJobRegistry, StartedJobRegistry
 
@@ -370,9 +371,11 @@ def test_a_batchs_start_and_finish_write_what_rqs_own_methods_write_for_each_job
         sides[side] = (worker, queue, loaded)
     alone, queue, alone_jobs = sides["alone"]
     executions = []
-    for job in alone_jobs:  # RQ's own methods, a job at a time, as ``start`` runs them
+    for job in alone_jobs:  # RQ's own methods, a job at a time, as RQ's worker runs them
         pipe = redis.pipeline(transaction=True)
-        executions.append(alone._start_job(job, queue, pipe))
+        executions.append(Execution.create(job, alone.get_heartbeat_ttl(job), pipeline=pipe, worker_name=alone.name))
+        job.prepare_for_execution(alone.name, pipeline=pipe)
+        pipe.lrem(queue.intermediate_queue_key, 1, job.id)
         alone._busy(job, pipe)
         pipe.execute()
     batch, batch_queue, batch_jobs = sides["batch"]
@@ -383,7 +386,7 @@ def test_a_batchs_start_and_finish_write_what_rqs_own_methods_write_for_each_job
     results = [f'{{"requestId": "{job.id}"}}' for job in alone_jobs]
     pipe = redis.pipeline(transaction=True)
     for job, result, execution in zip(alone_jobs, results, executions, strict=True):
-        alone._finish_job(job, result, pipe, execution)  # RQ's own methods, as ``finish`` runs them
+        alone._finish_job(job, result, pipe, execution)  # RQ's own methods (``_handle_success``, ``cleanup_execution``)
     alone._idle(pipe)
     pipe.execute()
     finish = JobsFinish(batch, start)

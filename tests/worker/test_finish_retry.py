@@ -30,14 +30,15 @@ pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
 
 
 class PrimaryDiesInFinish(ForkWorker):
-    """The first success pipeline fails after the execution's clean-up was queued in it."""
+    """The first success pipeline fails after the job's finish (the execution's clean-up in it)
+    was queued in it."""
 
     failed_finishes = 0
 
-    def _cleanup_execution(self, job: Job, pipe: Any, execution: Any) -> None:
-        super()._cleanup_execution(job, pipe, execution)
+    def finish_many(self, jobs: Any, queue: Any, results: Any, executions: Any, pipe: Any) -> float:
+        worked = super().finish_many(jobs, queue, results, executions, pipe)
         if self.failed_finishes:
-            return
+            return worked
 
         def primary_dies(*_: Any, **__: Any) -> None:
             self.failed_finishes += 1
@@ -48,6 +49,7 @@ class PrimaryDiesInFinish(ForkWorker):
             raise RedisConnectionError("the primary went away with the pipeline in flight")
 
         pipe.execute = primary_dies
+        return worked
 
 
 def test_a_finish_that_failed_mid_pipeline_is_run_again_and_the_worker_goes_on(redis: Redis,

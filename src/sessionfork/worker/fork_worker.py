@@ -149,7 +149,7 @@ class ForkWorker(SeamWorker):
     def _run(self, job: Job, queue: Queue, payload: str, start: JobStart) -> None:
         began = time.perf_counter()
         enqueued = _enqueued_ms(job)
-        finish = JobFinish(self, job)
+        finish = JobFinish(self, job, queue)
         try:
             reply = self.run_in_time(job, lambda: self.until_up(lambda: self.service.handle(
                 payload, job.id, final_attempt=jobs.is_final_attempt(job), enqueued_ms=enqueued, start=start,
@@ -170,7 +170,7 @@ class ForkWorker(SeamWorker):
                 self.until_up(lambda: self.correct_result(job, reply))
         else:  # a replay, or a request refused before its claim (not started yet)
             start.ensure()
-            self.until_up(lambda: self.finish(job, reply))
+            self.until_up(lambda: self.finish(job, queue, reply))
         self._observe(job.id, payload, reply, time.perf_counter() - began, _latency(job))
 
     def _refuse(self, job: Job, queue: Queue, reason: str) -> None:

@@ -40,16 +40,16 @@ RQ names used here, and why:
 * ``_install_signal_handlers`` (called before registration), ``_stop_requested`` (read and set),
   ``_state`` (read), ``_stopped_job_id`` (read: a job stopped on request is not retried),
   ``_exc_handlers`` and ``_ordered_queues`` (passed back to RQ's own helpers): the loop above.
-* ``Execution.create``, ``prepare_for_execution``, ``job._handle_success``, ``job.cleanup`` (for a
-  result TTL of 0 or none; a positive one is RQ's ``EXPIRE`` of the job hash alone: a fork job has
-  no dependents or dependencies keys for it to expire too), ``cleanup_execution`` and, on RQ 2
-  only, ``set_current_job_id``: RQ's start and success bookkeeping. RQ's worker counters, batched:
+* ``job._handle_success``, ``job.cleanup`` and ``cleanup_execution`` (RQ's success bookkeeping of a
+  job whose result TTL is 0 or none: never a fork job's) and, on RQ 2 only, ``set_current_job_id``;
+  every other job's start and success bookkeeping is the ``ledger``'s (below), a job run on its own
+  being a batch of one. RQ's worker counters, batched:
   the worker hash's ``successful_job_count`` field (``HINCRBY`` by the jobs since the last beat,
   where RQ's ``increment_successful_job_count`` adds 1 per job) and
   ``increment_total_working_time``, sent with the heartbeat (``_beat``) and at ``teardown``. Each
   added to a round trip the request makes anyway (RQ's own path
-  takes a dozen round trips and a WATCH loop for dependents, which fork jobs never have): the
-  start ahead of the request's claim (``JobStart``; pipelined, not in a transaction), the success
+  takes a dozen round trips and a WATCH loop for dependents, which fork jobs never have): a job's
+  start ahead of the request's claim (``JobStart``; pipelined, not in a transaction), its success
   in the transaction that records the outcome (``JobFinish``), with ``EXISTS`` of
   ``suspension.WORKERS_SUSPENDED`` (``rq:suspended``) as the loop's next ``check_for_suspension``
   (RQ's own check is a round trip per job). ``results.Result.create``: RQ's result made the stored

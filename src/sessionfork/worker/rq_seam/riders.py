@@ -49,15 +49,15 @@ class JobFinish:
     """A worker's success bookkeeping of ``job`` as the tail of the outcome's record transaction
     (``Outcomes.record``'s ``then``), when it goes on the worker's own connection (``redis``)."""
 
-    def __init__(self, worker: SeamWorker, job: Any) -> None:
-        self.worker, self.job = worker, job
+    def __init__(self, worker: SeamWorker, job: Any, queue: Any) -> None:
+        self.worker, self.job, self.queue = worker, job, queue
         self.redis = worker.connection
         self.sent = False  # the server ran it (with the record)
         self.result: Any = None  # the reply it stored as RQ's result
 
     def add(self, pipe: Any, result: Any) -> None:
         self.result = result
-        self.worker.finish(self.job, result, pipe)
+        self.worker.finish(self.job, self.queue, result, pipe)
 
     def done(self, replies: list[Any]) -> None:
         for reply in replies:

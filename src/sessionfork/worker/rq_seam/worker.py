@@ -365,15 +365,15 @@ class SeamWorker(SimpleWorker):
         return self.abandoned_after
 
     def start(self, job: Job, queue: Queue, pipe: Any = None) -> None:
-        """RQ's prepare_execution and prepare_job_execution in one pipeline: sent now, or added to
-        ``pipe`` (``JobStart``: ahead of the request's claim, in its round trip)."""
+        """RQ's start of ``job`` (``start_many`` of one: the ledger's script, then the worker's
+        state) in one pipeline: sent now, or added to ``pipe`` (``JobStart``: ahead of the
+        request's claim, in its round trip)."""
         if pipe is None:
             with self.connection.pipeline() as own:
                 self.start(job, queue, own)
                 own.execute()
             return
-        self.execution = self._start_job(job, queue, pipe)
-        self._busy(job, pipe)
+        (self.execution,) = self.start_many([job], queue, pipe)
 
     def start_many(self, jobs: Sequence[Job], queue: Queue, pipe: Any) -> list[Execution]:
         """``start`` of each of ``jobs`` (a batch), added to ``pipe``: each job's start, written by
@@ -392,21 +392,15 @@ class SeamWorker(SimpleWorker):
             getattr(self, "set_current_job_id")(job.id, pipeline=pipe)  # noqa: B009 - gone in RQ 3
         super().heartbeat(self.get_heartbeat_ttl(job), pipeline=pipe)
 
-    def _start_job(self, job: Job, queue: Queue, pipe: Any) -> Execution:
-        execution = Execution.create(job, self.get_heartbeat_ttl(job), pipeline=pipe, worker_name=self.name)
-        job.prepare_for_execution(self.name, pipeline=pipe)
-        if len(self.queues) == 1:
-            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-        return execution
-
-    def finish(self, job: Job, result: Any, pipe: Any = None) -> None:
-        """RQ's success path (result, finished registry, counters, cleanup) in one pipeline, which
-        also reads whether ``rq suspend`` is in force (the loop's next suspension check): sent
-        now, or added to ``pipe`` (``JobFinish``: after the outcome's record, in its transaction);
-        its sender then calls ``finished`` with the replies, or ``finish_failed``."""
+    def finish(self, job: Job, queue: Queue, result: Any, pipe: Any = None) -> None:
+        """RQ's success of ``job``, taken from ``queue`` (``finish_many`` of one: result, finished
+        registry, cleanup), in one pipeline, which also reads whether ``rq suspend`` is in force
+        (the loop's next suspension check): sent now, or added to ``pipe`` (``JobFinish``: after
+        the outcome's record, in its transaction); its sender then calls ``finished`` with the
+        replies, or ``finish_failed``."""
         if pipe is None:
             with self.connection.pipeline() as own:
-                self.finish(job, result, own)
+                self.finish(job, queue, result, own)
                 try:
                     replies = own.execute()
                 except BaseException:
@@ -418,8 +412,7 @@ class SeamWorker(SimpleWorker):
         assert execution is not None
         # RQ's counters (successful_job_count, total_working_time) go with the next beat, once a
         # second (``flush_counters``), not with every job.
-        self._worked = self._finish_job(job, result, pipe, execution)
-        self._idle(pipe)
+        self._worked = self.finish_many([job], queue, [result], [execution], pipe)
 
     def finish_many(self, jobs: Sequence[Job], queue: Queue, results: Sequence[Any],
                     executions: Sequence[Execution], pipe: Any) -> float:
