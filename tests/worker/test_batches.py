@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import re
+import threading
 import time
 import zlib
 from typing import Any, ClassVar
@@ -25,6 +26,7 @@ from redis import Redis
 from rq.executions import Execution
 from rq.job import Job
 from rq.registry import FinishedJobRegistry, StartedJobRegistry
+from waits import wait_until
 
 from sessionfork import NewEvent, Registry
 from sessionfork.clients.client import Client
@@ -246,6 +248,53 @@ def test_a_batch_on_a_sharded_queue_forks_its_own_shards_requests_and_refuses_an
         assert isinstance(wrong, ForkFailure) and wrong.code == "WRONG_SHARD", wrong
         assert registry.children("src") == sorted(f"{r}-child" for r in own)
         assert sorted(e.request for e in outcome_entries(queue_redis)) == sorted([*own, other])
+
+
+def test_an_idle_batched_worker_serves_a_lone_request_at_once_alone(redis: Redis, registry: Registry) -> None:
+    """A worker with batches whose queue is empty blocks in RQ's own dequeue; a request arriving
+    then is served from that dequeue at once, alone: no take, no wait for a batch to fill."""
+    registry.append(registry.create("src"), TURN)
+    client = Client(redis)
+    worker = _worker(redis, registry, 32)
+    answered: list[float] = []  # seconds from the submit to the stored outcome
+
+    def submit_once_blocked() -> None:
+        # The worker's connection is blocked (CLIENT LIST flag "b") in RQ's dequeue: then submit.
+        wait_until(lambda: any("b" in c["flags"] and c["cmd"] in {"blmove", "brpoplpush"} for c in redis.client_list()),
+                   30, "the worker blocked in its dequeue")
+        began = time.monotonic()
+        client.submit(client.request("src", session_id="lone-child", request_id="lone"))
+        outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
+        wait_until(lambda: outcomes.get("lone") is not None, 30, "the lone request's outcome")
+        answered.append(time.monotonic() - began)
+
+    helper = threading.Thread(target=submit_once_blocked)
+    helper.start()
+    assert worker.work(burst=False, logging_level="WARNING", max_jobs=1) is True
+    helper.join(30)
+    assert Counting.takes == [] and Counting.alone == ["lone"]  # from RQ's dequeue, alone
+    reply = Outcomes(redis, ttl=600, stream_maxlen=10).get("lone")
+    assert isinstance(reply, ForkResult) and reply.child.id == "lone-child"
+    assert answered and answered[0] < 2.0  # at once: no wait for a batch to fill (two seconds are generous)
+
+
+def test_the_outcome_hook_gets_each_jobs_latency_in_a_batch_and_alone(redis: Redis, registry: Registry) -> None:
+    """The worker's ``on_outcome`` (the metrics and log line) gets every job's enqueue-to-outcome
+    latency: the batch's forks' and the fan-out's that runs alone after them."""
+    registry.append(registry.create("src"), TURN)
+    client = Client(redis)
+    fan = client.submit(client.request("src", count=2, request_id="lat-fan"))
+    singles = _submit(client, 3, "lat")
+    seen: dict[str, float | None] = {}
+    Counting.takes, Counting.alone = [], []
+    worker = Counting([jobs.make_queue(redis, Settings())], service=_service(redis, registry), connection=redis,
+                      abandoned_after=30, batch=8,
+                      on_outcome=lambda request_id, _payload, _reply, _seconds, latency=None:
+                      seen.__setitem__(request_id, latency))
+    assert worker.work(burst=True, logging_level="WARNING") is True
+    assert Counting.takes == [4] and Counting.alone == [fan]  # both paths ran
+    assert sorted(seen) == sorted([fan, *singles])
+    assert all(latency is not None and 0 <= latency < 60 for latency in seen.values()), seen
 
 
 def test_max_jobs_counts_jobs_not_batches(redis: Redis, registry: Registry) -> None:

@@ -52,11 +52,17 @@ class PrimaryDiesInFinish(ForkWorker):
         return worked
 
 
-def test_a_finish_that_failed_mid_pipeline_is_run_again_and_the_worker_goes_on(redis: Redis,
-                                                                              registry: Registry) -> None:
+@pytest.mark.parametrize("kept", [False, True], ids=["ledger", "kept-for-ever"])
+def test_a_finish_that_failed_mid_pipeline_is_run_again_and_the_worker_goes_on(redis: Redis, registry: Registry,
+                                                                              kept: bool) -> None:
+    """Both finishes: the ledger's (a fork job's) and RQ's own methods' (a job whose result is kept
+    for ever: RQ's ``cleanup_execution`` drops the worker's execution before the pipeline runs)."""
     registry.append(registry.create("src"), [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
     client = Client(redis)
-    ids = [client.submit(client.request("src", session_id=f"c{i}")) for i in range(2)]
+    ids = [client.submit(client.request("src", session_id=f"c{i}-{kept}")) for i in range(2)]
+    if kept:
+        for request_id in ids:
+            redis.hset(f"rq:job:{request_id}", "result_ttl", -1)
     service = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
                           limits=Limits(max_fanout=16))
     worker = PrimaryDiesInFinish([jobs.make_queue(redis, Settings())], service=service, connection=redis,
