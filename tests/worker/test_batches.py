@@ -71,10 +71,10 @@ def _service(redis: Redis, registry: Registry, shard: tuple[int, int] | None = N
 
 
 def _worker(redis: Redis, registry: Registry, batch: int, queue: str = Settings().queue,
-            shard: tuple[int, int] | None = None) -> Counting:
+            shard: tuple[int, int] | None = None, on_outcome: Any = None) -> Counting:
     Counting.takes, Counting.alone = [], []
     return Counting([jobs.make_queue(redis, Settings(queue=queue))], service=_service(redis, registry, shard),
-                    connection=redis, abandoned_after=30, batch=batch)
+                    connection=redis, abandoned_after=30, batch=batch, on_outcome=on_outcome)
 
 
 def _submit(client: Client, n: int, prefix: str, source: str = "src") -> list[str]:
@@ -286,11 +286,8 @@ def test_the_outcome_hook_gets_each_jobs_latency_in_a_batch_and_alone(redis: Red
     fan = client.submit(client.request("src", count=2, request_id="lat-fan"))
     singles = _submit(client, 3, "lat")
     seen: dict[str, float | None] = {}
-    Counting.takes, Counting.alone = [], []
-    worker = Counting([jobs.make_queue(redis, Settings())], service=_service(redis, registry), connection=redis,
-                      abandoned_after=30, batch=8,
-                      on_outcome=lambda request_id, _payload, _reply, _seconds, latency=None:
-                      seen.__setitem__(request_id, latency))
+    worker = _worker(redis, registry, 8, on_outcome=lambda request_id, _payload, _reply, _seconds, latency=None:
+                     seen.__setitem__(request_id, latency))
     assert worker.work(burst=True, logging_level="WARNING") is True
     assert Counting.takes == [4] and Counting.alone == [fan]  # both paths ran
     assert sorted(seen) == sorted([fan, *singles])
