@@ -22,8 +22,9 @@ from waits import outcome_of
 
 from sessionfork.core import forks, keys, merges, wire
 from sessionfork.core.errors import ErrorCode, ForkError
-from sessionfork.core.merge_steps import Merged, merge_key
+from sessionfork.core.merge_steps import Merged, MergeSteps, merge_key
 from sessionfork.core.registry import Registry
+from sessionfork.core.specs import MergeSpec, SelectSpec
 from sessionfork.core.wire import MergedInto
 from sessionfork.embedded import EmbeddedCluster
 
@@ -54,6 +55,26 @@ def code_of(call: Callable[[], object]) -> tuple[ErrorCode, str]:
     with pytest.raises(ForkError) as info:
         call()
     return info.value.code, info.value.message
+
+
+def died_before_the_marks(steps: MergeSteps, spec: MergeSpec | SelectSpec) -> Merged:
+    """The spec's steps up to its parent's step, as a process that died before the marks left
+    them: what the parent's step wrote."""
+    class Dies(Exception):
+        pass
+
+    def dies(done: list[tuple[MergeSpec, Merged, tuple[str, ...]]]) -> None:
+        raise Dies(done[0][1])
+
+    steps._mark_many = dies  # type: ignore[assignment, method-assign]  # this instance's: the process died
+    try:
+        steps.run_many([spec])
+    except Dies as died:
+        merged: Merged = died.args[0]
+        return merged
+    finally:
+        del steps._mark_many
+    raise AssertionError("the marks were not reached")
 
 
 def test_merge_across_slots_replays_and_refuses_as_on_one_server(cluster_registry: Registry,
@@ -117,7 +138,7 @@ def test_a_merge_that_died_between_the_parent_step_and_the_marks_is_marked_by_it
     family(cluster_registry, "dp", [child])
     spec = merges.merge_spec("dp", child, {"mode": "events", "request_id": "died-1"})
     steps = cluster_registry.merges
-    first = steps._write(spec, steps._read_child(spec), 4, ())  # the parent's step; then the process died
+    first = died_before_the_marks(steps, spec)
     assert cluster_registry.length("dp") == 11 and cluster_registry.state_of(child).state == "live"
 
     again = outcome_of(lambda: merges.merge(cluster_registry, "dp", child, mode="events", request_id="died-1"))
@@ -135,7 +156,7 @@ def test_a_select_that_died_between_the_parent_step_and_the_marks_is_marked_by_i
     family(cluster_registry, "ds", kids)
     spec = merges.select_spec("ds", kids, kids[0], {"mode": "events", "request_id": "died-2"})
     steps = cluster_registry.merges
-    steps._write(spec.merge, steps._read_child(spec.merge), 4, spec.losers)
+    died_before_the_marks(steps, spec)
     assert [cluster_registry.state_of(k).state for k in kids] == ["live"] * 3
 
     again = outcome_of(lambda: merges.select(cluster_registry, "ds", kids, kids[0], mode="events", request_id="died-2"))

@@ -22,11 +22,11 @@ from helpers import turn
 from racing import report_on, run, succeeded
 from waits import outcome_of, wait_until
 
-from sessionfork.core import forks, merges
+from sessionfork.core import forks, merge_steps, merges
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.merge_steps import Merged
 from sessionfork.core.registry import Registry
-from sessionfork.core.specs import SelectSpec
+from sessionfork.core.specs import MergeSpec, SelectSpec
 from sessionfork.core.wire import Event, NewEvent
 from sessionfork.embedded import EmbeddedServer
 
@@ -126,6 +126,20 @@ def family(registry: Registry, parent: str, children: list[str]) -> None:
     forks.fork_many(registry, parent, children)
     for i, child in enumerate(children):
         registry.append(child, turn(10 + i))
+
+
+def child_step(registry: Registry, spec: MergeSpec) -> tuple[int, int, list[bytes]]:
+    """A merge's child step alone (``merge_read``), as ``MergeSteps.run_many`` runs it."""
+    steps = registry.merges
+    return merge_steps._read_result(spec, steps._many([steps._read_op(spec)])[0])
+
+
+def parent_step(registry: Registry, spec: MergeSpec, read: tuple[int, int, list[bytes]], forked_at: int,
+                others: tuple[str, ...]) -> Merged:
+    """A merge's parent step alone (``merge``), from its child step's ``read``."""
+    steps = registry.merges
+    reply = steps._many([steps._write_op(spec, read, forked_at, others)])[0]
+    return steps._write_result(spec, read[:2], others, reply)
 
 
 def segments(log: list[Event]) -> list[tuple[str, Any]]:
@@ -244,10 +258,10 @@ def test_a_select_that_ran_whole_between_anothers_reads_and_its_parent_step_make
         registry: Registry) -> None:
     family(registry, "q", ["a", "b", "c"])
     late = merges.select_spec("q", ["a", "b", "c"], "a", {"mode": "events", "request_id": "late"})
-    read = registry.merges._read_child(late.merge)  # the late select read its winner: all candidates live
+    read = child_step(registry, late.merge)  # the late select read its winner: all candidates live
     merges.select(registry, "q", ["a", "b", "c"], "b", mode="events", request_id="early")
     with pytest.raises(ForkError) as info:
-        registry.merges._write(late.merge, read, 4, late.losers)
+        parent_step(registry, late.merge, read, 4, late.losers)
     assert info.value.code is ErrorCode.ALREADY_MERGED
     assert 'by request "early"' in info.value.message
     assert registry.length("q") == 11 and [registry.state_of(s).state for s in "abc"] == [
@@ -261,9 +275,9 @@ def test_a_merge_into_the_same_parent_between_a_selects_reads_and_its_step_leave
     family(registry, "q", ["a", "b", "other"])
     spec = merges.select_spec("q", ["a", "b"], "a", {"mode": "events", "request_id": "sel"})
     assert isinstance(spec, SelectSpec)
-    read = registry.merges._read_child(spec.merge)
+    read = child_step(registry, spec.merge)
     merges.merge(registry, "q", "other", mode="events")
-    done = outcome_of(lambda: registry.merges._write(spec.merge, read, 4, spec.losers))
+    done = outcome_of(lambda: parent_step(registry, spec.merge, read, 4, spec.losers))
     assert isinstance(done, Merged) and (done.first, done.length) == (11, 18)
     assert [kind for kind, _ in segments(registry.events("q"))] == ["merge", "merge"]
 
@@ -274,7 +288,7 @@ def test_a_retry_that_ran_whole_between_the_first_runs_reads_and_its_parent_step
     same request whole (the job deemed abandoned): its parent step answers that merge, writes nothing."""
     family(registry, "p", ["c"])
     spec = merges.merge_spec("p", "c", {"mode": "events", "request_id": "twice"})
-    read = registry.merges._read_child(spec)  # the first run's child step: nothing merged yet
+    read = child_step(registry, spec)  # the first run's child step: nothing merged yet
     first = merges.merge(registry, "p", "c", mode="events", request_id="twice")
-    assert outcome_of(lambda: registry.merges._write(spec, read, 4, ())) == first
+    assert outcome_of(lambda: parent_step(registry, spec, read, 4, ())) == first
     assert registry.length("p") == 11 and [kind for kind, _ in segments(registry.events("p"))] == ["merge"]

@@ -21,7 +21,7 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their 
     cluster_registry_fixture,
     completed_source,
 )
-from helpers import outcome_entries, queue_of
+from helpers import outcome_entries, queue_of, turn
 from redis import Redis
 from rq.executions import Execution
 from rq.job import Job
@@ -30,9 +30,9 @@ from waits import wait_until
 
 from sessionfork import NewEvent, Registry
 from sessionfork.clients.client import Client
-from sessionfork.core import wire
+from sessionfork.core import forks, merges, wire
 from sessionfork.core.config import Settings
-from sessionfork.core.wire import ForkFailure, ForkResult
+from sessionfork.core.wire import ForkFailure, ForkResult, MergeFailure, MergeResult, SelectResult
 from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
 from sessionfork.protocol.requests import Limits
 from sessionfork.protocol.shards import shard_of
@@ -184,6 +184,82 @@ def test_a_fan_out_in_a_batch_never_holds_the_other_replies(redis: Redis, regist
     assert order[-1] == big and sorted(order[:-1]) == sorted(singles)  # every single's reply came first
     reply = Outcomes(redis, ttl=600, stream_maxlen=10).get(big)
     assert isinstance(reply, ForkResult) and len(reply.children) == 1024
+
+
+def _family(registry: Registry, parent: str, children: list[str]) -> None:
+    """``parent`` with one turn (4 events), each child forked from it with one turn of its own."""
+    registry.append(registry.create(parent), turn(1))
+    forks.fork_many(registry, parent, children)
+    for i, child in enumerate(children):
+        registry.append(child, turn(10 + i))
+
+
+def test_merges_in_a_batch_answer_each_as_alone_and_step_their_parent_in_queue_order(
+        redis: Redis, registry: Registry) -> None:
+    """Merges join a batch (a select runs alone, as a fan-out does): each answers as alone, the
+    refusals in their documented order, a replay its first merge; the parent's steps run in the
+    queue's order (each merge's turn after the one before it), so a second merge of a range the
+    batch merged already is ``ALREADY_MERGED``."""
+    kids = [f"bk{i}" for i in range(6)]
+    _family(registry, "mp", kids)
+    registry.create("stranger")
+    first = merges.merge(registry, "mp", "bk5", mode="summary", summary={"n": 5}, request_id="m-done")
+    client = Client(redis)
+    submitted = [client.submit(request) for request in [
+        client.merge_request("mp", "bk0", mode="summary", summary={"n": 0}, request_id="m-0"),
+        client.merge_request("mp", "bk1", mode="events", request_id="m-1"),
+        client.request("mp", session_id="mp-fork", request_id="f-0"),
+        client.merge_request("mp", "bk2", mode="events", if_parent_length=999, request_id="m-2"),
+        client.merge_request("mp", "stranger", mode="events", request_id="m-3"),
+        client.merge_request("mp", "bk3", mode="summary", summary={"n": 3}, request_id="m-4a"),
+        client.merge_request("mp", "bk3", mode="summary", summary={"n": 3}, request_id="m-4b"),
+        client.merge_request("mp", "bk5", mode="summary", summary={"n": 5}, request_id="m-done"),
+        client.select_request("mp", ["bk4", "bk2"], "bk4", mode="events", request_id="sel"),
+        client.merge_request("mp", "bk2", mode="events", range=(0, 3), request_id="m-5"),
+    ]]
+    worker = _worker(redis, registry, 16)
+    assert worker.work(burst=True, logging_level="WARNING") is True
+    assert Counting.takes == [10] and Counting.alone == ["sel"]  # the race: every merge in the batch
+    outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
+    got = {request_id: outcomes.get(request_id) for request_id in submitted}
+    spans = {r: (g.from_seq, g.length) for r, g in got.items() if isinstance(g, MergeResult)}
+    assert spans == {"m-0": (8, 12), "m-1": (12, 19), "m-4a": (19, 23), "m-done": (first.first, first.length)}
+    codes = {r: g.code for r, g in got.items() if isinstance(g, MergeFailure)}
+    assert codes == {"m-2": "PRECONDITION_FAILED", "m-3": "NOT_DESCENDANT", "m-4b": "ALREADY_MERGED",
+                     "m-5": "INVALID_BOUNDARY"}, codes
+    forked, selected = got["f-0"], got["sel"]
+    # The fork's source step (the batch's first trip) saw the parent before the batch's merges.
+    assert isinstance(forked, ForkResult) and (forked.child.parent_session, forked.child.seed_length) == ("mp", 8)
+    assert isinstance(selected, SelectResult) and (selected.from_seq, selected.length) == (23, 30)
+    assert [registry.state_of(k).state for k in kids] == ["merged", "merged", "abandoned", "merged", "merged",
+                                                          "merged"]
+    triggers = [e.seq for e in registry.events("mp") if e.type == "turn/start" and e.data.get("trigger") == "merge"]
+    assert triggers == [4, 8, 12, 19, 23]  # each merge one whole turn, in the queue's order
+    assert sorted(e.request for e in outcome_entries(redis)) == sorted(submitted)  # announced once each
+    assert redis.llen(queue_of(client).intermediate_queue_key) == 0
+
+
+def test_merges_in_a_batch_on_a_cluster_registry_step_each_session_on_its_own_slot(
+        redis: Redis, cluster: EmbeddedCluster, cluster_registry: Registry) -> None:
+    """On a Redis Cluster registry (parent and children on several slots), merges in one batch answer
+    as alone, with no cross-slot command."""
+    kids = [f"cbk{i}" for i in range(4)]
+    _family(cluster_registry, "cmp", kids)
+    client = Client(redis)
+    ids = [client.submit(client.merge_request("cmp", kid, mode="summary", summary={"kid": kid},
+                                              request_id=f"cm-{kid}")) for kid in kids]
+    again = client.submit(client.merge_request("cmp", kids[0], mode="summary", summary={}, request_id="cm-again"))
+    worker = _worker(redis, cluster_registry, 16)
+    assert worker.work(burst=True, logging_level="WARNING") is True
+    assert Counting.takes == [5] and Counting.alone == []
+    outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
+    spans = [(r.from_seq, r.length) if isinstance(r, MergeResult) else r for r in map(outcomes.get, ids)]
+    assert spans == [(4, 8), (8, 12), (12, 16), (16, 20)]
+    refused = outcomes.get(again)
+    assert isinstance(refused, MergeFailure) and refused.code == "ALREADY_MERGED", refused
+    assert [cluster_registry.state_of(k).state for k in kids] == ["merged"] * 4
+    assert cluster_registry.length("cmp") == 20
+    assert_no_crossslot(cluster)
 
 
 def test_a_batch_on_a_cluster_registry_answers_each_request_as_alone(

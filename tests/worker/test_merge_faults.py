@@ -42,18 +42,19 @@ DIES_IN_MERGE = """
 import os, signal, sys
 from sessionfork.core.merge_steps import MergeSteps
 
-marked = MergeSteps._mark
+marked = MergeSteps._mark_many
 
 
-def dies(self, spec, merged, losers):
+def dies(self, done):
     # The parent's step wrote the merge turn; the marks and the outcome are still to come. A request
     # id "after-winner-..." gets the winner's mark first: the kill lands between it and the losers'.
-    if spec.request_id.startswith("after-winner-"):
-        marked(self, spec, merged, ())
+    for spec, merged, _ in done:
+        if spec.request_id.startswith("after-winner-"):
+            marked(self, [(spec, merged, ())])
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-MergeSteps._mark = dies
+MergeSteps._mark_many = dies
 from sessionfork.cli import main
 
 sys.argv = ["sessionfork", *sys.argv[1:]]

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -69,6 +70,16 @@ def start_logged_worker(url: str, name: str, log: Path) -> subprocess.Popen[byte
         return subprocess.Popen(cli_args(url, "worker", "--name", name, "--log-level", "WARNING"),
                                 env=clean_environ(SESSIONFORK_MAX_FANOUT=FANOUT), stdin=subprocess.DEVNULL,
                                 stderr=out, stdout=out)
+
+
+@contextlib.contextmanager
+def worker_log_on_failure(proc: subprocess.Popen[bytes], log: Path) -> Iterator[None]:
+    """A failed assertion inside names the worker's exit status and the end of its log."""
+    try:
+        yield
+    except AssertionError as exc:
+        tail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no log)"
+        raise AssertionError(f"{exc}\nworker exit status: {proc.poll()}\nworker log:\n{tail}") from None
 
 
 def in_hand(redis: Redis, job_id: str, name: str) -> bool:
@@ -184,9 +195,10 @@ def test_an_idle_worker_registers_again_with_its_state(plain_server: EmbeddedSer
         assert redis.hget(key, "state") == b"idle"
         plain_server.kill()  # SIGKILL: no persistence, the server comes back empty
         plain_server.start()
-        wait_until(lambda: bool(redis.hexists(key, "birth")), 30, "the worker to register again")
-        registered = redis.hget(key, "last_heartbeat")
-        wait_until(lambda: redis.hget(key, "last_heartbeat") != registered, 10, "the worker's next heartbeat")
+        with worker_log_on_failure(proc, tmp_path / "worker.log"):
+            wait_until(lambda: bool(redis.hexists(key, "birth")), 30, "the worker to register again")
+            registered = redis.hget(key, "last_heartbeat")
+            wait_until(lambda: redis.hget(key, "last_heartbeat") != registered, 10, "the worker's next heartbeat")
         assert redis.hget(key, "state") == b"idle"
         assert name in fresh_workers(redis, SETTINGS) and proc.poll() is None
     finally:

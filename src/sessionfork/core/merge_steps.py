@@ -87,58 +87,102 @@ class MergeSteps:
 
     def merge(self, spec: MergeSpec) -> Merged:
         """``Registry.merge``'s steps for a checked spec: the errors in the documented order."""
-        _, child = self._sessions(spec, (spec.child,))
-        forked_at = self._check_lineage(spec, spec.child, child[spec.child])
-        merged = self._write(spec, self._read_child(spec), forked_at, ())
-        self._mark(spec, merged, ())
-        return merged
+        return _raised(self.run_many([spec])[0])
 
     def select(self, spec: SelectSpec) -> Merged:
         """``Registry.select``'s steps for a checked spec: the winner merged, the others abandoned."""
-        m = spec.merge
-        _, found = self._sessions(m, spec.candidates)
-        forked_at = {cid: self._check_lineage(m, cid, found[cid]) for cid in spec.candidates}
-        for cid in spec.candidates:
-            got = found[cid]
-            if got.merged_into is not None and not (m.request_id and got.merged_into[2] == m.request_id):
-                into, seq, req = got.merged_into  # a stale selection: a candidate merged before
-                raise errors.already_merged(cid, into, _shown(req), seq)
-        merged = self._write(m, self._read_child(m), forked_at[m.child], spec.losers)
-        self._mark(m, merged, spec.losers)
-        return merged
+        return _raised(self.run_many([spec])[0])
+
+    def run_many(self, specs: Sequence[MergeSpec | SelectSpec]) -> list[Merged | errors.ForkError]:
+        """The merges and selects of checked specs, each step of them all in one round trip (the
+        records, the children's steps, the parents' steps, the marks; a lineage deeper than one
+        link reads each further link on its own): each spec's result, in order, as it would be
+        run alone (its ``Merged``, or its ``ForkError`` in the documented order), since each
+        step is one spec's atomic script and the parents' steps run in the order given. Two specs
+        of one batch see each other as two workers' requests would: a parent's step sees the
+        merges written before it in the batch, the records read first do not."""
+        out: list[Merged | errors.ForkError | None] = [None] * len(specs)
+        merges = [spec.merge if isinstance(spec, SelectSpec) else spec for spec in specs]
+        candidates = [spec.candidates if isinstance(spec, SelectSpec) else (spec.child,) for spec in specs]
+        losers = [spec.losers if isinstance(spec, SelectSpec) else () for spec in specs]
+        read = self._records_many([(m.parent_id, *c) for m, c in zip(merges, candidates, strict=True)],
+                                  [m.request_id for m in merges])
+        forked_at: dict[int, int] = {}
+        for i, (m, found) in enumerate(zip(merges, read, strict=True)):
+            try:
+                forked_at[i] = self._checked(m, candidates[i], found, isinstance(specs[i], SelectSpec))
+            except errors.ForkError as exc:
+                out[i] = exc
+        live = list(forked_at)
+        child_steps = self._many([self._read_op(merges[i]) for i in live])
+        writes: list[tuple[int, lua.Call, tuple[int, int]]] = []
+        for i, reply in zip(live, child_steps, strict=True):
+            try:
+                got = _read_result(merges[i], reply)
+                writes.append((i, self._write_op(merges[i], got, forked_at[i], losers[i]), got[:2]))
+            except errors.ForkError as exc:
+                out[i] = exc
+        parent_steps = self._many([op for _, op, _ in writes])
+        done: list[tuple[int, Merged]] = []
+        for (i, _, seqs), reply in zip(writes, parent_steps, strict=True):
+            try:
+                done.append((i, self._write_result(merges[i], seqs, losers[i], reply)))
+            except errors.ForkError as exc:
+                out[i] = exc
+        self._mark_many([(merges[i], merged, losers[i]) for i, merged in done])
+        for i, merged in done:
+            out[i] = merged
+        return [result for result in out if result is not None]
 
     # -- reads -----------------------------------------------------------------------------------
 
-    def _sessions(self, spec: MergeSpec, children: Sequence[str]) -> tuple[_Record, dict[str, _Record]]:
-        """The parent's and the children's records, in one round trip: ``SESSION_NOT_FOUND`` (the
-        parent, then each child), ``SESSION_NOT_LIVE`` (the parent; its step checks again) unless
-        this request planned its merge already (a retry: it answers its first merge)."""
+    def _checked(self, spec: MergeSpec, children: Sequence[str], read: list[_Record], select: bool) -> int:
+        """The checks on the records read: ``SESSION_NOT_FOUND`` (the parent, then each child),
+        ``SESSION_NOT_LIVE`` (the parent; its step checks again) unless this request planned its
+        merge already (a retry: it answers its first merge), then each child's lineage
+        (``_check_lineage``) and, for a select, a candidate merged before (a stale selection).
+        Returns the merged child's ``forkedAt``."""
         pid, instance = split_ref(spec.parent)
-        read = self._records([pid, *children], spec.request_id)
-        parent = read[0]
+        parent, found = read[0], dict(zip(children, read[1:], strict=True))
         if not parent.exists:
             raise errors.not_found(pid)
-        for cid, got in zip(children, read[1:], strict=True):
+        for cid, got in found.items():
             if not got.exists:
                 raise errors.not_found(cid)
-        retry = any(got.planned for got in read[1:])
+        retry = any(got.planned for got in found.values())
         if not retry and (parent.instance is None or (instance and parent.instance != instance)):
             raise errors.not_live(pid)
-        return parent, dict(zip(children, read[1:], strict=True))
+        forked_at = {cid: self._check_lineage(spec, cid, got) for cid, got in found.items()}
+        if select:
+            for cid, got in found.items():
+                if got.merged_into is not None and not (spec.request_id and got.merged_into[2] == spec.request_id):
+                    into, seq, req = got.merged_into  # a stale selection: a candidate merged before
+                    raise errors.already_merged(cid, into, _shown(req), seq)
+        return forked_at[spec.child]
 
     def _records(self, ids: Sequence[str], request_id: str = "") -> list[_Record]:
-        fields = [*_RECORD, plan_field(request_id)] if request_id else list(_RECORD)
+        return self._records_many([ids], [request_id])[0]
+
+    def _records_many(self, groups: Sequence[Sequence[str]], request_ids: Sequence[str]) -> list[list[_Record]]:
+        """The records of each group of session ids (with the plan field of its request id, when
+        given), in one round trip."""
         pipe = self.redis.pipeline(transaction=False)
-        for sid in ids:
-            pipe.hmget(keys.session(sid), fields)
-        out = []
-        for header, instance, parent, seedlen, length, merged, abandoned, *plan in pipe.execute():
-            n = 0 if length is None else int(length)
-            out.append(_Record(
-                exists=header is not None, instance=None if instance is None else wire.text(instance),
-                parent=records.parent_of(header, parent), seed_length=n if seedlen is None else int(seedlen),
-                length=n, merged_into=None if merged is None else _merged_into.decode(merged),
-                abandoned=None if abandoned is None else wire.text(abandoned), planned=bool(plan and plan[0])))
+        for ids, request_id in zip(groups, request_ids, strict=True):
+            fields = [*_RECORD, plan_field(request_id)] if request_id else list(_RECORD)
+            for sid in ids:
+                pipe.hmget(keys.session(sid), fields)
+        rows = iter(pipe.execute())
+        out: list[list[_Record]] = []
+        for ids in groups:
+            group = []
+            for header, instance, parent, seedlen, length, merged, abandoned, *plan in (next(rows) for _ in ids):
+                n = 0 if length is None else int(length)
+                group.append(_Record(
+                    exists=header is not None, instance=None if instance is None else wire.text(instance),
+                    parent=records.parent_of(header, parent), seed_length=n if seedlen is None else int(seedlen),
+                    length=n, merged_into=None if merged is None else _merged_into.decode(merged),
+                    abandoned=None if abandoned is None else wire.text(abandoned), planned=bool(plan and plan[0])))
+            out.append(group)
         return out
 
     def _check_lineage(self, spec: MergeSpec, child: str, record: _Record) -> int:
@@ -156,54 +200,41 @@ class MergeSteps:
             raise errors.abandoned(child, _shown(record.abandoned))
         return at.seed_length
 
-    def _read_child(self, spec: MergeSpec) -> tuple[int, int, list[bytes]]:
-        """The child's step: ``(fromSeq, toSeq, stored events)`` (mode ``summary``: none); with a
-        request id it keeps the range it resolved in the child's record (``plan_field``), and a
-        retry takes that range, whatever the child holds now. ``PRECONDITION_FAILED``
-        (``ifChildLength``), then ``INVALID_BOUNDARY`` for a range outside the child's own
-        events, over ``MAX_MERGE_EVENTS``, or not ending between turns."""
+    def _read_op(self, spec: MergeSpec) -> lua.Call:
+        """The child's step (``merge_read.lua``, read-only but for the plan): which of its events
+        (mode ``summary``: none); with a request id it keeps the range it resolved in the child's
+        record (``plan_field``), and a retry takes that range, whatever the child holds now."""
         cid = spec.child
-        reply = self._call(self.state.scripts.op(
+        return self.state.scripts.op(
             "merge_read", record=keys.session(cid), turns=keys.session_turns(cid), log=keys.session_log(cid),
             if_length="" if spec.if_child_length is None else spec.if_child_length,
             from_seq="" if spec.from_seq is None else spec.from_seq,
             to_seq="" if spec.to_seq is None else spec.to_seq, most=MAX_MERGE_EVENTS,
             events="1" if spec.mode == "events" else "0", most_bytes=MAX_MERGE_BYTES,
-            plan=plan_field(spec.request_id) if spec.request_id else ""))
-        status = wire.text(reply[0])
-        if status == "NOT_FOUND":
-            raise errors.not_found(cid)
-        if status == "ABANDONED":
-            raise errors.abandoned(cid, _shown(wire.text(reply[1])))
-        if status == "PRECONDITION":
-            raise errors.precondition_failed(cid, int(reply[1]), int(spec.if_child_length or 0))
-        if status == "RANGE":
-            raise _range_error(spec, wire.text(reply[1]), int(reply[2]), int(reply[3]))
-        if status == "INSIDE":
-            raise errors.invalid_range(cid, f"toSeq {int(reply[1])} is inside the turn opened at seq {int(reply[2])}: "
-                                            "a merge ends between turns")
-        if status == "NOINDEX":
-            raise errors.invalid_range(cid, "its record was written before turn indexes; fork it once and merge "
-                                            "the fork")
-        return int(reply[1]), int(reply[2]), list(reply[5:])
+            plan=plan_field(spec.request_id) if spec.request_id else "")
 
     # -- writes ----------------------------------------------------------------------------------
 
-    def _write(self, spec: MergeSpec, read: tuple[int, int, list[bytes]], forked_at: int,
-               others: Sequence[str]) -> Merged:
-        """The parent's step: the merge's turn, or ``NOT_FOUND``/``NOT_LIVE``, ``ALREADY_MERGED``,
-        ``PRECONDITION_FAILED`` (``ifParentLength``), ``OPEN_TURN``; a replay of this request id
-        writes nothing and answers the first merge."""
+    def _write_op(self, spec: MergeSpec, read: tuple[int, int, list[bytes]], forked_at: int,
+                  others: Sequence[str]) -> lua.Call:
+        """The parent's step (``merge.lua``): the merge's turn, written at once or not at all.
+        ``INVALID_REQUEST`` for an event of it over the size limit, before any write."""
         from_seq, to_seq, stored = read
         pid, instance = split_ref(spec.parent)
-        now = self.state.clock()
-        events = self.merge_events(spec, (from_seq, to_seq), forked_at, stored, now)
-        reply = self._call(self.state.scripts.op(
+        events = self.merge_events(spec, (from_seq, to_seq), forked_at, stored, self.state.clock())
+        return self.state.scripts.op(
             "merge", record=keys.session(pid), log=keys.session_log(pid), turns=keys.session_turns(pid),
             merges=keys.session_merges(pid), lifecycle=self.state.lifecycle_key, instance=instance,
             if_length="" if spec.if_parent_length is None else spec.if_parent_length,
             request_id=spec.request_id, merge_key=merge_key(spec.child, from_seq, to_seq), child=spec.child,
-            others=" ".join(others), maxlen=self.state.lifecycle_maxlen, session_id=pid, events=events))
+            others=" ".join(others), maxlen=self.state.lifecycle_maxlen, session_id=pid, events=events)
+
+    def _write_result(self, spec: MergeSpec, span: tuple[int, int], others: Sequence[str], reply: Any) -> Merged:
+        """What the parent's step answered: the merge, or ``NOT_FOUND``/``NOT_LIVE``,
+        ``ALREADY_MERGED``, ``PRECONDITION_FAILED`` (``ifParentLength``), ``OPEN_TURN``; a replay of
+        this request id wrote nothing and answers the first merge."""
+        from_seq, to_seq = span
+        pid, _ = split_ref(spec.parent)
         status = wire.text(reply[0])
         if status == "OK":
             first, length = int(reply[1]), int(reply[2])
@@ -247,25 +278,29 @@ class MergeSteps:
         out += self.store.encode_events([NewEvent(rules.TURN_END, {"reason": "merged"})], now)
         return out
 
-    def _mark(self, spec: MergeSpec, merged: Merged, losers: Sequence[str]) -> None:
-        """The child marked merged (``mergedinto``), a select's other candidates abandoned, and each
-        entered in the ended index (``keys.ENDED_INDEX``): idempotent, one round trip per server."""
+    def _mark_many(self, done: Sequence[tuple[MergeSpec, Merged, Sequence[str]]]) -> None:
+        """Each merged child marked merged (``mergedinto``), each select's other candidates
+        abandoned, and each entered in the ended index (``keys.ENDED_INDEX``): idempotent, one
+        round trip per server."""
+        if not done:
+            return
         now = self.state.clock()
         ended = None if self.state.cluster else keys.ENDED_INDEX
-        value = _json.encode([merged.parent, merged.first, spec.request_id])
-        ops: list[lua.Call] = [self.state.scripts.op("mark", record=keys.session(merged.child), ended=ended,
-                                                     kind="merged", value=value, now=now, session_id=merged.child)]
-        ops += [self.state.scripts.op("mark", record=keys.session(cid), ended=ended, kind="abandoned",
-                                      value=spec.request_id or "-", now=now, session_id=cid) for cid in losers]
+        ops: list[lua.Call] = []
+        for spec, merged, losers in done:
+            value = _json.encode([merged.parent, merged.first, spec.request_id])
+            ops.append(self.state.scripts.op("mark", record=keys.session(merged.child), ended=ended,
+                                             kind="merged", value=value, now=now, session_id=merged.child))
+            ops += [self.state.scripts.op("mark", record=keys.session(cid), ended=ended, kind="abandoned",
+                                          value=spec.request_id or "-", now=now, session_id=cid) for cid in losers]
         lua.eval_many(self.redis, ops)
         if self.state.cluster:
-            self.redis.zadd(keys.ENDED_INDEX, dict.fromkeys([merged.child, *losers], now), nx=True)
+            marked = [sid for _, merged, losers in done for sid in (merged.child, *losers)]
+            self.redis.zadd(keys.ENDED_INDEX, dict.fromkeys(marked, now), nx=True)
 
-    def _call(self, op: lua.Call) -> Any:
-        if not self.state.cluster:
-            return lua.run(self.redis, [op])[0]
-        script, script_keys, args = op
-        return script(keys=list(script_keys), args=list(args))
+    def _many(self, ops: Sequence[lua.Call]) -> list[Any]:
+        """The replies of ``ops``: one round trip per server (``lua.eval_many``)."""
+        return lua.eval_many(self.redis, ops) if ops else []
 
 
 MERGE_EVENT = "session/merge"
@@ -281,6 +316,35 @@ def plan_field(request_id: str) -> str:
     """The child's record field that keeps the range a request's merge of it resolved
     (``merge_read.lua``): a retry merges the same range, so the parent's step recognises it."""
     return f"plan:{request_id}"
+
+
+def _raised(result: Merged | errors.ForkError) -> Merged:
+    if isinstance(result, errors.ForkError):
+        raise result
+    return result
+
+
+def _read_result(spec: MergeSpec, reply: Any) -> tuple[int, int, list[bytes]]:
+    """What the child's step answered: ``(fromSeq, toSeq, stored events)``, or
+    ``PRECONDITION_FAILED`` (``ifChildLength``), then ``INVALID_BOUNDARY`` for a range outside the
+    child's own events, over ``MAX_MERGE_EVENTS``, or not ending between turns."""
+    cid = spec.child
+    status = wire.text(reply[0])
+    if status == "NOT_FOUND":
+        raise errors.not_found(cid)
+    if status == "ABANDONED":
+        raise errors.abandoned(cid, _shown(wire.text(reply[1])))
+    if status == "PRECONDITION":
+        raise errors.precondition_failed(cid, int(reply[1]), int(spec.if_child_length or 0))
+    if status == "RANGE":
+        raise _range_error(spec, wire.text(reply[1]), int(reply[2]), int(reply[3]))
+    if status == "INSIDE":
+        raise errors.invalid_range(cid, f"toSeq {int(reply[1])} is inside the turn opened at seq {int(reply[2])}: "
+                                        "a merge ends between turns")
+    if status == "NOINDEX":
+        raise errors.invalid_range(cid, "its record was written before turn indexes; fork it once and merge "
+                                        "the fork")
+    return int(reply[1]), int(reply[2]), list(reply[5:])
 
 
 def _shown(request_id: str) -> str:

@@ -86,6 +86,24 @@ def run(registry: Registry, spec: MergeSpec | SelectSpec) -> Merged:
     return registry.merges.merge(spec)
 
 
+def run_many(registry: Registry, specs: Sequence[MergeSpec | SelectSpec]) -> list[Merged | errors.ForkError]:
+    """The steps of many specs at once, each step of them all in one round trip
+    (``MergeSteps.run_many``): each spec's result as ``run`` gives it (its error returned, not
+    raised), in order."""
+    out: list[Merged | errors.ForkError | None] = []  # None: checked, to run
+    checked: list[MergeSpec | SelectSpec] = []
+    for spec in specs:
+        try:
+            check(registry, spec)
+        except errors.ForkError as exc:
+            out.append(exc)
+            continue
+        checked.append(spec)
+        out.append(None)
+    ran = iter(registry.merges.run_many(checked))
+    return [next(ran) if result is None else result for result in out]
+
+
 def check(registry: Registry, spec: MergeSpec | SelectSpec) -> None:
     """The summary's JSON and size checked as ``append`` checks an event: ``INVALID_REQUEST``
     before any Redis call."""

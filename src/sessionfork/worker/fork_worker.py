@@ -86,12 +86,12 @@ class ForkWorker(SeamWorker):
         self._run(job, queue, payload, start)
 
     def run_batch(self, jobs: list[Job], queue: Queue) -> None:
-        """Run the jobs one ``take`` moved: the valid plain forks of one child together
-        (``ForkService.handle_many``: one round trip for every claim, one for every child step, one
-        transaction for every record; RQ's start bookkeeping of them all in the first, its success
-        bookkeeping in the records' transaction), then every
-        other job on its own (``run_job``: a fan-out, a merge, a select, a job or request refused),
-        so that none of those holds the batch's replies. When the batch fails unexpectedly, each
+        """Run the jobs one ``take`` moved: the valid plain forks of one child and the valid merges
+        together (``ForkService.handle_many``: one round trip for every claim, one for every child
+        step, one for each merge step, one transaction for every record; RQ's start bookkeeping of
+        them all in the first, its success bookkeeping in the records' transaction), then every
+        other job on its own (``run_job``: a fan-out, a select, a job or request refused), so that
+        none of those holds the batch's replies. When the batch fails unexpectedly, each
         of its requests runs on its own (``run_job``; idempotent: a request done is a replay),
         as started already when its start was sent."""
         batch: list[tuple[Job, str, Prepared]] = []

@@ -35,11 +35,12 @@ from ..core.config import Settings
 from ..core.errors import ErrorCode, ForkError
 from ..core.factories import new_session_id, now_ms
 from ..core.forks import FanOut
+from ..core.merge_steps import Merged
 from ..core.outages import is_outage
 from ..core.registry import Registry
 from ..core.snapshots import ForkPlan, Snapshot
 from ..core.specs import ForkSpec, MergeSpec, SelectSpec
-from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, Outcome, Reply
+from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, MergeRequest, Outcome, Reply
 from ..protocol import merge_requests, requests, tracing
 from ..protocol.requests import DEFAULT_LIMITS, Limits
 from ..protocol.shards import shard_of
@@ -60,12 +61,12 @@ class Start(Part, Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A request a batch runs (``ForkService.prepare``): a valid plain fork of one child, parsed
-    and checked, with its one spec."""
+    """A request a batch runs (``ForkService.prepare``): a valid plain fork of one child or a valid
+    merge, parsed and checked, with its one spec."""
 
     payload: str | bytes
-    request: ForkRequest
-    spec: ForkSpec
+    request: ForkRequest | MergeRequest
+    spec: ForkSpec | MergeSpec
     channel: str
     enqueued_ms: int | None = None
 
@@ -123,20 +124,23 @@ class ForkService:
 
     def prepare(self, payload: str | bytes, job_id: str, *, enqueued_ms: int | None = None) -> Prepared | None:
         """``payload`` parsed and checked for a batch (``handle_many``), when it is a valid plain
-        fork of one child on this shard; ``None`` for anything else (a fan-out, a merge, a select,
-        a refused request), and for every request when forks wait for replicas (each its own WAIT,
-        retried alone when too few acknowledge): ``handle`` runs it on its own, so that none of
-        them holds a batch."""
+        fork of one child or a valid merge on this shard; ``None`` for anything else (a fan-out, a
+        select: each touches many sessions; a refused request), and for every request when forks
+        wait for replicas (each its own WAIT, retried alone when too few acknowledge): ``handle``
+        runs it on its own, so that none of them holds a batch."""
         if self.registry.forks.state.wait_replicas:
             return None
         try:
             self._check_shard(job_id)
-            if wire.request_op(payload) != "fork":
+            op = wire.request_op(payload)
+            if op not in ("fork", "merge"):
                 return None
-            request, spec = self._parse("fork", payload, job_id)
+            request, spec = self._parse(op, payload, job_id)
         except ForkError:
             return None
-        if not isinstance(request, ForkRequest) or not isinstance(spec, ForkSpec) or len(spec.child_ids) != 1:
+        if isinstance(spec, ForkSpec) and len(spec.child_ids) == 1 and isinstance(request, ForkRequest):
+            pass
+        elif not isinstance(spec, MergeSpec) or not isinstance(request, MergeRequest):
             return None
         return Prepared(payload, request, spec, requests.reply_channel(request, self.reply_channel), enqueued_ms)
 
@@ -144,8 +148,10 @@ class ForkService:
                     finish: ThenMany | None = None) -> list[Outcome]:
         """Run a batch of prepared requests to their outcomes (each the first one, on a replay): the
         claims (one script call) and source steps (one per source) in one round trip (with
-        ``start``, the worker's RQ start bookkeeping of the batch, at the head), every request's
-        child step in one round trip (``forks.create_many``), then the records and announcements
+        ``start``, the worker's RQ start bookkeeping of the batch, at the head), every fork's
+        child step in one round trip (``forks.create_many``), each step of every merge in one
+        (``merges.run_many``: records, children's steps, parents' steps, marks), then the records
+        and announcements
         (one script call) in one transaction (with ``finish``, its RQ success
         bookkeeping, once ``start`` was sent). Each request's guarantees are ``handle``'s; an
         unexpected exception is raised for the caller to run the requests on their own
@@ -161,34 +167,43 @@ class ForkService:
                      finish: ThenMany | None) -> list[Outcome]:
         started = self._monotonic()
         trip = self._trip(start)
-        claims = trip.ops([self.outcomes.claim_op([(item.spec.request_id, item.request, item.spec.child_ids)
+        claims = trip.ops([self.outcomes.claim_op([(item.spec.request_id, item.request, _children(item.spec))
                                                    for item in batch])])
         # Source steps only read: a batch of forks of one source reads it once (``Trip.reads``).
         looks = [None if look is None else trip.reads(look)
-                 for look in (self._source_ops(item.spec, trip) for item in batch)]
+                 for look in (self._source_ops(item.spec, trip) if isinstance(item.spec, ForkSpec) else None
+                              for item in batch)]
         groups = trip.run()
-        pending: list[Pending | None] = []  # None: a fork whose children ``forks.create_many`` makes
+        pending: list[Pending | None] = []  # None: a fork or a merge still to run
         planned: list[tuple[ForkSpec, ForkPlan, Snapshot | None]] = []
+        merging: list[MergeSpec] = []
         for item, raw, look in zip(batch, groups[claims][0], looks, strict=True):
-            request_id = item.spec.request_id
+            request_id, op = item.spec.request_id, _op(item.spec)
             claim = self.outcomes.claim_of(raw, request_id)
             if claim.outcome is not None:
                 pending.append(Pending(claim.outcome, store=False))
             elif claim.state == "CONFLICT":  # never announced: as ``handle``
-                pending.append(Pending(_conflict("fork", request_id), store=False))
+                pending.append(Pending(_conflict(op, request_id), store=False))
+            elif isinstance(item.spec, MergeSpec):
+                merging.append(item.spec)
+                pending.append(None)
             else:
                 new = claim.state == "NEW"
                 spec = item.spec if new else item.spec.with_children(claim.children)
                 planned.append((spec, *self._plan(spec, claim, groups[look] if new and look is not None else None)))
                 pending.append(None)
-        # Every child step of the batch in one round trip.
+        # Every child step of the batch in one round trip; each merge step of its merges in one.
         made = iter(forks.create_many(self.registry, planned))
+        merged = iter(merges.run_many(self.registry, merging))
         for i, (item, done) in enumerate(zip(batch, pending, strict=True)):
             if done is None:
                 try:
-                    reply: Outcome = _single(item.spec.request_id, next(made))
+                    if isinstance(item.spec, MergeSpec):
+                        reply: Outcome = merge_requests.reply_of(item.spec.request_id, _raised(next(merged)), False)
+                    else:
+                        reply = _single(item.spec.request_id, next(made))
                 except ForkError as exc:
-                    reply = wire.failure("fork", item.spec.request_id, exc.code.value, exc.message)
+                    reply = wire.failure(_op(item.spec), item.spec.request_id, exc.code.value, exc.message)
                 pending[i] = Pending(reply, item.channel, int((self._monotonic() - started) * 1e6),
                                      _latency_us(item.enqueued_ms))
         then = finish if start is not None and start.sent else None  # RQ's order: start, then finish
@@ -352,6 +367,22 @@ def _single(request_id: str, result: FanOut | ForkError) -> Reply:
     if result.failed:
         raise result.failed[0][1]
     return ForkResult(request_id=request_id, session=result.created[0])
+
+
+def _children(spec: ForkSpec | MergeSpec) -> Sequence[str]:
+    """The children a request's claim plans: a fork's; a merge plans none."""
+    return spec.child_ids if isinstance(spec, ForkSpec) else ()
+
+
+def _op(spec: ForkSpec | MergeSpec) -> str:
+    """The request's op, as its failures name it."""
+    return "fork" if isinstance(spec, ForkSpec) else "merge"
+
+
+def _raised(result: Merged | ForkError) -> Merged:
+    if isinstance(result, ForkError):
+        raise result
+    return result
 
 
 def _conflict(op: str, request_id: str) -> Outcome:
