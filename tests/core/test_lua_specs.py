@@ -11,6 +11,8 @@ import pytest
 from script_tables import ALL
 
 from sessionfork.core import lua
+from sessionfork.worker.rq_seam import ledger
+from sessionfork.worker.rq_seam import worker as seam_worker
 
 SRC = Path(__file__).parents[2] / "src" / "sessionfork"
 
@@ -39,6 +41,20 @@ def test_each_spec_names_as_many_keys_as_its_script_reads(name: str) -> None:
         assert "#KEYS" in text and max(used, default=0) == len(spec.keys) - 1, name
         return
     assert max(used) == len(spec.keys), name
+
+
+EVERY = {**ALL, **ledger.SCRIPTS, **seam_worker.SCRIPTS}  # with RQ's seam's own scripts
+
+
+@pytest.mark.parametrize("name", sorted(EVERY))
+def test_a_scripts_compact_text_drops_only_its_comment_lines(name: str) -> None:
+    """``lua.compact`` (the text registered and sent with each ``EVAL``) drops whole-line comments:
+    safe only while no script holds a long bracket (a block comment or a multi-line string)."""
+    text = lua.source(f"{name}.lua", EVERY[name].package)
+    assert "[[" not in text and "[=" not in text, name
+    code = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("--")]
+    assert lua.compact(text).splitlines() == code
+    assert len(lua.compact(text)) < len(text)  # every script documents itself in comments
 
 
 def test_build_takes_names_in_order_and_leaves_out_trailing_optional_ones() -> None:

@@ -227,9 +227,11 @@ def test_a_sigterm_does_not_interrupt_the_blocking_dequeue_it_lands_in(server: E
 def test_heartbeat_at_most_once_a_second_and_4_round_trips_per_job(server: EmbeddedServer, redis: Redis) -> None:
     """RQ's bookkeeping riding the request's round trips, the next job's hash read with its dequeue,
     the heartbeat throttled: counted by the server itself
-    (``total_reads_processed``: one per round trip; ``HEXISTS``: the worker's own beat)."""
+    (``total_reads_processed``: one per round trip; ``HEXISTS``: the worker's own beat). The worker
+    takes one request at a time (``SESSIONFORK_BATCH=1``), as it serves a lone request: a batch's
+    round trips are the whole batch's (``test_batches.py``)."""
     name = worker_name("rt")
-    proc = start_worker(server.url, name)
+    proc = start_worker(server.url, name, SESSIONFORK_BATCH=1)
     try:
         wait_registered(redis, name)
         registry = Registry(redis)

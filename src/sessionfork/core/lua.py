@@ -198,9 +198,19 @@ def source(name: str, package: str | None = None) -> str:
 
 
 def register(redis: Any, name: str, package: str | None = None) -> Script:
-    """Register ``scripts/<name>`` of ``package`` with ``redis`` (SHA computed locally; loaded on demand)."""
-    script: Script = redis.register_script(source(name, package))
+    """Register ``scripts/<name>`` of ``package`` with ``redis`` (SHA computed locally; loaded on
+    demand), its text without its comment lines (``compact``)."""
+    script: Script = redis.register_script(compact(source(name, package)))
     return script
+
+
+def compact(text: str) -> str:
+    """A script's text without its blank lines and the lines that are only a comment: the text a
+    worker sends with every ``EVAL`` (``add_loaded``), which the server reads and hashes each time,
+    and which fits a pipeline's first write where the commented text took two. No script uses long
+    brackets (``[[``), so a line starting ``--`` is a whole comment."""
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if line.strip() and not line.lstrip().startswith("--"))
 
 
 class NotReplicated(Exception):
