@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import re
+import socket
 import threading
 import time
 import zlib
@@ -368,6 +369,33 @@ def test_the_outcome_hook_gets_each_jobs_latency_in_a_batch_and_alone(redis: Red
     assert Counting.takes == [4] and Counting.alone == [fan]  # both paths ran
     assert sorted(seen) == sorted([fan, *singles])
     assert all(latency is not None and 0 <= latency < 60 for latency in seen.values()), seen
+
+
+def test_a_job_alone_sends_each_of_its_4_round_trips_in_one_write(redis: Redis, registry: Registry,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """One request at a time (``SESSIONFORK_BATCH=1``), a job's 4 round trips (dequeue with the job
+    hash, RQ's start with the claim and source step, the child, the record with RQ's finish) are 4
+    writes on the socket: each pipeline, its scripts' ``EVAL`` text included (``lua.compact``),
+    fits redis-py's one write. Counted at the socket, so the server's timing cannot hide a
+    pipeline split in two."""
+    registry.append(registry.create("src"), TURN)
+    n = 200
+    _submit(Client(redis), n, "w")
+    worker = _worker(redis, registry, 1)
+    worker.work(burst=True, logging_level="WARNING", max_jobs=1)  # registered, scripts loaded: the rest is jobs
+    writes = [0]
+    sendall = socket.socket.sendall
+
+    def counted(self: socket.socket, data: Any, *args: Any) -> None:
+        writes[0] += 1
+        sendall(self, data, *args)
+
+    monkeypatch.setattr(socket.socket, "sendall", counted)
+    worker = _worker(redis, registry, 1)
+    worker.work(burst=True, logging_level="WARNING")
+    monkeypatch.undo()
+    assert Outcomes(redis, ttl=600, stream_maxlen=10).get(f"w-{n - 1}") is not None
+    assert writes[0] / (n - 1) <= 4.5, writes[0] / (n - 1)  # a worker's start and stop: a few dozen
 
 
 def test_max_jobs_counts_jobs_not_batches(redis: Redis, registry: Registry) -> None:
