@@ -25,6 +25,7 @@ from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.merge_steps import Merged, MergeSteps, merge_key
 from sessionfork.core.registry import Registry
 from sessionfork.core.specs import MergeSpec, SelectSpec
+from sessionfork.core.state import RegistryState
 from sessionfork.core.wire import MergedInto
 from sessionfork.embedded import EmbeddedCluster
 
@@ -148,6 +149,35 @@ def test_a_merge_that_died_between_the_parent_step_and_the_marks_is_marked_by_it
     assert {wire.text(k): wire.text(v) for k, v in index.items()} == {merge_key(child, 4, 7): "died-1 4 11"}
     assert json.loads(cluster_client.hget(keys.session(child), "mergedinto") or "") == ["dp", 4, "died-1"]
     assert cluster_client.zscore(keys.ENDED_INDEX, child) is not None
+
+
+def test_a_merge_that_died_before_its_flush_is_flushed_by_its_retry(
+        cluster_registry: Registry, cluster_client: RedisCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a cluster the parent's ``session/flush`` follows its step (the lifecycle stream is in
+    another slot): a run that died in between leaves it to the retry, which finds its merge done
+    (a replay) and asks the flush."""
+    (child,) = elsewhere(cluster_client, "fp", "fk", 1)
+    family(cluster_registry, "fp", [child])
+
+    class Dies(Exception):
+        pass
+
+    def dies(*args: object) -> None:
+        raise Dies
+
+    monkeypatch.setattr(RegistryState, "emit", dies)
+    with pytest.raises(Dies):
+        merges.merge(cluster_registry, "fp", child, mode="events", request_id="died-f")
+    monkeypatch.undo()
+    assert cluster_registry.length("fp") == 11  # the parent's step ran; then the process died
+
+    def flushes() -> list[dict[bytes, bytes]]:
+        return [f for _, f in cluster_client.xrange(keys.LIFECYCLE_STREAM)
+                if f[b"type"] == b"session/flush" and f[b"id"] == b"fp" and f[b"len"] == b"11"]
+
+    assert flushes() == []
+    again = merges.merge(cluster_registry, "fp", child, mode="events", request_id="died-f")
+    assert (again.first, again.length) == (4, 11) and len(flushes()) == 1
 
 
 def test_a_select_that_died_between_the_parent_step_and_the_marks_is_marked_by_its_retry(

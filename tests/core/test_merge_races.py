@@ -292,3 +292,19 @@ def test_a_retry_that_ran_whole_between_the_first_runs_reads_and_its_parent_step
     first = merges.merge(registry, "p", "c", mode="events", request_id="twice")
     assert outcome_of(lambda: parent_step(registry, spec, read, 4, ())) == first
     assert registry.length("p") == 11 and [kind for kind, _ in segments(registry.events("p"))] == ["merge"]
+
+
+def test_a_batchs_parent_steps_go_in_order_whatever_the_servers_script_cache(registry: Registry) -> None:
+    """A batch's parents' steps are sent as ``EVAL`` of their text (``lua.eval_many(in_order=True)``):
+    never NOSCRIPT, so none is re-run after the steps that followed it (another client loading the
+    script in between would have let the second merge into a parent land first)."""
+    family(registry, "po", ["a", "b"])
+    redis = registry.redis
+    redis.script_flush()
+    redis.config_resetstat()
+    first = merges.merge_spec("po", "a", {"mode": "events", "request_id": "po-1"})
+    second = merges.merge_spec("po", "b", {"mode": "events", "request_id": "po-2", "if_parent_length": 11})
+    done = merges.run_many(registry, [first, second])
+    assert [(m.first, m.length) if isinstance(m, Merged) else m for m in done] == [(4, 11), (11, 18)]
+    stats = redis.info("commandstats")
+    assert stats.get("cmdstat_eval", {}).get("calls", 0) == 2  # the two parents' steps, each with its text

@@ -220,16 +220,20 @@ class NotReplicated(Exception):
     """
 
 
-def eval_many(redis: Any, calls: Sequence[Call], *, replicas: int = 0, wait_ms: int = 1000) -> list[Any]:
+def eval_many(redis: Any, calls: Sequence[Call], *, replicas: int = 0, wait_ms: int = 1000,
+              in_order: bool = False) -> list[Any]:
     """Results of ``calls`` in order: one round trip per server involved.
 
     With ``replicas``, each server's batch ends with WAIT on the same connection, and
     ``NotReplicated`` is raised when fewer replicas acknowledged the writes within ``wait_ms``.
+    ``in_order``: the calls of each server run in the order given, whatever the server's script
+    cache (each sent as ``EVAL`` of its text: a NOSCRIPT re-run would come after the calls that
+    followed it).
     """
     if not calls:
         return []
     if not isinstance(redis, RedisCluster):
-        return run(redis, calls, replicas=replicas, wait_ms=wait_ms)
+        return run(redis, calls, replicas=replicas, wait_ms=wait_ms, in_order=in_order)
     groups: dict[str, tuple[Any, list[int]]] = {}
     for i, (_, keys, _) in enumerate(calls):
         node = redis.get_node_from_key(keys[0])  # type: ignore[no-untyped-call]
@@ -238,7 +242,8 @@ def eval_many(redis: Any, calls: Sequence[Call], *, replicas: int = 0, wait_ms: 
 
     def run_group(node: Any, indexes: list[int]) -> None:
         client = redis.get_redis_connection(node)
-        batch = run(client, [calls[i] for i in indexes], replicas=replicas, wait_ms=wait_ms, keep_errors=_REDIRECTED)
+        batch = run(client, [calls[i] for i in indexes], replicas=replicas, wait_ms=wait_ms, keep_errors=_REDIRECTED,
+                    in_order=in_order)
         for i, result in zip(indexes, batch, strict=True):
             if isinstance(result, _REDIRECTED):
                 script, keys, args = calls[i]
@@ -257,15 +262,23 @@ def eval_many(redis: Any, calls: Sequence[Call], *, replicas: int = 0, wait_ms: 
 
 
 def run(redis: Any, ops: Sequence[Op], *, replicas: int = 0, wait_ms: int = 1000,
-        keep_errors: tuple[type[Exception], ...] = ()) -> list[Any]:
+        keep_errors: tuple[type[Exception], ...] = (), in_order: bool = False) -> list[Any]:
     """Results of ``ops`` on one server, in order, in one pipelined round trip (two after a NOSCRIPT).
 
     An error reply raises, unless it is one of ``keep_errors`` (then it is the op's result). With
     ``replicas``, the batch ends with WAIT on the same connection (``NotReplicated`` when fewer
-    replicas acknowledged within ``wait_ms``).
+    replicas acknowledged within ``wait_ms``). ``in_order``: script calls sent as ``EVAL`` of their
+    text (``add_loaded``), never NOSCRIPT, so none re-runs after the ops that followed it.
     """
     pipe = redis.pipeline(transaction=False)
-    add(pipe, ops)
+    if in_order:
+        for op in ops:
+            if isinstance(op[0], Script):
+                add_loaded(pipe, op)
+            else:
+                pipe.execute_command(*op)
+    else:
+        add(pipe, ops)
     if replicas:
         pipe.execute_command("WAIT", replicas, wait_ms)
     out = list(pipe.execute(raise_on_error=False))

@@ -9,7 +9,8 @@ once and a request id merge once), then marks the child merged (``mark.lua``; a 
 its other candidates abandoned). The parent's step is the one effect: a worker that dies after it
 leaves a merge its retry recognises by request id, and marks again (marks are idempotent). No
 step touches two sessions' slots, so merges and selects run unchanged on a Redis Cluster, parent
-and child in different slots.
+and child in different slots. ``MergeSteps.run_many`` runs each step for many specs at once (a
+worker's batch): one round trip per step, the parents' steps in the order given.
 """
 
 from __future__ import annotations
@@ -122,13 +123,21 @@ class MergeSteps:
                 writes.append((i, self._write_op(merges[i], got, forked_at[i], losers[i]), got[:2]))
             except errors.ForkError as exc:
                 out[i] = exc
-        parent_steps = self._many([op for _, op, _ in writes])
+        parent_steps = self._many([op for _, op, _ in writes], in_order=True)
         done: list[tuple[int, Merged]] = []
         for (i, _, seqs), reply in zip(writes, parent_steps, strict=True):
             try:
                 done.append((i, self._write_result(merges[i], seqs, losers[i], reply)))
             except errors.ForkError as exc:
                 out[i] = exc
+        if self.state.cluster and done:
+            # The lifecycle stream lives in another slot than the parents: each merged parent's
+            # flush follows its step, also for a merge its retry finds done (the run that wrote it
+            # may have died before this; a flush asked twice is flushed twice, harmlessly).
+            with self.redis.pipeline(transaction=False) as pipe:
+                for _, merged in done:
+                    self.state.emit(pipe, "session/flush", merged.parent, merged.length)
+                pipe.execute()
         self._mark_many([(merges[i], merged, losers[i]) for i, merged in done])
         for i, merged in done:
             out[i] = merged
@@ -236,12 +245,7 @@ class MergeSteps:
         from_seq, to_seq = span
         pid, _ = split_ref(spec.parent)
         status = wire.text(reply[0])
-        if status == "OK":
-            first, length = int(reply[1]), int(reply[2])
-            if self.state.cluster:
-                self.state.emit(self.redis, "session/flush", pid, length)
-            return Merged(pid, spec.child, first, length, from_seq, to_seq, tuple(others))
-        if status == "REPLAY":
+        if status in ("OK", "REPLAY"):
             return Merged(pid, spec.child, int(reply[1]), int(reply[2]), from_seq, to_seq, tuple(others))
         if status == "NOT_FOUND":
             raise errors.not_found(pid)
@@ -298,9 +302,16 @@ class MergeSteps:
             marked = [sid for _, merged, losers in done for sid in (merged.child, *losers)]
             self.redis.zadd(keys.ENDED_INDEX, dict.fromkeys(marked, now), nx=True)
 
-    def _many(self, ops: Sequence[lua.Call]) -> list[Any]:
-        """The replies of ``ops``: one round trip per server (``lua.eval_many``)."""
-        return lua.eval_many(self.redis, ops) if ops else []
+    def _many(self, ops: Sequence[lua.Call], *, in_order: bool = False) -> list[Any]:
+        """The replies of ``ops``: one round trip per server (``lua.eval_many``; ``in_order``: each
+        server's in the order given, whatever its script cache). One op on a cluster goes through
+        the cluster client, which follows a failover's new topology itself."""
+        if not ops:
+            return []
+        if self.state.cluster and len(ops) == 1:
+            script, script_keys, args = ops[0]
+            return [script(keys=list(script_keys), args=list(args))]
+        return lua.eval_many(self.redis, ops, in_order=in_order and len(ops) > 1)
 
 
 MERGE_EVENT = "session/merge"
