@@ -18,11 +18,11 @@ from multiprocessing.context import SpawnProcess
 from typing import Any
 
 import pytest
-from helpers import turn
+from helpers import family
 from racing import report_on, run, succeeded
 from waits import outcome_of, wait_until
 
-from sessionfork.core import forks, merge_steps, merges
+from sessionfork.core import merge_steps, merges
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.merge_steps import Merged
 from sessionfork.core.registry import Registry
@@ -118,14 +118,6 @@ def _selector(port: int, winner: int, gate: Any, results: Any) -> None:
 
 
 # -- helpers ---------------------------------------------------------------------------------------
-
-
-def family(registry: Registry, parent: str, children: list[str]) -> None:
-    """``parent`` with one turn (4 events), each child forked from it with one turn of its own."""
-    registry.append(registry.create(parent), turn(1))
-    forks.fork_many(registry, parent, children)
-    for i, child in enumerate(children):
-        registry.append(child, turn(10 + i))
 
 
 def child_step(registry: Registry, spec: MergeSpec) -> tuple[int, int, list[bytes]]:

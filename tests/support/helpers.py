@@ -19,8 +19,9 @@ from rq import SimpleWorker
 from waits import wait_until
 
 from sessionfork.clients.client import Client
-from sessionfork.core import keys, records, wire
+from sessionfork.core import forks, keys, records, wire
 from sessionfork.core.config import Settings
+from sessionfork.core.registry import Registry
 from sessionfork.core.wire import NewEvent, Reply
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.worker.jobs import fresh_workers, make_queue
@@ -120,6 +121,14 @@ def turn(n: int) -> list[NewEvent]:
         NewEvent("assistant/message", {"text": f"answer {n}"}),
         NewEvent("turn/end", {"turn": n, "reason": {"kind": "completed"}}),
     ]
+
+
+def family(registry: Registry, parent: str, children: list[str]) -> None:
+    """``parent`` with one turn (4 events), each child forked from it with one turn of its own."""
+    registry.append(registry.create(parent), turn(1))
+    forks.fork_many(registry, parent, children)
+    for i, child in enumerate(children):
+        registry.append(child, turn(10 + i))
 
 
 def queue_of(client: Client) -> Any:

@@ -22,7 +22,7 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their 
     cluster_registry_fixture,
     completed_source,
 )
-from helpers import outcome_entries, queue_of, turn
+from helpers import family, outcome_entries, queue_of
 from redis import Redis
 from rq.executions import Execution
 from rq.job import Job
@@ -31,7 +31,7 @@ from waits import wait_until
 
 from sessionfork import NewEvent, Registry
 from sessionfork.clients.client import Client
-from sessionfork.core import forks, merges, wire
+from sessionfork.core import merges, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.wire import ForkFailure, ForkResult, MergeFailure, MergeResult, SelectResult
 from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
@@ -187,14 +187,6 @@ def test_a_fan_out_in_a_batch_never_holds_the_other_replies(redis: Redis, regist
     assert isinstance(reply, ForkResult) and len(reply.children) == 1024
 
 
-def _family(registry: Registry, parent: str, children: list[str]) -> None:
-    """``parent`` with one turn (4 events), each child forked from it with one turn of its own."""
-    registry.append(registry.create(parent), turn(1))
-    forks.fork_many(registry, parent, children)
-    for i, child in enumerate(children):
-        registry.append(child, turn(10 + i))
-
-
 def test_merges_in_a_batch_answer_each_as_alone_and_step_their_parent_in_queue_order(
         redis: Redis, registry: Registry) -> None:
     """Merges join a batch (a select runs alone, as a fan-out does): each answers as alone, the
@@ -202,7 +194,7 @@ def test_merges_in_a_batch_answer_each_as_alone_and_step_their_parent_in_queue_o
     queue's order (each merge's turn after the one before it), so a second merge of a range the
     batch merged already is ``ALREADY_MERGED``."""
     kids = [f"bk{i}" for i in range(6)]
-    _family(registry, "mp", kids)
+    family(registry, "mp", kids)
     registry.create("stranger")
     first = merges.merge(registry, "mp", "bk5", mode="summary", summary={"n": 5}, request_id="m-done")
     client = Client(redis)
@@ -245,7 +237,7 @@ def test_merges_in_a_batch_on_a_cluster_registry_step_each_session_on_its_own_sl
     """On a Redis Cluster registry (parent and children on several slots), merges in one batch answer
     as alone, with no cross-slot command."""
     kids = [f"cbk{i}" for i in range(4)]
-    _family(cluster_registry, "cmp", kids)
+    family(cluster_registry, "cmp", kids)
     client = Client(redis)
     ids = [client.submit(client.merge_request("cmp", kid, mode="summary", summary={"kid": kid},
                                               request_id=f"cm-{kid}")) for kid in kids]

@@ -271,14 +271,7 @@ def run(redis: Any, ops: Sequence[Op], *, replicas: int = 0, wait_ms: int = 1000
     text (``add_loaded``), never NOSCRIPT, so none re-runs after the ops that followed it.
     """
     pipe = redis.pipeline(transaction=False)
-    if in_order:
-        for op in ops:
-            if isinstance(op[0], Script):
-                add_loaded(pipe, op)
-            else:
-                pipe.execute_command(*op)
-    else:
-        add(pipe, ops)
+    add(pipe, ops, loaded=in_order)
     if replicas:
         pipe.execute_command("WAIT", replicas, wait_ms)
     out = list(pipe.execute(raise_on_error=False))
@@ -287,12 +280,15 @@ def run(redis: Any, ops: Sequence[Op], *, replicas: int = 0, wait_ms: int = 1000
     return settle(redis, ops, out, keep_errors=keep_errors, replicas=replicas, wait_ms=wait_ms)
 
 
-def add(pipe: Any, ops: Sequence[Op]) -> None:
+def add(pipe: Any, ops: Sequence[Op], *, loaded: bool = False) -> None:
     """Put ``ops`` in ``pipe`` (a pipeline without a transaction): script calls as EVALSHA,
-    without redis-py's per-pipeline SCRIPT EXISTS round trip; a caller composing a round trip of
-    its own adds its commands around them and hands their replies to ``settle``."""
+    without redis-py's per-pipeline SCRIPT EXISTS round trip (``loaded``: as ``EVAL`` of their
+    text, ``add_loaded``); a caller composing a round trip of its own adds its commands around them
+    and hands their replies to ``settle``."""
     for op in ops:
-        if isinstance(op[0], Script):
+        if isinstance(op[0], Script) and loaded:
+            add_loaded(pipe, op)
+        elif isinstance(op[0], Script):
             script, keys, args = op
             pipe.evalsha(script.sha, len(keys), *keys, *args)
         else:

@@ -35,7 +35,6 @@ from ..core.config import Settings
 from ..core.errors import ErrorCode, ForkError
 from ..core.factories import new_session_id, now_ms
 from ..core.forks import FanOut
-from ..core.merge_steps import Merged
 from ..core.outages import is_outage
 from ..core.registry import Registry
 from ..core.snapshots import ForkPlan, Snapshot
@@ -199,7 +198,10 @@ class ForkService:
             if done is None:
                 try:
                     if isinstance(item.spec, MergeSpec):
-                        reply: Outcome = merge_requests.reply_of(item.spec.request_id, _raised(next(merged)), False)
+                        result = next(merged)
+                        if isinstance(result, ForkError):
+                            raise result
+                        reply: Outcome = merge_requests.reply_of(item.spec.request_id, result, False)
                     else:
                         reply = _single(item.spec.request_id, next(made))
                 except ForkError as exc:
@@ -377,12 +379,6 @@ def _children(spec: ForkSpec | MergeSpec) -> Sequence[str]:
 def _op(spec: ForkSpec | MergeSpec) -> str:
     """The request's op, as its failures name it."""
     return "fork" if isinstance(spec, ForkSpec) else "merge"
-
-
-def _raised(result: Merged | ForkError) -> Merged:
-    if isinstance(result, ForkError):
-        raise result
-    return result
 
 
 def _conflict(op: str, request_id: str) -> Outcome:
