@@ -24,10 +24,11 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their 
 )
 from helpers import family, outcome_entries, queue_of
 from redis import Redis
+from redis.exceptions import NoScriptError
 from rq.executions import Execution
 from rq.job import Job
 from rq.registry import FinishedJobRegistry, StartedJobRegistry
-from waits import wait_until
+from waits import outcome_of, wait_until
 
 from sessionfork import NewEvent, Registry
 from sessionfork.clients.client import Client
@@ -388,6 +389,32 @@ def test_a_job_alone_sends_each_of_its_4_round_trips_in_one_write(redis: Redis, 
     monkeypatch.undo()
     assert Outcomes(redis, ttl=600, stream_maxlen=10).get(f"w-{n - 1}") is not None
     assert writes[0] / (n - 1) <= 4.5, writes[0] / (n - 1)  # a worker's start and stop: a few dozen
+
+
+def test_a_server_that_loses_its_scripts_under_a_take_pauses_the_worker_it_does_not_end_it(
+        redis: Redis, registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that restarts empty (or is flushed) between redis-py's load of a script and its
+    re-run answers NOSCRIPT twice (seen in CI: the idle worker of a server killed and restarted
+    died of it): the step failed without running, so it is an outage, run again after a back-off,
+    and the worker serves on."""
+    registry.append(registry.create("src"), TURN)
+    ids = _submit(Client(redis), 3, "ns")
+    worker = _worker(redis, registry, 8)
+    take = worker._scripts.script("take")
+    calls = [0]
+    run = type(take).__call__
+
+    def lost_twice(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if self is take and calls[0] <= 2:  # redis-py's first call and its re-run after the load
+            raise NoScriptError("No matching script. Please use EVAL.")
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(take), "__call__", lost_twice)
+    assert outcome_of(lambda: worker.work(burst=True, logging_level="WARNING")) is True
+    assert calls[0] > 2 and Counting.takes == [3]
+    outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
+    assert all(isinstance(outcomes.get(request_id), ForkResult) for request_id in ids)
 
 
 def test_max_jobs_counts_jobs_not_batches(redis: Redis, registry: Registry) -> None:

@@ -78,7 +78,7 @@ def worker_log_on_failure(proc: subprocess.Popen[bytes], log: Path) -> Iterator[
     try:
         yield
     except AssertionError as exc:
-        tail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no log)"
+        tail = log.read_text(errors="replace")[-20000:] if log.exists() else "(no log)"
         raise AssertionError(f"{exc}\nworker exit status: {proc.poll()}\nworker log:\n{tail}") from None
 
 

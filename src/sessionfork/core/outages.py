@@ -6,7 +6,7 @@ subscription reconnected)."""
 from __future__ import annotations
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .connections import TRANSIENT
@@ -18,8 +18,10 @@ _BUSY_REPLIES = frozenset({"BUSY", "LOADING", "MASTERDOWN", "TRYAGAIN", "CLUSTER
 
 
 def is_outage(exc: BaseException) -> bool:
-    """``exc`` means Redis is unreachable or busy for a while (the step may simply be run again)."""
-    if isinstance(exc, TRANSIENT):
+    """``exc`` means Redis is unreachable or busy for a while (the step may simply be run again),
+    or lost its scripts under a step (NOSCRIPT: it restarted empty or was flushed; the script did
+    not run, and the step's next run loads it again)."""
+    if isinstance(exc, (*TRANSIENT, NoScriptError)):
         return True
     return isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0] in _BUSY_REPLIES
 
