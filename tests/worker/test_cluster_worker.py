@@ -4,10 +4,12 @@ request with its first outcome (creating nothing more)."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
     assert_no_crossslot,
@@ -17,13 +19,21 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their 
     completed_source,
     session_ids,
 )
-from helpers import clean_environ, cli_args, make_client, stop, wait_registered, worker_name
+from helpers import SETTINGS, clean_environ, cli_args, make_client, stop, wait_registered, worker_name
+from rq.exceptions import StopRequested
 
 from sessionfork.clients.client import Client
 from sessionfork.core import keys
+from sessionfork.core.connections import queue_client as connect_queue
+from sessionfork.core.connections import registry_client
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult, Header, MergeResult, NewEvent, SelectResult
 from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
+from sessionfork.protocol.requests import Limits
+from sessionfork.worker import jobs
+from sessionfork.worker.fork_worker import ForkWorker
+from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.service import ForkService
 
 TIMEOUT = 60.0
 
@@ -113,6 +123,40 @@ def test_worker_with_a_cluster_registry_merges_and_selects_across_slots(cluster_
     assert isinstance(chosen, SelectResult) and chosen.abandoned == ["k1"], chosen
     assert [cluster_registry.state_of(c).state for c in ("k0", "k1", "k2")] == ["merged", "abandoned", "merged"]
     assert cluster_registry.length("src") == 9 + 4
+
+
+def test_the_stop_handler_of_a_cluster_worker_never_raises_and_ends_the_clusters_retries(
+    cluster: EmbeddedCluster, queue_server: EmbeddedServer
+) -> None:
+    """SIGTERM's handler ends the retries of every client of the worker's, a ``RedisCluster``
+    registry's included (its policy is not in connection keywords: the handler once raised
+    ``AttributeError`` there, in a CI run mid-batch, and the worker never stopped)."""
+    settings = msgspec.structs.replace(SETTINGS, cluster=True)
+    registry_redis, queue_redis = registry_client(settings, cluster.url), connect_queue(settings, queue_server.url)
+    try:
+        svc = ForkService(Registry(registry_redis), Outcomes(queue_redis, ttl=60, stream_maxlen=100),
+                          reply_channel="sf:replies", limits=Limits(max_fanout=16))
+        worker = ForkWorker([jobs.make_queue(queue_redis, settings)], service=svc, connection=queue_redis,
+                            abandoned_after=30)
+        assert registry_redis.retry.get_retries() > 0  # type: ignore[union-attr]
+        saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        raised: Exception | None = None
+        try:
+            worker.request_stop(signal.SIGTERM, None)  # what SIGTERM runs
+        except Exception as exc:  # asserted below: a handler's error lands anywhere in the worker
+            raised = exc
+        finally:
+            for sig, handler in saved.items():
+                signal.signal(sig, handler)
+        assert raised is None
+        assert worker.stop_signalled
+        assert registry_redis.retry.get_retries() == 0  # type: ignore[union-attr]  # halted
+        assert queue_redis.get_retry().get_retries() == 0  # type: ignore[union-attr]
+        with pytest.raises(StopRequested):  # the next safe point stops the loop
+            worker.dequeue_job_and_maintain_ttl(1)
+    finally:
+        registry_redis.close()
+        queue_redis.close()
 
 
 def test_no_node_answered_crossslot_to_any_operation_of_the_module(cluster: EmbeddedCluster) -> None:

@@ -70,6 +70,11 @@ class _Retry(Retry):
     def halt(self) -> None:
         self._halted[0] = True
 
+    def get_retries(self) -> int:
+        # A cluster client reads only this count (its nodes' connections never retry): halted,
+        # a command's first failure is final.
+        return 0 if self._halted[0] else super().get_retries()
+
     def call_with_retry(self, do: Callable[[], T], fail: Callable[..., Any],
                         is_retryable: Callable[[Exception], bool] | None = None,
                         with_failure_count: bool = False) -> T:
@@ -123,8 +128,9 @@ def stop_retrying(client: Any) -> None:
     """From now on, a command of ``client`` (a client of this module's) that fails on a dropped
     connection fails at once, and so does one retrying now at its next failure: a stopping worker
     must not ride out an outage (with every sentinel gone, the retries of one command add up to
-    seconds). Safe from a signal handler (one flag)."""
-    retry = client.get_retry()
+    seconds). Safe from a signal handler (one flag, no error): a ``RedisCluster`` keeps its policy
+    as ``retry`` (its nodes' connections never retry), a ``Redis`` in its connection keywords."""
+    retry = client.retry if isinstance(client, RedisCluster) else client.get_retry()
     if isinstance(retry, _Retry):
         retry.halt()
 
