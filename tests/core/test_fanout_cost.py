@@ -15,13 +15,14 @@ import pytest
 from fork_helpers import turn
 from redis import Redis
 
-from sessionfork.core import forks, lua, wire
+from sessionfork.core import forks, keys, lua, wire
+from sessionfork.core.fork_steps import MANY
 from sessionfork.core.registry import CREATED, Registry
+from sessionfork.core.wire import NewEvent
 
 
-def test_a_fan_out_builds_its_childrens_create_calls_as_one(registry: Registry,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    registry.append(registry.create("src", cwd="/w"), turn())
+def counted_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the scripts whose calls are built from now on (``lua.Spec.build``)."""
     built: list[str] = []
     build = lua.Spec.build
 
@@ -30,6 +31,58 @@ def test_a_fan_out_builds_its_childrens_create_calls_as_one(registry: Registry,
         return build(spec, named)
 
     monkeypatch.setattr(lua.Spec, "build", counted)
+    return built
+
+
+def test_a_fan_out_on_one_server_creates_its_children_in_calls_of_many(
+        redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One ``create_many`` call per ``MANY`` children (one parent check, one index write each),
+    which answers each child as ``create`` would: the children are the same as one call each."""
+    registry = Registry(redis, clock=lambda: 1_700_000_000_000)
+    registry.append(registry.create("src", cwd="/w"), turn())
+    built = counted_builds(monkeypatch)
+    ids = [f"c{i}" for i in range(2 * MANY + 2)]
+    result = forks.fork_many(registry, "src", ids)
+    assert [h.id for h in result.created] == ids and not result.failed
+    assert built.count("create_many") == 3 and "create" not in built, built
+    assert set(registry.children("src")) == set(ids)
+    single = forks.fork_many(registry, "src", ["alone"])  # one child: a create call of its own
+    assert registry.events("alone") == registry.events(ids[-1]) == registry.events("src")
+    stored = [redis.hgetall(keys.session(c)) for c in ("alone", ids[0], ids[-1])]
+    for record in stored:  # every field alike but the instance token, the id being the key's
+        record.pop(b"instance")
+    assert stored[0] == stored[1] == stored[2]
+    assert single.created[0].parent_session == "src"
+
+
+def test_children_with_edits_of_their_own_keep_their_place_among_the_many(
+        registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    registry.append(registry.create("src"), turn())
+    built = counted_builds(monkeypatch)
+    ids = ["a", "b", "c", "d", "e"]
+    result = forks.fork_many(registry, "src", ids, edits={"c": [NewEvent("user/message", {"text": "x"})]})
+    assert [h.id for h in result.created] == ids and not result.failed
+    assert [n for n in built if n.startswith("create")] == ["create_many", "create", "create_many"]
+    assert registry.length("c") == registry.length("a") + 1
+    assert registry.events("c")[-1].type == "user/message"
+
+
+def test_a_refusal_among_the_many_is_that_childs_alone(registry: Registry) -> None:
+    registry.append(registry.create("src"), turn())
+    registry.create("taken")
+    result = forks.fork_many(registry, "src", ["x", "taken", "y"])
+    assert [h.id for h in result.created] == ["x", "y"]
+    assert [(sid, error.code) for sid, error in result.failed] == [("taken", "SESSION_ALREADY_EXISTS")]
+    assert set(registry.children("src")) == {"x", "y"}
+
+
+def test_a_fan_out_builds_its_childrens_create_calls_as_one(redis: Redis,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where each child has its call (the old record layout here; a cluster), the calls are built
+    from one template."""
+    registry = Registry(redis, compact_records=False)
+    registry.append(registry.create("src", cwd="/w"), turn())
+    built = counted_builds(monkeypatch)
     result = forks.fork_many(registry, "src", [f"c{i}" for i in range(64)])
     assert len(result.created) == 64 and not result.failed
     assert built.count("create") == 1, built.count("create")  # one per child before
@@ -50,8 +103,26 @@ def test_create_answers_created_for_a_new_child_and_the_header_for_a_replay(
     snap = registry.take_snapshot("src")
     first = registry.create_children(snap, ["a", "b"], request_id="r-1")
     again = registry.create_children(snap, ["a", "b"], request_id="r-1")  # a replay: the stored record's
-    assert replies[0] == [CREATED, CREATED]
-    assert [wire.decode_header(raw) for raw in replies[1]] == first == again
+    assert replies[0] == [[CREATED, CREATED]]  # one create_many call
+    assert [wire.decode_header(raw) for raw in replies[1][0]] == first == again
     assert [(h.id, h.cwd, h.parent_session, h.seed_length) for h in first] == [("a", "/w", "src", 4),
                                                                                ("b", "/w", "src", 4)]
     assert [registry.header(c) for c in ("a", "b")] == first
+
+
+def test_a_fan_outs_source_step_probes_its_new_ids_with_one_command(redis: Redis, registry: Registry) -> None:
+    """On one server the source step asks whether any of a fan-out's ids exists in one ``EXISTS``
+    (most are new), reading each record only when some exist."""
+    registry.append(registry.create("src"), turn())
+    ids = [f"p{i}" for i in range(32)]
+    before = {k: v["calls"] for k, v in redis.info("commandstats").items()}
+    plan = registry.prepare_fork("src", ids, request_id="r-p")
+    after = {k: v["calls"] for k, v in redis.info("commandstats").items()}
+    assert plan.existing == [] and plan.replayed == {}
+    assert after.get("cmdstat_exists", 0) - before.get("cmdstat_exists", 0) == 1
+    # at most the snapshot script's own read of the source: no child's record
+    assert after.get("cmdstat_hmget", 0) - before.get("cmdstat_hmget", 0) <= 1
+    forks.fork_many(registry, "src", ids[:2], request_id="r-p")
+    registry.create("p5")
+    plan = registry.prepare_fork("src", ids, request_id="r-p")  # some exist: each read
+    assert plan.existing == ["p5"] and sorted(plan.replayed) == ["p0", "p1"]

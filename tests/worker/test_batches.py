@@ -462,6 +462,28 @@ def test_with_forks_waiting_for_replicas_every_request_runs_alone(redis: Redis) 
     assert _service(redis, waiting).prepare(payload, "w-1") is None  # its own WAIT: alone
 
 
+def test_a_fan_out_left_out_of_a_batch_has_its_ids_generated_once(redis: Redis, registry: Registry) -> None:
+    """``prepare`` tells a fan-out from its size before any id is generated or its spec checked:
+    ``handle`` (which runs it alone) generates its ids, once."""
+    registry.append(registry.create("src"), TURN)
+    made: list[str] = []
+
+    def new_id() -> str:
+        made.append(f"gen-{len(made)}")
+        return made[-1]
+
+    service = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=10_000), reply_channel="sf:replies",
+                          limits=Limits(max_fanout=1024), new_id=new_id)
+    client = Client(redis)
+    fan = wire.encode(client.request("src", request_id="f-1", count=3))
+    one = wire.encode(client.request("src", request_id="f-2", count=1))
+    assert service.prepare(fan, "f-1") is None and made == []  # alone, nothing generated for it
+    assert service.prepare(one, "f-2") is not None and made == ["gen-0"]  # a fan-out of one: batched
+    reply = service.handle(fan, "f-1")
+    assert isinstance(reply, ForkResult) and [h.id for h in reply.sessions or []] == ["gen-1", "gen-2", "gen-3"]
+    assert made == ["gen-0", "gen-1", "gen-2", "gen-3"]
+
+
 _MASKS = ((re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z"), "<time>"), (re.compile(r"\b\d{10}\.\d+\b"), "<stamp>"),
           (re.compile(r"\b\d{13}\b"), "<ms>"), (re.compile(r"[0-9a-f]{40}|[0-9a-f]{32}"), "<hex>"))
 

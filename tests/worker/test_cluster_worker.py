@@ -35,6 +35,8 @@ from sessionfork.worker.fork_worker import ForkWorker
 from sessionfork.worker.outcomes import Outcomes
 from sessionfork.worker.service import ForkService
 
+pytestmark = pytest.mark.rq  # its stop handler test builds RQ's worker (run.py: again on RQ 2)
+
 TIMEOUT = 60.0
 
 

@@ -34,11 +34,16 @@ from .store import SessionStore, split_ref
 from .wire import Event, Header, NewEvent
 
 
+def _child_read(child: str) -> tuple[str, ...]:
+    """The read of a child's record by the source step: its request id and its header."""
+    return ("HMGET", keys.session(child), "req", *records.HEADER_FIELDS)
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ChildStep:
     """A fork's child step, built (``ForkSteps.child_step``) and not run yet: its script ``calls``
-    (one per child of ``child_ids``), each child's header as created now, its seed's length and
-    its count of edits."""
+    (one per child of ``child_ids``, or one per chunk of them: ``spans``), each child's header as
+    created now, its seed's length and its count of edits."""
 
     snap: Snapshot
     child_ids: list[str]
@@ -46,7 +51,18 @@ class ChildStep:
     headers: dict[str, Header]
     lengths: dict[str, int]
     edits: dict[str, int]
+    spans: list[int]
+    """For each call, the children it creates: 0 for a ``create`` call (one child, one reply), else
+    a ``create_many`` call's count (its reply: one per child). The calls create the children in
+    ``child_ids``' order."""
 
+
+MANY = 64
+"""The most children one ``create_many`` call creates (a fan-out of 1,024: 16 calls, each a few
+hundred microseconds of the server's time)."""
+
+_PLAIN_CHILD = frozenset({"record", "log", "turns", "instance", "session_id"})
+"""The names of a child's own in a create call, for a child with no edits of its own."""
 
 CREATED = 1
 """``create.lua``'s reply for a record it created now: the caller has the header it sent (the
@@ -118,10 +134,17 @@ class ForkSteps:
     def look_ops(self, spec: ForkSpec) -> list[lua.Op]:
         """The read-only commands of ``prepare_fork`` (the source step last), for ``lua.run`` on the
         registry's server; ``plan_of`` reads their results."""
-        ops: list[lua.Op] = [("HMGET", keys.session(child), "req", *records.HEADER_FIELDS)
-                             for child in spec.child_ids]
+        if self._probed_together(spec):  # one EXISTS for all; the records read only if any exists
+            ops: list[lua.Op] = [("EXISTS", *(keys.session(child) for child in spec.child_ids))]
+        else:
+            ops = [_child_read(child) for child in spec.child_ids]
         ops.append(self.state.scripts.op("snapshot", **snapshot_args(spec)))
         return ops
+
+    def _probed_together(self, spec: ForkSpec) -> bool:
+        """Whether ``look_ops`` probes the spec's children with one ``EXISTS`` (a fan-out on one
+        server: most of its ids are new), rather than reading each child's record."""
+        return not self.state.cluster and len(spec.child_ids) > 1
 
     def _check_seed(self, sid: str, snap: Snapshot, boundary: int) -> Snapshot:
         """Finish the boundary rule for a boundary the source step could not check itself: one
@@ -168,6 +191,14 @@ class ForkSteps:
         """The ``ForkPlan`` that the results of ``look_ops`` describe."""
         sid, request_id, boundary = wire.ref_id(spec.source), spec.request_id, spec.boundary
         *taken, reply = results
+        if self._probed_together(spec):
+            if taken[0]:  # some exist: their records, read now (the create script checks again)
+                pipe = self.redis.pipeline(transaction=False)
+                for child in spec.child_ids:
+                    pipe.execute_command(*_child_read(child))
+                taken = pipe.execute()
+            else:
+                taken = [(None, None, None, None)] * len(spec.child_ids)
         existing: list[str] = []
         replayed: dict[str, Header] = {}
         for child, (req, header, cwd, parent) in zip(spec.child_ids, taken, strict=True):
@@ -318,9 +349,52 @@ class ForkSteps:
             if not state.compact_records:
                 item.update(records.create_args(header, compact=False))
             runs[-1][1].append(item)
-        calls = [call for common, each in runs for call in state.scripts.op_each("create", common, each)]
+        calls: list[lua.Call] = []
+        spans: list[int] = []
+        for common, each in runs:
+            self._calls_of(common, each, calls, spans)
         return ChildStep(snap, list(child_ids), calls, headers, {cid: seeds[cid].length for cid in child_ids},
-                         {cid: len(events) for cid, events in edits.items()})
+                         {cid: len(events) for cid, events in edits.items()}, spans)
+
+    def _calls_of(self, common: dict[str, Any], each: list[dict[str, Any]], calls: list[lua.Call],
+                  spans: list[int]) -> None:
+        """The create calls of the children ``each`` of one seed (``common``), in their order,
+        appended to ``calls`` (their ``spans`` to ``spans``): on one server, each run of plain
+        children (no edits of their own) in ``create_many`` calls of up to ``MANY`` children (one
+        call's cost shared; a deletion of the parent may still land between two), every other
+        child in its own ``create`` call."""
+        scripts = self.state.scripts
+        many = (not self.state.cluster and self.state.compact_records and common.get("lifecycle") is not None
+                and "parent" in common and "parent_needs" not in common and len(each) > 1)
+        if not many:
+            calls.extend(scripts.op_each("create", common, each))
+            spans.extend([0] * len(each))
+            return
+        shared = {name: value for name, value in common.items() if name != "edits"}
+        run: list[dict[str, Any]] = []
+
+        def flush() -> None:
+            if len(run) == 1:
+                calls.extend(scripts.op_each("create", common, run))
+                spans.append(0)
+            elif run:
+                calls.append(scripts.op("create_many", **shared,
+                                        children=[key for item in run for key in (item["record"], item["log"],
+                                                                                  item["turns"])],
+                                        each=[v for item in run for v in (item["instance"], item["session_id"])]))
+                spans.append(len(run))
+            run.clear()
+
+        for item in each:
+            if item.keys() != _PLAIN_CHILD:  # edits of its own: a call of its own, in its place
+                flush()
+                calls.extend(scripts.op_each("create", common, [item]))
+                spans.append(0)
+                continue
+            run.append(item)
+            if len(run) == MANY:
+                flush()
+        flush()
 
     def run_children(self, steps: Sequence[ChildStep]) -> list[list[Any]]:
         """The replies of each of ``steps``' calls: every step's, in one pipelined round trip (per
@@ -331,7 +405,13 @@ class ForkSteps:
                                 replicas=state.wait_replicas, wait_ms=state.wait_timeout_ms)
         out, at = [], 0
         for step in steps:
-            out.append(replies[at:at + len(step.calls)])
+            flat: list[Any] = []
+            for reply, span in zip(replies[at:at + len(step.calls)], step.spans, strict=True):
+                if span:
+                    flat.extend(reply)
+                else:
+                    flat.append(reply)
+            out.append(flat)
             at += len(step.calls)
         return out
 

@@ -347,6 +347,17 @@ def edits_of(request: ForkRequest) -> list[list[NewEvent]]:
     return [_new_events(v.edits, f"variants[{i}].edits") for i, v in enumerate(request.variants)]
 
 
+def planned_children(request: ForkRequest) -> int:
+    """How many children a request that ``parse`` accepted asks for (before any id is generated)."""
+    if request.session_ids is not UNSET:
+        return len(request.session_ids)
+    if request.count is not UNSET:
+        return request.count
+    if request.variants is not UNSET:
+        return len(request.variants)
+    return 1
+
+
 def spec_of(request: ForkRequest, request_id: str, child_ids: Sequence[str]) -> ForkSpec:
     """The ``ForkSpec`` of a request that ``parse`` accepted, run under ``request_id`` into
     ``child_ids`` (the ids it asked for, or generated for it: one per child, in order): built once,

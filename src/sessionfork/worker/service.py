@@ -26,7 +26,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 from msgspec import UNSET
 
@@ -134,8 +134,10 @@ class ForkService:
             op = wire.request_op(payload)
             if op not in ("fork", "merge"):
                 return None
-            request, spec = self._parse(op, payload, job_id)
+            request, spec = self._parse(op, payload, job_id, alone_if_fanning=True)
         except ForkError:
+            return None
+        if spec is None:
             return None
         if isinstance(spec, ForkSpec) and len(spec.child_ids) == 1 and isinstance(request, ForkRequest):
             pass
@@ -257,12 +259,24 @@ class ForkService:
         return self.outcomes.record(reply, channel, duration_us=elapsed, latency_us=_latency_us(enqueued_ms),
                                     then=then)
 
-    def _parse(self, op: str, payload: str | bytes, job_id: str) -> tuple[wire.AnyRequest, Spec]:
+    @overload
+    def _parse(self, op: str, payload: str | bytes, job_id: str) -> tuple[wire.AnyRequest, Spec]: ...
+
+    @overload
+    def _parse(self, op: str, payload: str | bytes, job_id: str,
+               alone_if_fanning: bool) -> tuple[wire.AnyRequest, Spec | None]: ...
+
+    def _parse(self, op: str, payload: str | bytes, job_id: str,
+               alone_if_fanning: bool = False) -> tuple[wire.AnyRequest, Spec | None]:
         """The request decoded and validated (``INVALID_REQUEST``), and its one spec, checked
         against ``append``'s rules (the event size limit is the registry's): a fork's
-        (``requests``, ``forks.check``), or a merge's or select's (``merge_requests``, ``merges.check``)."""
+        (``requests``, ``forks.check``), or a merge's or select's (``merge_requests``, ``merges.check``).
+        ``alone_if_fanning``: no spec (``None``) for a fork of more than one child, which runs
+        alone (``prepare``): its ids are not generated nor its spec checked twice."""
         if op == "fork":
             fork = requests.parse(payload, job_id, self.limits)
+            if alone_if_fanning and requests.planned_children(fork) != 1:
+                return fork, None
             spec = requests.spec_of(fork, job_id, self._children_of(fork))
             forks.check(self.registry, spec)
             return fork, spec
