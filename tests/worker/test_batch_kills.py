@@ -1,6 +1,8 @@
 """A worker SIGKILLed at each step of a batch: every request of the batch is recovered by the next
-worker and ends with exactly one outcome and one child (each kill test first asserts where the
-kill landed, from what it left in Redis); SIGTERM finishes the batch in hand and takes no other."""
+worker and ends with exactly one outcome and its children, once (each kill test first asserts where
+the kill landed, from what it left in Redis); SIGTERM finishes the batch in hand and takes no other.
+The batch's first request is a fan-out of 3 (it fits in ``SESSIONFORK_BATCH_CHILDREN``), the others
+one-child forks."""
 
 from __future__ import annotations
 
@@ -35,12 +37,21 @@ KILLER = Path(__file__).parent.parent / "data" / "batch_killer.py"
 N = 6
 
 
+FAN = [f"k-fan-{j}" for j in range(3)]
+"""The children of the batch's first request, a fan-out."""
+SINGLES = [f"k-child-{i}" for i in range(1, N)]
+"""The children of its other requests, one each."""
+
+
 def _batch(rds: Redis) -> list[str]:
-    """``N`` one-child forks of one source, queued before any worker runs: one batch."""
+    """A fan-out of 3 then ``N - 1`` one-child forks of one source, queued before any worker runs:
+    one batch."""
     registry = Registry(rds)
     registry.append(registry.create("src"), turn(1))
     client = make_client(rds)
-    return [client.submit(client.request("src", session_id=f"k-child-{i}", request_id=f"k-{i}")) for i in range(N)]
+    return [client.submit(client.request("src", session_ids=FAN, request_id="k-0")),
+            *(client.submit(client.request("src", session_id=f"k-child-{i}", request_id=f"k-{i}"))
+              for i in range(1, N))]
 
 
 def _children(rds: Redis) -> list[str]:
@@ -64,16 +75,19 @@ def test_a_worker_killed_at_a_step_of_a_batch_leaves_every_request_one_outcome(
         assert stranded_jobs(rds) == ids and started == [] and _children(rds) == []
     else:
         assert started == sorted(ids) and all(rds.hexists(keys.request(i), "digest") for i in ids)
-        assert _children(rds) == {"started": [], "created": ["k-child-0"],
-                                  "recording": sorted(f"k-child-{i}" for i in range(N))}[step]
+        assert _children(rds) == {"started": [], "created": FAN, "recording": sorted(FAN + SINGLES)}[step]
+        # a fan-out keeps its snapshot before its first child exists (a retry makes the rest from it)
+        assert rds.hexists(keys.request("k-0"), "snapshot") == (step != "started")
 
     procs.append(start_worker(own_server.url, worker_name("next")))
     wait_all_outcomes(rds, ids)
-    for i, request_id in enumerate(ids):
+    fan = make_client(rds).wait(ids[0], timeout=5)
+    assert isinstance(fan, ForkResult) and fan.ok and [h.id for h in fan.sessions or []] == FAN, fan
+    for i, request_id in enumerate(ids[1:], start=1):
         reply = make_client(rds).wait(request_id, timeout=5)
         assert isinstance(reply, ForkResult) and reply.child.id == f"k-child-{i}", reply
     assert sorted(e.request for e in outcome_entries(rds)) == sorted(ids)  # announced exactly once each
-    assert _children(rds) == sorted(f"k-child-{i}" for i in range(N))  # one child each, none more
+    assert _children(rds) == sorted(FAN + SINGLES)  # each request's children, none more
     wait_until(lambda: StartedJobRegistry(queue=queue).get_job_ids() == [] and stranded_jobs(rds) == [], 30,
                "RQ's registries to settle")
 

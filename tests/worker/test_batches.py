@@ -33,7 +33,7 @@ from waits import outcome_of, wait_until
 from sessionfork import NewEvent, Registry
 from sessionfork.clients.client import Client
 from sessionfork.core import merges, wire
-from sessionfork.core.config import Settings
+from sessionfork.core.config import Settings, from_environ
 from sessionfork.core.wire import ForkFailure, ForkResult, MergeFailure, MergeResult, SelectResult
 from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
 from sessionfork.protocol.requests import Limits
@@ -67,15 +67,18 @@ class Counting(ForkWorker):
         super().run_job(job, queue)
 
 
-def _service(redis: Redis, registry: Registry, shard: tuple[int, int] | None = None) -> ForkService:
+def _service(redis: Redis, registry: Registry, shard: tuple[int, int] | None = None,
+             batch_children: int = Settings().batch_children) -> ForkService:
     return ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=10_000), reply_channel="sf:replies",
-                       limits=Limits(max_fanout=1024), shard=shard)
+                       limits=Limits(max_fanout=1024), shard=shard, batch_children=batch_children)
 
 
 def _worker(redis: Redis, registry: Registry, batch: int, queue: str = Settings().queue,
-            shard: tuple[int, int] | None = None, on_outcome: Any = None) -> Counting:
+            shard: tuple[int, int] | None = None, on_outcome: Any = None,
+            batch_children: int = Settings().batch_children) -> Counting:
     Counting.takes, Counting.alone = [], []
-    return Counting([jobs.make_queue(redis, Settings(queue=queue))], service=_service(redis, registry, shard),
+    return Counting([jobs.make_queue(redis, Settings(queue=queue))],
+                    service=_service(redis, registry, shard, batch_children),
                     connection=redis, abandoned_after=30, batch=batch, on_outcome=on_outcome)
 
 
@@ -172,6 +175,47 @@ def test_a_poison_entry_in_a_batch_is_refused_alone_while_the_others_succeed(red
     assert redis.hget(b"sf:req:\xff\xfe", "outcome") is not None
     assert queue.count == 0 and redis.llen(queue.intermediate_queue_key) == 0
     assert StartedJobRegistry(queue=queue).get_job_ids() == []
+
+
+def test_fan_outs_join_a_batch_while_their_children_fit_in_batch_children(redis: Redis,
+                                                                          registry: Registry) -> None:
+    """A fan-out whose children fit in what is left of ``batch_children`` (a plain fork counts
+    one) runs in the batch, answered as alone (its children, its failures); one that does not fit
+    runs alone after the batch, and a later fork that fits in what is left still joins it."""
+    registry.append(registry.create("src"), TURN)
+    registry.create("taken")
+    client = Client(redis)
+    first = client.submit(client.request("src", count=3, request_id="fan-a"))
+    ids = client.submit(client.request("src", session_ids=["x", "taken"], request_id="fan-b"))
+    one = client.submit(client.request("src", request_id="one", session_id="one-child"))
+    over = client.submit(client.request("src", count=3, request_id="fan-c"))  # 6 of 8 used: 3 do not fit
+    last = client.submit(client.request("src", request_id="last", session_id="last-child"))
+    worker = _worker(redis, registry, 8, batch_children=8)
+    assert worker.work(burst=True, logging_level="WARNING") is True
+    assert Counting.takes == [5] and Counting.alone == [over]  # the race: the budget split the take
+    outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
+    a, b, c = (outcomes.get(r) for r in (first, ids, over))
+    assert isinstance(a, ForkResult) and a.ok and len(a.sessions or []) == 3
+    assert isinstance(b, ForkResult) and not b.ok and [h.id for h in b.sessions or []] == ["x"]
+    assert [(f.session_id, f.code) for f in b.failed or []] == [("taken", "SESSION_ALREADY_EXISTS")]
+    assert isinstance(c, ForkResult) and c.ok and len(c.sessions or []) == 3
+    for rid, child in ((one, "one-child"), (last, "last-child")):
+        reply = outcomes.get(rid)
+        assert isinstance(reply, ForkResult) and reply.session is not None and reply.session.id == child
+    order = [e.request for e in outcome_entries(redis)]
+    assert order[-1] == over and sorted(order[:-1]) == sorted([first, ids, one, last])  # the batch's first
+    assert sorted(registry.children("src")) == sorted(
+        [*(h.id for h in a.sessions or []), "x", "one-child", *(h.id for h in c.sessions or []), "last-child"])
+
+
+def test_the_batch_children_setting_reaches_the_worker(redis: Redis, registry: Registry) -> None:
+    settings = from_environ({"SESSIONFORK_BATCH_CHILDREN": "3"})
+    service = ForkService.from_settings(registry, redis, settings)
+    assert service.batch_children == 3
+    registry.append(registry.create("src"), TURN)
+    client = Client(redis)
+    payload = wire.encode(client.request("src", request_id="bc-1", count=4))
+    assert service.prepare(payload, "bc-1", most_children=service.batch_children) is None  # 4 > 3: alone
 
 
 def test_a_fan_out_in_a_batch_never_holds_the_other_replies(redis: Redis, registry: Registry) -> None:
@@ -353,11 +397,11 @@ def test_the_outcome_hook_gets_each_jobs_latency_in_a_batch_and_alone(redis: Red
     latency: the batch's forks' and the fan-out's that runs alone after them."""
     registry.append(registry.create("src"), TURN)
     client = Client(redis)
-    fan = client.submit(client.request("src", count=2, request_id="lat-fan"))
     singles = _submit(client, 3, "lat")
+    fan = client.submit(client.request("src", count=2, request_id="lat-fan"))  # 2 children: 1 left
     seen: dict[str, float | None] = {}
     worker = _worker(redis, registry, 8, on_outcome=lambda request_id, _payload, _reply, _seconds, latency=None:
-                     seen.__setitem__(request_id, latency))
+                     seen.__setitem__(request_id, latency), batch_children=4)
     assert worker.work(burst=True, logging_level="WARNING") is True
     assert Counting.takes == [4] and Counting.alone == [fan]  # both paths ran
     assert sorted(seen) == sorted([fan, *singles])

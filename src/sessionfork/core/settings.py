@@ -113,10 +113,14 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     the library (``protocol.enqueue``)."""
     batch: int = 32
     """Most queued requests a worker takes in one round trip when more than one waits
-    (``SESSIONFORK_BATCH``; 1 = one at a time, RQ's own dequeue). A batch's plain one-child forks
-    run together: one round trip for RQ's start of them all and all their claims, one for all their
-    children, one transaction for all their records and RQ's finish
+    (``SESSIONFORK_BATCH``; 1 = one at a time, RQ's own dequeue). A batch's forks (within
+    ``batch_children``) and merges run together: one round trip for RQ's start of them all and all
+    their claims, one for all their children, one transaction for all their records and RQ's finish
     (docs/performance.md#batches). A lone request never waits for a batch to fill."""
+    batch_children: int = 256
+    """Most children the forks of one batch create (``SESSIONFORK_BATCH_CHILDREN``): a fan-out joins
+    a batch while its children fit in what is left (a plain fork counts one), else it runs alone
+    right after the batch, so that a large fan-out never holds the batch's other replies."""
 
 
 ENV: Mapping[str, str] = {
@@ -152,6 +156,7 @@ ENV: Mapping[str, str] = {
     "compact_records": "SESSIONFORK_COMPACT_RECORDS",
     "metrics_address": "SESSIONFORK_METRICS_ADDRESS",
     "batch": "SESSIONFORK_BATCH",
+    "batch_children": "SESSIONFORK_BATCH_CHILDREN",
 }
 
 _DAY = 24 * 3600
@@ -176,6 +181,7 @@ BOUNDS: Mapping[str, tuple[float, float]] = {
     "socket_timeout": (0.1, 3600),
     "connect_timeout": (0.1, 3600),
     "batch": (1, 1024),
+    "batch_children": (1, 100_000),
 }
 """The range of every numeric setting, inclusive; any value outside it is a ``ConfigError``."""
 NAME_MAX_LENGTH = 256

@@ -60,8 +60,8 @@ class Start(Part, Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A request a batch runs (``ForkService.prepare``): a valid plain fork of one child or a valid
-    merge, parsed and checked, with its one spec."""
+    """A request a batch runs (``ForkService.prepare``): a valid fork (within the batch's children)
+    or a valid merge, parsed and checked, with its one spec."""
 
     payload: str | bytes
     request: ForkRequest | MergeRequest
@@ -69,17 +69,25 @@ class Prepared:
     channel: str
     enqueued_ms: int | None = None
 
+    @property
+    def children(self) -> int:
+        """The children it creates, as a batch counts them (``batch_children``): a fork's; a merge 0."""
+        return len(self.spec.child_ids) if isinstance(self.spec, ForkSpec) else 0
+
 
 class ForkService:
     """Runs fork requests against a registry, recording outcomes in ``outcomes``."""
 
     def __init__(self, registry: Registry, outcomes: Outcomes, *, reply_channel: str, limits: Limits = DEFAULT_LIMITS,
                  new_id: Callable[[], str] = new_session_id,
-                 monotonic: Callable[[], float] = time.perf_counter, shard: tuple[int, int] | None = None) -> None:
+                 monotonic: Callable[[], float] = time.perf_counter, shard: tuple[int, int] | None = None,
+                 batch_children: int = Settings().batch_children) -> None:
         """``shard``: ``(index, count)`` of the sharded queue's shard whose server ``outcomes`` is on;
         a request whose id lives on another shard is refused (``WRONG_SHARD``). ``None``: one queue
-        server, every request id is its own."""
+        server, every request id is its own. ``batch_children``: the most children the forks of
+        one batch create (a worker's budget for ``prepare``)."""
         self.registry = registry
+        self.batch_children = batch_children
         self.outcomes = outcomes
         self.reply_channel = reply_channel
         self.limits = limits
@@ -96,7 +104,8 @@ class ForkService:
                         max_id_length=settings.max_id_length, max_write_bytes=settings.max_request_write_bytes)
         urls = settings.queue_urls or ()
         shard = (settings.shard, len(urls)) if len(urls) > 1 and settings.shard is not None else None
-        return cls(registry, outcomes, reply_channel=settings.reply_channel, limits=limits, shard=shard)
+        return cls(registry, outcomes, reply_channel=settings.reply_channel, limits=limits, shard=shard,
+                   batch_children=settings.batch_children)
 
     def handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool = True,
                enqueued_ms: int | None = None, start: Start | None = None, finish: Then | None = None) -> Outcome:
@@ -121,12 +130,15 @@ class ForkService:
             span.finish(reply)
             return reply
 
-    def prepare(self, payload: str | bytes, job_id: str, *, enqueued_ms: int | None = None) -> Prepared | None:
-        """``payload`` parsed and checked for a batch (``handle_many``), when it is a valid plain
-        fork of one child or a valid merge on this shard; ``None`` for anything else (a fan-out, a
-        select: each touches many sessions; a refused request), and for every request when forks
-        wait for replicas (each its own WAIT, retried alone when too few acknowledge): ``handle``
-        runs it on its own, so that none of them holds a batch."""
+    def prepare(self, payload: str | bytes, job_id: str, *, enqueued_ms: int | None = None,
+                most_children: int = 1) -> Prepared | None:
+        """``payload`` parsed and checked for a batch (``handle_many``), when it is a valid fork of
+        at most ``most_children`` children (what is left of the batch's ``batch_children``) or a
+        valid merge on this shard; ``None`` for anything else (a larger fan-out, a select: it
+        touches many sessions; a refused request), and for every request when forks wait for
+        replicas (each its own WAIT, retried alone when too few acknowledge): ``handle`` runs it on
+        its own, so that none of them holds a batch. A fork too large is told from its size before
+        any of its ids is generated."""
         if self.registry.forks.state.wait_replicas:
             return None
         try:
@@ -134,12 +146,12 @@ class ForkService:
             op = wire.request_op(payload)
             if op not in ("fork", "merge"):
                 return None
-            request, spec = self._parse(op, payload, job_id, alone_if_fanning=True)
+            request, spec = self._parse(op, payload, job_id, most_children=most_children)
         except ForkError:
             return None
         if spec is None:
             return None
-        if isinstance(spec, ForkSpec) and len(spec.child_ids) == 1 and isinstance(request, ForkRequest):
+        if isinstance(spec, ForkSpec) and isinstance(request, ForkRequest):
             pass
         elif not isinstance(spec, MergeSpec) or not isinstance(request, MergeRequest):
             return None
@@ -205,7 +217,8 @@ class ForkService:
                             raise result
                         reply: Outcome = merge_requests.reply_of(item.spec.request_id, result, False)
                     else:
-                        reply = _single(item.spec.request_id, next(made))
+                        assert isinstance(item.request, ForkRequest)
+                        reply = _fork_reply(item.request, item.spec.request_id, next(made))
                 except ForkError as exc:
                     reply = wire.failure(_op(item.spec), item.spec.request_id, exc.code.value, exc.message)
                 pending[i] = Pending(reply, item.channel, int((self._monotonic() - started) * 1e6),
@@ -264,18 +277,18 @@ class ForkService:
 
     @overload
     def _parse(self, op: str, payload: str | bytes, job_id: str,
-               alone_if_fanning: bool) -> tuple[wire.AnyRequest, Spec | None]: ...
+               most_children: int) -> tuple[wire.AnyRequest, Spec | None]: ...
 
     def _parse(self, op: str, payload: str | bytes, job_id: str,
-               alone_if_fanning: bool = False) -> tuple[wire.AnyRequest, Spec | None]:
+               most_children: int | None = None) -> tuple[wire.AnyRequest, Spec | None]:
         """The request decoded and validated (``INVALID_REQUEST``), and its one spec, checked
         against ``append``'s rules (the event size limit is the registry's): a fork's
         (``requests``, ``forks.check``), or a merge's or select's (``merge_requests``, ``merges.check``).
-        ``alone_if_fanning``: no spec (``None``) for a fork of more than one child, which runs
-        alone (``prepare``): its ids are not generated nor its spec checked twice."""
+        ``most_children``: no spec (``None``) for a fork of more children, which runs alone
+        (``prepare``): its ids are not generated nor its spec checked twice."""
         if op == "fork":
             fork = requests.parse(payload, job_id, self.limits)
-            if alone_if_fanning and requests.planned_children(fork) != 1:
+            if most_children is not None and requests.planned_children(fork) > most_children:
                 return fork, None
             spec = requests.spec_of(fork, job_id, self._children_of(fork))
             forks.check(self.registry, spec)
@@ -338,14 +351,7 @@ class ForkService:
         claim's trip) or runs now; a fan-out keeps its snapshot before any child exists, so that
         a retry after a crash creates the rest from the same one."""
         plan, snapshot = self._plan(spec, claim, looked)
-        result = forks.create(self.registry, spec, plan, snapshot)
-        if not request.fans_out:
-            return _single(spec.request_id, result)
-        return ForkResult(
-            request_id=spec.request_id, ok=not result.failed, sessions=result.created,
-            failed=[ChildError(session_id=cid, code=e.code.value, message=e.message)
-                    for cid, e in result.failed] or UNSET,
-        )
+        return _fork_reply(request, spec.request_id, forks.create(self.registry, spec, plan, snapshot))
 
     def _plan(self, spec: ForkSpec, claim: Claim, looked: list[Any] | None) -> tuple[ForkPlan, Snapshot | None]:
         """A claimed fork's plan (its source step's, from ``looked``, or run now) and the snapshot its
@@ -376,13 +382,20 @@ class ForkService:
             return []
 
 
-def _single(request_id: str, result: FanOut | ForkError) -> Reply:
-    """The reply of a one-child fork request that ``result`` answers: its child, or its error raised."""
+def _fork_reply(request: ForkRequest, request_id: str, result: FanOut | ForkError) -> Reply:
+    """The reply of a fork request that ``result`` answers (its error raised): a one-child fork's
+    child (its one failure raised), a fan-out's children and failures."""
     if isinstance(result, ForkError):
         raise result
-    if result.failed:
-        raise result.failed[0][1]
-    return ForkResult(request_id=request_id, session=result.created[0])
+    if not request.fans_out:
+        if result.failed:
+            raise result.failed[0][1]
+        return ForkResult(request_id=request_id, session=result.created[0])
+    return ForkResult(
+        request_id=request_id, ok=not result.failed, sessions=result.created,
+        failed=[ChildError(session_id=cid, code=e.code.value, message=e.message)
+                for cid, e in result.failed] or UNSET,
+    )
 
 
 def _children(spec: ForkSpec | MergeSpec) -> Sequence[str]:
