@@ -378,9 +378,7 @@ class ForkSteps:
                 calls.extend(scripts.op_each("create", common, run))
                 spans.append(0)
             elif run:
-                calls.append(scripts.op("create_many", **shared,
-                                        children=[key for item in run for key in (item["record"], item["log"],
-                                                                                  item["turns"])],
+                calls.append(scripts.op("create_many", **shared, children=[item["record"] for item in run],
                                         each=[v for item in run for v in (item["instance"], item["session_id"])]))
                 spans.append(len(run))
             run.clear()

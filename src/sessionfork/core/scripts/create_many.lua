@@ -2,8 +2,8 @@
 -- (one script call for a chunk of a fan-out's children, where each took its own call), on one
 -- server: the children's keys and the parent's share a server (never a cluster's slots).
 -- KEYS[1] = sf:lifecycle, KEYS[2] = the parent's sf:s:{<parent>}:children, KEYS[3] = the parent's
---           record sf:s:{<parent>}, then for each child: its record, its log and its turn index
---           (create.lua's KEYS[1..3])
+--           record sf:s:{<parent>}, then each child's record (create.lua's KEYS[1]: a child without
+--           edits of its own writes neither its log nor its turn index)
 -- ARGV    = create.lua's ARGV without instance, session id and edits (a plain child of one seed:
 --           the names in core/lua.py's SCRIPTS, pinned by a test), then for each child: its
 --           instance token and its session id
@@ -15,8 +15,8 @@ local a = {ARGV[1], '', ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ''
   ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17], ARGV[18]}
 local out, created, ok = {}, {}, nil
 local at = 19
-for i = 4, #KEYS, 3 do
-  local k = {KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[1], nil, KEYS[3]}
+for i = 4, #KEYS do
+  local k = {KEYS[i], nil, nil, KEYS[1], nil, KEYS[3]}
   a[2], a[9] = ARGV[at], ARGV[at + 1]
   at = at + 2
   local found = existing(k, a)
