@@ -305,7 +305,8 @@ def test_a_batch_on_a_cluster_registry_answers_each_request_as_alone(
     """The queue on its own server, the registry on a cluster (the sources and children on several
     slots): one take, each request its own outcome and child, a taken id and a missing source
     refused in the batch, two requests for one new child id (the first in the queue makes it, the
-    second is ``SESSION_ALREADY_EXISTS``), every child indexed under its parent, no cross-slot command."""
+    second is ``SESSION_ALREADY_EXISTS``), a fan-out (its children pinned under their parent first,
+    as alone), every child indexed under its parent, no cross-slot command."""
     sources = ["bt-a", "bt-b", "bt-c"]
     for source in sources:
         completed_source(cluster_registry, source)
@@ -316,9 +317,11 @@ def test_a_batch_on_a_cluster_registry_answers_each_request_as_alone(
     taken = client.submit(client.request("bt-a", session_id="bt-taken", request_id="bt-taken-req"))
     missing = client.submit(client.request("bt-gone", session_id="bt-x", request_id="bt-gone-req"))
     twice = [client.submit(client.request("bt-b", session_id="bt-dup", request_id=f"bt-dup-{i}")) for i in (1, 2)]
+    fan_ids = ["bt-f0", "bt-f1", "bt-f2"]
+    fan = client.submit(client.request("bt-c", session_ids=fan_ids, request_id="bt-fan"))
     worker = _worker(redis, cluster_registry, 16)
     assert worker.work(burst=True, logging_level="WARNING") is True
-    assert Counting.takes == [13] and Counting.alone == []  # the race: all of them in one batch
+    assert Counting.takes == [14] and Counting.alone == []  # the race: all of them in one batch
     outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
     for i, request_id in enumerate(ids):
         reply = outcomes.get(request_id)
@@ -330,13 +333,15 @@ def test_a_batch_on_a_cluster_registry_answers_each_request_as_alone(
     first, second = (outcomes.get(request_id) for request_id in twice)
     assert isinstance(first, ForkResult) and first.child.id == "bt-dup", first
     assert isinstance(second, ForkFailure) and second.code == "SESSION_ALREADY_EXISTS", second
+    fanned = outcomes.get(fan)
+    assert isinstance(fanned, ForkResult) and fanned.ok and [h.id for h in fanned.sessions or []] == fan_ids
     for k, source in enumerate(sources):
-        dup = ["bt-dup"] if source == "bt-b" else []
-        assert cluster_registry.children(source) == sorted([*dup, *(f"bt-child-{i}" for i in range(k, 9, 3))])
+        more = {"bt-b": ["bt-dup"], "bt-c": fan_ids}.get(source, [])
+        assert cluster_registry.children(source) == sorted([*more, *(f"bt-child-{i}" for i in range(k, 9, 3))])
         assert [e.type for e in cluster_registry.events(f"bt-child-{k}")] == \
             [e.type for e in cluster_registry.events(source)]
     assert cluster_registry.exists("bt-taken") and not cluster_registry.exists("bt-x")
-    assert sorted(e.request for e in outcome_entries(redis)) == sorted([*ids, taken, missing, *twice])
+    assert sorted(e.request for e in outcome_entries(redis)) == sorted([*ids, taken, missing, *twice, fan])
     assert_no_crossslot(cluster)
 
 
