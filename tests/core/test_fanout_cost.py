@@ -16,6 +16,7 @@ from fork_helpers import turn
 from redis import Redis
 
 from sessionfork.core import forks, keys, lua, wire
+from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.fork_steps import MANY
 from sessionfork.core.registry import CREATED, Registry
 from sessionfork.core.wire import NewEvent
@@ -41,7 +42,8 @@ def test_a_fan_out_on_one_server_creates_its_children_in_calls_of_many(
     registry = Registry(redis, clock=lambda: 1_700_000_000_000)
     registry.append(registry.create("src", cwd="/w"), turn())
     built = counted_builds(monkeypatch)
-    ids = [f"c{i}" for i in range(2 * MANY + 2)]
+    assert MANY == 64  # documented: up to 64 children a call
+    ids = [f"c{i}" for i in range(130)]  # 64 + 64 + 2
     result = forks.fork_many(registry, "src", ids)
     assert [h.id for h in result.created] == ids and not result.failed
     assert built.count("create_many") == 3 and "create" not in built, built
@@ -55,16 +57,36 @@ def test_a_fan_out_on_one_server_creates_its_children_in_calls_of_many(
     assert single.created[0].parent_session == "src"
 
 
-def test_children_with_edits_of_their_own_keep_their_place_among_the_many(
-        registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_children_with_edits_of_their_own_ride_the_same_call_stored_as_alone(
+        redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Children with edits of their own (a variant fan-out) are created in the same ``create_many``
+    call as the plain ones, in their places: each record, log and turn index as ``create`` stores
+    them for a one-child fork with the same edits."""
+    registry = Registry(redis, clock=lambda: 1_700_000_000_000)
     registry.append(registry.create("src"), turn())
+    closing = [NewEvent("turn/start"), NewEvent("user/message", {"text": "x"}), NewEvent("turn/end")]
+    opening = [NewEvent("user/message", {"text": "y"})]
     built = counted_builds(monkeypatch)
     ids = ["a", "b", "c", "d", "e"]
-    result = forks.fork_many(registry, "src", ids, edits={"c": [NewEvent("user/message", {"text": "x"})]})
+    result = forks.fork_many(registry, "src", ids, edits={"c": closing, "e": opening})
     assert [h.id for h in result.created] == ids and not result.failed
-    assert [n for n in built if n.startswith("create")] == ["create_many", "create", "create_many"]
-    assert registry.length("c") == registry.length("a") + 1
-    assert registry.events("c")[-1].type == "user/message"
+    assert [n for n in built if n.startswith("create")] == ["create_many"]
+    forks.fork_many(registry, "src", ["c-alone"], edits={"c-alone": closing})  # create.lua, one child
+    forks.fork_many(registry, "src", ["e-alone"], edits={"e-alone": opening})
+    assert [n for n in built if n.startswith("create")] == ["create_many", "create", "create"]
+
+    def stored(sid: str) -> tuple[Any, ...]:
+        record = redis.hgetall(keys.session(sid))
+        record.pop(b"instance")
+        return (record, redis.lrange(keys.session_log(sid), 0, -1), redis.lrange(keys.session_turns(sid), 0, -1))
+
+    assert stored("c") == stored("c-alone") and stored("e") == stored("e-alone")
+    assert stored("a") == stored("b") == stored("d")
+    assert registry.length("c") == registry.length("a") + 3 and registry.events("e")[-1].type == "user/message"
+    assert forks.fork(registry, "c", "c-child").parent_session == "c"  # its edits closed a turn
+    with pytest.raises(ForkError) as info:
+        forks.fork(registry, "e", "e-child")  # its edit leaves the turn open
+    assert info.value.code is ErrorCode.OPEN_TURN
 
 
 def test_a_refusal_among_the_many_is_that_childs_alone(registry: Registry) -> None:

@@ -63,6 +63,8 @@ hundred microseconds of the server's time)."""
 
 _PLAIN_CHILD = frozenset({"record", "log", "turns", "instance", "session_id"})
 """The names of a child's own in a create call, for a child with no edits of its own."""
+_EDITED_CHILD = _PLAIN_CHILD | {"length", "last_type", "last_end", "markers", "edits"}
+"""The names of a child's own in a create call, for a child with edits of its own (``edit_fields``)."""
 
 CREATED = 1
 """``create.lua``'s reply for a record it created now: the caller has the header it sent (the
@@ -359,40 +361,37 @@ class ForkSteps:
     def _calls_of(self, common: dict[str, Any], each: list[dict[str, Any]], calls: list[lua.Call],
                   spans: list[int]) -> None:
         """The create calls of the children ``each`` of one seed (``common``), in their order,
-        appended to ``calls`` (their ``spans`` to ``spans``): on one server, each run of plain
-        children (no edits of their own) in ``create_many`` calls of up to ``MANY`` children (one
-        call's cost shared; a deletion of the parent may still land between two), every other
-        child in its own ``create`` call."""
+        appended to ``calls`` (their ``spans`` to ``spans``): on one server, in ``create_many``
+        calls of up to ``MANY`` children each (one call's cost shared; a deletion of the parent may
+        still land between two), a child with edits of its own carrying them; else (a cluster: each
+        child on its own slot) each child in its own ``create`` call."""
         scripts = self.state.scripts
         many = (not self.state.cluster and self.state.compact_records and common.get("lifecycle") is not None
-                and "parent" in common and "parent_needs" not in common and len(each) > 1)
+                and "parent" in common and "parent_needs" not in common and len(each) > 1
+                and all(item.keys() in (_PLAIN_CHILD, _EDITED_CHILD) for item in each))
         if not many:
             calls.extend(scripts.op_each("create", common, each))
             spans.extend([0] * len(each))
             return
         shared = {name: value for name, value in common.items() if name != "edits"}
-        run: list[dict[str, Any]] = []
-
-        def flush() -> None:
-            if len(run) == 1:
+        for at in range(0, len(each), MANY):
+            run = each[at:at + MANY]
+            if len(run) == 1:  # one child: its own call is the cheaper
                 calls.extend(scripts.op_each("create", common, run))
                 spans.append(0)
-            elif run:
-                calls.append(scripts.op("create_many", **shared, children=[item["record"] for item in run],
-                                        each=[v for item in run for v in (item["instance"], item["session_id"])]))
-                spans.append(len(run))
-            run.clear()
-
-        for item in each:
-            if item.keys() != _PLAIN_CHILD:  # edits of its own: a call of its own, in its place
-                flush()
-                calls.extend(scripts.op_each("create", common, [item]))
-                spans.append(0)
                 continue
-            run.append(item)
-            if len(run) == MANY:
-                flush()
-        flush()
+            child_keys: list[str] = []
+            words: list[Any] = []
+            for item in run:
+                edits = item.get("edits", ())
+                words += (item["instance"], item["session_id"], len(edits))
+                if edits:
+                    child_keys += (item["record"], item["log"], item["turns"])
+                    words += (item["length"], item["last_type"], item["last_end"], item["markers"], *edits)
+                else:
+                    child_keys.append(item["record"])
+            calls.append(scripts.op("create_many", **shared, children=child_keys, each=words))
+            spans.append(len(run))
 
     def run_children(self, steps: Sequence[ChildStep]) -> list[list[Any]]:
         """The replies of each of ``steps``' calls: every step's, in one pipelined round trip (per

@@ -2,23 +2,36 @@
 -- (one script call for a chunk of a fan-out's children, where each took its own call), on one
 -- server: the children's keys and the parent's share a server (never a cluster's slots).
 -- KEYS[1] = sf:lifecycle, KEYS[2] = the parent's sf:s:{<parent>}:children, KEYS[3] = the parent's
---           record sf:s:{<parent>}, then each child's record (create.lua's KEYS[1]: a child without
---           edits of its own writes neither its log nor its turn index)
--- ARGV    = create.lua's ARGV without instance, session id and edits (a plain child of one seed:
---           the names in core/lua.py's SCRIPTS, pinned by a test), then for each child: its
---           instance token and its session id
+--           record sf:s:{<parent>}, then each child's keys in order: a child without edits of its
+--           own its record only (create.lua's KEYS[1]: it writes neither log nor turn index), a
+--           child with edits its record, log and turn index (create.lua's KEYS[1..3])
+-- ARGV    = create.lua's ARGV without instance, session id and edits (the names in core/lua.py's
+--           SCRIPTS, pinned by a test), then for each child: its instance token, its session id
+--           and the count N of its own edits; a child with edits (N > 0) then its length, last
+--           type, last end and turn-index entries (create.lua's ARGV[3], [6], [12], [13]) and its
+--           N edits' stored JSON
 -- Returns for each child, in order, what create.lua returns for it. The parent is checked once,
 -- for the first child whose id is free (nothing here changes it); the children created are
 -- indexed under it in one SADD.
 --#include lib/create.lua
-local a = {ARGV[1], '', ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], '', ARGV[8], ARGV[9],
+local shared = {ARGV[1], '', ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], '', ARGV[8], ARGV[9],
   ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17], ARGV[18]}
 local out, created, ok = {}, {}, nil
-local at = 19
-for i = 4, #KEYS do
-  local k = {KEYS[i], nil, nil, KEYS[1], nil, KEYS[3]}
+local at, i = 19, 4
+while i <= #KEYS do
+  local n = tonumber(ARGV[at + 2])
+  local k, a
+  if n == 0 then
+    k, a = {KEYS[i], nil, nil, KEYS[1], nil, KEYS[3]}, shared
+    i = i + 1
+  else
+    k, a = {KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[1], nil, KEYS[3]}, {unpack(shared)}
+    i = i + 3
+    a[3], a[6], a[12], a[13] = ARGV[at + 3], ARGV[at + 4], ARGV[at + 5], ARGV[at + 6]
+    for j = 1, n do a[20 + j] = ARGV[at + 6 + j] end
+  end
   a[2], a[9] = ARGV[at], ARGV[at + 1]
-  at = at + 2
+  at = at + 3 + (n == 0 and 0 or 4 + n)
   local found = existing(k, a)
   if found ~= nil then
     out[#out + 1] = found
