@@ -4,6 +4,9 @@ again and goes on; it used to drop the job's execution on the first try and quit
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 from typing import Any
 
 import msgspec
@@ -75,16 +78,20 @@ def test_a_finish_that_failed_mid_pipeline_is_run_again_and_the_worker_goes_on(r
     assert jobs.make_queue(redis, Settings()).started_job_registry.count == 0  # nothing left started
 
 
+STUCK_AFTER = 20.0
+"""Seconds after which a worker still retrying a server's lost scripts is deemed stuck (the two jobs
+take about a second)."""
+
 class ScriptsLostBeforeEachRecord(Outcomes):
     """The queue server loses its scripts (a restart, SCRIPT FLUSH) right before each outcome's
     record: the record's transaction, which carries RQ's success bookkeeping, meets an empty cache."""
 
     flushes = 0
 
-    def _record_then(self, reply: Any, named: dict[str, Any], then: Any) -> Any:
+    def _record_then(self, reply: Any, call: Any, then: Any) -> Any:
         self.redis.script_flush()
         ScriptsLostBeforeEachRecord.flushes += 1
-        return super()._record_then(reply, named, then)
+        return super()._record_then(reply, call, then)
 
 
 def test_the_finish_never_runs_without_the_outcome_when_the_server_lost_its_scripts(redis: Redis,
@@ -92,10 +99,24 @@ def test_the_finish_never_runs_without_the_outcome_when_the_server_lost_its_scri
     registry.append(registry.create("src"), [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
     client = Client(redis)
     ids = [client.submit(client.request("src", session_id=f"s{i}")) for i in range(2)]
+    ScriptsLostBeforeEachRecord.flushes = 0
     outcomes = ScriptsLostBeforeEachRecord(redis, ttl=600, stream_maxlen=1000)
     service = ForkService(registry, outcomes, reply_channel="sf:replies", limits=Limits(max_fanout=16))
     worker = ForkWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis, abandoned_after=30)
-    assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
+    # A worker that cannot get past the lost scripts (a transaction's NOSCRIPT never loads them)
+    # would retry for ever: past the deadline it gets the SIGTERM a supervisor would send.
+    fired: list[bool] = []
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    watchdog = threading.Timer(STUCK_AFTER, lambda: (fired.append(True), os.kill(os.getpid(), signal.SIGTERM)))
+    watchdog.start()
+    try:
+        worked = worker.work(burst=True, logging_level="WARNING", max_idle_time=5)
+    finally:
+        watchdog.cancel()
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert not fired, f"the worker was still retrying the lost scripts after {STUCK_AFTER:.0f} s"
+    assert worked is True
     assert ScriptsLostBeforeEachRecord.flushes == 2  # each record met an empty script cache
     assert [service.outcomes.get(r).ok for r in ids] == [True, True]  # type: ignore[union-attr]
     assert [Job.fetch(r, connection=redis, serializer=jobs.JSONSerializer).get_status() for r in ids] == \
