@@ -104,6 +104,10 @@ def test_a_thousand_concurrent_forks_over_at_most_four_connections(
 FORKS = 500  # the forks of the kill test: enough that its five kills land while replies are still due
 
 
+KILL_AFTER = (10, 45, 80, 115, 150)
+"""The replies after which the test kills every connection of the client."""
+
+
 def test_every_fork_gets_its_outcome_while_its_connections_are_killed(
         server: EmbeddedServer, redis: Redis, registry: Registry) -> None:
     """CLIENT KILL of every connection of the client (commands and subscription), five times while
@@ -124,26 +128,27 @@ def test_every_fork_gets_its_outcome_while_its_connections_are_killed(
             return True
         return False
 
-    def killer() -> None:
-        # The last one well before the end: a kill lands 30-90 replies after its threshold (seen:
-        # the one after 170 of 300 landed once all were in, a race not run, with batched workers).
-        for threshold in (10, 45, 80, 115, 150):
-            wait_until(lambda t=threshold: len(done) >= t, 120, f"{threshold} replies")
-            wait_until(kill, 60, f"a kill after {threshold} replies to hit a connection")
+    async def kill_soon() -> None:
+        # Run in the event loop right after a threshold's reply (a thread polling for it could be
+        # starved of the GIL while the loop took in every other reply); tried until it hits.
+        deadline = asyncio.get_running_loop().time() + 60
+        while not kill():
+            assert asyncio.get_running_loop().time() < deadline, "a kill to hit a connection in use"
+            await asyncio.sleep(0.001)  # the client renews its connections meanwhile
 
     async def main() -> list[Any]:
+        kills: list[asyncio.Task[None]] = []
         async with client_for(server) as client:
             async def one(i: int) -> Any:
                 reply = await client.fork(sid, timeout=120, reply_to=f"sf:replies:kill-{i}" if i % 2 else None)
                 done.append(reply)
+                if len(done) in KILL_AFTER:
+                    kills.append(asyncio.create_task(kill_soon()))
                 return reply
 
-            thread = threading.Thread(target=killer)
-            thread.start()
-            try:
-                return await asyncio.gather(*(one(i) for i in range(FORKS)), return_exceptions=True)
-            finally:
-                thread.join(130)
+            replies = await asyncio.gather(*(one(i) for i in range(FORKS)), return_exceptions=True)
+            await asyncio.gather(*kills)
+            return replies
 
     try:
         with workers(server, redis, 2):
