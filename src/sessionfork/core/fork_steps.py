@@ -195,10 +195,7 @@ class ForkSteps:
         *taken, reply = results
         if self._probed_together(spec):
             if taken[0]:  # some exist: their records, read now (the create script checks again)
-                pipe = self.redis.pipeline(transaction=False)
-                for child in spec.child_ids:
-                    pipe.execute_command(*_child_read(child))
-                taken = pipe.execute()
+                taken = lua.run(self.redis, [_child_read(child) for child in spec.child_ids])
             else:
                 taken = [(None, None, None, None)] * len(spec.child_ids)
         existing: list[str] = []

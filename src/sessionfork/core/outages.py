@@ -23,7 +23,13 @@ def is_outage(exc: BaseException) -> bool:
     not run, and the step's next run loads it again)."""
     if isinstance(exc, (*TRANSIENT, NoScriptError)):
         return True
-    return isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0] in _BUSY_REPLIES
+    # redis-py prefixes the reply of a pipeline's command it raises: "Command # 2 (HMGET ...) of
+    # pipeline caused error: BUSY ...". The reply is what counts.
+    reply = str(exc).rpartition(_PIPELINE_PREFIX)[2]
+    return isinstance(exc, ResponseError) and reply.split(" ", 1)[0] in _BUSY_REPLIES
+
+
+_PIPELINE_PREFIX = " of pipeline caused error: "
 
 
 LOST = (RedisConnectionError, RedisTimeoutError, OSError)
