@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -20,17 +22,19 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cluster_fixtures import running_cluster
 from helpers import SETTINGS, clean_environ, cli_args, outcome_entries, stop, turn, wait_registered, worker_name
+from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.cluster import RedisCluster
-from waits import outcome_of
+from waits import outcome_of, wait_until
 
 from sessionfork.clients.aio import AsyncClient
 from sessionfork.clients.client import Client
-from sessionfork.core import keys
+from sessionfork.core import keys, records
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, ForkResult, Reply
 from sessionfork.embedded import EmbeddedCluster, EmbeddedSentinel, EmbeddedServer
@@ -68,6 +72,14 @@ def sharded_deployment() -> Iterator[tuple[EmbeddedCluster, list[EmbeddedServer]
         finally:
             codes = [stop(proc, TIMEOUT) for _, _, proc in workers]
             assert codes == [0] * len(workers), f"worker exit codes {codes}"
+
+
+def _outcome_marks(redis: Redis, ids: list[str]) -> list[list[Any]]:
+    """Each request's outcome fields (``records.OUTCOME_MARKS``: none set while it has no outcome)."""
+    pipe = redis.pipeline(transaction=False)
+    for rid in ids:
+        pipe.hmget(keys.request(rid), list(records.OUTCOME_MARKS))
+    return list(pipe.execute())
 
 
 def ids_on(shard: int, prefix: str, count: int) -> list[str]:
@@ -195,8 +207,18 @@ def test_a_sharded_queue_routes_every_request_to_one_shard_and_a_dead_shard_stal
         waiter = threading.Thread(target=asyncio.run, args=(submit_then_wait(),))
         waiter.start()
         assert submitted.wait(TIMEOUT)
+        # The kill lands in the backlog: once its first outcome is in, the shard's workers are frozen
+        # for the kill (they drain 300 requests in a fraction of a second), so that some is left.
+        own = [proc for i, proc in enumerate(workers) if i // 2 == victim]  # 2 workers a shard, in order
+        with servers[victim].client() as probe:
+            wait_until(lambda: any(any(fields) for fields in _outcome_marks(probe, backlog)), TIMEOUT,
+                       "the backlog's first outcome", 0.001)
+        for proc in own:
+            os.kill(proc.pid, signal.SIGSTOP)
         servers[victim].kill()
         killed_at = time.time()
+        for proc in own:
+            os.kill(proc.pid, signal.SIGCONT)
         during: list[float] = []
         while len(during) < 40 or time.time() - killed_at < OUTAGE:  # the other shards, all through the outage
             during += sync_forks(client, [measured[40 + len(during)]])
