@@ -92,3 +92,14 @@ def test_build_each_builds_what_build_builds_for_each_item() -> None:
         spec.build_each(shared, [each[0], each[2]])
     with pytest.raises(TypeError, match="takes no z"):
         spec.build_each(shared, [{**each[0], "z": 0}])
+
+
+def test_create_many_takes_creates_arguments_in_creates_order() -> None:
+    """``create_many.lua`` rebuilds ``create.lua``'s ARGV for each child by position: its shared
+    arguments are ``create``'s without the instance, the session id and the edits, in the same
+    order; its shared keys are ``create``'s optional parent-side keys."""
+    create, many = lua.SCRIPTS["create"], lua.SCRIPTS["create_many"]
+    assert many.args == (*(a for a in create.args if a not in ("instance", "session_id", "edits*")), "each*")
+    assert create.args.index("instance") == 1 and create.args.index("session_id") == 8  # a[2], a[9] in Lua
+    assert many.keys == ("lifecycle", "parent_children", "parent", "children*")
+    assert create.keys[3:6] == ("lifecycle?", "parent_children?", "parent?")
