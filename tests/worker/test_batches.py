@@ -51,10 +51,12 @@ TURN = [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})]
 
 
 class Counting(ForkWorker):
-    """Records the size of every ``take`` that found entries, and every job run on its own."""
+    """Records the size of every ``take`` that found entries, the jobs of every batch, and every
+    job run on its own."""
 
     takes: ClassVar[list[int]]
     alone: ClassVar[list[str]]
+    batches: ClassVar[list[list[str]]]
 
     def take(self, count: int) -> Taken:
         taken = super().take(count)
@@ -66,6 +68,10 @@ class Counting(ForkWorker):
         self.alone.append(job.id)
         super().run_job(job, queue)
 
+    def _run_batch(self, batch: list[Any], queue: Any) -> None:
+        self.batches.append([job.id for job, _, _ in batch])
+        super()._run_batch(batch, queue)
+
 
 def _service(redis: Redis, registry: Registry, shard: tuple[int, int] | None = None,
              batch_children: int = Settings().batch_children) -> ForkService:
@@ -76,7 +82,7 @@ def _service(redis: Redis, registry: Registry, shard: tuple[int, int] | None = N
 def _worker(redis: Redis, registry: Registry, batch: int, queue: str = Settings().queue,
             shard: tuple[int, int] | None = None, on_outcome: Any = None,
             batch_children: int = Settings().batch_children) -> Counting:
-    Counting.takes, Counting.alone = [], []
+    Counting.takes, Counting.alone, Counting.batches = [], [], []
     return Counting([jobs.make_queue(redis, Settings(queue=queue))],
                     service=_service(redis, registry, shard, batch_children),
                     connection=redis, abandoned_after=30, batch=batch, on_outcome=on_outcome)
@@ -181,31 +187,60 @@ def test_fan_outs_join_a_batch_while_their_children_fit_in_batch_children(redis:
                                                                           registry: Registry) -> None:
     """A fan-out whose children fit in what is left of ``batch_children`` (a plain fork counts
     one) runs in the batch, answered as alone (its children, its failures); one that does not fit
-    runs alone after the batch, and a later fork that fits in what is left still joins it."""
+    starts the next batch, which the requests after it join; one larger than ``batch_children``
+    runs alone after the batches."""
     registry.append(registry.create("src"), TURN)
-    registry.create("taken")
     client = Client(redis)
     first = client.submit(client.request("src", count=3, request_id="fan-a"))
     ids = client.submit(client.request("src", session_ids=["x", "taken"], request_id="fan-b"))
     one = client.submit(client.request("src", request_id="one", session_id="one-child"))
     over = client.submit(client.request("src", count=3, request_id="fan-c"))  # 6 of 8 used: 3 do not fit
+    huge = client.submit(client.request("src", count=9, request_id="fan-d"))  # 9 > 8: no batch holds it
     last = client.submit(client.request("src", request_id="last", session_id="last-child"))
+    registry.create("taken")
     worker = _worker(redis, registry, 8, batch_children=8)
     assert worker.work(burst=True, logging_level="WARNING") is True
-    assert Counting.takes == [5] and Counting.alone == [over]  # the race: the budget split the take
+    assert Counting.takes == [6]  # the race: the budget split the take
+    assert Counting.batches == [[first, ids, one], [over, last]] and Counting.alone == [huge]
     outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
-    a, b, c = (outcomes.get(r) for r in (first, ids, over))
+    a, b, c, d = (outcomes.get(r) for r in (first, ids, over, huge))
     assert isinstance(a, ForkResult) and a.ok and len(a.sessions or []) == 3
     assert isinstance(b, ForkResult) and not b.ok and [h.id for h in b.sessions or []] == ["x"]
     assert [(f.session_id, f.code) for f in b.failed or []] == [("taken", "SESSION_ALREADY_EXISTS")]
     assert isinstance(c, ForkResult) and c.ok and len(c.sessions or []) == 3
+    assert isinstance(d, ForkResult) and d.ok and len(d.sessions or []) == 9
     for rid, child in ((one, "one-child"), (last, "last-child")):
         reply = outcomes.get(rid)
         assert isinstance(reply, ForkResult) and reply.session is not None and reply.session.id == child
     order = [e.request for e in outcome_entries(redis)]
-    assert order[-1] == over and sorted(order[:-1]) == sorted([first, ids, one, last])  # the batch's first
+    assert sorted(order[:3]) == sorted([first, ids, one]) and sorted(order[3:5]) == sorted([over, last])
+    assert order[5:] == [huge]
     assert sorted(registry.children("src")) == sorted(
-        [*(h.id for h in a.sessions or []), "x", "one-child", *(h.id for h in c.sessions or []), "last-child"])
+        [*(h.id for h in a.sessions or []), "x", "one-child", *(h.id for h in c.sessions or []), "last-child",
+         *(h.id for h in d.sessions or [])])
+
+
+def test_a_batchs_fan_outs_keep_their_snapshots_in_one_transaction(redis: Redis, registry: Registry) -> None:
+    """Every new fan-out of a batch keeps its snapshot before any child exists, the batch's all in
+    one transaction: a batch of three fan-outs runs as many transactions as a batch of one."""
+    registry.append(registry.create("src"), TURN)
+    client = Client(redis)
+
+    def transactions(fan_outs: int, tag: str) -> int:
+        fans = [client.submit(client.request("src", count=2, request_id=f"{tag}-fan-{i}")) for i in range(fan_outs)]
+        _submit(client, 1, tag)  # a plain fork: the take holds more than one entry, so it is a batch
+        redis.config_resetstat()
+        worker = _worker(redis, registry, 8)
+        assert worker.work(burst=True, logging_level="WARNING") is True
+        assert len(Counting.batches) == 1 and len(Counting.batches[0]) == fan_outs + 1 and Counting.alone == []
+        for fan in fans:
+            reply = Outcomes(redis, ttl=600, stream_maxlen=10).get(fan)
+            assert isinstance(reply, ForkResult) and reply.ok and len(reply.sessions or []) == 2
+        info = redis.info("commandstats")
+        assert info["cmdstat_hsetnx"]["calls"] == fan_outs  # each fan-out kept its snapshot
+        return int(info["cmdstat_multi"]["calls"])
+
+    assert transactions(3, "three") == transactions(1, "one")
 
 
 def test_the_batch_children_setting_reaches_the_worker(redis: Redis, registry: Registry) -> None:
@@ -403,7 +438,7 @@ def test_the_outcome_hook_gets_each_jobs_latency_in_a_batch_and_alone(redis: Red
     registry.append(registry.create("src"), TURN)
     client = Client(redis)
     singles = _submit(client, 3, "lat")
-    fan = client.submit(client.request("src", count=2, request_id="lat-fan"))  # 2 children: 1 left
+    fan = client.submit(client.request("src", count=5, request_id="lat-fan"))  # 5 children: no batch holds them
     seen: dict[str, float | None] = {}
     worker = _worker(redis, registry, 8, on_outcome=lambda request_id, _payload, _reply, _seconds, latency=None:
                      seen.__setitem__(request_id, latency), batch_children=4)

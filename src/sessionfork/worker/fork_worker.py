@@ -86,32 +86,38 @@ class ForkWorker(SeamWorker):
         self._run(job, queue, payload, start)
 
     def run_batch(self, jobs: list[Job], queue: Queue) -> None:
-        """Run the jobs one ``take`` moved: the valid forks and the valid merges together
+        """Run the jobs one ``take`` moved: the valid forks and the valid merges in batches
         (``ForkService.handle_many``: one round trip for every claim, one for every child step, one
         for each merge step, one transaction for every record; RQ's start bookkeeping of them all in
-        the first, its success bookkeeping in the records' transaction), as long as the forks' children fit in the
-        service's ``batch_children``, then every other job on its own (``run_job``: a fan-out too
-        large for what was left, a select, a job or request refused), so that none of those holds
-        the batch's replies. When the batch fails unexpectedly, each
-        of its requests runs on its own (``run_job``; idempotent: a request done is a replay),
+        the first, its success bookkeeping in the records' transaction). A batch is the take's
+        jobs in queue order while their forks' children fit in the service's ``batch_children``;
+        the job that does not fit starts the next batch. Then every other job on its own
+        (``run_job``: a fan-out larger than ``batch_children``, a select, a job or request
+        refused), so that none of those holds a batch's replies. When a batch fails unexpectedly,
+        each of its requests runs on its own (``run_job``; idempotent: a request done is a replay),
         as started already when its start was sent."""
-        batch: list[tuple[Job, str, Prepared]] = []
+        batches: list[list[tuple[Job, str, Prepared]]] = [[]]
         alone: list[Job] = []
-        left = self.service.batch_children  # what the batch's forks may still create
+        most = self.service.batch_children
+        left = most  # what the current batch's forks may still create
         for job in jobs:
             try:
                 payload = _payload(job)
             except _Refused:
                 alone.append(job)
                 continue
-            prepared = self.service.prepare(payload, job.id, enqueued_ms=_enqueued_ms(job), most_children=left)
+            prepared = self.service.prepare(payload, job.id, enqueued_ms=_enqueued_ms(job), most_children=most)
             if prepared is None:
                 alone.append(job)
-            else:
-                batch.append((job, payload, prepared))
-                left -= prepared.children
-        if batch:
-            self._run_batch(batch, queue)
+                continue
+            if prepared.children > left:  # the next batch's first
+                batches.append([])
+                left = most
+            batches[-1].append((job, payload, prepared))
+            left -= prepared.children
+        for batch in batches:
+            if batch:
+                self._run_batch(batch, queue)
         for job in alone:
             self.run_job(job, queue)
 

@@ -132,13 +132,24 @@ class Outcomes:
 
         The first snapshot stored wins (two attempts of one request may race); returns it.
         """
-        value = wire.encode(_StoredSnapshot(snap.source, snap.length, snap.seed_length, list(snap.segments),
-                                            snap.seed_end, snap.last_type))
+        return self.keep_snapshots([(request_id, snap)])[0]
+
+    def keep_snapshots(self, fan_outs: Sequence[tuple[str, Snapshot]]) -> list[Snapshot]:
+        """``keep_snapshot`` of each of ``fan_outs`` (request id, snapshot), in one transaction
+        (none for none)."""
+        if not fan_outs:
+            return []
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hsetnx(keys.request(request_id), "snapshot", value)
-        pipe.hget(keys.request(request_id), "snapshot")
-        _, stored = pipe.execute()
-        return snap if stored == value else _decode_snapshot(stored)
+        values = []
+        for request_id, snap in fan_outs:
+            value = wire.encode(_StoredSnapshot(snap.source, snap.length, snap.seed_length, list(snap.segments),
+                                                snap.seed_end, snap.last_type))
+            values.append(value)
+            pipe.hsetnx(keys.request(request_id), "snapshot", value)
+            pipe.hget(keys.request(request_id), "snapshot")
+        stored = pipe.execute()[1::2]
+        return [snap if raw == value else _decode_snapshot(raw)
+                for (_, snap), value, raw in zip(fan_outs, values, stored, strict=True)]
 
     def planned(self, request_id: str) -> list[str]:
         """The child ids a request's first claim planned ([] when it was never claimed)."""

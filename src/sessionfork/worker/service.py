@@ -133,8 +133,8 @@ class ForkService:
     def prepare(self, payload: str | bytes, job_id: str, *, enqueued_ms: int | None = None,
                 most_children: int = 1) -> Prepared | None:
         """``payload`` parsed and checked for a batch (``handle_many``), when it is a valid fork of
-        at most ``most_children`` children (what is left of the batch's ``batch_children``) or a
-        valid merge on this shard; ``None`` for anything else (a larger fan-out, a select: it
+        at most ``most_children`` children (the batch's ``batch_children``) or a valid merge on
+        this shard; ``None`` for anything else (a larger fan-out, a select: it
         touches many sessions; a refused request), and for every request when forks wait for
         replicas (each its own WAIT, retried alone when too few acknowledge): ``handle`` runs it on
         its own, so that none of them holds a batch. A fork too large is told from its size before
@@ -203,8 +203,15 @@ class ForkService:
             else:
                 new = claim.state == "NEW"
                 spec = item.spec if new else item.spec.with_children(claim.children)
-                planned.append((spec, *self._plan(spec, claim, groups[look] if new and look is not None else None)))
+                plan = forks.plan(self.registry, spec, groups[look] if new and look is not None else None)
+                planned.append((spec, plan, claim.snapshot))
                 pending.append(None)
+        # The new fan-outs keep their snapshots before any child exists, all in one round trip.
+        keeping = [(i, spec.request_id, plan.snapshot) for i, (spec, plan, kept) in enumerate(planned)
+                   if kept is None and len(spec.child_ids) > 1 and plan.snapshot is not None]
+        kept_now = self.outcomes.keep_snapshots([(request_id, snap) for _, request_id, snap in keeping])
+        for (i, _, _), snapshot in zip(keeping, kept_now, strict=True):
+            planned[i] = (planned[i][0], planned[i][1], snapshot)
         # Every child step of the batch in one round trip; each merge step of its merges in one.
         made = iter(forks.create_many(self.registry, planned))
         merged = iter(merges.run_many(self.registry, merging))
