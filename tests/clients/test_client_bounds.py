@@ -355,6 +355,7 @@ def test_the_sync_clients_calls_raise_timeout_error_by_their_deadline(frozen: Em
     assert 1.0 <= seconds < 1.0 + SYNC_SLACK, seconds
     assert message == "no reply to request r-sync within 1.0s"
     assert client._local.__dict__.get("listeners") == {}
+    assert "caller" not in client._local.__dict__  # its call thread is the cut work's: the next call takes another
 
 
 def test_the_sync_clients_submit_raises_timeout_error_within_its_retry_bound(frozen: EmbeddedServer,
@@ -364,3 +365,4 @@ def test_the_sync_clients_submit_raises_timeout_error_within_its_retry_bound(fro
     message, seconds = sync_took(lambda c: c.submit(c.request("src", request_id="r-sync-submit")), client)
     assert 1.0 <= seconds < 1.0 + SYNC_SLACK, seconds
     assert message == "request r-sync-submit not enqueued within 1.0s"
+    assert "caller" not in client._local.__dict__  # its call thread is the cut work's: the next call takes another

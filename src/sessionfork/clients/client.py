@@ -11,7 +11,8 @@ it again, or retrying after a time-out, never forks twice and always answers the
 
 Bounds: ``fork`` and ``wait`` return or raise ``TimeoutError`` by their deadline (``requests.HARD_AFTER``
 past it at most), ``submit`` by ``requests.SUBMIT_RETRY_FOR`` seconds, whatever the server and ``redis`` do
-(its retries, no time-outs): a call's Redis work runs in a thread of its own (``connections.cut_at``).
+(its retries, no time-outs): a call's Redis work runs in another thread (``connections.cut_at``): one
+per calling thread, kept between its calls, ended after 5 idle seconds (``connections.CallThread``).
 
 A sharded queue: give one client per queue server, in shard order (``Client([r0, r1, r2])`` or
 ``Client.from_urls([...])``); each request is enqueued on, and waited for on, the shard
@@ -123,8 +124,10 @@ class Client:
         Returns or raises within ``SUBMIT_RETRY_FOR`` seconds (then ``TimeoutError``: the request
         may be enqueued all the same), whatever the server and ``redis`` do (``connections.cut_at``)."""
         request, limit = requests.prepare(request, self._new_id)[0], requests.SUBMIT_RETRY_FOR
+        caller = self._caller()
         return connections.cut_at(time.monotonic() + limit, lambda: self._submit(request)[0],
-                       f"request {request.request_id} not enqueued within {limit}s")
+                                  f"request {request.request_id} not enqueued within {limit}s",
+                                  on_cut=lambda: self._drop_caller(caller), caller=caller)
 
     def _submit(self, request: AnyRequest) -> tuple[str, int]:
         """The request id, and the enqueue script's answer (1: enqueued now)."""
@@ -190,13 +193,29 @@ class Client:
         shard = self.shard_of(request.request_id)
         listener, listeners = self._listener(shard), self._local.__dict__["listeners"]
         deadline = time.monotonic() + timeout
+        caller = self._caller()
 
         def cut() -> None:
             if listeners.get(shard) is listener:
                 del listeners[shard]
+            self._drop_caller(caller)
 
         return connections.cut_at(deadline + requests.HARD_AFTER, lambda: work(listener, deadline),
-                       _no_reply(request.request_id, timeout), on_cut=cut, after_cut=listener.close)
+                                  _no_reply(request.request_id, timeout), on_cut=cut, after_cut=listener.close,
+                                  caller=caller)
+
+    def _caller(self) -> connections.CallThread:
+        """This thread's ``CallThread``: its calls' Redis work runs there (``connections.cut_at``)."""
+        caller: connections.CallThread | None = self._local.__dict__.get("caller")
+        if caller is None:
+            caller = self._local.__dict__["caller"] = connections.CallThread()
+        return caller
+
+    def _drop_caller(self, caller: connections.CallThread) -> None:
+        """After a call cut at its deadline (it may still run in ``caller``): this thread's next
+        call takes a new ``CallThread``."""
+        if self._local.__dict__.get("caller") is caller:
+            del self._local.__dict__["caller"]
 
     def _listener(self, shard: int) -> ReplyListener:
         listeners: dict[int, ReplyListener] = self._local.__dict__.setdefault("listeners", {})

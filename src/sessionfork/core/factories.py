@@ -13,9 +13,18 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
+"""A random hex digit's two low bits under RFC 4122's variant bits (``10xx``)."""
+
+
 def new_session_id() -> str:
-    """``session-<uuid4>``: unique across processes and machines without coordination."""
-    return f"session-{uuid.uuid4()}"
+    """``session-<uuid4>``: unique across processes and machines without coordination.
+
+    The UUID's text is formatted from 16 random bytes with its version (4) and variant bits set, as
+    ``uuid.uuid4()`` makes it: a fan-out makes one per child, and the ``UUID`` object took 60 % of
+    this call."""
+    h = os.urandom(16).hex()
+    return f"session-{h[:8]}-{h[8:12]}-4{h[13:16]}-{_VARIANT[h[16]]}{h[17:20]}-{h[20:]}"
 
 
 def new_instance_token() -> str:

@@ -118,9 +118,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     their claims, one for all their children, one transaction for all their records and RQ's finish
     (docs/performance.md#batches). A lone request never waits for a batch to fill."""
     batch_children: int = 256
-    """Most children the forks of one batch create (``SESSIONFORK_BATCH_CHILDREN``): a fan-out joins
-    a batch while its children fit in what is left (a plain fork counts one), else it runs alone
-    right after the batch, so that a large fan-out never holds the batch's other replies."""
+    """Most children the forks of one batch create (``SESSIONFORK_BATCH_CHILDREN``): the requests
+    one take holds run in batches, in queue order; a fan-out joins the batch while its children
+    fit in what is left (a plain fork counts one), else it starts the next batch. A fan-out of more
+    children than this runs alone after the batches, so that it never holds their replies."""
 
 
 ENV: Mapping[str, str] = {

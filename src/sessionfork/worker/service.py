@@ -203,12 +203,12 @@ class ForkService:
             else:
                 new = claim.state == "NEW"
                 spec = item.spec if new else item.spec.with_children(claim.children)
-                plan = forks.plan(self.registry, spec, groups[look] if new and look is not None else None)
-                planned.append((spec, plan, claim.snapshot))
+                planned.append((spec, *self._plan(spec, claim, groups[look] if new and look is not None else None,
+                                                  keep=False)))
                 pending.append(None)
         # The new fan-outs keep their snapshots before any child exists, all in one round trip.
-        keeping = [(i, spec.request_id, plan.snapshot) for i, (spec, plan, kept) in enumerate(planned)
-                   if kept is None and len(spec.child_ids) > 1 and plan.snapshot is not None]
+        keeping = [(i, spec.request_id, snap) for i, (spec, plan, kept) in enumerate(planned)
+                   if (snap := _to_keep(spec, plan, kept)) is not None]
         kept_now = self.outcomes.keep_snapshots([(request_id, snap) for _, request_id, snap in keeping])
         for (i, _, _), snapshot in zip(keeping, kept_now, strict=True):
             planned[i] = (planned[i][0], planned[i][1], snapshot)
@@ -360,15 +360,18 @@ class ForkService:
         plan, snapshot = self._plan(spec, claim, looked)
         return _fork_reply(request, spec.request_id, forks.create(self.registry, spec, plan, snapshot))
 
-    def _plan(self, spec: ForkSpec, claim: Claim, looked: list[Any] | None) -> tuple[ForkPlan, Snapshot | None]:
+    def _plan(self, spec: ForkSpec, claim: Claim, looked: list[Any] | None,
+              keep: bool = True) -> tuple[ForkPlan, Snapshot | None]:
         """A claimed fork's plan (its source step's, from ``looked``, or run now) and the snapshot its
         children are made from: the claim's (a retried fan-out's, kept by its first attempt) or,
         for a new fan-out, the plan's, kept before any child exists (a retry after a crash
-        creates the rest from the same one); ``None``: the plan's own."""
+        creates the rest from the same one); ``None``: the plan's own. ``keep=False``: the claim's
+        snapshot, the plan's left for the caller to keep (``_to_keep``; a batch keeps its
+        fan-outs' all at once)."""
         plan = forks.plan(self.registry, spec, looked)
         snapshot = claim.snapshot
-        if snapshot is None and len(spec.child_ids) > 1 and plan.snapshot is not None:
-            snapshot = self.outcomes.keep_snapshot(spec.request_id, plan.snapshot)
+        if keep and (snap := _to_keep(spec, plan, snapshot)) is not None:
+            snapshot = self.outcomes.keep_snapshot(spec.request_id, snap)
         return plan, snapshot
 
     def _children_of(self, request: ForkRequest) -> list[str]:
@@ -403,6 +406,12 @@ def _fork_reply(request: ForkRequest, request_id: str, result: FanOut | ForkErro
         failed=[ChildError(session_id=cid, code=e.code.value, message=e.message)
                 for cid, e in result.failed] or UNSET,
     )
+
+
+def _to_keep(spec: ForkSpec, plan: ForkPlan, kept: Snapshot | None) -> Snapshot | None:
+    """The snapshot a claimed fork keeps before its children (a new fan-out's: its plan's, when no
+    earlier attempt kept one), else ``None``."""
+    return plan.snapshot if kept is None and len(spec.child_ids) > 1 else None
 
 
 def _children(spec: ForkSpec | MergeSpec) -> Sequence[str]:

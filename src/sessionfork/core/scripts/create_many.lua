@@ -17,6 +17,7 @@
 local shared = {ARGV[1], '', ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], '', ARGV[8], ARGV[9],
   ARGV[10], ARGV[11], ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16], ARGV[17], ARGV[18]}
 local out, created, ok = {}, {}, nil
+local plain = nil  -- the plain children's record fields, built once (record_fields), each child's token set
 local at, i = 19, 4
 while i <= #KEYS do
   local n = tonumber(ARGV[at + 2])
@@ -38,7 +39,13 @@ while i <= #KEYS do
   else
     if ok == nil then ok = parent_ok(k, a) end
     if ok then
-      create_record(k, a)
+      if n == 0 then
+        plain = plain or record_fields(a)
+        plain[4] = a[2]
+        create_record(k, a, plain)
+      else
+        create_record(k, a)
+      end
       created[#created + 1] = a[9]
       out[#out + 1] = 1
     else

@@ -32,7 +32,9 @@ end
 -- children of a fan-out); readers take len / lastend when they are absent.
 -- One HSET of every field the record starts with (one command, where one per optional field took up
 -- to five).
-local function create_record(k, a)
+-- The fields of that HSET (``record_fields``); the instance token is the 4th word, so that the
+-- children of one seed share one list (create_many.lua sets each child's token in it).
+local function record_fields(a)
   local fields = {'header', a[1], 'instance', a[2], 'len', a[3], 'seed', a[5], 'last', a[6]}
   local cwd, parent_id = nil, nil
   if a[16] ~= '' then
@@ -57,7 +59,11 @@ local function create_record(k, a)
   if a[14] ~= '' then
     fields[#fields + 1] = 'summary'; fields[#fields + 1] = a[14]
   end
-  redis.call('HSET', k[1], unpack(fields))
+  return fields
+end
+-- ``fields``: the record's fields when built already (``record_fields(a)``, a[2] the 4th word).
+local function create_record(k, a, fields)
+  redis.call('HSET', k[1], unpack(fields or record_fields(a)))
   local first = 21
   if #a >= first then
     redis.call('HSET', k[1], 'edits', #a - first + 1)  -- how many events the fork appended (lineage)
