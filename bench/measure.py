@@ -145,7 +145,7 @@ def replies_timed(redis: Redis, channel: str, expected: int, submit: Callable[[]
     """Seconds from ``submit()``'s start (it sends the requests) to the ``expected``-th message on the
     reply ``channel``, subscribed (and the subscription confirmed) first; ``TimeoutError`` when they
     do not all arrive within 300 s."""
-    pubsub = redis.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+    pubsub = redis.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(channel)
     wait_until(lambda: pubsub.get_message(timeout=0.01) is None and pubsub.subscribed
                and int(redis.pubsub_numsub(channel)[0][1]) >= 1, 10, "the reply subscription")

@@ -51,7 +51,7 @@ class ReplyListener:
 
     def _ready(self, channel: str, deadline: float) -> bool:
         if self._pubsub is None:
-            self._pubsub = self.redis.pubsub()  # type: ignore[no-untyped-call]
+            self._pubsub = self.redis.pubsub()
         if channel in self._channels:
             return True  # a dropped connection shows at the next read, and is subscribed again
         self._pubsub.subscribe(channel)

@@ -190,8 +190,8 @@ class _SentinelRedis(Redis):
 def sentinel_client(settings: Settings, url: str) -> Redis:
     """A ``Redis`` on the current primary of the Sentinel ``url``, following its promotions."""
     parsed = parse_sentinel_url(url)
-    sentinel = Sentinel(list(parsed.sentinels), sentinel_kwargs=_sentinel_kwargs(settings))  # type: ignore[no-untyped-call]
-    client: Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(list(parsed.sentinels), sentinel_kwargs=_sentinel_kwargs(settings))
+    client: Redis = sentinel.master_for(
         parsed.service, redis_class=_SentinelRedis, **_options(url, settings), **_node_kwargs(parsed))
     return client
 
@@ -217,7 +217,7 @@ def async_pool(url: str, *, max_connections: int, **connection_kwargs: Any) -> A
     parsed = parse_sentinel_url(url)
     bounds = {k: v for k, v in connection_kwargs.items() if k in ("socket_timeout", "socket_connect_timeout")}
     bounds["retry"] = AsyncRetry(NoBackoff(), 0)  # as NO_RETRY: a dead sentinel is skipped
-    sentinel = AsyncSentinel(list(parsed.sentinels), sentinel_kwargs=bounds)  # type: ignore[no-untyped-call]
+    sentinel = AsyncSentinel(list(parsed.sentinels), sentinel_kwargs=bounds)
     client: AsyncRedis = sentinel.master_for(parsed.service, connection_pool_class=_AsyncBlockingSentinelPool,
                                              max_connections=max_connections,
                                              **{**_node_kwargs(parsed), **connection_kwargs})
