@@ -122,6 +122,48 @@ def test_the_stop_handler_of_an_idle_worker_never_raises(redis: Redis) -> None:
         worker.dequeue_job_and_maintain_ttl(1)
 
 
+def test_the_command_listener_ends_at_once_when_the_unsubscribe_wakes_it_before_the_stop(redis: Redis) -> None:
+    """RQ's command listener (a thread in a 60-second pub/sub read) ends within a second of the
+    worker's ``unsubscribe``, even when the ``UNSUBSCRIBE``'s confirmation wakes it before its stop
+    flag is cleared: the race, made to happen (the flag's clear waits until the listener's read
+    returned once, or 2 s). RQ's order then left it in a new 60-second read, which redis-py 8.2's
+    ``stop()`` waited out (SIGTERMed workers killed in CI)."""
+    svc = ForkService(Registry(redis), Outcomes(redis, ttl=60, stream_maxlen=100), reply_channel="sf:replies",
+                      limits=Limits(max_fanout=16))
+    worker = ForkWorker([jobs.make_queue(redis, SETTINGS)], service=svc, connection=redis, abandoned_after=30)
+    worker.subscribe()
+    thread = worker.pubsub_thread
+    assert thread is not None
+    woken = threading.Event()
+    read = worker.pubsub.get_message
+
+    def get_message(*args: object, **kwargs: object) -> object:
+        try:
+            return read(*args, **kwargs)
+        finally:
+            woken.set()
+
+    worker.pubsub.get_message = get_message  # type: ignore[method-assign]
+    wait_until(lambda: worker.pubsub.subscribed and thread.is_alive(), 10, "the listener subscribed")
+    woken.clear()
+    raced = []
+
+    class LateClear(threading.Event):
+        def clear(self) -> None:
+            raced.append(woken.wait(2))  # True: a read returned before the flag was cleared
+            super().clear()
+
+    flag = LateClear()
+    flag.set()
+    thread._running = flag  # type: ignore[attr-defined]
+    began = time.monotonic()
+    worker.unsubscribe()
+    took = time.monotonic() - began
+    assert not thread.is_alive() and took < 5, took
+    assert raced == [False]  # the flag was cleared before the confirmation woke the listener
+    worker.pubsub.close()
+
+
 def test_a_worker_whose_loop_fails_exits_1_with_one_error_line(server: EmbeddedServer, redis: Redis) -> None:
     passwords = {user: f"{user}-pw" for user in acl.USERS}
     apply_acl(redis, SETTINGS, passwords)

@@ -24,6 +24,9 @@ RQ names used here, and why:
   for custom workers), ``bootstrap``, ``request_stop``, ``heartbeat``, ``get_heartbeat_ttl``,
   ``set_state``, ``dequeue_job_and_maintain_ttl``, ``_shutdown``, ``check_for_suspension``,
   ``teardown`` (stopping ``pubsub_thread``, RQ's command listener, when Redis is unreachable),
+  ``unsubscribe`` (its ``pubsub`` and ``pubsub_thread``: the listener told to end before the
+  ``UNSUBSCRIBE`` whose confirmation wakes it; with redis-py 8.2's ``stop()``, which waits for the
+  thread, RQ's order left a stopping worker waiting out the listener's 60-second read),
   ``handle_job_failure``, ``run_maintenance_tasks`` and ``clean_registries``: RQ's loop strands a
   just-dequeued job on SIGTERM, quits on an entry it cannot load (a non-UTF-8 id, a malformed
   hash), quits on a Redis outage or time-out, and holds the maintenance lock for 15 minutes when

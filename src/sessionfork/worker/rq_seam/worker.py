@@ -190,7 +190,7 @@ class SeamWorker(SimpleWorker):
             log.warning("worker %s stopped with Redis unreachable: not unregistered (its registration "
                         "expires on its own)", self.name)
             if self.pubsub_thread is not None:  # RQ's command listener: a daemon thread, told to end
-                self.pubsub_thread.stop()
+                self.pubsub_thread.stop(timeout=0)  # not waited for: its read ends with its connection
             return
         # The counters of the jobs since the last beat, before RQ unregisters the worker (best
         # effort, like the unregistering: a worker killed instead loses at most a second's worth).
@@ -205,6 +205,23 @@ class SeamWorker(SimpleWorker):
             super().teardown()  # type: ignore[no-untyped-call]
         except RedisError as exc:
             log.warning("could not unregister worker %s: %s", self.name, exc)
+
+    def unsubscribe(self) -> None:
+        """RQ's end of its command listener, the listener told to end before the ``UNSUBSCRIBE``
+        whose confirmation wakes it. RQ unsubscribes first, then calls ``stop()``, which since
+        redis-py 8.2 waits for the listener's thread: when the confirmation woke the listener
+        before the stop, it was back in its 60-second read, and the worker's stop waited it out
+        (SIGTERMed workers were killed waiting). Waited for 1 s at most, as RQ waits."""
+        thread = self.pubsub_thread
+        if thread is None:
+            return
+        thread.stop(timeout=0)  # the flag only: the confirmation below ends the listener's read, and its loop
+        try:
+            self.pubsub.unsubscribe()
+        except RedisError as exc:  # best effort, as the rest of the teardown
+            log.warning("could not unsubscribe worker %s from its command channel: %s", self.name, exc)
+        thread.join(timeout=1)
+        self.pubsub.close()
 
     def until_up(self, step: Callable[[], T]) -> T:
         """Run ``step``; while Redis is unreachable, back off and run it again (steps are idempotent)."""
