@@ -66,6 +66,10 @@ def _start(args: list[str]) -> subprocess.Popen[bytes]:
 
 
 def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each, wait 20 s, then SIGKILL and reap those still running. RQ's own worker (a peer
+    baseline) may need the 20 s with redis-py 8.2: it unsubscribes its command listener before it
+    stops it, and ``stop()`` now waits out the listener's 60-second read when the confirmation woke
+    it first (``SeamWorker.unsubscribe``)."""
     for p in procs:
         p.terminate()
     for p in procs:
@@ -73,6 +77,7 @@ def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
             p.wait(20)
         except subprocess.TimeoutExpired:
             p.kill()
+            p.wait(20)  # reaped: an unreaped child is a ResourceWarning (an error in the tests)
 
 
 def wait_workers_up(redis: Redis, names: list[str]) -> bool:
