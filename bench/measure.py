@@ -65,16 +65,13 @@ def _start(args: list[str]) -> subprocess.Popen[bytes]:
                             stderr=subprocess.DEVNULL)
 
 
-def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
-    """SIGTERM each, wait 20 s, then SIGKILL and reap those still running. RQ's own worker (a peer
-    baseline) may need the 20 s with redis-py 8.2: it unsubscribes its command listener before it
-    stops it, and ``stop()`` now waits out the listener's 60-second read when the confirmation woke
-    it first (``SeamWorker.unsubscribe``)."""
+def stop_processes(procs: list[subprocess.Popen[bytes]], grace: float = 20) -> None:
+    """SIGTERM each, wait ``grace`` seconds, then SIGKILL and reap those still running."""
     for p in procs:
         p.terminate()
     for p in procs:
         try:
-            p.wait(20)
+            p.wait(grace)
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait(20)  # reaped: an unreaped child is a ResourceWarning (an error in the tests)
@@ -106,7 +103,10 @@ def rq_peer(server: EmbeddedServer, kind: str, jobs: int) -> float:
         wait_until(lambda: finished.count >= jobs, 300, "rq peer jobs", interval=0.002)
         return jobs / (time.perf_counter() - began)
     finally:
-        stop_processes([proc])
+        # Its stop is not measured: 2 s, then killed. With redis-py 8.2, RQ's own worker may wait
+        # out its command listener's 60-second read when it stops (RQ unsubscribes the listener
+        # before it stops it, and 8.2's ``stop()`` waits for it; ``SeamWorker.unsubscribe``).
+        stop_processes([proc], grace=2)
 
 
 def start_fork_workers(server: EmbeddedServer, n: int) -> tuple[list[subprocess.Popen[bytes]], Redis]:
