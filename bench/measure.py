@@ -8,6 +8,7 @@ the Redis server itself (CPU, round trips) is measured in ``bench.redis_cost``.
 from __future__ import annotations
 
 import asyncio
+import os
 import statistics
 import subprocess
 import sys
@@ -60,9 +61,9 @@ cls([Queue("peer", connection=r)], connection=r, name=sys.argv[3]).work(logging_
 """
 
 
-def _start(args: list[str]) -> subprocess.Popen[bytes]:
+def _start(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, env=env)
 
 
 def stop_processes(procs: list[subprocess.Popen[bytes]], grace: float = 20) -> None:
@@ -109,11 +110,15 @@ def rq_peer(server: EmbeddedServer, kind: str, jobs: int) -> float:
         stop_processes([proc], grace=2)
 
 
-def start_fork_workers(server: EmbeddedServer, n: int) -> tuple[list[subprocess.Popen[bytes]], Redis]:
+def start_fork_workers(server: EmbeddedServer, n: int, batch: int | None = None
+                       ) -> tuple[list[subprocess.Popen[bytes]], Redis]:
+    """``n`` ``sessionfork worker`` processes on ``server``, up once they are registered;
+    ``batch``: their ``SESSIONFORK_BATCH`` (else the default)."""
     redis = server.client()
     names = [f"fork-{i}-{time.monotonic_ns()}" for i in range(n)]
+    env = None if batch is None else {**os.environ, "SESSIONFORK_BATCH": str(batch)}
     procs = [_start([sys.executable, "-m", "sessionfork", "--redis-url", server.url, "worker",
-                     "--name", name, "--log-level", "ERROR"]) for name in names]
+                     "--name", name, "--log-level", "ERROR"], env) for name in names]
     wait_until(lambda: wait_workers_up(redis, names), 30, "sessionfork workers")
     return procs, redis
 

@@ -31,13 +31,14 @@ def redis_cpu_us(redis: Redis) -> float:
     return (float(info["used_cpu_sys"]) + float(info["used_cpu_user"])) * 1e6
 
 
-def redis_cpu_per_job(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
-    """Redis CPU (µs) per job, worker side: a ``ForkWorker`` fork job and a ``SimpleWorker`` no-op,
-    each a burst over ``jobs`` jobs enqueued beforehand (the enqueue's CPU is not counted).
+def redis_cpu_per_job(server: EmbeddedServer, jobs: int) -> tuple[float, float, float]:
+    """Redis CPU (µs) per job, worker side: a ``ForkWorker`` fork job taken in batches (the
+    default, ``Settings().batch``), the same taken one at a time (``batch=1``), and a
+    ``SimpleWorker`` no-op; each a burst over ``jobs`` jobs enqueued beforehand (the enqueue's CPU
+    is not counted).
 
     ``INFO cpu`` deltas of the one server (queue and registry together here).
     """
-    noop_burst, fork_burst = _worker_bursts(server, jobs)
     redis = server.client()
 
     def cpu_per_job(burst: Callable[[], object]) -> float:
@@ -45,8 +46,9 @@ def redis_cpu_per_job(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
         burst()
         return (redis_cpu_us(redis) - before) / jobs
 
-    noop_us = cpu_per_job(noop_burst)
-    return cpu_per_job(fork_burst), noop_us
+    noop_us = cpu_per_job(_noop_burst(server, jobs))
+    batched_us = cpu_per_job(_fork_burst(server, jobs, Settings().batch))
+    return batched_us, cpu_per_job(_fork_burst(server, jobs, 1)), noop_us
 
 
 def steps_cpu_per_fork(server: EmbeddedServer, jobs: int) -> float:
@@ -69,7 +71,10 @@ def steps_cpu_per_fork(server: EmbeddedServer, jobs: int) -> float:
 
 def waiter_cpu_us(server: EmbeddedServer, requests: int, chunks: int = 10) -> float:
     """Redis CPU (µs) a sync scheduler that waits on each request (``Client.fork``) adds per request
-    over one that only submits (``Client.submit``): both with one worker process draining.
+    over one that only submits (``Client.submit``): both with one worker process draining, which
+    takes one request at a time (``SESSIONFORK_BATCH=1``). A waiting scheduler's requests reach the
+    worker one by one whatever its batch; with batches, the submitter's backlog would be taken in
+    batches, and the difference would count what batches save the worker as the waiter's cost.
 
     The two alternate in ``chunks`` chunks each (``requests`` requests per mode in all), so that a
     change of the machine's load during the round weighs on both alike. The waiting client closes
@@ -77,7 +82,7 @@ def waiter_cpu_us(server: EmbeddedServer, requests: int, chunks: int = 10) -> fl
     """
     flushed(server)
     write_session(Registry(server.client()), "bench-src", 12)
-    procs, redis = start_fork_workers(server, 1)
+    procs, redis = start_fork_workers(server, 1, batch=1)
     try:
         submitter, waiter = Client(redis, Settings()), Client(redis, Settings())
         spent = {False: 0.0, True: 0.0}
@@ -106,8 +111,9 @@ def waiter_cpu_us(server: EmbeddedServer, requests: int, chunks: int = 10) -> fl
         stop_processes(procs)
 
 
-def round_trips(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
-    """Redis round trips per job, worker side: a ``ForkWorker`` fork job, a ``SimpleWorker`` no-op.
+def round_trips(server: EmbeddedServer, jobs: int) -> tuple[float, float, float]:
+    """Redis round trips per job, worker side: a ``ForkWorker`` fork job in batches (the default), the
+    same one at a time (``batch=1``), a ``SimpleWorker`` no-op.
 
     Counted in-process, as commands (or pipelines) written to a socket during a burst.
     """
@@ -127,9 +133,9 @@ def round_trips(server: EmbeddedServer, jobs: int) -> tuple[float, float]:
             AbstractConnection.send_packed_command = original  # type: ignore[method-assign]
         return sent["n"] / jobs
 
-    noop_burst, fork_burst = _worker_bursts(server, jobs)
-    simple_rt = per_job(noop_burst)
-    return per_job(fork_burst), simple_rt
+    simple_rt = per_job(_noop_burst(server, jobs))
+    batched_rt = per_job(_fork_burst(server, jobs, Settings().batch))
+    return batched_rt, per_job(_fork_burst(server, jobs, 1)), simple_rt
 
 
 def _fork_context(settings: Settings) -> tuple[Any, Any]:
@@ -142,9 +148,10 @@ def _fork_context(settings: Settings) -> tuple[Any, Any]:
     return context, context.service()
 
 
-def queued_fork_worker(settings: Settings, jobs: int) -> Any:
+def queued_fork_worker(settings: Settings, jobs: int, batch: int = 1) -> Any:
     """A ``ForkWorker`` in this process, on the servers ``settings`` names (flushed by the caller),
-    with ``jobs`` single-fork requests of a 12-event source queued before it starts."""
+    with ``jobs`` single-fork requests of a 12-event source queued before it starts, taking up to
+    ``batch`` of them at once (``sessionfork worker`` takes ``settings.batch``)."""
     from sessionfork.worker.fork_worker import ForkWorker
     from sessionfork.worker.jobs import make_queue
 
@@ -153,12 +160,12 @@ def queued_fork_worker(settings: Settings, jobs: int) -> Any:
     for i in range(jobs):
         client.submit(client.request("bench-src", session_id=f"c-{i}"))
     return ForkWorker([make_queue(client.redis, client.settings)], service=service,
-                      connection=service.outcomes.redis, abandoned_after=30)
+                      connection=service.outcomes.redis, abandoned_after=30, batch=batch)
 
 
-def _worker_bursts(server: EmbeddedServer, jobs: int) -> tuple[Callable[[], object], Callable[[], object]]:
-    """On a flushed ``server``: ``jobs`` RQ no-op jobs and ``jobs`` single-fork requests queued; returns
-    the bursts that work them off (a ``SimpleWorker``, then a ``ForkWorker``), each run once."""
+def _noop_burst(server: EmbeddedServer, jobs: int) -> Callable[[], object]:
+    """On a flushed ``server``: ``jobs`` RQ no-op jobs queued; returns the burst that works them off
+    (a ``SimpleWorker``), to run once."""
     from rq import SimpleWorker
 
     redis = flushed(server)
@@ -166,6 +173,12 @@ def _worker_bursts(server: EmbeddedServer, jobs: int) -> tuple[Callable[[], obje
     for _ in range(jobs):
         queue.enqueue("bench.measure.noop")
     simple = SimpleWorker([queue], connection=redis)
-    worker = queued_fork_worker(Settings(redis_url=server.url), jobs)
-    return (lambda: simple.work(burst=True, logging_level="ERROR"),
-            lambda: worker.work(burst=True, logging_level="ERROR"))
+    return lambda: simple.work(burst=True, logging_level="ERROR")
+
+
+def _fork_burst(server: EmbeddedServer, jobs: int, batch: int) -> Callable[[], object]:
+    """On a flushed ``server``: ``jobs`` single-fork requests queued; returns the burst that works them
+    off (a ``ForkWorker`` taking up to ``batch`` at once), to run once."""
+    flushed(server)
+    worker = queued_fork_worker(Settings(redis_url=server.url), jobs, batch)
+    return lambda: worker.work(burst=True, logging_level="ERROR")

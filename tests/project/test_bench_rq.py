@@ -36,4 +36,6 @@ def test_queue_only_run_reports_the_rq_figures_with_the_rq_version(tmp_path: Pat
     result = json.loads((tmp_path / "bench.json").read_text())
     assert result["rq"] == rq.__version__
     assert {f["figure"] for f in result["figures"]} == {
-        "single-fork requests/s (1 worker, median of rounds)", "Redis round trips per job, worker side"}
+        "single-fork requests/s (1 worker, median of rounds)",
+        "Redis round trips per job, worker side (batches, the default)",
+        "Redis round trips per job, worker side, one at a time (SESSIONFORK_BATCH=1)"}

@@ -405,15 +405,16 @@ def test_a_batch_on_a_sharded_queue_forks_its_own_shards_requests_and_refuses_an
 
 
 def test_an_idle_batched_worker_serves_a_lone_request_at_once_alone(redis: Redis, registry: Registry) -> None:
-    """A worker with batches whose queue is empty blocks in RQ's own dequeue; a request arriving
-    then is served from that dequeue at once, alone: no take, no wait for a batch to fill."""
+    """A worker with batches whose queue is empty blocks in its wait (RQ's BLMOVE, with the job's
+    hash read behind it); a request arriving then is served from that wait at once, alone: no
+    take, no wait for a batch to fill."""
     registry.append(registry.create("src"), TURN)
     client = Client(redis)
     worker = _worker(redis, registry, 32)
     answered: list[float] = []  # seconds from the submit to the stored outcome
 
     def submit_once_blocked() -> None:
-        # The worker's connection is blocked (CLIENT LIST flag "b") in RQ's dequeue: then submit.
+        # The worker's connection is blocked (CLIENT LIST flag "b") in its wait: then submit.
         wait_until(lambda: any("b" in c["flags"] and c["cmd"] in {"blmove", "brpoplpush"} for c in redis.client_list()),
                    30, "the worker blocked in its dequeue")
         began = time.monotonic()
@@ -426,7 +427,7 @@ def test_an_idle_batched_worker_serves_a_lone_request_at_once_alone(redis: Redis
     helper.start()
     assert worker.work(burst=False, logging_level="WARNING", max_jobs=1) is True
     helper.join(30)
-    assert Counting.takes == [] and Counting.alone == ["lone"]  # from RQ's dequeue, alone
+    assert Counting.takes == [] and Counting.alone == ["lone"]  # from the wait, alone
     reply = Outcomes(redis, ttl=600, stream_maxlen=10).get("lone")
     assert isinstance(reply, ForkResult) and reply.child.id == "lone-child"
     assert answered and answered[0] < 2.0  # at once: no wait for a batch to fill (two seconds are generous)

@@ -81,12 +81,17 @@ RQ names used here, and why:
   NOSCRIPT: ``lua.add_loaded``). RQ 3 and RQ 2.12
   each have their layout (``tests/worker/test_batches.py`` compares every key, field, score and
   time to live with what RQ's own methods write).
-* the dequeue (``dequeue_job_and_maintain_ttl``): RQ's own ``Queue.dequeue_any``, after one
-  non-blocking ``LMOVE`` to the ``intermediate_queue_key`` pipelined with ``HGETALL`` of the job
-  hash (``Job.key_for``) of the entry the last job's finish saw at the queue's front (``LINDEX``),
-  used only if the entry moved is that one; the job is then built as ``Job.fetch`` builds it
-  (``restore`` of the hash), its queue by ``Queue.from_queue_key``, and a failure carries
-  ``job_id`` and ``queue`` as RQ's dequeue's do.
+* the dequeue (``dequeue_job_and_maintain_ttl``): several queues, RQ's own ``Queue.dequeue_any``.
+  One queue: one non-blocking ``LMOVE`` to the ``intermediate_queue_key`` pipelined with
+  ``HGETALL`` of the job hash (``Job.key_for``) of the entry the last job's finish saw at the
+  queue's front (``LINDEX``), used only if the entry moved is that one; when none waits (or the
+  finish saw the queue empty: no ``take`` or ``LMOVE`` first), RQ's ``Queue.lmove`` done as RQ
+  does it (``BLMOVE`` from the queue's head to the intermediate queue's tail for the wait, raising
+  RQ's ``DequeueTimeout`` when it passes; ``LMOVE`` with no wait) and pipelined with
+  ``scripts/last.lua``, the intermediate queue's last entry and its job hash, used only if that
+  entry is the one moved (another worker's move may land between the two). The job is then built
+  as ``Job.fetch`` builds it (``restore`` of the hash), its queue by ``Queue.from_queue_key``, and
+  a failure carries ``job_id`` and ``queue`` as RQ's dequeue's do.
 * ``Job.fetch`` overridden for the dequeue only: a queue entry with a ``:`` (RQ would load the
   job before the colon, an execution key) or naming no job hash (RQ skips it and leaves it in the
   intermediate queue) is refused with an outcome.

@@ -40,8 +40,9 @@ log = logging.getLogger("sessionfork.worker")
 RQ_MAJOR = int(VERSION.split(".")[0])
 _HEARTBEAT_EVERY = 1.0
 _IDLE_POLL = 1  # seconds an idle worker blocks waiting for a job before it looks at its stop flag
-SCRIPTS = lua.table(lua.Spec("take", ("queue", "held"), ("count", "prefix"), __package__))
-"""The seam's own script (``scripts/take.lua`` of this package)."""
+SCRIPTS = lua.table(lua.Spec("take", ("queue", "held"), ("count", "prefix"), __package__),
+                    lua.Spec("last", ("held",), ("prefix",), __package__))
+"""The seam's own scripts (``scripts/take.lua``, ``scripts/last.lua`` of this package)."""
 
 
 class SeamWorker(SimpleWorker):
@@ -58,6 +59,7 @@ class SeamWorker(SimpleWorker):
     stop_signalled: bool = False  # SIGTERM/SIGINT asked this worker to stop
     unreachable_at_stop: bool = False  # the loop stopped on a step that found Redis unreachable
     _front: bytes | None = None  # the queue's front entry when the last job finished (one queue only)
+    _empty: bool = False  # the one queue was empty when the last job finished (no take before the wait)
     _beat_at: float = float("-inf")  # time.monotonic() of this worker's last own heartbeat
     _unsuspended: bool = False  # the last job's finish found no `rq suspend` in force
     _finishing: Execution | None = None  # the execution a finish in flight cleans up
@@ -251,7 +253,9 @@ class SeamWorker(SimpleWorker):
         * An idle worker checks the suspension (a paused shard: ``rq suspend``) after each wait,
           so a pause holds within a second, not only between jobs.
         * The entry the last job's finish saw at the queue's front is dequeued with its job hash
-          in one round trip (``_dequeue_front``).
+          in one round trip (``_dequeue_front``); a wait for a job reads the job's hash in its own
+          round trip (``_dequeue_waiting``), and starts at once when the last finish saw the queue
+          empty.
         """
         self.set_state(WorkerStatus.IDLE)
         idle_since = time.monotonic()
@@ -263,8 +267,9 @@ class SeamWorker(SimpleWorker):
                 self.run_maintenance_tasks()
             wait = None if timeout is None else max(1, min(timeout, _IDLE_POLL))
             front, self._front = self._front, None
+            empty, self._empty = self._empty, False
             try:
-                result = self.until_up(functools.partial(self._dequeue, wait, front))
+                result = self.until_up(functools.partial(self._dequeue, wait, front, empty))
             except DequeueTimeout:
                 if max_idle_time is not None and time.monotonic() - idle_since > max_idle_time:
                     return None
@@ -279,22 +284,30 @@ class SeamWorker(SimpleWorker):
                 continue
             return result
 
-    def _dequeue(self, wait: int | None, front: bytes | None) -> Any:
+    def _dequeue(self, wait: int | None, front: bytes | None, empty: bool) -> Any:
         """The next job (or ``Taken`` entries), counted against ``work``'s ``max_jobs``; ``None``
         once that budget is spent (RQ's loop then ends)."""
         if self._jobs_left is not None and self._jobs_left <= 0:
             return None
-        found = self._dequeue_next(wait, front)
+        found = self._dequeue_next(wait, front, empty)
         if found is not None and self._jobs_left is not None:
             self._jobs_left -= len(found[0].entries) if isinstance(found[0], Taken) else 1
         return found
 
-    def _dequeue_next(self, wait: int | None, front: bytes | None) -> Any:
-        """With ``batch`` above 1 (one queue): up to ``batch`` waiting entries in one round trip
-        (``take``). Otherwise, or when none waits: RQ's dequeue (``Queue.dequeue_any``, a lone
-        request served at once), after one try at the entry the last job's finish saw at the
-        queue's front: LMOVE and that entry's job hash in one round trip (``_dequeue_front``)."""
-        if self.batch > 1 and len(self.queues) == 1:
+    def _dequeue_next(self, wait: int | None, front: bytes | None, empty: bool) -> Any:
+        """Several queues: RQ's dequeue (``Queue.dequeue_any``). One queue: with ``batch`` above 1,
+        up to ``batch`` waiting entries in one round trip (``take``); else one try at the entry
+        the last job's finish saw at the queue's front (LMOVE and that entry's job hash in one
+        round trip: ``_dequeue_front``). When none waits, or the last finish saw the queue
+        ``empty``: the wait for the next entry, which reads its job hash in the same round trip
+        (``_dequeue_waiting``: a lone request served at once)."""
+        if len(self.queues) != 1:
+            return self.queue_class.dequeue_any(self._ordered_queues, wait, connection=self.connection,
+                                                job_class=DequeuedJob, serializer=self.serializer,
+                                                death_penalty_class=self.death_penalty_class)
+        if empty:
+            pass  # nothing waited a moment ago: straight to the wait, no take or LMOVE to find it out
+        elif self.batch > 1:
             count = self.batch if self._jobs_left is None else min(self.batch, self._jobs_left)
             taken = self.take(count)
             if taken.entries:
@@ -303,9 +316,7 @@ class SeamWorker(SimpleWorker):
             found = self._dequeue_front(front)
             if found is not None:
                 return found
-        return self.queue_class.dequeue_any(self._ordered_queues, wait, connection=self.connection,
-                                            job_class=DequeuedJob, serializer=self.serializer,
-                                            death_penalty_class=self.death_penalty_class)
+        return self._dequeue_waiting(wait)
 
     def take(self, count: int) -> Taken:
         """Up to ``count`` entries off the one queue's head, moved to its intermediate queue with
@@ -327,12 +338,43 @@ class SeamWorker(SimpleWorker):
         moved, data = pipe.execute()
         if moved is None:
             return None
+        return self._dequeued(moved, data if moved == front else None)
+
+    def _dequeue_waiting(self, wait: int | None) -> Any:
+        """RQ's dequeue of the one queue (``Queue.lmove``: BLMOVE to its intermediate queue for up
+        to ``wait`` seconds, LMOVE with no ``wait``), pipelined with the intermediate queue's last
+        entry and its job hash (``scripts/last.lua``, sent as ``EVAL``): the job, built from that
+        hash when the entry is the one moved (another worker's move may land between the two; then,
+        or when the script failed, its hash is read as RQ does). ``None`` when the queue is empty and ``wait`` is
+        ``None``; RQ's ``DequeueTimeout`` when ``wait`` passed with nothing."""
+        queue = self.queues[0]
+        pipe = self.connection.pipeline(transaction=False)
+        if wait is None:
+            pipe.lmove(queue.key, queue.intermediate_queue_key)
+        else:
+            pipe.blmove(queue.key, queue.intermediate_queue_key, wait)
+        last = self._scripts.op("last", held=queue.intermediate_queue_key, prefix=self.job_class.key_for(""))
+        lua.add(pipe, [last], loaded=True)  # EVAL of its few words: a wait never meets NOSCRIPT
+        moved, found = pipe.execute(raise_on_error=False)
+        if isinstance(moved, Exception):
+            raise moved
+        if moved is None:
+            if wait is None:
+                return None
+            raise DequeueTimeout(wait, queue.key)
+        ok = isinstance(found, list) and len(found) == 2 and found[0] == moved
+        return self._dequeued(moved, _pairs(found[1]) if ok else None)
+
+    def _dequeued(self, moved: bytes, data: dict[bytes, bytes] | None) -> Any:
+        """The job of the entry ``moved`` to the intermediate queue and its queue: built from
+        ``data`` (its job hash, read with the move), else fetched as RQ's dequeue fetches it. A
+        failure carries ``job_id`` and ``queue``, as RQ's dequeue's do."""
         job_id = moved.decode()  # not text: refused as RQ's dequeue's UnicodeDecodeError is
-        queue = self.queue_class.from_queue_key(queue.key, connection=self.connection, job_class=DequeuedJob,
-                                                serializer=self.serializer,
+        queue = self.queue_class.from_queue_key(self.queues[0].key, connection=self.connection,
+                                                job_class=DequeuedJob, serializer=self.serializer,
                                                 death_penalty_class=self.death_penalty_class)
         try:
-            if moved == front:
+            if data is not None:
                 return DequeuedJob.loaded(job_id, data, self.connection, self.serializer), queue
             return DequeuedJob.fetch(job_id, connection=self.connection, serializer=self.serializer), queue
         except Exception as exc:
@@ -479,14 +521,16 @@ class SeamWorker(SimpleWorker):
     def _idle(self, pipe: Any) -> None:
         super().set_state(WorkerStatus.IDLE, pipeline=pipe)
         if self._reads_front:
-            pipe.lindex(self.queues[0].key, 0)  # the next job's id, likely: its hash comes with the next dequeue
+            # The next job's id, likely (its hash comes with the next dequeue); none: the queue is
+            # empty, and the next dequeue starts its wait at once.
+            pipe.lindex(self.queues[0].key, 0)
         pipe.exists(WORKERS_SUSPENDED)
 
     @property
     def _reads_front(self) -> bool:
-        """Whether a finish reads the queue's front for the next dequeue (``_dequeue_front``): one
-        queue, one job at a time (a batch's dequeue is ``take``, which needs no hint)."""
-        return self.batch == 1 and len(self.queues) == 1
+        """Whether a finish reads the queue's front for the next dequeue: one queue (the entry for
+        ``_dequeue_front`` one job at a time; with batches, only whether one waits)."""
+        return len(self.queues) == 1
 
     def finish_failed(self) -> None:
         """The finish's pipeline failed (it may run again)."""
@@ -498,6 +542,7 @@ class SeamWorker(SimpleWorker):
         if RQ_MAJOR >= 3:
             self.execution = None
         self._front = replies[-2] if self._reads_front else None
+        self._empty = self._reads_front and self._front is None
         self._unsuspended = not replies[-1]
         self._unsent_jobs += 1
         self._unsent_time += self._worked
