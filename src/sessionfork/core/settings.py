@@ -113,7 +113,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     the library (``protocol.enqueue``)."""
     batch: int = 32
     """Most queued requests a worker takes in one round trip when more than one waits
-    (``SESSIONFORK_BATCH``; 1 = one at a time, RQ's own dequeue). A batch's forks (within
+    (``SESSIONFORK_BATCH``; 1 = one at a time). A batch's forks (within
     ``batch_children``) and merges run together: one round trip for RQ's start of them all and all
     their claims, one for all their children, one transaction for all their records and RQ's finish
     (docs/performance.md#batches). A lone request never waits for a batch to fill."""
