@@ -11,8 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 from clocks import Clock
-from redis import Redis
+from redis import ConnectionPool, Redis
 
+from sessionfork.core.packer import CommandPacker
 from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedServer
 
@@ -25,7 +26,8 @@ def server() -> Iterator[EmbeddedServer]:
 
 @pytest.fixture
 def redis(server: EmbeddedServer) -> Iterator[Redis]:
-    client = server.client()
+    # Packed as the clients of ``connections`` pack (``CommandPacker``): the suite runs through it.
+    client = Redis.from_pool(ConnectionPool(host="127.0.0.1", port=server.port, command_packer=CommandPacker()))
     client.flushall()
     yield client
     client.close()

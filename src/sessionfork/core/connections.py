@@ -45,6 +45,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from .config import SENTINEL_SCHEMES, ConfigError, SentinelURL, Settings, parse_sentinel_url
+from .packer import CommandPacker
 
 T = TypeVar("T")
 log = logging.getLogger("sessionfork.client")
@@ -148,6 +149,8 @@ def _options(url: str, settings: Settings) -> dict[str, Any]:
         "retry": _Retry(ExponentialBackoff(cap=1.0, base=0.05), 8, supported_errors=(RedisConnectionError,)),
         "retry_on_error": [RedisConnectionError],
         "health_check_interval": 30,
+        # Arguments packed by hiredis in C, not encoded one by one in Python first (``packer``).
+        "command_packer": CommandPacker(),
         **time_outs(settings),
     }
     if url.startswith(("rediss://", "rediss+sentinel://")) and settings.tls_ca_file:
