@@ -61,7 +61,7 @@ def test_the_clients_connections_builds_pack_with_it_and_round_trip_every_kind_o
         server: EmbeddedServer) -> None:
     client = connections.queue_client(Settings(), server.url)
     try:
-        packer = client.connection_pool.connection_kwargs["command_packer"]
+        packer = client.connection_pool.connection_kwargs.get("command_packer")
         assert isinstance(packer, CommandPacker)
         client.flushall()
         client.client_setname("packed")  # a command name with a space
@@ -80,6 +80,6 @@ def test_a_registry_client_is_built_with_it(server: EmbeddedServer) -> None:
     client = connections.registry_client(Settings(), server.url)
     try:
         assert isinstance(client, Redis)
-        assert isinstance(client.connection_pool.connection_kwargs["command_packer"], CommandPacker)
+        assert isinstance(client.connection_pool.connection_kwargs.get("command_packer"), CommandPacker)
     finally:
         client.close()
