@@ -220,6 +220,53 @@ def test_fan_outs_join_a_batch_while_their_children_fit_in_batch_children(redis:
          *(h.id for h in d.sessions or [])])
 
 
+def test_a_batchs_child_steps_stream_each_forks_children_made_before_the_next_is_built(
+        redis: Redis, registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On one server a batch's child steps stream (``CallStream``): a fork's calls reach the server
+    as soon as they are built, so its children exist while the next fork's step is built; each
+    fork is answered as alone."""
+    from sessionfork import embedded
+    from sessionfork.core.fork_steps import ForkSteps
+
+    registry.append(registry.create("src"), TURN)
+    client = Client(redis)
+    specs = [("one", ["one-a", "one-b"]), ("two", ["two-a", "two-b"]), ("three", ["three-a"])]
+    for request_id, ids in specs:
+        client.submit(client.request("src", session_ids=ids, request_id=request_id))
+    seen: list[bool] = []  # at each fork's step after the first: the previous fork's children exist
+    built: list[list[str]] = []
+    child_step = ForkSteps.child_step
+
+    def watched(self: ForkSteps, snap: Any, spec: Any, child_ids: Any = None) -> Any:
+        if built:
+            earlier = built[-1]
+
+            def made() -> bool:
+                return bool(redis.exists(*(f"sf:s:{{{c}}}" for c in earlier)) == len(earlier))
+
+            try:
+                embedded.wait_until(made, 5, "the previous fork's children")
+                seen.append(True)
+            except TimeoutError:
+                seen.append(False)
+        built.append(list(spec.child_ids if child_ids is None else child_ids))
+        return child_step(self, snap, spec, child_ids)
+
+    monkeypatch.setattr(ForkSteps, "child_step", watched)
+    # Loaded, as a running worker's scripts are: a script's first call on a server is NOSCRIPT,
+    # run again at the read.
+    redis.script_load(registry.forks.state.scripts.script("create_many").script)
+    worker = _worker(redis, registry, 8)
+    assert worker.work(burst=True, logging_level="WARNING") is True
+    assert Counting.batches == [["one", "two", "three"]]
+    assert seen == [True, True]  # each fork's children made while the next fork's step was built
+    outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
+    for request_id, ids in specs:
+        reply = outcomes.get(request_id)
+        assert isinstance(reply, ForkResult) and reply.ok and [h.id for h in reply.sessions or []] == ids, reply
+    assert sorted(registry.children("src")) == sorted(c for _, ids in specs for c in ids)
+
+
 def test_a_batchs_fan_outs_keep_their_snapshots_in_one_transaction(redis: Redis, registry: Registry) -> None:
     """Every new fan-out of a batch keeps its snapshot before any child exists, the batch's all in
     one transaction: a batch of three fan-outs runs as many transactions as a batch of one."""

@@ -13,9 +13,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from msgspec import UNSET
+from redis import Redis
 from redis.commands.core import Script
 
 from ..core import errors, keys, lua, records, rules, wire
+from .call_stream import CallStream
 from .deletion import Deleter
 from .logs import LogReader
 from .snapshots import (
@@ -399,15 +401,30 @@ class ForkSteps:
                                 replicas=state.wait_replicas, wait_ms=state.wait_timeout_ms)
         out, at = [], 0
         for step in steps:
-            flat: list[Any] = []
-            for reply, span in zip(replies[at:at + len(step.calls)], step.spans, strict=True):
-                if span:
-                    flat.extend(reply)
-                else:
-                    flat.append(reply)
-            out.append(flat)
+            out.append(self.flat(step, replies[at:at + len(step.calls)]))
             at += len(step.calls)
         return out
+
+    def stream(self) -> CallStream | None:
+        """A ``CallStream`` for a batch's child steps, each sent as soon as it is built: on one
+        server with no replicas to wait for; else ``None`` (``run_children``: on a cluster, a
+        round trip per node; with replicas, a WAIT after them)."""
+        redis = self.redis
+        if self.state.cluster or self.state.wait_replicas or not isinstance(redis, Redis):
+            return None
+        return CallStream(redis)
+
+    @staticmethod
+    def flat(step: ChildStep, replies: Sequence[Any]) -> list[Any]:
+        """One reply per child of ``step`` from its calls' ``replies`` (a ``create_many`` call's
+        reply holds one per child: ``spans``)."""
+        flat: list[Any] = []
+        for reply, span in zip(replies, step.spans, strict=True):
+            if span:
+                flat.extend(reply)
+            else:
+                flat.append(reply)
+        return flat
 
     def children_of(self, step: ChildStep, replies: Sequence[Any]) -> list[Header | errors.ForkError]:
         """The result of ``step`` (see ``create_children``) from its calls' ``replies``

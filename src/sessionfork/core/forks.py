@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from ..core import errors, lua, rules
+from .call_stream import Ticket
 from .fork_steps import ChildStep
 from .registry import Registry, SessionRef
 from .snapshots import ForkPlan, Snapshot
@@ -200,9 +201,39 @@ def create(registry: Registry, spec: ForkSpec, planned: ForkPlan, snapshot: Snap
 
 def create_many(registry: Registry,
                 planned: Sequence[tuple[ForkSpec, ForkPlan, Snapshot | None]]) -> list[FanOut | errors.ForkError]:
-    """``create(registry, spec, plan, snapshot)`` of each of ``planned`` (a batch of requests),
-    the child steps of all of them in one round trip (``ForkSteps.run_children``): each fork's
-    result, or the error ``create`` raises for it, in its place."""
+    """``create(registry, spec, plan, snapshot)`` of each of ``planned`` (a batch of requests): each
+    fork's result, or the error ``create`` raises for it, in its place. On one server the child
+    steps stream (``ForkSteps.stream``): each fork's calls are sent as soon as they are built, so
+    the server creates one fork's children while the next fork's calls are built, and one fork's
+    replies are read while the server runs the next; else all of them go in one round trip
+    (``ForkSteps.run_children``)."""
+    forks = registry.forks
+    stream = forks.stream()
+    if stream is None:
+        return _create_together(registry, planned)
+    with stream:
+        begun: list[tuple[_Start, ChildStep | None, Ticket | None] | errors.ForkError] = []
+        for spec, plan, snapshot in planned:
+            try:
+                start = _begin(registry, spec, plan, snapshot)
+                step = None if start.snap is None else forks.child_step(start.snap, spec, start.todo)
+                begun.append((start, step, None if step is None else stream.send(step.calls)))
+            except errors.ForkError as exc:
+                begun.append(exc)
+        out: list[FanOut | errors.ForkError] = []
+        for item in begun:  # in order: each fork's replies read while the server runs the later ones
+            if isinstance(item, errors.ForkError):
+                out.append(item)
+                continue
+            start, step, ticket = item
+            replies = None if step is None or ticket is None else forks.flat(step, stream.replies(ticket))
+            out.append(_made(registry, start, step, replies))
+        return out
+
+
+def _create_together(registry: Registry,
+                     planned: Sequence[tuple[ForkSpec, ForkPlan, Snapshot | None]]) -> list[FanOut | errors.ForkError]:
+    """``create_many`` with every child step in one round trip (``ForkSteps.run_children``)."""
     starts: list[tuple[_Start, ChildStep | None] | errors.ForkError] = []
     for spec, plan, snapshot in planned:
         try:
@@ -213,19 +244,20 @@ def create_many(registry: Registry,
             starts.append(exc)
     steps = [s[1] for s in starts if not isinstance(s, errors.ForkError) and s[1] is not None]
     replies = iter(registry.forks.run_children(steps) if steps else ())
-    out: list[FanOut | errors.ForkError] = []
-    for begun in starts:
-        if isinstance(begun, errors.ForkError):
-            out.append(begun)
-            continue
-        start, step = begun
-        try:
-            made = start.made if step is None else \
-                dict(zip(start.todo, registry.forks.children_of(step, next(replies)), strict=True))
-            out.append(_finish(registry, start, made))
-        except errors.ForkError as exc:
-            out.append(exc)
-    return out
+    return [begun if isinstance(begun, errors.ForkError) else
+            _made(registry, begun[0], begun[1], None if begun[1] is None else next(replies))
+            for begun in starts]
+
+
+def _made(registry: Registry, start: _Start, step: ChildStep | None,
+          replies: list[Any] | None) -> FanOut | errors.ForkError:
+    """A fork's result from its child step's ``replies`` (one per child), or the error of it."""
+    try:
+        made = start.made if step is None or replies is None else \
+            dict(zip(start.todo, registry.forks.children_of(step, replies), strict=True))
+        return _finish(registry, start, made)
+    except errors.ForkError as exc:
+        return exc
 
 
 @dataclass(frozen=True, slots=True)
