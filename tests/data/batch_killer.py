@@ -4,8 +4,8 @@ Usage: python batch_killer.py STEP SESSIONFORK-ARGS...  (e.g. ``taken --redis-ur
 
 STEP is where the kill lands: ``taken`` (the take moved the batch to RQ's intermediate queue, nothing
 started), ``started`` (the batch's first round trip ran: RQ's start of every job, every claim),
-``created`` (the batch's child steps' round trip cut after the first request's: its child exists,
-the others not), ``recording`` (every child exists,
+``created`` (the batch's child steps, which stream one fork at a time, cut after the first
+request's: its children exist, the others not), ``recording`` (every child exists,
 the records' transaction is not sent).
 """
 
@@ -14,7 +14,7 @@ import signal
 import sys
 from typing import Any
 
-from sessionfork.core.fork_steps import ForkSteps
+from sessionfork.core.call_stream import CallStream
 from sessionfork.worker import service
 from sessionfork.worker.outcomes import Outcomes
 from sessionfork.worker.rq_seam.worker import SeamWorker
@@ -46,13 +46,17 @@ elif step == "started":
 
     service.Trip.run = ran  # type: ignore[method-assign]
 elif step == "created":
-    run_children = ForkSteps.run_children
+    send = CallStream.send
 
-    def created(self: ForkSteps, steps: Any) -> Any:
-        run_children(self, steps[:1])  # the batch's child steps are one round trip: cut after the first
-        die()
+    def created(self: CallStream, calls: Any) -> Any:
+        # The batch's child steps stream, one send per fork: the first fork's children made (its
+        # replies read), the kill lands before the second fork's calls are sent.
+        if self._calls:
+            self.replies((0, len(self._calls)))
+            die()
+        return send(self, calls)
 
-    ForkSteps.run_children = created  # type: ignore[method-assign]
+    CallStream.send = created  # type: ignore[method-assign]
 elif step == "recording":
     Outcomes.record_many = die  # type: ignore[method-assign]
 else:
