@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from redis import Redis
-from redis._parsers.encoders import Encoder
+from redis._parsers.encoders import Encoder  # redis-py's encoder (redis.connection uses it, unexported)
 from redis.connection import HiredisRespSerializer, PythonRespSerializer
 from redis.exceptions import DataError
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import hiredis
-from redis._parsers.encoders import Encoder
+from redis._parsers.encoders import Encoder  # redis-py's encoder (redis.connection uses it, unexported)
 from redis.connection import HiredisRespSerializer, PythonRespSerializer
 
 _BUFFER_CUTOFF = 6000  # redis-py's: arguments longer than this are sent as buffers of their own
