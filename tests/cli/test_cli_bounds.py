@@ -124,10 +124,11 @@ def test_a_frozen_server_is_status_3_within_the_socket_timeout(frozen: EmbeddedS
 def test_fork_wait_1_against_a_frozen_server_is_status_4_within_its_deadline(frozen: EmbeddedServer) -> None:
     """Issue 26 #6: ``fork --wait 1`` with a socket time-out far longer (30 s) ends within HARD_AFTER of
     its deadline (it took the socket time-out: the enqueue blocked): status 4, the client's
-    ``TimeoutError``. The interpreter's start is measured by a run that touches no server."""
+    ``TimeoutError``. The interpreter's start is measured by runs that touch no server, the slower
+    of two (under CI's parallel phases one start may take 0.1 s more than the other)."""
     from sessionfork.protocol.requests import HARD_AFTER
 
-    _, _, start = run(None, "--help")
+    start = max(run(None, "fork", "--help")[2] for _ in range(2))
     status, stderr, took = run(frozen.url, "fork", "src", "--wait", "1", "--request-id", "r-cli-frozen", bound=60,
                                SESSIONFORK_SOCKET_TIMEOUT="30", SESSIONFORK_CONNECT_TIMEOUT="30")
     assert status == NO_REPLY, stderr
