@@ -13,8 +13,9 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from waits import wait_until
 
-from sessionfork.core import lua
+from sessionfork.core import connections, lua
 from sessionfork.core.call_stream import CallStream
+from sessionfork.core.config import Settings
 from sessionfork.embedded import EmbeddedServer
 
 INCR = "return redis.call('INCR', KEYS[1])"
@@ -68,6 +69,21 @@ def test_scripts_flushed_mid_stream_run_again_once_loaded(redis: Redis) -> None:
         second = stream.send(_calls(redis, INCR, (["f:2"], [])))
         assert stream.replies(second) == [1]
     assert redis.get("f:2") == b"1"
+
+
+def test_a_health_check_falling_due_mid_stream_never_reads_an_earlier_calls_reply(server: EmbeddedServer) -> None:
+    # The project's client (``connections``): health checks every 30 s, a failed one retried on a
+    # new connection, so a check that read an earlier call's reply would go unnoticed.
+    redis = connections.queue_client(Settings(), server.url)
+    try:
+        redis.script_load(ECHO)
+        with CallStream(redis) as stream:
+            first = stream.send(_calls(redis, ECHO, ([], ["a1"]), ([], ["a2"])))
+            stream._conn.next_health_check = -1  # the check falls due now: as after 30 idle seconds
+            second = stream.send(_calls(redis, ECHO, ([], ["b1"]), ([], ["b2"])))
+            assert stream.replies(first) == [b"a1", b"a2"] and stream.replies(second) == [b"b1", b"b2"]
+    finally:
+        redis.close()
 
 
 def test_a_dropped_connection_runs_the_calls_without_a_reply_again_once(redis: Redis, server: EmbeddedServer) -> None:

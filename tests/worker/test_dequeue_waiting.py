@@ -37,13 +37,24 @@ class Watched(ForkWorker):
     takes: ClassVar[int] = 0
     fetched: ClassVar[list[str]] = []
 
+    batches: ClassVar[list[list[str]]] = []
+    alone: ClassVar[list[str]] = []
+
     def take(self, count: int) -> Taken:
         Watched.takes += 1
         return super().take(count)
 
+    def run_batch(self, jobs: list[Any], queue: Any) -> None:
+        Watched.batches.append([job.id for job in jobs])
+        super().run_batch(jobs, queue)
+
+    def run_job(self, job: Any, queue: Any) -> None:
+        Watched.alone.append(job.id)
+        super().run_job(job, queue)
+
 
 def _worker(redis: Redis, registry: Registry, batch: int, monkeypatch: pytest.MonkeyPatch) -> Watched:
-    Watched.takes, Watched.fetched = 0, []
+    Watched.takes, Watched.fetched, Watched.batches, Watched.alone = 0, [], [], []
     fetch = DequeuedJob.fetch.__func__  # type: ignore[attr-defined]
 
     def fetched(cls: Any, job_id: str, *args: Any, **kwargs: Any) -> Any:
@@ -125,3 +136,30 @@ def test_an_entry_moved_behind_the_waits_never_lends_its_hash(
     assert redis.lrange(queue.intermediate_queue_key, 0, -1) == [b"other"]  # the race happened: behind "mine"
     assert Watched.fetched == ["mine"]  # the hash read with the wait was another entry's: not used
     assert _child(redis, "mine") == "mine-child" and _child(redis, "other") is None
+
+
+def test_the_requests_that_arrive_with_the_one_that_wakes_a_batched_worker_join_its_batch(
+        redis: Redis, registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait's round trip also takes up to ``batch - 1`` more entries: three pushed at once to a
+    blocked worker run as one batch (the first moved by the BLMOVE, the others by the take)."""
+    registry.append(registry.create("src"), TURN)
+    client = Client(redis)
+    queue = queue_of(client)
+    names = ["a", "b", "c"]
+    for name in names:
+        client.submit(client.request("src", session_id=f"{name}-child", request_id=name))
+    assert redis.delete(queue.key) == 1  # the hashes stay; the entries are pushed below, at once
+    worker = _worker(redis, registry, 32, monkeypatch)
+
+    def push_once_blocked() -> None:
+        wait_until(lambda: _blocked(redis), 30, "the worker blocked in its wait")
+        redis.rpush(queue.key, *names)  # one command: the BLMOVE is served after it, with b and c queued
+
+    helper = _in_thread(push_once_blocked)
+    assert worker.work(burst=False, logging_level="WARNING", max_jobs=3) is True
+    helper.join(30)
+    assert Watched.batches == [names] and Watched.alone == []  # one batch: woken by a, b and c taken with it
+    # One take of its own: the first dequeue's, which found the queue empty before the wait.
+    assert Watched.takes == 1 and Watched.fetched == []
+    assert [_child(redis, name) for name in names] == [f"{name}-child" for name in names]
+    assert redis.llen(queue.intermediate_queue_key) == 0

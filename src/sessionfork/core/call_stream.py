@@ -47,14 +47,18 @@ class CallStream:
     def send(self, calls: Sequence[lua.Call]) -> Ticket:
         """Send ``calls`` now (``EVALSHA`` each); their ``Ticket`` for ``replies``."""
         first = len(self._calls)
+        answered = len(self._raw) == first  # no reply outstanding on the connection
         self._calls.extend(calls)
         if calls and not self._dropped:
             try:
                 if self._conn is None:
                     self._conn = self.redis.connection_pool.get_connection()
                 conn = self._conn
+                # A health check (PING) reads a reply: only when none is outstanding, else it would
+                # read an earlier call's (as redis-py's pub/sub checks only an idle connection).
                 conn.send_packed_command(conn.pack_commands(
-                    [("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls]))
+                    [("EVALSHA", script.sha, len(keys), *keys, *args) for script, keys, args in calls]),
+                    check_health=answered)
             except RedisConnectionError:
                 self._drop()
             except BaseException:

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from redis.exceptions import RedisError
 from rq import SimpleWorker, worker_registration
@@ -324,7 +324,7 @@ class SeamWorker(SimpleWorker):
         queue = self.queues[0]
         raw = self._scripts("take", queue=queue.key, held=queue.intermediate_queue_key, count=count,
                             prefix=self.job_class.key_for(""))
-        return Taken([(raw[i], _pairs(raw[i + 1])) for i in range(0, len(raw), 2)])
+        return Taken(_taken(raw))
 
     def _dequeue_front(self, front: bytes) -> Any:
         """RQ's non-blocking dequeue of the one queue (LMOVE to its intermediate queue), pipelined
@@ -343,27 +343,52 @@ class SeamWorker(SimpleWorker):
     def _dequeue_waiting(self, wait: int | None) -> Any:
         """RQ's dequeue of the one queue (``Queue.lmove``: BLMOVE to its intermediate queue for up
         to ``wait`` seconds, LMOVE with no ``wait``), pipelined with the intermediate queue's last
-        entry and its job hash (``scripts/last.lua``, sent as ``EVAL``): the job, built from that
-        hash when the entry is the one moved (another worker's move may land between the two; then,
-        or when the script failed, its hash is read as RQ does). ``None`` when the queue is empty and ``wait`` is
-        ``None``; RQ's ``DequeueTimeout`` when ``wait`` passed with nothing."""
+        entry and its job hash (``scripts/last.lua``, sent as ``EVAL``), and with batches, a
+        ``take`` of up to ``batch - 1`` more: the requests that arrived with the one that woke the
+        worker run in its batch. The moved entry's job is built from that hash when the entry is
+        the one moved (another worker's move may land between the two; then, or when the script
+        failed, its hash is read as RQ does). ``None`` when nothing was moved or taken and ``wait``
+        is ``None``; RQ's ``DequeueTimeout`` when ``wait`` passed with nothing. Entries moved by a
+        round trip that then fails (the take's error reply, an outage before that hash is read)
+        stay in the intermediate queue, requeued as stranded (``abandoned_after``)."""
         queue = self.queues[0]
+        prefix = self.job_class.key_for("")
+        more = (self.batch if self._jobs_left is None else min(self.batch, self._jobs_left)) - 1
         pipe = self.connection.pipeline(transaction=False)
         if wait is None:
             pipe.lmove(queue.key, queue.intermediate_queue_key)
         else:
             pipe.blmove(queue.key, queue.intermediate_queue_key, wait)
-        last = self._scripts.op("last", held=queue.intermediate_queue_key, prefix=self.job_class.key_for(""))
-        lua.add(pipe, [last], loaded=True)  # EVAL of its few words: a wait never meets NOSCRIPT
-        moved, found = pipe.execute(raise_on_error=False)
+        # Each an EVAL of its few words: a wait never meets NOSCRIPT. The last entry is read before
+        # the take pushes more behind it.
+        ops = [self._scripts.op("last", held=queue.intermediate_queue_key, prefix=prefix)]
+        if self.batch > 1 and more > 0:
+            ops.append(self._scripts.op("take", queue=queue.key, held=queue.intermediate_queue_key, count=more,
+                                        prefix=prefix))
+        lua.add(pipe, ops, loaded=True)
+        moved, found, *rest = pipe.execute(raise_on_error=False)
         if isinstance(moved, Exception):
             raise moved
-        if moved is None:
+        try:
+            taken = _taken(rest[0]) if rest else []
+        except RedisError:
+            if moved is None:
+                raise
+            taken = []  # the woken job runs alone; what the take moved is requeued as stranded
+        if moved is None and not taken:  # (a take finds entries only when pushed after the wait gave up)
             if wait is None:
                 return None
             raise DequeueTimeout(wait, queue.key)
         ok = isinstance(found, list) and len(found) == 2 and found[0] == moved
-        return self._dequeued(moved, _pairs(found[1]) if ok else None)
+        data = _pairs(found[1]) if ok else None
+        if not taken:
+            assert moved is not None
+            return self._dequeued(moved, data)
+        if moved is not None:
+            hash_ = data if data is not None else cast("dict[bytes, bytes]",
+                                                        self.connection.hgetall(prefix.encode() + moved))
+            taken.insert(0, (moved, hash_))
+        return Taken(taken), self.queues[0]
 
     def _dequeued(self, moved: bytes, data: dict[bytes, bytes] | None) -> Any:
         """The job of the entry ``moved`` to the intermediate queue and its queue: built from
@@ -684,6 +709,13 @@ class SeamWorker(SimpleWorker):
                             raise
                         log.warning("could not release the maintenance lock of %s; it expires", queue.name)
         self.last_cleaned_at = now()  # type: ignore[assignment]
+
+
+def _taken(raw: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """``take.lua``'s reply as ``Taken`` entries (an error reply: raised)."""
+    if isinstance(raw, Exception):
+        raise raw
+    return [(raw[i], _pairs(raw[i + 1])) for i in range(0, len(raw), 2)]
 
 
 def _pairs(flat: list[Any]) -> dict[bytes, bytes]:
