@@ -50,6 +50,16 @@ __all__ = ["main", "noop"]
 FAN_OUT = "fan-out children/s (64 per request, median of rounds)"
 
 
+def _round_trip_rows(server: EmbeddedServer, jobs: int) -> list[tuple[str, float, str, float | None, str]]:
+    """The worker-side round trips per job, in batches (the default) and one at a time, each beside
+    an RQ ``SimpleWorker`` no-op job's (``redis_cost.round_trips``)."""
+    ours, one, simple = round_trips(server, jobs)
+    return [("Redis round trips per job, worker side (batches, the default)", ours,
+             "RQ SimpleWorker per no-op job", simple, ""),
+            ("Redis round trips per job, worker side, one at a time (SESSIONFORK_BATCH=1)", one,
+             "RQ SimpleWorker per no-op job", simple, "")]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.main", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks that it runs, not speed")
@@ -101,11 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(("single-fork requests/s (1 worker, median of rounds)", single, "RQ Worker no-op jobs/s",
                      forking, "≥ 4"))
         if args.queue_only:
-            ours_rt, one_rt, simple_rt = step("round trips", lambda: round_trips(server, 50 if q else 500))
-            rows.append(("Redis round trips per job, worker side (batches, the default)", ours_rt,
-                         "RQ SimpleWorker per no-op job", simple_rt, ""))
-            rows.append(("Redis round trips per job, worker side, one at a time (SESSIONFORK_BATCH=1)", one_rt,
-                         "RQ SimpleWorker per no-op job", simple_rt, ""))
+            rows.extend(step("round trips", lambda: _round_trip_rows(server, 50 if q else 500)))
             return _report(args, rows, pings, None)
         per_process = peers.medians(peer_rounds)
         rows.extend(peers.rows(per_process))
@@ -183,11 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                       lambda k=keep: steady_workload(server, ops, retention_ops=k))  # type: ignore[misc]
             rows.append((f"steady create→fork→dispose, retention {label}: used memory at end", float(st.end),
                          "used memory half-way", float(st.middle), "≤ 1.10" if keep else "grows"))
-        ours_rt, one_rt, simple_rt = step("round trips", lambda: round_trips(server, 50 if q else 500))
-        rows.append(("Redis round trips per job, worker side (batches, the default)", ours_rt,
-                     "RQ SimpleWorker per no-op job", simple_rt, ""))
-        rows.append(("Redis round trips per job, worker side, one at a time (SESSIONFORK_BATCH=1)", one_rt,
-                     "RQ SimpleWorker per no-op job", simple_rt, ""))
+        rows.extend(step("round trips", lambda: _round_trip_rows(server, 50 if q else 500)))
         cpu_jobs = 100 if q else 1000
         # Alternating rounds (no-op burst, fork bursts, waiting scheduler), medians kept: single
         # runs swing ±40 % on a shared 2-core machine.

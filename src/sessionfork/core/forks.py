@@ -16,7 +16,7 @@ module of ``worker/`` calls the registry's fork steps itself (a layering test ch
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,14 +212,11 @@ def create_many(registry: Registry,
     if stream is None:
         return _create_together(registry, planned)
     with stream:
-        begun: list[tuple[_Start, ChildStep | None, Ticket | None] | errors.ForkError] = []
-        for spec, plan, snapshot in planned:
-            try:
-                start = _begin(registry, spec, plan, snapshot)
-                step = None if start.snap is None else forks.child_step(start.snap, spec, start.todo)
-                begun.append((start, step, None if step is None else stream.send(step.calls)))
-            except errors.ForkError as exc:
-                begun.append(exc)
+        # Each fork's calls sent as soon as its step is built (the generator builds the next after).
+        begun: list[tuple[_Start, ChildStep | None, Ticket | None] | errors.ForkError] = [
+            item if isinstance(item, errors.ForkError) else
+            (*item, None if item[1] is None else stream.send(item[1].calls))
+            for item in _stepped(registry, planned)]
         out: list[FanOut | errors.ForkError] = []
         for item in begun:  # in order: each fork's replies read while the server runs the later ones
             if isinstance(item, errors.ForkError):
@@ -234,19 +231,25 @@ def create_many(registry: Registry,
 def _create_together(registry: Registry,
                      planned: Sequence[tuple[ForkSpec, ForkPlan, Snapshot | None]]) -> list[FanOut | errors.ForkError]:
     """``create_many`` with every child step in one round trip (``ForkSteps.run_children``)."""
-    starts: list[tuple[_Start, ChildStep | None] | errors.ForkError] = []
-    for spec, plan, snapshot in planned:
-        try:
-            start = _begin(registry, spec, plan, snapshot)
-            starts.append((start, None if start.snap is None else registry.forks.child_step(start.snap, spec,
-                                                                                             start.todo)))
-        except errors.ForkError as exc:
-            starts.append(exc)
+    starts = list(_stepped(registry, planned))
     steps = [s[1] for s in starts if not isinstance(s, errors.ForkError) and s[1] is not None]
     replies = iter(registry.forks.run_children(steps) if steps else ())
     return [begun if isinstance(begun, errors.ForkError) else
             _made(registry, begun[0], begun[1], None if begun[1] is None else next(replies))
             for begun in starts]
+
+
+def _stepped(registry: Registry, planned: Sequence[tuple[ForkSpec, ForkPlan, Snapshot | None]]
+             ) -> Iterator[tuple[_Start, ChildStep | None] | errors.ForkError]:
+    """Each of ``planned`` begun (``_begin``) with its child step built (none for a replay whose
+    source cannot be forked now), or the error ``create`` raises for it: one at a time, so that a
+    caller may send each step before the next is built."""
+    for spec, plan, snapshot in planned:
+        try:
+            start = _begin(registry, spec, plan, snapshot)
+            yield start, None if start.snap is None else registry.forks.child_step(start.snap, spec, start.todo)
+        except errors.ForkError as exc:
+            yield exc
 
 
 def _made(registry: Registry, start: _Start, step: ChildStep | None,

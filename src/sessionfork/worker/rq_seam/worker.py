@@ -308,8 +308,7 @@ class SeamWorker(SimpleWorker):
         if empty:
             pass  # nothing waited a moment ago: straight to the wait, no take or LMOVE to find it out
         elif self.batch > 1:
-            count = self.batch if self._jobs_left is None else min(self.batch, self._jobs_left)
-            taken = self.take(count)
+            taken = self.take(self._take_count)
             if taken.entries:
                 return taken, self.queues[0]
         elif front is not None:
@@ -317,6 +316,11 @@ class SeamWorker(SimpleWorker):
             if found is not None:
                 return found
         return self._dequeue_waiting(wait)
+
+    @property
+    def _take_count(self) -> int:
+        """The most entries the next dequeue takes: ``batch``, within ``work``'s ``max_jobs`` budget."""
+        return self.batch if self._jobs_left is None else min(self.batch, self._jobs_left)
 
     def take(self, count: int) -> Taken:
         """Up to ``count`` entries off the one queue's head, moved to its intermediate queue with
@@ -353,7 +357,7 @@ class SeamWorker(SimpleWorker):
         stay in the intermediate queue, requeued as stranded (``abandoned_after``)."""
         queue = self.queues[0]
         prefix = self.job_class.key_for("")
-        more = (self.batch if self._jobs_left is None else min(self.batch, self._jobs_left)) - 1
+        more = self._take_count - 1
         pipe = self.connection.pipeline(transaction=False)
         if wait is None:
             pipe.lmove(queue.key, queue.intermediate_queue_key)
