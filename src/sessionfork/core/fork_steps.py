@@ -63,10 +63,9 @@ MANY = 64
 """The most children one ``create_many`` call creates (a fan-out of 1,024: 16 calls, each a few
 hundred microseconds of the server's time)."""
 
-_PLAIN_CHILD = frozenset({"record", "log", "turns", "instance", "session_id"})
-"""The names of a child's own in a create call, for a child with no edits of its own."""
-_EDITED_CHILD = _PLAIN_CHILD | {"length", "last_type", "last_end", "markers", "edits"}
-"""The names of a child's own in a create call, for a child with edits of its own (``edit_fields``)."""
+_Child = tuple[str, str, dict[str, Any] | None]
+"""A child of a child step, as ``child_step`` builds it: its id, its instance token and its edits'
+fields of the create script (``edit_fields``; ``None``: no edits of its own)."""
 
 CREATED = 1
 """``create.lua``'s reply for a record it created now: the caller has the header it sent (the
@@ -328,7 +327,7 @@ class ForkSteps:
         # fields (no id in them; the old layout's JSON names the id: each child's own), and the
         # log's end for a child without edits of its own.
         headers: dict[str, Header] = {}
-        runs: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+        runs: list[tuple[dict[str, Any], list[_Child]]] = []
         last: ChildSeed | None = None
         for cid, seed in seeds.items():
             headers[cid] = header = self.child_header(snap, cid, now, seed)
@@ -342,55 +341,62 @@ class ForkSteps:
                               **(records.create_args(header) if state.compact_records else {}),
                               "length": seed.length, "last_type": seed.last_type, "last_end": "", "markers": "",
                               "edits": ()}, []))
-            item: dict[str, Any] = {"record": keys.session(cid), "log": keys.session_log(cid),
-                                    "turns": keys.session_turns(cid), "instance": state.new_token(),
-                                    "session_id": cid}
-            if cid in own:
-                item.update(own[cid])
-            if not state.compact_records:
-                item.update(records.create_args(header, compact=False))
-            runs[-1][1].append(item)
+            runs[-1][1].append((cid, state.new_token(), own.get(cid)))
         calls: list[lua.Call] = []
         spans: list[int] = []
         for common, each in runs:
-            self._calls_of(common, each, calls, spans)
+            self._calls_of(common, each, headers, calls, spans)
         return ChildStep(snap, list(child_ids), calls, headers, {cid: seeds[cid].length for cid in child_ids},
                          {cid: len(events) for cid, events in edits.items()}, spans)
 
-    def _calls_of(self, common: dict[str, Any], each: list[dict[str, Any]], calls: list[lua.Call],
-                  spans: list[int]) -> None:
+    def _calls_of(self, common: dict[str, Any], each: list[_Child], headers: dict[str, Header],
+                  calls: list[lua.Call], spans: list[int]) -> None:
         """The create calls of the children ``each`` of one seed (``common``), in their order,
         appended to ``calls`` (their ``spans`` to ``spans``): on one server, in ``create_many``
         calls of up to ``MANY`` children each (one call's cost shared; a deletion of the parent may
         still land between two), a child with edits of its own carrying them; else (a cluster: each
         child on its own slot) each child in its own ``create`` call."""
-        scripts = self.state.scripts
-        many = (not self.state.cluster and self.state.compact_records and common.get("lifecycle") is not None
-                and "parent" in common and "parent_needs" not in common and len(each) > 1
-                and all(item.keys() in (_PLAIN_CHILD, _EDITED_CHILD) for item in each))
+        scripts, state = self.state.scripts, self.state
+        many = (not state.cluster and state.compact_records and common.get("lifecycle") is not None
+                and "parent" in common and "parent_needs" not in common and len(each) > 1)
         if not many:
-            calls.extend(scripts.op_each("create", common, each))
+            calls.extend(scripts.op_each("create", common, [self._create_item(child, headers) for child in each]))
             spans.extend([0] * len(each))
             return
         shared = {name: value for name, value in common.items() if name != "edits"}
         for at in range(0, len(each), MANY):
             run = each[at:at + MANY]
             if len(run) == 1:  # one child: its own call is the cheaper
-                calls.extend(scripts.op_each("create", common, run))
+                calls.extend(scripts.op_each("create", common, [self._create_item(run[0], headers)]))
                 spans.append(0)
                 continue
+            # The words of each child built here, not through a dict of create.lua's names: a
+            # child without edits needs only its record's key (create_many.lua's layout).
             child_keys: list[str] = []
             words: list[Any] = []
-            for item in run:
-                edits = item.get("edits", ())
-                words += (item["instance"], item["session_id"], len(edits))
-                if edits:
-                    child_keys += (item["record"], item["log"], item["turns"])
-                    words += (item["length"], item["last_type"], item["last_end"], item["markers"], *edits)
+            for cid, token, fields in run:
+                if fields:
+                    edits = fields["edits"]
+                    child_keys += (keys.session(cid), keys.session_log(cid), keys.session_turns(cid))
+                    words += (token, cid, len(edits), fields["length"], fields["last_type"], fields["last_end"],
+                              fields["markers"], *edits)
                 else:
-                    child_keys.append(item["record"])
+                    child_keys.append(keys.session(cid))
+                    words += (token, cid, 0)
             calls.append(scripts.op("create_many", **shared, children=child_keys, each=words))
             spans.append(len(run))
+
+    def _create_item(self, child: _Child, headers: dict[str, Header]) -> dict[str, Any]:
+        """A child's own names in a ``create`` call: its keys, token and id, its edits' fields
+        (``edit_fields``) and, for a record of the old layout, its header's."""
+        cid, token, fields = child
+        item: dict[str, Any] = {"record": keys.session(cid), "log": keys.session_log(cid),
+                                "turns": keys.session_turns(cid), "instance": token, "session_id": cid}
+        if fields:
+            item.update(fields)
+        if not self.state.compact_records:
+            item.update(records.create_args(headers[cid], compact=False))
+        return item
 
     def run_children(self, steps: Sequence[ChildStep]) -> list[list[Any]]:
         """The replies of each of ``steps``' calls: every step's, in one pipelined round trip (per
