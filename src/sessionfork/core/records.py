@@ -81,13 +81,14 @@ def decode_header(sid: str, raw: bytes | str, cwd: bytes | str | None = None,
                   seed_length=UNSET if seed is None else seed, kept_from=UNSET if kept is None else kept)
 
 
-def outcome_fields(reply: Outcome, *, compact: bool = True) -> dict[str, bytes | str]:
+def outcome_fields(reply: Outcome, *, compact: bool = True, encoded: bytes | None = None) -> dict[str, bytes | str]:
     """A reply's fields in its request record: one child's outcome as ``child`` and its header's
-    fields (compact), any other as one ``outcome`` JSON value."""
+    fields (compact), any other as one ``outcome`` JSON value (``encoded``: the reply's wire JSON,
+    when the caller has it already)."""
     if compact and isinstance(reply, ForkResult) and reply.ok and reply.session is not UNSET \
             and reply.sessions is UNSET and reply.failed is UNSET:
         return {"child": reply.session.id, **header_fields(reply.session)}
-    return {"outcome": wire.encode(reply)}
+    return {"outcome": wire.encode(reply) if encoded is None else encoded}
 
 
 def decode_outcome(request_id: str, fields: Sequence[bytes | str | None]) -> Outcome | None:

@@ -89,6 +89,7 @@ class Claim:
 
     state: str  # NEW | RESUME | DONE | CONFLICT
     children: tuple[str, ...] = ()
+    """The children an earlier attempt planned (``RESUME``); a ``NEW`` claim's are the claimant's."""
     snapshot: Snapshot | None = None
     outcome: Outcome | None = None
 
@@ -124,6 +125,8 @@ class Outcomes:
             return Claim(state)
         if state == "DONE":
             return Claim(state, outcome=records.decode_outcome(request_id, reply[1:]))
+        if state == "NEW":  # the children planned are the claimant's own
+            return Claim(state)
         snap = _decode_snapshot(reply[2]) if state == "RESUME" and reply[2] else None
         return Claim(state, tuple(_ids.decode(reply[1])), snap)
 
@@ -222,8 +225,9 @@ class Outcomes:
                      key: str | bytes | None) -> tuple[str | bytes, list[Any]]:
         """``reply``'s request record and its arguments of ``record.lua`` (see ``record``)."""
         # The compact layout only under the reply's own request id (its key): rebuilt from the key.
-        fields = records.outcome_fields(reply, compact=self.compact and key is None)
-        own = [wire.encode(reply), channel, short_digest(digest), reply.request_id, code_of(reply), duration_us,
+        encoded = wire.encode(reply)  # streamed, published and (unless compact) stored: encoded once
+        fields = records.outcome_fields(reply, compact=self.compact and key is None, encoded=encoded)
+        own = [encoded, channel, short_digest(digest), reply.request_id, code_of(reply), duration_us,
                latency_us, *records.flat(fields)]
         return keys.request(reply.request_id) if key is None else key, [len(own), *own]
 

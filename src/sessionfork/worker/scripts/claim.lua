@@ -6,7 +6,8 @@
 --           first "outcome": core.records.STORED_OUTCOME), then for each key in order: digest of
 --           the request, planned child ids (JSON), the request's identity (the digest's JSON
 --           preimage: what any-language producers' enqueue.lua compares)
--- Returns each key's claim, in order: {"NEW", children} | {"RESUME", children, snapshot or ""} |
+-- Returns each key's claim, in order: {"NEW"} (the children planned are the caller's own: not sent
+-- back) | {"RESUME", children, snapshot or ""} |
 -- {"DONE", the named fields' values} | {"CONFLICT"}
 local names = {}
 for name in string.gmatch(ARGV[2], '%S+') do names[#names + 1] = name end
@@ -26,7 +27,7 @@ for k = 1, #KEYS do
   elseif not r[1] then
     redis.call('HSET', KEYS[k], 'digest', digest, 'children', children, 'request', ARGV[at + 2])
     redis.call('EXPIRE', KEYS[k], ARGV[1])
-    out[k] = {'NEW', children}
+    out[k] = {'NEW'}
   else
     out[k] = {'RESUME', r[2], r[3] or ''}
   end
