@@ -148,3 +148,32 @@ def test_a_fan_outs_source_step_probes_its_new_ids_with_one_command(redis: Redis
     registry.create("p5")
     plan = registry.prepare_fork("src", ids, request_id="r-p")  # some exist: each read
     assert plan.existing == ["p5"] and sorted(plan.replayed) == ["p0", "p1"]
+
+
+def test_a_child_step_looks_at_its_new_children_with_one_exists(redis: Redis, registry: Registry) -> None:
+    """``create_many.lua`` asks whether any of its children exists in one ``EXISTS``: new children
+    get no look of their own."""
+    registry.append(registry.create("src"), turn())
+    snap = registry.take_snapshot("src")
+    ids = [f"n{i}" for i in range(8)]
+    before = {k: v["calls"] for k, v in redis.info("commandstats").items()}
+    made = registry.create_children(snap, ids)
+    after = {k: v["calls"] for k, v in redis.info("commandstats").items()}
+    assert [h.id for h in made if not isinstance(h, ForkError)] == ids
+    assert after.get("cmdstat_exists", 0) - before.get("cmdstat_exists", 0) == 1
+
+
+def test_an_id_taken_since_the_source_step_is_refused_in_any_place_of_the_call(registry: Registry) -> None:
+    """An id taken between a fan-out's source step and its child step (another owner's, in any
+    place of a ``create_many`` call) is ``SESSION_ALREADY_EXISTS`` there, its record untouched; the
+    others are created."""
+    registry.append(registry.create("src"), turn())
+    snap = registry.take_snapshot("src")
+    registry.create("t3")  # another owner takes an id between the source step and the child step
+    kept = registry.redis.hgetall(keys.session("t3"))
+    result = registry.create_children(snap, [f"t{i}" for i in range(5)])
+    refused = result[3]
+    assert isinstance(refused, ForkError) and refused.code is ErrorCode.SESSION_ALREADY_EXISTS
+    assert [h.id for h in result if not isinstance(h, ForkError)] == ["t0", "t1", "t2", "t4"]
+    assert registry.redis.hgetall(keys.session("t3")) == kept
+    assert "t3" not in registry.children("src")
