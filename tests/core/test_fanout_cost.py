@@ -177,3 +177,21 @@ def test_an_id_taken_since_the_source_step_is_refused_in_any_place_of_the_call(r
     assert [h.id for h in result if not isinstance(h, ForkError)] == ["t0", "t1", "t2", "t4"]
     assert registry.redis.hgetall(keys.session("t3")) == kept
     assert "t3" not in registry.children("src")
+
+
+def test_each_childs_record_is_written_by_one_hset_edits_or_not(redis: Redis, registry: Registry) -> None:
+    """A child's record is one ``HSET``, a child with edits included (their count, and where its
+    seed ended when its edits close a turn, go in the same command): in a fan-out's
+    ``create_many`` call and in ``create.lua`` alike."""
+    registry.append(registry.create("src"), turn())
+    closing = [NewEvent("turn/start"), NewEvent("user/message", {"text": "x"}), NewEvent("turn/end")]
+    opening = [NewEvent("user/message", {"text": "y"})]
+
+    def hsets(fork: Any) -> int:
+        before = redis.info("commandstats").get("cmdstat_hset", {}).get("calls", 0)
+        fork()
+        return int(redis.info("commandstats")["cmdstat_hset"]["calls"]) - int(before)
+
+    assert hsets(lambda: forks.fork_many(registry, "src", ["a", "b", "c"], edits={"b": closing, "c": opening})) == 3
+    assert hsets(lambda: forks.fork_many(registry, "src", ["alone"], edits={"alone": closing})) == 1
+    assert registry.length("b") == registry.length("alone") == registry.length("a") + 3

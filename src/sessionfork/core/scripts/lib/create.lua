@@ -61,12 +61,24 @@ local function record_fields(a)
   end
   return fields
 end
--- ``fields``: the record's fields when built already (``record_fields(a)``, a[2] the 4th word).
+-- ``fields``: a plain child's record fields when built already (``record_fields(a)``, a[2] the
+-- 4th word).
 local function create_record(k, a, fields)
-  redis.call('HSET', k[1], unpack(fields or record_fields(a)))
   local first = 21
-  if #a >= first then
-    redis.call('HSET', k[1], 'edits', #a - first + 1)  -- how many events the fork appended (lineage)
+  if #a < first then
+    redis.call('HSET', k[1], unpack(fields or record_fields(a)))
+  else
+    -- A child with edits: its record's fields, how many events the fork appended (lineage) and,
+    -- when its edits moved the newest turn/end past its seed's, the seed's end: one HSET.
+    fields = record_fields(a)
+    fields[#fields + 1] = 'edits'; fields[#fields + 1] = #a - first + 1
+    if a[10] ~= '' and a[12] ~= a[10] then
+      for j = 1, #fields, 2 do
+        if fields[j] == 'lastend' then fields[j + 1] = a[12] end
+      end
+      fields[#fields + 1] = 'seedend'; fields[#fields + 1] = a[10]
+    end
+    redis.call('HSET', k[1], unpack(fields))
     for i = first, #a, 4000 do
       redis.call('RPUSH', k[2], unpack(a, i, math.min(i + 3999, #a)))
     end
@@ -74,9 +86,6 @@ local function create_record(k, a, fields)
       local marks = {}
       for tok in string.gmatch(a[13], '%S+') do marks[#marks + 1] = tok end
       if #marks > 0 then redis.call('RPUSH', k[3], unpack(marks)) end
-      if a[12] ~= a[10] then
-        redis.call('HSET', k[1], 'seedend', a[10], 'lastend', a[12])
-      end
     end
   end
   if k[4] then
