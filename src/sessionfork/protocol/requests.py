@@ -213,6 +213,12 @@ def reply_channel(request: wire.AnyRequest, default: str) -> str:
 def parse(payload: str | bytes, job_id: str, limits: Limits) -> ForkRequest:
     """Decode and validate a request whose RQ job id is ``job_id``; ``INVALID_REQUEST`` naming the
     field otherwise. Each id is checked once, here."""
+    return parse_edited(payload, job_id, limits)[0]
+
+
+def parse_edited(payload: str | bytes, job_id: str, limits: Limits) -> tuple[ForkRequest, list[list[NewEvent]]]:
+    """``parse``, and the request's edits as it built them to check them (``edits_of``), for
+    ``spec_of``: a worker builds each edit once."""
     raw = payload.encode() if isinstance(payload, str) else payload
     if len(raw) > limits.max_request_bytes:
         raise errors.invalid(f"request is {len(raw)} bytes, over the limit of {limits.max_request_bytes}")
@@ -241,7 +247,7 @@ def parse(payload: str | bytes, job_id: str, limits: Limits) -> ForkRequest:
             raise errors.invalid("invalid sessionIds: ids must be distinct")
     if request.if_length is not UNSET and request.if_length < 0:
         raise errors.invalid(f"invalid ifLength {request.if_length}: expected an integer >= 0")
-    edits_of(request)  # each edit's shape (type, reserved fields, JSON), before any work
+    edits = edits_of(request)  # each edit's shape (type, reserved fields, JSON), before any work
     variant_ids = _check_variants(request.variants, limits)
     _check_write_bytes(request, limits)
     named = [("requestId", job_id), ("source", request.source_id)]
@@ -251,7 +257,7 @@ def parse(payload: str | bytes, job_id: str, limits: Limits) -> ForkRequest:
     for field, value in named:
         if len(value) > limits.max_id_length:
             raise errors.invalid(f"invalid {field}: {len(value)} characters, over the limit of {limits.max_id_length}")
-    return request
+    return request, edits
 
 
 def check_envelope(request: wire.AnyRequest, job_id: str) -> None:
@@ -358,12 +364,14 @@ def planned_children(request: ForkRequest) -> int:
     return 1
 
 
-def spec_of(request: ForkRequest, request_id: str, child_ids: Sequence[str]) -> ForkSpec:
+def spec_of(request: ForkRequest, request_id: str, child_ids: Sequence[str],
+            edits: list[list[NewEvent]] | None = None) -> ForkSpec:
     """The ``ForkSpec`` of a request that ``parse`` accepted, run under ``request_id`` into
     ``child_ids`` (the ids it asked for, or generated for it: one per child, in order): built once,
     then passed whole to the core's steps. Each variant's edits go with its child; without
-    variants every child gets the request's edits (one tuple, shared)."""
-    edits = edits_of(request)
+    variants every child gets the request's edits (one tuple, shared). ``edits``: the request's
+    ``edits_of``, when the caller has them (``parse_edited``)."""
+    edits = edits_of(request) if edits is None else edits
     if request.variants is not UNSET:
         own: tuple[tuple[NewEvent, ...], ...] = tuple(tuple(events) for events in edits)
     else:

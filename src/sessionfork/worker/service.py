@@ -294,10 +294,10 @@ class ForkService:
         ``most_children``: no spec (``None``) for a fork of more children, which runs alone
         (``prepare``): its ids are not generated nor its spec checked twice."""
         if op == "fork":
-            fork = requests.parse(payload, job_id, self.limits)
+            fork, edits = requests.parse_edited(payload, job_id, self.limits)
             if most_children is not None and requests.planned_children(fork) > most_children:
                 return fork, None
-            spec = requests.spec_of(fork, job_id, self._children_of(fork))
+            spec = requests.spec_of(fork, job_id, self._children_of(fork), edits)
             forks.check(self.registry, spec)
             return fork, spec
         merge = merge_requests.parse(payload, job_id, self.limits, op)
