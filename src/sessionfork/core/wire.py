@@ -71,9 +71,14 @@ class NewEvent(msgspec.Struct, frozen=True):
     def __post_init__(self) -> None:
         if not isinstance(self.type, str) or not self.type:
             raise errors.invalid("event type must be a non-empty string")
-        if type(self.extra) is not dict or any(type(k) is not str for k in self.extra):
+        extra = self.extra
+        if type(extra) is not dict:
             raise errors.invalid("event extra fields must be a dict with str keys")
-        clash = _EVENT_KEYS.intersection(self.extra)
+        if not extra:  # most events have no extra fields: nothing more to check
+            return
+        if any(type(k) is not str for k in extra):
+            raise errors.invalid("event extra fields must be a dict with str keys")
+        clash = _EVENT_KEYS.intersection(extra)
         if clash:
             raise errors.invalid(f"event extra fields may not redefine {sorted(clash)}")
 
