@@ -35,6 +35,11 @@ def counted_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return built
 
 
+def command_calls(redis: Redis) -> dict[str, int]:
+    """The server's calls so far of each command (``INFO commandstats``)."""
+    return {k: int(v["calls"]) for k, v in redis.info("commandstats").items()}
+
+
 def test_a_fan_out_on_one_server_creates_its_children_in_calls_of_many(
         redis: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
     """One ``create_many`` call per ``MANY`` children (one parent check, one index write each),
@@ -137,9 +142,9 @@ def test_a_fan_outs_source_step_probes_its_new_ids_with_one_command(redis: Redis
     (most are new), reading each record only when some exist."""
     registry.append(registry.create("src"), turn())
     ids = [f"p{i}" for i in range(32)]
-    before = {k: v["calls"] for k, v in redis.info("commandstats").items()}
+    before = command_calls(redis)
     plan = registry.prepare_fork("src", ids, request_id="r-p")
-    after = {k: v["calls"] for k, v in redis.info("commandstats").items()}
+    after = command_calls(redis)
     assert plan.existing == [] and plan.replayed == {}
     assert after.get("cmdstat_exists", 0) - before.get("cmdstat_exists", 0) == 1
     # at most the snapshot script's own read of the source: no child's record
@@ -156,9 +161,9 @@ def test_a_child_step_looks_at_its_new_children_with_one_exists(redis: Redis, re
     registry.append(registry.create("src"), turn())
     snap = registry.take_snapshot("src")
     ids = [f"n{i}" for i in range(8)]
-    before = {k: v["calls"] for k, v in redis.info("commandstats").items()}
+    before = command_calls(redis)
     made = registry.create_children(snap, ids)
-    after = {k: v["calls"] for k, v in redis.info("commandstats").items()}
+    after = command_calls(redis)
     assert [h.id for h in made if not isinstance(h, ForkError)] == ids
     assert after.get("cmdstat_exists", 0) - before.get("cmdstat_exists", 0) == 1
 
@@ -188,9 +193,9 @@ def test_each_childs_record_is_written_by_one_hset_edits_or_not(redis: Redis, re
     opening = [NewEvent("user/message", {"text": "y"})]
 
     def hsets(fork: Any) -> int:
-        before = redis.info("commandstats").get("cmdstat_hset", {}).get("calls", 0)
+        before = command_calls(redis).get("cmdstat_hset", 0)
         fork()
-        return int(redis.info("commandstats")["cmdstat_hset"]["calls"]) - int(before)
+        return command_calls(redis)["cmdstat_hset"] - before
 
     assert hsets(lambda: forks.fork_many(registry, "src", ["a", "b", "c"], edits={"b": closing, "c": opening})) == 3
     assert hsets(lambda: forks.fork_many(registry, "src", ["alone"], edits={"alone": closing})) == 1

@@ -72,14 +72,10 @@ class NewEvent(msgspec.Struct, frozen=True):
         if not isinstance(self.type, str) or not self.type:
             raise errors.invalid("event type must be a non-empty string")
         extra = self.extra
-        if type(extra) is not dict:
+        # Most events have no extra fields: an empty dict is checked no further.
+        if type(extra) is not dict or (extra and any(type(k) is not str for k in extra)):
             raise errors.invalid("event extra fields must be a dict with str keys")
-        if not extra:  # most events have no extra fields: nothing more to check
-            return
-        if any(type(k) is not str for k in extra):
-            raise errors.invalid("event extra fields must be a dict with str keys")
-        clash = _EVENT_KEYS.intersection(extra)
-        if clash:
+        if extra and (clash := _EVENT_KEYS.intersection(extra)):
             raise errors.invalid(f"event extra fields may not redefine {sorted(clash)}")
 
 

@@ -30,8 +30,8 @@ end
 -- "seedlen" and "seedend" are stored only once they differ from "len" and "lastend" (append.lua
 -- writes them before it moves those): two fields fewer in every record never appended to (most
 -- children of a fan-out); readers take len / lastend when they are absent.
--- One HSET of every field the record starts with (one command, where one per optional field took up
--- to five).
+-- One HSET of every field the record starts with, a child with edits included (one command, where
+-- one per optional field took up to five).
 -- The fields of that HSET (``record_fields``); the instance token is the 4th word, so that the
 -- children of one seed share one list (create_many.lua sets each child's token in it).
 local function record_fields(a)
@@ -51,34 +51,31 @@ local function record_fields(a)
   if a[7] ~= '' then
     fields[#fields + 1] = 'req'; fields[#fields + 1] = a[7]
   end
+  local edited = #a >= 21  -- a child with edits: a[21...] are their stored JSON
   if a[10] ~= '' then
     -- A seed ends between turns (the boundary rule), so the turn index of the new record starts
-    -- empty: boundaries inside the seed are checked against the ancestors' own indexes.
-    fields[#fields + 1] = 'lastend'; fields[#fields + 1] = a[10]
+    -- empty: boundaries inside the seed are checked against the ancestors' own indexes. Edits that
+    -- close a turn move the newest turn/end (a[12]) past the seed's end, which is then kept too.
+    local moved = edited and a[12] ~= a[10]
+    fields[#fields + 1] = 'lastend'; fields[#fields + 1] = moved and a[12] or a[10]
+    if moved then
+      fields[#fields + 1] = 'seedend'; fields[#fields + 1] = a[10]
+    end
   end
   if a[14] ~= '' then
     fields[#fields + 1] = 'summary'; fields[#fields + 1] = a[14]
+  end
+  if edited then  -- how many events the fork appended (lineage)
+    fields[#fields + 1] = 'edits'; fields[#fields + 1] = #a - 20
   end
   return fields
 end
 -- ``fields``: a plain child's record fields when built already (``record_fields(a)``, a[2] the
 -- 4th word).
 local function create_record(k, a, fields)
+  redis.call('HSET', k[1], unpack(fields or record_fields(a)))
   local first = 21
-  if #a < first then
-    redis.call('HSET', k[1], unpack(fields or record_fields(a)))
-  else
-    -- A child with edits: its record's fields, how many events the fork appended (lineage) and,
-    -- when its edits moved the newest turn/end past its seed's, the seed's end: one HSET.
-    fields = record_fields(a)
-    fields[#fields + 1] = 'edits'; fields[#fields + 1] = #a - first + 1
-    if a[10] ~= '' and a[12] ~= a[10] then
-      for j = 1, #fields, 2 do
-        if fields[j] == 'lastend' then fields[j + 1] = a[12] end
-      end
-      fields[#fields + 1] = 'seedend'; fields[#fields + 1] = a[10]
-    end
-    redis.call('HSET', k[1], unpack(fields))
+  if #a >= first then
     for i = first, #a, 4000 do
       redis.call('RPUSH', k[2], unpack(a, i, math.min(i + 3999, #a)))
     end
