@@ -68,9 +68,9 @@ class Counting(ForkWorker):
         self.alone.append(job.id)
         super().run_job(job, queue)
 
-    def _run_batch(self, batch: list[Any], queue: Any) -> None:
-        self.batches.append([job.id for job, _, _ in batch])
-        super()._run_batch(batch, queue)
+    def _begin(self, batch: Any) -> bool:
+        self.batches.append([job.id for job, _, _ in batch.items])
+        return bool(super()._begin(batch))
 
 
 def _service(redis: Redis, registry: Registry, shard: tuple[int, int] | None = None,

@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 
 from ..core import errors, lua, rules
-from .call_stream import Ticket
+from .call_stream import CallStream, Ticket
 from .fork_steps import ChildStep
 from .registry import Registry, SessionRef
 from .snapshots import ForkPlan, Snapshot
@@ -202,30 +202,62 @@ def create(registry: Registry, spec: ForkSpec, planned: ForkPlan, snapshot: Snap
 def create_many(registry: Registry,
                 planned: Sequence[tuple[ForkSpec, ForkPlan, Snapshot | None]]) -> list[FanOut | errors.ForkError]:
     """``create(registry, spec, plan, snapshot)`` of each of ``planned`` (a batch of requests): each
-    fork's result, or the error ``create`` raises for it, in its place. On one server the child
-    steps stream (``ForkSteps.stream``): each fork's calls are sent as soon as they are built, so
-    the server creates one fork's children while the next fork's calls are built, and one fork's
-    replies are read while the server runs the next; else all of them go in one round trip
-    (``ForkSteps.run_children``)."""
-    forks = registry.forks
-    stream = forks.stream()
+    fork's result, or the error ``create`` raises for it, in its place (``send_many``, then
+    ``Sent.collect``)."""
+    return send_many(registry, planned).collect()
+
+
+def send_many(registry: Registry, planned: Sequence[tuple[ForkSpec, ForkPlan, Snapshot | None]]) -> Sent:
+    """The child steps of ``planned`` (a batch of requests) begun: on one server they stream
+    (``ForkSteps.stream``): each fork's calls are sent as soon as they are built, so the server
+    creates one fork's children while the next fork's calls are built, and ``Sent.collect`` reads
+    one fork's replies while the server runs the next; the caller may do other work between the
+    two (a worker begins its next batch). Else (a cluster, replicas to wait for) all of them run
+    now, in one round trip (``ForkSteps.run_children``), and ``collect`` only hands their results.
+    Whoever does not ``collect`` a ``Sent`` closes it (``close``: its replies are never read)."""
+    stream = registry.forks.stream()
     if stream is None:
-        return _create_together(registry, planned)
-    with stream:
+        return Sent(registry, None, _create_together(registry, planned))
+    try:
         # Each fork's calls sent as soon as its step is built (the generator builds the next after).
         begun: list[tuple[_Start, ChildStep | None, Ticket | None] | errors.ForkError] = [
             item if isinstance(item, errors.ForkError) else
             (*item, None if item[1] is None else stream.send(item[1].calls))
             for item in _stepped(registry, planned)]
-        out: list[FanOut | errors.ForkError] = []
-        for item in begun:  # in order: each fork's replies read while the server runs the later ones
-            if isinstance(item, errors.ForkError):
-                out.append(item)
-                continue
-            start, step, ticket = item
-            replies = None if step is None or ticket is None else forks.flat(step, stream.replies(ticket))
-            out.append(_made(registry, start, step, replies))
-        return out
+    except BaseException:
+        stream.close()
+        raise
+    return Sent(registry, stream, begun)
+
+
+class Sent:
+    """A batch's child steps sent (``send_many``): ``collect`` reads their replies, ``close``
+    gives up on them (the connection dropped, never handed back with replies unread)."""
+
+    def __init__(self, registry: Registry, stream: CallStream | None,
+                 begun: Sequence[tuple[_Start, ChildStep | None, Ticket | None] | FanOut | errors.ForkError]) -> None:
+        self._registry, self._stream, self._begun = registry, stream, begun
+
+    def collect(self) -> list[FanOut | errors.ForkError]:
+        """Each fork's result, or its error, in the batch's order (once; the connection given back)."""
+        stream, registry = self._stream, self._registry
+        if stream is None:
+            return [item for item in self._begun if isinstance(item, FanOut | errors.ForkError)]
+        with stream:
+            out: list[FanOut | errors.ForkError] = []
+            for item in self._begun:  # in order: each fork's replies read while the server runs the later ones
+                if isinstance(item, FanOut | errors.ForkError):
+                    out.append(item)
+                    continue
+                start, step, ticket = item
+                replies = None if step is None or ticket is None else registry.forks.flat(step, stream.replies(ticket))
+                out.append(_made(registry, start, step, replies))
+            return out
+
+    def close(self) -> None:
+        """Give up on the replies not read (a failed batch): the connection is dropped."""
+        if self._stream is not None:
+            self._stream.close()
 
 
 def _create_together(registry: Registry,

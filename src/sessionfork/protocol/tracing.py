@@ -98,10 +98,13 @@ class RequestSpan:
 
 
 @contextlib.contextmanager
-def request_span(payload: str | bytes, request_id: str) -> Iterator[RequestSpan]:
+def request_span(payload: str | bytes, request_id: str, *, current: bool = True) -> Iterator[RequestSpan]:
     """A span for one run of the request ``payload`` (a no-op without OpenTelemetry).
 
     It continues the request's ``traceparent`` when that is valid; otherwise it starts a trace.
+    ``current=False``: the span is not made the current one (a batch's requests: their spans open
+    and end in any order, one batch's still open while the next begins), and an exception that
+    leaves it is recorded on it as ``start_as_current_span`` records one.
     """
     otel = _otel()
     if otel is None or isinstance(otel.trace.get_tracer_provider(), otel.trace.ProxyTracerProvider):
@@ -123,6 +126,17 @@ def request_span(payload: str | bytes, request_id: str) -> Iterator[RequestSpan]
     if source is not None:  # bounded and escaped: the span of a hostile request shows it harmlessly
         attributes["sessionfork.source"] = rules.shown_id(source)
     tracer = otel.trace.get_tracer("sessionfork")
-    with tracer.start_as_current_span(SPAN_NAME, context=parent, kind=otel.trace.SpanKind.CONSUMER,
-                                      attributes=attributes) as span:
+    if current:
+        with tracer.start_as_current_span(SPAN_NAME, context=parent, kind=otel.trace.SpanKind.CONSUMER,
+                                          attributes=attributes) as span:
+            yield RequestSpan(span, otel)
+        return
+    span = tracer.start_span(SPAN_NAME, context=parent, kind=otel.trace.SpanKind.CONSUMER, attributes=attributes)
+    try:
         yield RequestSpan(span, otel)
+    except BaseException as exc:
+        span.record_exception(exc)
+        span.set_status(otel.trace.Status(otel.trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        raise
+    finally:
+        span.end()

@@ -35,7 +35,7 @@ from . import jobs
 from .rq_seam.entries import EntryRefused, ForkJob
 from .rq_seam.riders import JobFinish, JobsFinish, JobsStart, JobStart
 from .rq_seam.worker import SeamWorker
-from .service import ForkService, Prepared
+from .service import Flight, ForkService, Prepared
 
 log = logging.getLogger("sessionfork.worker")
 
@@ -87,15 +87,20 @@ class ForkWorker(SeamWorker):
 
     def run_batch(self, jobs: list[Job], queue: Queue) -> None:
         """Run the jobs one ``take`` moved: the valid forks and the valid merges in batches
-        (``ForkService.handle_many``: one round trip for every claim, one for every child step, one
-        for each merge step, one transaction for every record; RQ's start bookkeeping of them all in
-        the first, its success bookkeeping in the records' transaction). A batch is the take's
-        jobs in queue order while their forks' children fit in the service's ``batch_children``;
-        the job that does not fit starts the next batch. Then every other job on its own
-        (``run_job``: a fan-out larger than ``batch_children``, a select, a job or request
-        refused), so that none of those holds a batch's replies. When a batch fails unexpectedly,
-        each of its requests runs on its own (``run_job``; idempotent: a request done is a replay),
-        as started already when its start was sent."""
+        (``ForkService.begin_many`` and ``end_many``: one round trip for every claim, one for every
+        child step, one for each merge step, one transaction for every record; RQ's start
+        bookkeeping of them all in the first, its success bookkeeping in the records'
+        transaction). A batch is the take's jobs in queue order while their forks' children fit in
+        the service's ``batch_children``; the job that does not fit starts the next batch. The
+        batches overlap: the next one begins (its claims, its source steps, its child steps sent)
+        before this one ends (its child steps' replies read, its records), so that the server
+        creates one batch's children while the worker ends the batch before it; a batch with
+        merges ends before the next begins (its merges' steps come before the next batch's source
+        steps, as without batches). Then every other job on its own (``run_job``: a fan-out larger
+        than ``batch_children``, a select, a job or request refused), so that none of those holds a
+        batch's replies. When a batch fails unexpectedly, each of its requests runs on its own
+        (``run_job``; idempotent: a request done is a replay), as started already when its start
+        was sent."""
         batches: list[list[tuple[Job, str, Prepared]]] = [[]]
         alone: list[Job] = []
         most = self.service.batch_children
@@ -115,40 +120,74 @@ class ForkWorker(SeamWorker):
                 left = most
             batches[-1].append((job, payload, prepared))
             left -= prepared.children
-        for batch in batches:
-            if batch:
-                self._run_batch(batch, queue)
+        ahead: _Batch | None = None  # begun, not ended
+        for items in batches:
+            if not items:
+                continue
+            batch = _Batch(self, items, queue)
+            begun = self._begin(batch)
+            if ahead is not None:
+                self._end(ahead, last=not begun)
+            if not begun:
+                self._run_alone(batch)
+            ahead = batch if begun and batch.flight is not None and batch.flight.merging == [] else None
+            if begun and ahead is None:
+                self._end(batch, last=True)
+        if ahead is not None:
+            self._end(ahead, last=True)
         for job in alone:
             self.run_job(job, queue)
 
-    def _run_batch(self, batch: list[tuple[Job, str, Prepared]], queue: Queue) -> None:
-        began = time.perf_counter()
-        jobs = [job for job, _, _ in batch]
-        start = JobsStart(self, jobs, queue)
-        finish = JobsFinish(self, start)
-        # One timeout for the batch: its shortest job's.
-        shortest = min(jobs, key=lambda job: job.timeout or self.queue_class.DEFAULT_TIMEOUT)
+    def _begin(self, batch: _Batch) -> bool:
+        """Begin ``batch`` (``ForkService.begin_many``); ``False`` when it failed (nothing left open)."""
         try:
-            replies = self.run_in_time(shortest, lambda: self.until_up(lambda: self.service.handle_many(
-                [prepared for _, _, prepared in batch], start=start, finish=finish)))
+            batch.flight = self.run_in_time(batch.shortest, lambda: self.until_up(lambda: self.service.begin_many(
+                batch.prepared, start=batch.start)))
+        except Exception:
+            log.exception("a batch of %d requests failed; running each on its own", len(batch.items))
+            return False
+        return True
+
+    def _end(self, batch: _Batch, *, last: bool) -> None:
+        """End ``batch`` (begun: ``ForkService.end_many``; after an outage, the whole batch again:
+        ``handle_many``, idempotent), then observe each outcome; ``last``: no later batch of this
+        worker's has begun (``JobsFinish.last``). A batch that fails runs each request on its own."""
+        began, finish = batch.began, batch.finish
+        finish.last = last
+
+        def step() -> list[Outcome]:
+            flight, batch.flight = batch.flight, None
+            if flight is not None:
+                return self.service.end_many(flight, finish=finish)
+            return self.service.handle_many(batch.prepared, start=batch.start, finish=finish)
+
+        try:
+            replies = self.run_in_time(batch.shortest, lambda: self.until_up(step))
             if not finish.sent:  # the records went on another client: the finish goes on its own
-                start.ensure()
+                batch.start.ensure()
                 self.until_up(lambda: self._finish_apart(finish, replies))
         except Exception:
-            log.exception("a batch of %d requests failed; running each on its own", len(batch))
-            for i, (job, payload, _) in enumerate(batch):
-                single = JobStart(self, job, queue)
-                if start.sent:
-                    single.sent = True
-                    self.execution = start.executions[i]
-                self._run(job, queue, payload, single)
+            if batch.flight is not None:
+                batch.flight.close()
+            log.exception("a batch of %d requests failed; running each on its own", len(batch.items))
+            self._run_alone(batch)
             return
         seconds = time.perf_counter() - began
-        for (job, payload, _), reply, result in zip(batch, replies, finish.results, strict=True):
+        for (job, payload, _), reply, result in zip(batch.items, replies, finish.results, strict=True):
             if result is not reply:  # another attempt's outcome was stored first: RQ's result is it
                 self.execution = None
                 self.until_up(lambda job=job, reply=reply: self.correct_result(job, reply))  # type: ignore[misc]
             self._observe(job.id, payload, reply, seconds, _latency(job))
+
+    def _run_alone(self, batch: _Batch) -> None:
+        """Each request of a failed batch on its own, as started already when its start was sent."""
+        start = batch.start
+        for i, (job, payload, _) in enumerate(batch.items):
+            single = JobStart(self, job, batch.queue)
+            if start.sent:
+                single.sent = True
+                self.execution = start.executions[i]
+            self._run(job, batch.queue, payload, single)
 
     def _finish_apart(self, finish: JobsFinish, replies: list[Outcome]) -> None:
         pipe = self.connection.pipeline(transaction=True)
@@ -257,6 +296,22 @@ class ForkWorker(SeamWorker):
                     self._observe(job.id, payload, stored, 0.0, _latency(job))
         except Exception:
             log.exception("could not finish the request of job %s", job.id)
+
+
+class _Batch:
+    """A batch of a take (its jobs, with their payloads and prepared requests, in queue order), its
+    RQ start and finish bookkeeping, and its flight once begun (``ForkWorker.run_batch``)."""
+
+    def __init__(self, worker: ForkWorker, items: list[tuple[Job, str, Prepared]], queue: Queue) -> None:
+        self.items, self.queue = items, queue
+        self.prepared = [prepared for _, _, prepared in items]
+        jobs = [job for job, _, _ in items]
+        self.start = JobsStart(worker, jobs, queue)
+        self.finish = JobsFinish(worker, self.start)
+        # One timeout for the batch: its shortest job's.
+        self.shortest = min(jobs, key=lambda job: job.timeout or worker.queue_class.DEFAULT_TIMEOUT)
+        self.flight: Flight | None = None
+        self.began = time.perf_counter()
 
 
 def _enqueued_ms(job: Job) -> int | None:

@@ -75,6 +75,25 @@ class Prepared:
         return len(self.spec.child_ids) if isinstance(self.spec, ForkSpec) else 0
 
 
+class Flight:
+    """A batch begun (``ForkService.begin_many``): its requests claimed, its child steps sent;
+    ``ForkService.end_many`` ends it, or ``close`` gives up on it."""
+
+    def __init__(self, batch: Sequence[Prepared], start: Start | None, began: float,
+                 spans: contextlib.ExitStack, runs: list[tracing.RequestSpan]) -> None:
+        self.batch, self.start, self.began, self.spans, self.runs = batch, start, began, spans, runs
+        self.pending: list[Pending | None] = []  # each request's outcome once known (None: still to run)
+        self.merging: list[MergeSpec] = []  # the merges to run
+        self.sent: forks.Sent | None = None  # the child steps, once sent
+
+    def close(self) -> None:
+        """Give up on the batch (its caller runs the requests again): the child steps' replies are
+        never read, and the requests' spans end."""
+        if self.sent is not None:
+            self.sent.close()
+        self.spans.close()
+
+
 class ForkService:
     """Runs fork requests against a registry, recording outcomes in ``outcomes``."""
 
@@ -159,27 +178,54 @@ class ForkService:
 
     def handle_many(self, batch: Sequence[Prepared], *, start: Start | None = None,
                     finish: ThenMany | None = None) -> list[Outcome]:
-        """Run a batch of prepared requests to their outcomes (each the first one, on a replay): the
-        claims (one script call) and source steps (one per source) in one round trip (with
-        ``start``, the worker's RQ start bookkeeping of the batch, at the head), every fork's
-        child step in one round trip (``forks.create_many``), each step of every merge in one
-        (``merges.run_many``: records, children's steps, parents' steps, marks), then the records
-        and announcements
-        (one script call) in one transaction (with ``finish``, its RQ success
-        bookkeeping, once ``start`` was sent). Each request's guarantees are ``handle``'s; an
-        unexpected exception is raised for the caller to run the requests on their own
-        (``handle``: each records ``INTERNAL`` on its last attempt)."""
-        with contextlib.ExitStack() as spans:
-            runs = [spans.enter_context(tracing.request_span(item.payload, item.spec.request_id)) for item in batch]
-            replies = self._handle_many(batch, start, finish)
-            for span, reply in zip(runs, replies, strict=True):
-                span.finish(reply)
-            return replies
+        """Run a batch of prepared requests to their outcomes (each the first one, on a replay):
+        ``begin_many`` then ``end_many``, with nothing between them."""
+        return self.end_many(self.begin_many(batch, start=start), finish=finish)
 
-    def _handle_many(self, batch: Sequence[Prepared], start: Start | None,
-                     finish: ThenMany | None) -> list[Outcome]:
-        started = self._monotonic()
-        trip = self._trip(start)
+    def begin_many(self, batch: Sequence[Prepared], *, start: Start | None = None) -> Flight:
+        """A batch begun: the claims (one script call) and source steps (one per source) in one
+        round trip (with ``start``, the worker's RQ start bookkeeping of the batch, at the head),
+        the new fan-outs' snapshots kept (one transaction), then every fork's child step sent
+        (``forks.send_many``: on one server they stream, and the server creates the children
+        while the caller goes on). The caller then ends it (``end_many``), or closes it
+        (``Flight.close``) when it gives up. Each request's guarantees are ``handle``'s; an
+        unexpected exception is raised (nothing left open) for the caller to run the requests on
+        their own (``handle``: each records ``INTERNAL`` on its last attempt)."""
+        spans = contextlib.ExitStack()
+        try:
+            flight = Flight(batch, start, self._monotonic(), spans, [
+                spans.enter_context(tracing.request_span(item.payload, item.spec.request_id, current=False))
+                for item in batch])
+            flight.sent = forks.send_many(self.registry, self._claim_many(flight))
+            return flight
+        except BaseException as exc:
+            spans.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+
+    def end_many(self, flight: Flight, *, finish: ThenMany | None = None) -> list[Outcome]:
+        """The batch ``flight`` (``begin_many``'s) to its outcomes: its child steps' replies read
+        (``Sent.collect``), each step of every merge in one round trip (``merges.run_many``:
+        records, children's steps, parents' steps, marks), then the records and announcements (one
+        script call) in one transaction (with ``finish``, its RQ success bookkeeping, once the
+        batch's ``start`` was sent). An unexpected exception is raised, as ``begin_many``'s; the
+        flight is closed either way."""
+        try:
+            replies = self._end_many(flight, finish)
+        except BaseException as exc:
+            if flight.sent is not None:
+                flight.sent.close()
+            flight.spans.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        for span, reply in zip(flight.runs, replies, strict=True):
+            span.finish(reply)
+        flight.spans.close()
+        return replies
+
+    def _claim_many(self, flight: Flight) -> list[tuple[ForkSpec, ForkPlan, Snapshot | None]]:
+        """``begin_many`` up to its child steps: each request's outcome when its claim settles it
+        (``flight.pending``; ``None``: a fork or a merge still to run), the merges to run
+        (``flight.merging``); returns the forks to create."""
+        batch, trip = flight.batch, self._trip(flight.start)
         claims = trip.ops([self.outcomes.claim_op([(item.spec.request_id, item.request, _children(item.spec))
                                                    for item in batch])])
         # Source steps only read: a batch of forks of one source reads it once (``Trip.reads``).
@@ -187,9 +233,8 @@ class ForkService:
                  for look in (self._source_ops(item.spec, trip) if isinstance(item.spec, ForkSpec) else None
                               for item in batch)]
         groups = trip.run()
-        pending: list[Pending | None] = []  # None: a fork or a merge still to run
+        pending, merging = flight.pending, flight.merging
         planned: list[tuple[ForkSpec, ForkPlan, Snapshot | None]] = []
-        merging: list[MergeSpec] = []
         for item, raw, look in zip(batch, groups[claims][0], looks, strict=True):
             request_id, op = item.spec.request_id, _op(item.spec)
             claim = self.outcomes.claim_of(raw, request_id)
@@ -212,9 +257,14 @@ class ForkService:
         kept_now = self.outcomes.keep_snapshots([(request_id, snap) for _, request_id, snap in keeping])
         for (i, _, _), snapshot in zip(keeping, kept_now, strict=True):
             planned[i] = (planned[i][0], planned[i][1], snapshot)
-        # Every child step of the batch in one round trip; each merge step of its merges in one.
-        made = iter(forks.create_many(self.registry, planned))
-        merged = iter(merges.run_many(self.registry, merging))
+        return planned
+
+    def _end_many(self, flight: Flight, finish: ThenMany | None) -> list[Outcome]:
+        batch, pending = flight.batch, flight.pending
+        assert flight.sent is not None  # begin_many sent them
+        # Every child step of the batch read; each merge step of its merges in one round trip.
+        made = iter(flight.sent.collect())
+        merged = iter(merges.run_many(self.registry, flight.merging))
         for i, (item, done) in enumerate(zip(batch, pending, strict=True)):
             if done is None:
                 try:
@@ -228,9 +278,9 @@ class ForkService:
                         reply = _fork_reply(item.request, item.spec.request_id, next(made))
                 except ForkError as exc:
                     reply = wire.failure(_op(item.spec), item.spec.request_id, exc.code.value, exc.message)
-                pending[i] = Pending(reply, item.channel, int((self._monotonic() - started) * 1e6),
+                pending[i] = Pending(reply, item.channel, int((self._monotonic() - flight.began) * 1e6),
                                      _latency_us(item.enqueued_ms))
-        then = finish if start is not None and start.sent else None  # RQ's order: start, then finish
+        then = finish if flight.start is not None and flight.start.sent else None  # RQ's order: start, then finish
         return self.outcomes.record_many([p for p in pending if p is not None], then)
 
     def _handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool,

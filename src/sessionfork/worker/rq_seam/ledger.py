@@ -90,10 +90,11 @@ class Ledger:
         return call, executions
 
     def finish(self, jobs: Sequence[Job], results: Sequence[Any], executions: Sequence[Execution],
-               result_ttl: int) -> lua.Call:
+               result_ttl: int, last: bool = True) -> lua.Call:
         """RQ's success of each of ``jobs`` (started by ``start``: ``executions``) with its result,
         kept ``result_ttl`` seconds (positive), in job order, as the script call; sets each job's
-        ``ended_at``."""
+        ``ended_at``. ``last=False``: the worker has started a later batch already (its jobs are
+        RQ 2's worker's current job, which stays)."""
         ended = now()
         each: list[Any] = []
         for job, result, execution in zip(jobs, results, executions, strict=True):
@@ -106,4 +107,5 @@ class Ledger:
                                status=JobStatus.FINISHED.value, result_type=Result.Type.SUCCESSFUL.value,
                                executions=self.executions, runs=self.runs, jobs=self.jobs, results=self.results,
                                finished=self.finished, started=self.started,
-                               worker_executions=self.worker_executions, worker_hash=self.worker_key, each=each)
+                               worker_executions=self.worker_executions, worker_hash=self.worker_key if last else "",
+                               each=each)

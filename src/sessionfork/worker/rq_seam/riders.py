@@ -106,6 +106,7 @@ class JobsFinish:
     def __init__(self, worker: SeamWorker, start: JobsStart) -> None:
         self.worker, self.start = worker, start
         self.redis = worker.connection
+        self.last = True  # False: a later batch of the worker's has started (``SeamWorker.finish_many``)
         self.sent = False  # the server ran it (with the records)
         self.results: list[Any] = []  # the replies it stored as RQ's results, in job order
         self._worked = 0.0
@@ -114,10 +115,10 @@ class JobsFinish:
         """Add the commands to ``pipe``, a transaction's pipeline."""
         self.results = list(results)
         self._worked = self.worker.finish_many(self.start.jobs, self.start.queue, self.results, self.start.executions,
-                                               pipe)
+                                               pipe, self.last)
 
     def done(self, replies: list[Any]) -> None:
-        self.worker.finished_many(_check(replies), len(self.start.jobs), self._worked)
+        self.worker.finished_many(_check(replies), len(self.start.jobs), self._worked, self.last)
         self.sent = True
 
     def failed(self) -> None:

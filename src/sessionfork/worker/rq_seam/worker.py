@@ -503,10 +503,13 @@ class SeamWorker(SimpleWorker):
         self._worked = self.finish_many([job], queue, [result], [execution], pipe)
 
     def finish_many(self, jobs: Sequence[Job], queue: Queue, results: Sequence[Any],
-                    executions: Sequence[Execution], pipe: Any) -> float:
+                    executions: Sequence[Execution], pipe: Any, last: bool = True) -> float:
         """``finish`` of each of ``jobs`` (a batch started by ``start_many``, whose ``executions``
         it returned) with its result, added to ``pipe``, the worker's own state once; returns the
-        jobs' working time (seconds). Its sender then calls ``finished_many`` with the replies."""
+        jobs' working time (seconds). Its sender then calls ``finished_many`` with the replies (and
+        the same ``last``). ``last=False``: a later batch of this worker's has started already
+        (batches overlap): the worker stays busy with it, RQ 2's current job its, and the queue's
+        front is read by that batch's finish."""
         # The ledger writes the jobs whose result TTL is positive (a fork job's, always); RQ's own
         # methods any other (see ``ledger``).
         ttls = [self._result_ttl(job) for job in jobs]
@@ -514,10 +517,11 @@ class SeamWorker(SimpleWorker):
         kept = [i for i, ttl in enumerate(ttls) if kept_for is not None and ttl == kept_for]
         if kept_for is not None:
             lua.add_loaded(pipe, self._ledger(queue).finish([jobs[i] for i in kept], [results[i] for i in kept],
-                                                            [executions[i] for i in kept], kept_for))
+                                                            [executions[i] for i in kept], kept_for, last))
         for i in sorted(set(range(len(jobs))) - set(kept)):
             self._finish_job(jobs[i], results[i], pipe, executions[i])
-        self._idle(pipe)
+        if last:
+            self._idle(pipe)
         return sum((job.ended_at - job.started_at).total_seconds() for job in jobs
                    if job.ended_at is not None and job.started_at is not None)
 
@@ -576,8 +580,13 @@ class SeamWorker(SimpleWorker):
         self._unsent_jobs += 1
         self._unsent_time += self._worked
 
-    def finished_many(self, replies: list[Any], jobs: int, worked: float) -> None:
-        """``finish_many``'s commands ran (``replies``: theirs) for ``jobs`` jobs that worked ``worked`` seconds."""
+    def finished_many(self, replies: list[Any], jobs: int, worked: float, last: bool = True) -> None:
+        """``finish_many``'s commands ran (``replies``: theirs) for ``jobs`` jobs that worked
+        ``worked`` seconds (``last`` as given to ``finish_many``)."""
+        if not last:  # no state of the worker's read: the later batch's finish reads it
+            self._unsent_jobs += jobs
+            self._unsent_time += worked
+            return
         self._worked = worked
         self.finished(replies)
         self._unsent_jobs += jobs - 1

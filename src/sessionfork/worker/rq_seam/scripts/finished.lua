@@ -7,7 +7,8 @@
 --        utcformat), now (a timestamp, as RQ writes it), "3" or "2" (RQ's major version), the job
 --        status "finished", the result type (successful), the prefixes of an execution's hash, of
 --        a job's executions index, of a job's hash and of its results stream, the finished and the
---        started registry, RQ 3's worker executions set, the worker's hash, then for each job: its
+--        started registry, RQ 3's worker executions set, the worker's hash ("": the worker has
+--        started a later batch, it keeps its current job), then for each job: its
 --        id, its execution's id and start (a timestamp), its return value as RQ encodes it ("":
 --        none)
 -- Returns how many jobs it finished.
@@ -39,7 +40,8 @@ redis.call('ZADD', ARGV[13], unpack(finished))
 redis.call('ZREM', ARGV[14], unpack(composite))
 if rq3 then
   redis.call('SREM', ARGV[15], unpack(composite))
-else
-  redis.call('HDEL', ARGV[16], 'current_job')  -- RQ 2's worker names its current job
+elseif ARGV[16] ~= '' then
+  -- RQ 2's worker names its current job; "" while a later batch of the worker's has started
+  redis.call('HDEL', ARGV[16], 'current_job')
 end
 return #composite
