@@ -6,7 +6,8 @@ STEP is where the kill lands: ``taken`` (the take moved the batch to RQ's interm
 started), ``started`` (the batch's first round trip ran: RQ's start of every job, every claim),
 ``created`` (the batch's child steps, which stream one fork at a time, cut after the first
 request's: its children exist, the others not), ``recording`` (every child exists,
-the records' transaction is not sent).
+the records' transaction is not sent), ``overlapped`` (a take of several batches: the second batch
+begun, its claims and child steps sent, before the first batch's end: no record sent).
 """
 
 import os
@@ -59,6 +60,23 @@ elif step == "created":
     CallStream.send = created  # type: ignore[method-assign]
 elif step == "recording":
     Outcomes.record_many = die  # type: ignore[method-assign]
+elif step == "overlapped":
+    begin, end = service.ForkService.begin_many, service.ForkService.end_many
+    begun: list[Any] = []
+
+    def began(self: Any, batch: Any, **kwargs: Any) -> Any:
+        flight = begin(self, batch, **kwargs)
+        begun.append(flight)
+        return flight
+
+    def ended(self: Any, flight: Any, **kwargs: Any) -> Any:
+        if len(begun) > 1:  # the next batch has begun: the kill lands before this one's end
+            flight.sent.collect()  # its child steps' replies read first: every child it makes exists
+            die()
+        return end(self, flight, **kwargs)
+
+    service.ForkService.begin_many = began  # type: ignore[method-assign]
+    service.ForkService.end_many = ended  # type: ignore[method-assign]
 else:
     raise SystemExit(f"unknown step {step!r}")
 

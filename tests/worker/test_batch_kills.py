@@ -22,7 +22,7 @@ from fault_fixtures import (  # noqa: F401  (fixtures: procs, own_server, rds)
 )
 from helpers import SETTINGS, clean_environ, make_client, outcome_entries, start_worker, turn, worker_name
 from redis import Redis
-from rq.registry import StartedJobRegistry
+from rq.registry import FinishedJobRegistry, StartedJobRegistry
 from waits import exited, wait_until
 
 from sessionfork.core import keys
@@ -78,6 +78,41 @@ def test_a_worker_killed_at_a_step_of_a_batch_leaves_every_request_one_outcome(
         assert _children(rds) == {"started": [], "created": FAN, "recording": sorted(FAN + SINGLES)}[step]
         # a fan-out keeps its snapshot before its first child exists (a retry makes the rest from it)
         assert rds.hexists(keys.request("k-0"), "snapshot") == (step != "started")
+
+    procs.append(start_worker(own_server.url, worker_name("next")))
+    wait_all_outcomes(rds, ids)
+    fan = make_client(rds).wait(ids[0], timeout=5)
+    assert isinstance(fan, ForkResult) and fan.ok and [h.id for h in fan.sessions or []] == FAN, fan
+    for i, request_id in enumerate(ids[1:], start=1):
+        reply = make_client(rds).wait(request_id, timeout=5)
+        assert isinstance(reply, ForkResult) and reply.child.id == f"k-child-{i}", reply
+    assert sorted(e.request for e in outcome_entries(rds)) == sorted(ids)  # announced exactly once each
+    assert _children(rds) == sorted(FAN + SINGLES)  # each request's children, none more
+    wait_until(lambda: StartedJobRegistry(queue=queue).get_job_ids() == [] and stranded_jobs(rds) == [], 30,
+               "RQ's registries to settle")
+
+
+def test_a_worker_killed_with_two_batches_in_flight_leaves_every_request_one_outcome(
+        own_server: EmbeddedServer, rds: Redis, procs: list[subprocess.Popen[bytes]]) -> None:
+    """Batches overlap: killed when the take's second batch has begun (its requests claimed, its
+    child steps sent) and the first has not ended (no outcome stored, no RQ finish): every request
+    of both ends with one outcome, announced once, and its children, none more."""
+    ids = _batch(rds)
+    killed = subprocess.Popen([sys.executable, str(KILLER), "overlapped", "--redis-url", own_server.url, "worker",
+                               "--name", worker_name("killed"), "--log-level", "WARNING"],
+                              env=clean_environ(SESSIONFORK_BATCH=N, SESSIONFORK_BATCH_CHILDREN=3),
+                              stdin=subprocess.DEVNULL)
+    procs.append(killed)
+    assert exited(killed, 30) == -signal.SIGKILL
+    queue = jobs.make_queue(rds, SETTINGS)
+    # Where the kill landed: the fan-out's batch (3 children) and the next (3 singles) begun, both
+    # claimed and started in RQ, the first's children made, nothing answered nor finished.
+    second = ids[1:4]
+    assert missing_outcomes(rds, ids) == ids and queue.count == 0
+    assert [rds.hexists(keys.request(i), "digest") for i in ids] == [True] * 4 + [False] * (N - 4)
+    started = sorted(StartedJobRegistry(queue=queue).get_job_ids(cleanup=False))
+    assert started == sorted([ids[0], *second]) and FinishedJobRegistry(queue=queue).get_job_ids() == []
+    assert set(FAN) <= set(_children(rds)) <= set(FAN + SINGLES[:3])
 
     procs.append(start_worker(own_server.url, worker_name("next")))
     wait_all_outcomes(rds, ids)
