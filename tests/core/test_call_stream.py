@@ -9,6 +9,7 @@ import signal
 
 import pytest
 from redis import ConnectionPool, Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from waits import wait_until
@@ -137,3 +138,43 @@ def test_a_server_frozen_mid_stream_times_out_and_its_late_reply_is_never_read()
             assert redis.get("k") == b"value"  # the pool's one connection is a new one: never "stale"
         finally:
             redis.close()
+
+
+def test_a_batch_whose_child_step_fails_mid_send_gives_its_connection_back(
+        server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``forks.send_many`` raising after the first fork's calls were sent (a bug in the second's
+    step): the stream's connection goes back to the pool dropped, its reply never read by the next
+    command (a pool of one connection serves it)."""
+    from helpers import turn
+
+    from sessionfork.core import forks
+    from sessionfork.core.fork_steps import ForkSteps
+    from sessionfork.core.registry import Registry
+
+    pool = ConnectionPool(host="127.0.0.1", port=server.port, max_connections=1)
+    redis = Redis.from_pool(pool)
+    try:
+        registry = Registry(redis)
+        registry.append(registry.create("src"), turn(1))
+        specs = [forks.make_spec("src", [f"mid-{i}-a", f"mid-{i}-b"]) for i in range(2)]
+        planned = [(spec, forks.plan(registry, spec), None) for spec in specs]
+        built: list[object] = []
+        child_step = ForkSteps.child_step
+
+        def failing(self: ForkSteps, snap: object, spec: object, child_ids: object = None) -> object:
+            built.append(spec)
+            if len(built) == 2:
+                raise RuntimeError("a bug in the second fork's step")
+            return child_step(self, snap, spec, child_ids)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(ForkSteps, "child_step", failing)
+        with pytest.raises(RuntimeError, match="second fork"):
+            forks.send_many(registry, planned)
+        try:
+            redis.set("after", "value")
+            after = redis.get("after")
+        except RedisConnectionError:  # the pool's one connection was never given back
+            after = None
+        assert after == b"value"
+    finally:
+        redis.close()
