@@ -68,9 +68,9 @@ class Counting(ForkWorker):
         self.alone.append(job.id)
         super().run_job(job, queue)
 
-    def _begin(self, batch: Any) -> bool:
+    def _begin(self, batch: Any) -> Any:
         self.batches.append([job.id for job, _, _ in batch.items])
-        return bool(super()._begin(batch))
+        return super()._begin(batch)
 
 
 def _service(redis: Redis, registry: Registry, shard: tuple[int, int] | None = None,

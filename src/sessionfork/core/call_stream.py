@@ -5,7 +5,7 @@ runs them all: the caller's work and the server's take turns. A stream sends eac
 (``send``) as soon as the caller has built it, on a connection of its own, and reads a group's
 replies (``replies``) when the caller needs them: the server runs the first groups while the
 caller builds the next, and the caller reads a group's replies while the server runs the later
-ones. A batch's child steps go this way (``forks.create_many``): one fork's calls are built while
+ones. A batch's child steps go this way (``forks.send_many``): one fork's calls are built while
 the server creates the previous fork's children.
 
 What a caller gets is ``lua.run``'s: each group's results in order, a call that met NOSCRIPT run

@@ -125,28 +125,31 @@ class ForkWorker(SeamWorker):
             if not items:
                 continue
             batch = _Batch(self, items, queue)
-            begun = self._begin(batch)
-            if ahead is not None:
-                self._end(ahead, last=not begun)
-            if not begun:
+            flight = self._begin(batch)
+            if ahead is not None:  # the batch begun before this one ends now, this one in flight
+                self._end(ahead, last=flight is None)
+            ahead = None
+            if flight is None:
                 self._run_alone(batch)
-            ahead = batch if begun and batch.flight is not None and batch.flight.merging == [] else None
-            if begun and ahead is None:
+            elif flight.merging:  # its merges' steps come before the next batch's source steps
                 self._end(batch, last=True)
+            else:
+                ahead = batch
         if ahead is not None:
             self._end(ahead, last=True)
         for job in alone:
             self.run_job(job, queue)
 
-    def _begin(self, batch: _Batch) -> bool:
-        """Begin ``batch`` (``ForkService.begin_many``); ``False`` when it failed (nothing left open)."""
+    def _begin(self, batch: _Batch) -> Flight | None:
+        """Begin ``batch`` (``ForkService.begin_many``): its flight, also kept as ``batch.flight``;
+        ``None`` when it failed (nothing left open)."""
         try:
             batch.flight = self.run_in_time(batch.shortest, lambda: self.until_up(lambda: self.service.begin_many(
                 batch.prepared, start=batch.start)))
         except Exception:
             log.exception("a batch of %d requests failed; running each on its own", len(batch.items))
-            return False
-        return True
+            return None
+        return batch.flight
 
     def _end(self, batch: _Batch, *, last: bool) -> None:
         """End ``batch`` (begun: ``ForkService.end_many``; after an outage, the whole batch again:

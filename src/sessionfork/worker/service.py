@@ -6,7 +6,8 @@
 2. one ``Trip``: the worker's RQ start bookkeeping, the claim of the request id and, on a shared
    single server, the core's source step (``forks.source_ops``, read by ``forks.plan``);
 3. create the children (``forks.create``; a fan-out first keeps its snapshot for retries; a
-   batch's, every request's, in one round trip: ``forks.create_many``);
+   batch's, every request's, streamed: ``forks.send_many`` in ``begin_many``, their replies read
+   in ``end_many``, so that a worker may begin its next batch in between);
 4. record, stream and publish the outcome (``outcomes``: the one module that writes outcomes),
    with the worker's RQ success bookkeeping in the same transaction.
 
