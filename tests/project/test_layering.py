@@ -241,7 +241,7 @@ def test_key_names_are_built_only_in_keys() -> None:
 # ``core/forks.py`` only, one entry per step, and never calls the registry's fork steps itself.
 FORK_STEPS = {"take_snapshot", "prepare_fork", "look_ops", "plan_of", "create_children", "create_child",
               "confirm_replays", "read_snapshot", "child_header", "is_cluster"}
-FORK_ENTRIES = {"check", "source_ops", "plan", "create", "create_many", "created_by"}
+FORK_ENTRIES = {"check", "source_ops", "plan", "create", "send_many", "created_by"}
 QUEUE_SOURCES = [p for p in SOURCES
                  if module_name(p).startswith(("sessionfork.protocol", "sessionfork.clients", "sessionfork.worker"))]
 

@@ -199,16 +199,10 @@ def create(registry: Registry, spec: ForkSpec, planned: ForkPlan, snapshot: Snap
                                              strict=True)))
 
 
-def create_many(registry: Registry,
-                planned: Sequence[tuple[ForkSpec, ForkPlan, Snapshot | None]]) -> list[FanOut | errors.ForkError]:
-    """``create(registry, spec, plan, snapshot)`` of each of ``planned`` (a batch of requests): each
-    fork's result, or the error ``create`` raises for it, in its place (``send_many``, then
-    ``Sent.collect``)."""
-    return send_many(registry, planned).collect()
-
-
 def send_many(registry: Registry, planned: Sequence[tuple[ForkSpec, ForkPlan, Snapshot | None]]) -> Sent:
-    """The child steps of ``planned`` (a batch of requests) begun: on one server they stream
+    """``create(registry, spec, plan, snapshot)`` of each of ``planned`` (a batch of requests),
+    begun: ``Sent.collect`` gives each fork's result, or the error ``create`` raises for it, in its
+    place. On one server the child steps stream
     (``ForkSteps.stream``): each fork's calls are sent as soon as they are built, so the server
     creates one fork's children while the next fork's calls are built, and ``Sent.collect`` reads
     one fork's replies while the server runs the next; the caller may do other work between the
@@ -262,7 +256,7 @@ class Sent:
 
 def _create_together(registry: Registry,
                      planned: Sequence[tuple[ForkSpec, ForkPlan, Snapshot | None]]) -> list[FanOut | errors.ForkError]:
-    """``create_many`` with every child step in one round trip (``ForkSteps.run_children``)."""
+    """``send_many`` with every child step in one round trip (``ForkSteps.run_children``)."""
     starts = list(_stepped(registry, planned))
     steps = [s[1] for s in starts if not isinstance(s, errors.ForkError) and s[1] is not None]
     replies = iter(registry.forks.run_children(steps) if steps else ())

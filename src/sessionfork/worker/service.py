@@ -35,7 +35,7 @@ from ..core import errors, forks, merges, rules, wire
 from ..core.config import Settings
 from ..core.errors import ErrorCode, ForkError
 from ..core.factories import new_session_id, now_ms
-from ..core.forks import FanOut
+from ..core.forks import FanOut, Sent
 from ..core.outages import is_outage
 from ..core.registry import Registry
 from ..core.snapshots import ForkPlan, Snapshot
@@ -85,7 +85,7 @@ class Flight:
         self.batch, self.start, self.began, self.spans, self.runs = batch, start, began, spans, runs
         self.pending: list[Pending | None] = []  # each request's outcome once known (None: still to run)
         self.merging: list[MergeSpec] = []  # the merges to run
-        self.sent: forks.Sent | None = None  # the child steps, once sent
+        self.sent: Sent | None = None  # the child steps, once sent
 
     def close(self) -> None:
         """Give up on the batch (its caller runs the requests again): the child steps' replies are
