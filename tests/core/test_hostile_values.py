@@ -311,3 +311,21 @@ def test_odd_values_are_invalid_request_or_read_back_identically(registry: Regis
         assert child is None or made.id == child
         assert _same([msgspec.to_builtins(e) for e in registry.events(made.id)],
                      [msgspec.to_builtins(e) for e in registry.events(sid)])
+
+
+@pytest.mark.parametrize(("value", "word"), [
+    ((1, 2), "tuple"), ({1, 2}, "set"), (2**64, "64-bit"), ({1: "int key"}, "int object key"),
+    (nest(LIMIT + 1), "nested deeper"),
+], ids=["tuple", "set", "int-65-bits", "int-key", "too-deep"])
+def test_edits_handed_to_the_child_step_are_checked_before_any_child_is_made(registry: Registry, value: Any,
+                                                                               word: str) -> None:
+    """``Registry.create_child``/``create_children`` check their edits as ``append`` does before the
+    child step (which encodes them at the fork's time without walking them again): a value JSON
+    cannot carry is ``INVALID_REQUEST`` naming it, and no child is made; so is a fork's."""
+    registry.append(registry.create("hv-src"), [NewEvent("turn/start"), NewEvent("turn/end", {"reason": "done"})])
+    snap = registry.take_snapshot("hv-src")
+    refused(lambda: registry.create_child(snap, "hv-kid", edits=[NewEvent("user/message", value)]), word)
+    refused(lambda: registry.create_children(snap, ["hv-a", "hv-b"], edits={
+        "hv-b": [NewEvent("user/message", {"ok": 1}), NewEvent("user/message", {"x": value})]}), word)
+    refused(lambda: fork(registry, "hv-src", "hv-forked", edits=[NewEvent("user/message", {"v": [value]})]), word)
+    assert [registry.redis.exists(keys.session(c)) for c in ("hv-kid", "hv-a", "hv-b", "hv-forked")] == [0] * 4

@@ -31,7 +31,8 @@ RQ_MAJOR = int(VERSION.split(".")[0])
 
 
 class Watched(ForkService):
-    """Records each ``begin_many`` and ``end_many`` (``("begin" | "end", request ids)``), and runs
+    """Records each ``prepare``, ``begin_many`` and ``end_many`` (``("prepare" | "begin" | "end",
+    request ids)``), and runs
     ``at_end`` at each ``end_many``'s entry and ``after_end`` once it returned."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -41,6 +42,10 @@ class Watched(ForkService):
         self.after_end: list[dict[str, Any]] = []
         self.look: Any = lambda: {}
         self.fail_begin: set[str] = set()  # the request ids whose batch's begin_many raises
+
+    def prepare(self, payload: str | bytes, job_id: str, **kwargs: Any) -> Any:
+        self.steps.append(("prepare", [job_id]))
+        return super().prepare(payload, job_id, **kwargs)
 
     def begin_many(self, batch: Any, *, start: Any = None) -> Flight:
         ids = [item.spec.request_id for item in batch]
@@ -72,11 +77,12 @@ def _fan_outs(client: Client, n: int) -> list[str]:
 
 def test_the_next_batch_begins_before_a_batch_ends_and_the_worker_stays_busy(redis: Redis,
                                                                              registry: Registry) -> None:
-    """Three fan-outs of 3 with ``batch_children=3``: three batches of one take. Each batch after
-    the first begins before the one ahead of it ends: when a batch's end starts, the next batch's
-    request is claimed on the server and the batch's own outcome is not stored yet (the overlap
-    happened). A batch ended while a later one runs leaves RQ's worker busy with it (RQ 2: its job
-    the current one); the last leaves it idle. Every request is answered as alone."""
+    """Three fan-outs of 3 with ``batch_children=3``: three batches of one take. Each batch is
+    prepared while the one before it is in flight, and begins before that one ends: when a batch's
+    end starts, the next batch's request is claimed on the server and the batch's own outcome is
+    not stored yet (the overlap happened). A batch ended while a later one runs leaves RQ's worker
+    busy with it (RQ 2: its job the current one); the last leaves it idle. Every request is
+    answered as alone."""
     registry.append(registry.create("src"), [*_turn()])
     client = Client(redis)
     ids = _fan_outs(client, 3)
@@ -87,8 +93,10 @@ def test_the_next_batch_begins_before_a_batch_ends_and_the_worker_stays_busy(red
         "stored": [outcomes.get(r) is not None for r in ids],
         "state": redis.hget(worker.key, "state"), "current": redis.hget(worker.key, "current_job")}
     assert worker.work(burst=True, logging_level="WARNING") is True
-    assert service.steps == [("begin", ["b0"]), ("begin", ["b1"]), ("end", ["b0"]), ("begin", ["b2"]),
-                             ("end", ["b1"]), ("end", ["b2"])]
+    # Each batch prepared while the one begun before it is in flight (b1 is prepared to learn that
+    # it does not fit in b0's batch).
+    assert service.steps == [("prepare", ["b0"]), ("prepare", ["b1"]), ("begin", ["b0"]), ("prepare", ["b2"]),
+                             ("begin", ["b1"]), ("end", ["b0"]), ("begin", ["b2"]), ("end", ["b1"]), ("end", ["b2"])]
     first, second, third = service.at_end
     assert first["claimed"] == [True, True, False] and first["stored"] == [False, False, False]
     assert second["claimed"] == [True, True, True] and second["stored"] == [True, False, False]
@@ -120,8 +128,9 @@ def test_a_batch_with_merges_ends_before_the_next_begins(redis: Redis, registry:
     after = client.submit(client.request("src", session_ids=["a0", "a1", "a2"], request_id="after"))
     service, worker = _run(redis, registry, 3)
     assert worker.work(burst=True, logging_level="WARNING") is True
-    assert service.steps == [("begin", [fan]), ("begin", [one, merge]), ("end", [fan]), ("end", [one, merge]),
-                             ("begin", [after]), ("end", [after])]
+    assert [step for step in service.steps if step[0] != "prepare"] == [
+        ("begin", [fan]), ("begin", [one, merge]), ("end", [fan]), ("end", [one, merge]), ("begin", [after]),
+        ("end", [after])]
     outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
     first, merged, forked = outcomes.get(fan), outcomes.get(merge), outcomes.get(after)
     assert isinstance(merged, MergeResult), merged
@@ -141,8 +150,8 @@ def test_a_batch_whose_beginning_fails_runs_each_request_alone_after_the_batch_a
     service, worker = _run(redis, registry, 3)
     service.fail_begin = {"b1"}
     assert worker.work(burst=True, logging_level="WARNING") is True
-    assert service.steps == [("begin", ["b0"]), ("begin", ["b1"]), ("end", ["b0"]), ("begin", ["b2"]),
-                             ("end", ["b2"])]
+    assert [step for step in service.steps if step[0] != "prepare"] == [
+        ("begin", ["b0"]), ("begin", ["b1"]), ("end", ["b0"]), ("begin", ["b2"]), ("end", ["b2"])]
     assert "a batch of 1 requests failed; running each on its own" in caplog.text
     outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
     for i, request_id in enumerate(ids):

@@ -293,7 +293,10 @@ class ForkSteps:
         else:
             plain_one = plain_seed(snap)
             seeds = dict.fromkeys(child_ids, plain_one)
-        own = {cid: edit_fields(seeds[cid], self.store.encode_events(events, now), [e.type for e in events])
+        # The edits were checked before any Redis call (``forks.check``, ``Registry.create_children``):
+        # encoded at the fork's time, their values are not walked again, their size is.
+        own = {cid: edit_fields(seeds[cid], self.store.encode_events(events, now, checked=True),
+                                [e.type for e in events])
                for cid, events in edits.items() if cid in seeds}
         if any(lo < 0 for _, lo, _ in snap.segments):
             # The source's seed holds a reference: store it by value first (once per source), so

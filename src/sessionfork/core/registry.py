@@ -224,9 +224,12 @@ class Registry:
     def create_children(self, snap: Snapshot, child_ids: Sequence[str], *, request_id: str = "",
                         edits: Mapping[str, Sequence[NewEvent]] | None = None,
                         summary: wire.Summary | None = None) -> list[Header | errors.ForkError]:
-        """The child step for each id (``ForkSteps.create_children``); ids checked first."""
+        """The child step for each id (``ForkSteps.create_children``); ids and edits checked first
+        (``INVALID_REQUEST`` before any Redis call)."""
         ids = [rules.check_id(c) for c in child_ids]
         by_id = edits or {}
+        for c in ids:
+            self.store.encode_events(by_id.get(c, ()), 0)
         return self.forks.create_children(snap, _spec(snap.source.id, ids, request_id=request_id, summary=summary,
                                                       edits=tuple(tuple(by_id.get(c, ())) for c in ids)))
 

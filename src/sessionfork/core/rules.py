@@ -96,12 +96,22 @@ def check_text(value: object, what: str) -> str:
 
 
 def check_json_value(value: object, what: str) -> None:
-    """Raise ``INVALID_REQUEST`` naming ``what`` unless ``value`` is JSON that reads back identically.
+    """Raise ``INVALID_REQUEST`` naming ``what`` unless ``value`` is JSON that reads back identically
+    (``json_problem``)."""
+    problem = json_problem(value)
+    if problem is not None:
+        raise errors.invalid(f"{what} {problem}")
+
+
+def json_problem(value: object) -> str | None:
+    """What keeps ``value`` from being JSON that reads back identically (the end of an
+    ``INVALID_REQUEST`` message, after what the value is), or ``None`` when it is.
 
     Allowed: ``dict`` with ``str`` keys, ``list``, ``str``, ``int`` in ``[INT_MIN, INT_MAX]``,
     ``float``, ``bool``, ``None``, nested at most ``MAX_DATA_DEPTH`` deep. Anything else (bytes,
     sets, tuples, int keys, objects) is refused rather than converted. Iterative: any depth, and a
-    cycle, is refused without recursion. Lone surrogates are found when the value is encoded.
+    cycle, is refused without recursion. Lone surrogates are found when the value is encoded. The
+    caller names the value only when there is a problem (no message built for a valid one).
     """
     stack: list[tuple[object, int]] = [(value, 0)]
     while stack:
@@ -112,20 +122,21 @@ def check_json_value(value: object, what: str) -> None:
         if kind is int:
             if not INT_MIN <= item <= INT_MAX:  # type: ignore[operator]  # an int, by the check above
                 bits = item.bit_length()  # type: ignore[attr-defined]
-                raise errors.invalid(f"{what} holds an integer of {bits} bits, outside the 64-bit range")
+                return f"holds an integer of {bits} bits, outside the 64-bit range"
             continue
         if kind is not list and kind is not dict:
-            raise errors.invalid(f"{what} holds a {kind.__name__} value, which is not JSON "
-                                 "(allowed: dict with str keys, list, str, int, float, bool, None)")
+            return (f"holds a {kind.__name__} value, which is not JSON "
+                    "(allowed: dict with str keys, list, str, int, float, bool, None)")
         if depth >= MAX_DATA_DEPTH:
-            raise errors.invalid(f"{what} is nested deeper than {MAX_DATA_DEPTH} levels")
+            return f"is nested deeper than {MAX_DATA_DEPTH} levels"
         if kind is dict:
             for key, member in item.items():  # type: ignore[attr-defined]
                 if type(key) is not str:
-                    raise errors.invalid(f"{what} has a {type(key).__name__} object key; JSON keys are strings")
+                    return f"has a {type(key).__name__} object key; JSON keys are strings"
                 stack.append((member, depth + 1))
         else:
             stack.extend((member, depth + 1) for member in item)  # type: ignore[attr-defined]
+    return None
 
 
 def _is_utf8(value: str) -> bool:

@@ -93,9 +93,10 @@ class SessionStore:
             self.state.emit(self.redis, "session/flush", sid, first + len(events))
         return [Event(e.type, first + i, ts, e.data, dict(e.extra)) for i, e in enumerate(events)]
 
-    def encode_events(self, events: Sequence[NewEvent], time_ms: int) -> list[bytes]:
-        """``Registry.encode_events``."""
-        payload = [wire.encode_stored_event(e, time_ms) for e in events]
+    def encode_events(self, events: Sequence[NewEvent], time_ms: int, *, checked: bool = False) -> list[bytes]:
+        """``Registry.encode_events``; ``checked``: the events were encoded (so checked) before, at
+        another time (``wire.encode_stored_event``): their size is checked again, their values not."""
+        payload = [wire.encode_stored_event(e, time_ms, checked=checked) for e in events]
         limit = self.state.max_event_bytes
         for i, raw in enumerate(payload):
             if len(raw) > limit:

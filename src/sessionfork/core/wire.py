@@ -140,18 +140,19 @@ _body_decoder = msgspec.json.Decoder(dict[str, Any])
 _header_decoder = msgspec.json.Decoder(Header)
 
 
-def encode_stored_event(event: NewEvent, time_ms: int) -> bytes:
+def encode_stored_event(event: NewEvent, time_ms: int, *, checked: bool = False) -> bytes:
     """The bytes kept in a session log: the event without ``seq`` (it is the position).
 
     ``INVALID_REQUEST`` when its data or an extra field is not JSON that reads back identically
-    (``rules.check_json_value``: no bytes, sets, tuples, non-str keys; at most
+    (``rules.json_problem``: no bytes, sets, tuples, non-str keys; at most
     ``rules.MAX_DATA_DEPTH`` levels deep) or holds a lone surrogate. Checked before any Redis call.
+    ``checked``: the event was encoded (so checked) before, at another time: its values are not
+    walked again (what the encoder refuses still raises).
     """
     if not isinstance(event, NewEvent):
         raise errors.invalid(f"events must be NewEvent objects, got {type(event).__name__}")
-    rules.check_json_value(event.data, f"event {rules.echo(event.type)} data")
-    for name, value in event.extra.items():
-        rules.check_json_value(value, f"event {rules.echo(event.type)} field {rules.echo(name)}")
+    if not checked:
+        _check_values(event)
     try:
         return _json.encode({"type": event.type, "time": time_ms, "data": event.data, **event.extra})
     except UnicodeEncodeError:
@@ -159,6 +160,16 @@ def encode_stored_event(event: NewEvent, time_ms: int) -> bytes:
                              "UTF-8") from None
     except (TypeError, ValueError, RecursionError, msgspec.EncodeError) as exc:
         raise errors.invalid(f"event {rules.echo(event.type)} is not JSON: {exc}") from None
+
+
+def _check_values(event: NewEvent) -> None:
+    """``INVALID_REQUEST`` naming the event's data or extra field that is not JSON that reads back
+    identically (``rules.json_problem``; the message built only then)."""
+    if (problem := rules.json_problem(event.data)) is not None:
+        raise errors.invalid(f"event {rules.echo(event.type)} data {problem}")
+    for name, value in event.extra.items():
+        if (problem := rules.json_problem(value)) is not None:
+            raise errors.invalid(f"event {rules.echo(event.type)} field {rules.echo(name)} {problem}")
 
 
 def decode_stored_event(raw: bytes, seq: int) -> Event:

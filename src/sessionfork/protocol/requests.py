@@ -339,9 +339,11 @@ def _new_events(edits: list[dict[str, Any]] | UnsetType, field: str) -> list[New
             events.append(NewEvent(kind, data, rest))
         except errors.ForkError as exc:
             raise errors.invalid(f"invalid {field}[{i}]: {exc.message}") from None
-        rules.check_json_value(data, f"{field}[{i}] data")
+        if (problem := rules.json_problem(data)) is not None:
+            raise errors.invalid(f"{field}[{i}] data {problem}")
         for name, value in rest.items():
-            rules.check_json_value(value, f"{field}[{i}] field {rules.echo(name)}")
+            if (problem := rules.json_problem(value)) is not None:
+                raise errors.invalid(f"{field}[{i}] field {rules.echo(name)} {problem}")
     return events
 
 

@@ -21,7 +21,7 @@ import logging
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rq import Queue
@@ -101,9 +101,34 @@ class ForkWorker(SeamWorker):
         batch's replies. When a batch fails unexpectedly, each of its requests runs on its own
         (``run_job``; idempotent: a request done is a replay), as started already when its start
         was sent."""
-        batches: list[list[tuple[Job, str, Prepared]]] = [[]]
         alone: list[Job] = []
+        ahead: _Batch | None = None  # begun, not ended
+        try:
+            for items in self._batches(jobs, alone):
+                batch = _Batch(self, items, queue)
+                flight = self._begin(batch)
+                if ahead is not None:  # the batch begun before this one ends now, this one in flight
+                    self._end(ahead, last=flight is None)
+                ahead = None
+                if flight is None:
+                    self._run_alone(batch)
+                elif flight.merging:  # its merges' steps come before the next batch's source steps
+                    self._end(batch, last=True)
+                else:
+                    ahead = batch
+        finally:  # an exception out of the loop (a bug preparing a job) still ends the batch in flight
+            if ahead is not None:
+                self._end(ahead, last=True)
+        for job in alone:
+            self.run_job(job, queue)
+
+    def _batches(self, jobs: list[Job], alone: list[Job]) -> Iterator[list[tuple[Job, str, Prepared]]]:
+        """The take's batches, in queue order, each yielded as soon as it is complete: its jobs are
+        prepared (``ForkService.prepare``: parsed and checked) one at a time, so that a batch is
+        prepared while the server creates the children of the batch begun before it. A job that
+        is not a sound request of a batch goes to ``alone``."""
         most = self.service.batch_children
+        items: list[tuple[Job, str, Prepared]] = []
         left = most  # what the current batch's forks may still create
         for job in jobs:
             try:
@@ -116,29 +141,13 @@ class ForkWorker(SeamWorker):
                 alone.append(job)
                 continue
             if prepared.children > left:  # the next batch's first
-                batches.append([])
-                left = most
-            batches[-1].append((job, payload, prepared))
+                if items:
+                    yield items
+                items, left = [], most
+            items.append((job, payload, prepared))
             left -= prepared.children
-        ahead: _Batch | None = None  # begun, not ended
-        for items in batches:
-            if not items:
-                continue
-            batch = _Batch(self, items, queue)
-            flight = self._begin(batch)
-            if ahead is not None:  # the batch begun before this one ends now, this one in flight
-                self._end(ahead, last=flight is None)
-            ahead = None
-            if flight is None:
-                self._run_alone(batch)
-            elif flight.merging:  # its merges' steps come before the next batch's source steps
-                self._end(batch, last=True)
-            else:
-                ahead = batch
-        if ahead is not None:
-            self._end(ahead, last=True)
-        for job in alone:
-            self.run_job(job, queue)
+        if items:
+            yield items
 
     def _begin(self, batch: _Batch) -> Flight | None:
         """Begin ``batch`` (``ForkService.begin_many``): its flight, also kept as ``batch.flight``;
