@@ -167,6 +167,37 @@ def test_select_merges_the_winner_and_abandons_the_rest(registry: Registry) -> N
     assert merges.select(registry, "p", ["k0", "k1", "k2"], "k1", mode="events", request_id="s1") == done
 
 
+def test_a_select_marks_its_other_candidates_in_one_call_on_one_server(registry: Registry) -> None:
+    """On one server a select's other candidates are marked abandoned by one ``mark_many.lua`` call
+    (a select of 9 candidates runs as many script calls as one of 3), each entered in the ended
+    index; the script marks only the records that exist (one deleted meanwhile stays deleted) and
+    answers 1 or 0 for each."""
+    redis = registry.redis
+    registry.append(registry.create("p"), turn(1))
+    calls = []
+    for n in (2, 3, 9):  # the first loads the scripts (a first call is NOSCRIPT, then run again)
+        ids = [f"m{n}-{i}" for i in range(n)]
+        forks.fork_many(registry, "p", ids)
+        for cid in ids:
+            registry.append(cid, turn(7))
+        redis.config_resetstat()
+        done = merges.select(registry, "p", ids, ids[0], mode="summary", summary={"n": n}, request_id=f"sel-{n}")
+        calls.append(int(redis.info("commandstats")["cmdstat_evalsha"]["calls"]))
+        assert done.abandoned == tuple(ids[1:])
+        assert [registry.state_of(c).abandoned_by for c in ids[1:]] == [f"sel-{n}"] * (n - 1)
+        assert all(redis.zscore(keys.ENDED_INDEX, c) is not None for c in ids)
+    assert calls[1] == calls[2]  # the marks are two calls whatever the number of candidates
+    registry.append(registry.create("gone"), turn(1))
+    registry.append(registry.create("kept"), turn(1))
+    redis.delete(keys.session("gone"))
+    replies = registry.forks.state.scripts("mark_many", ended=keys.ENDED_INDEX,
+                                           records=[keys.session("gone"), keys.session("kept")], kind="abandoned",
+                                           value="r-x", now=5, session_ids=["gone", "kept"])
+    assert replies == [0, 1]
+    assert redis.exists(keys.session("gone")) == 0 and redis.zscore(keys.ENDED_INDEX, "gone") is None
+    assert redis.hget(keys.session("kept"), "abandoned") == b"r-x" and redis.zscore(keys.ENDED_INDEX, "kept") == 5
+
+
 def test_select_winner_must_be_a_candidate(registry: Registry) -> None:
     code, message = code_of(lambda: merges.select(registry, "p", ["a", "b"], "c", mode="events"))
     assert code is ErrorCode.INVALID_REQUEST and "not one of the candidates" in message

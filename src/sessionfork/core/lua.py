@@ -138,6 +138,7 @@ SCRIPTS: Final[Mapping[str, Spec]] = {spec.name: spec for spec in (
     Spec("dispose", ("record", "lifecycle?", "disposed?"), ("instance", "maxlen", "session_id", "now")),
     Spec("flush", ("asked", "lifecycle?"), ("interval", "maxlen", "session_id", "length")),
     Spec("mark", ("record", "ended?"), ("kind", "value", "now", "session_id")),
+    Spec("mark_many", ("ended", "records*"), ("kind", "value", "now", "session_ids*")),
     Spec("merge", ("record", "log", "turns", "merges", "lifecycle?"),
          ("instance", "if_length", "request_id", "merge_key", "child", "others", "maxlen", "session_id", "events*")),
     Spec("merge_read", ("record", "turns", "log"),

@@ -295,6 +295,11 @@ class MergeSteps:
             value = _json.encode([merged.parent, merged.first, spec.request_id])
             ops.append(self.state.scripts.op("mark", record=keys.session(merged.child), ended=ended,
                                              kind="merged", value=value, now=now, session_id=merged.child))
+            if ended is not None and losers:  # one server: a select's losers in one call
+                ops.append(self.state.scripts.op("mark_many", ended=ended, records=[keys.session(c) for c in losers],
+                                                 kind="abandoned", value=spec.request_id or "-", now=now,
+                                                 session_ids=list(losers)))
+                continue
             ops += [self.state.scripts.op("mark", record=keys.session(cid), ended=ended, kind="abandoned",
                                           value=spec.request_id or "-", now=now, session_id=cid) for cid in losers]
         lua.eval_many(self.redis, ops)

@@ -6,11 +6,7 @@
 -- Idempotent (a retried request marks again): "abandoned" keeps its first request id, "mergedinto"
 -- holds the latest merge, and the ended index keeps the first time (ZADD NX). Returns 1, or 0 when
 -- the record is gone (deleted meanwhile: nothing to mark).
-if redis.call('HEXISTS', KEYS[1], 'header') == 0 then return 0 end
-if ARGV[1] == 'merged' then
-  redis.call('HSET', KEYS[1], 'mergedinto', ARGV[2])
-else
-  redis.call('HSETNX', KEYS[1], 'abandoned', ARGV[2])
-end
+--#include lib/mark.lua
+if not mark_record(KEYS[1], ARGV[1], ARGV[2]) then return 0 end
 if KEYS[2] then redis.call('ZADD', KEYS[2], 'NX', ARGV[3], ARGV[4]) end
 return 1
