@@ -6,8 +6,9 @@ never change, so the reads need no atomicity), then runs one script on the child
 its events: ``merge_read.lua``, read-only), one on the parent's slot (the whole merge turn written
 at once, or nothing: ``merge.lua``, which also keeps the merges index that makes a range merge
 once and a request id merge once), then marks the child merged (``mark.lua``; a select also marks
-its other candidates abandoned). The parent's step is the one effect: a worker that dies after it
-leaves a merge its retry recognises by request id, and marks again (marks are idempotent). No
+its other candidates abandoned: on one server all in one ``mark_many.lua`` call). The parent's
+step is the one effect: a worker that dies after it leaves a merge its retry recognises by request
+id, and marks again (marks are idempotent). No
 step touches two sessions' slots, so merges and selects run unchanged on a Redis Cluster, parent
 and child in different slots. ``MergeSteps.run_many`` runs each step for many specs at once (a
 worker's batch): one round trip per step, the parents' steps in the order given.
