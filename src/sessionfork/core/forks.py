@@ -202,13 +202,13 @@ def create(registry: Registry, spec: ForkSpec, planned: ForkPlan, snapshot: Snap
 def send_many(registry: Registry, planned: Sequence[tuple[ForkSpec, ForkPlan, Snapshot | None]]) -> Sent:
     """``create(registry, spec, plan, snapshot)`` of each of ``planned`` (a batch of requests),
     begun: ``Sent.collect`` gives each fork's result, or the error ``create`` raises for it, in its
-    place. On one server the child steps stream
-    (``ForkSteps.stream``): each fork's calls are sent as soon as they are built, so the server
-    creates one fork's children while the next fork's calls are built, and ``Sent.collect`` reads
-    one fork's replies while the server runs the next; the caller may do other work between the
-    two (a worker begins its next batch). Else (a cluster, replicas to wait for) all of them run
-    now, in one round trip (``ForkSteps.run_children``), and ``collect`` only hands their results.
-    Whoever does not ``collect`` a ``Sent`` closes it (``close``: its replies are never read)."""
+    place. On one server the child steps stream (``ForkSteps.stream``): each fork's calls are sent
+    as soon as they are built, so the server creates one fork's children while the next fork's
+    calls are built, and ``Sent.collect`` reads one fork's replies while the server runs the next;
+    the caller may do other work between the two (a worker begins its next batch). Else (a
+    cluster, replicas to wait for) all of them run now, in one round trip
+    (``ForkSteps.run_children``), and ``collect`` only hands their results. Whoever does not
+    ``collect`` a ``Sent`` closes it (``close``: its replies are never read)."""
     stream = registry.forks.stream()
     if stream is None:
         return Sent(registry, None, _create_together(registry, planned))
