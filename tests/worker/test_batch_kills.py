@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fault_fixtures import (  # noqa: F401  (fixtures: procs, own_server, rds)
@@ -58,15 +59,37 @@ def _children(rds: Redis) -> list[str]:
     return Registry(rds).children("src")
 
 
+def _kill_at(step: str, server: EmbeddedServer, procs: list[subprocess.Popen[bytes]], **env: Any) -> None:
+    """A worker (``batch_killer.py``) run on the queued batch until it SIGKILLs itself at ``step``."""
+    killed = subprocess.Popen([sys.executable, str(KILLER), step, "--redis-url", server.url, "worker",
+                               "--name", worker_name("killed"), "--log-level", "WARNING"],
+                              env=clean_environ(SESSIONFORK_BATCH=N, **env), stdin=subprocess.DEVNULL)
+    procs.append(killed)
+    assert exited(killed, 30) == -signal.SIGKILL
+
+
+def _recovered(server: EmbeddedServer, rds: Redis, procs: list[subprocess.Popen[bytes]], ids: list[str]) -> None:
+    """The next worker recovers the killed worker's requests: each ends with one outcome, announced
+    once, and its children, none more; RQ's registries settle."""
+    procs.append(start_worker(server.url, worker_name("next")))
+    wait_all_outcomes(rds, ids)
+    fan = make_client(rds).wait(ids[0], timeout=5)
+    assert isinstance(fan, ForkResult) and fan.ok and [h.id for h in fan.sessions or []] == FAN, fan
+    for i, request_id in enumerate(ids[1:], start=1):
+        reply = make_client(rds).wait(request_id, timeout=5)
+        assert isinstance(reply, ForkResult) and reply.child.id == f"k-child-{i}", reply
+    assert sorted(e.request for e in outcome_entries(rds)) == sorted(ids)  # announced exactly once each
+    assert _children(rds) == sorted(FAN + SINGLES)  # each request's children, none more
+    queue = jobs.make_queue(rds, SETTINGS)
+    wait_until(lambda: StartedJobRegistry(queue=queue).get_job_ids() == [] and stranded_jobs(rds) == [], 30,
+               "RQ's registries to settle")
+
+
 @pytest.mark.parametrize("step", ["taken", "started", "created", "recording"])
 def test_a_worker_killed_at_a_step_of_a_batch_leaves_every_request_one_outcome(
         step: str, own_server: EmbeddedServer, rds: Redis, procs: list[subprocess.Popen[bytes]]) -> None:
     ids = _batch(rds)
-    killed = subprocess.Popen([sys.executable, str(KILLER), step, "--redis-url", own_server.url, "worker",
-                               "--name", worker_name("killed"), "--log-level", "WARNING"],
-                              env=clean_environ(SESSIONFORK_BATCH=N), stdin=subprocess.DEVNULL)
-    procs.append(killed)
-    assert exited(killed, 30) == -signal.SIGKILL
+    _kill_at(step, own_server, procs)
     queue = jobs.make_queue(rds, SETTINGS)
     started = sorted(StartedJobRegistry(queue=queue).get_job_ids(cleanup=False))
     # Where the kill landed: nothing answered, and each step's own trace.
@@ -79,17 +102,7 @@ def test_a_worker_killed_at_a_step_of_a_batch_leaves_every_request_one_outcome(
         # a fan-out keeps its snapshot before its first child exists (a retry makes the rest from it)
         assert rds.hexists(keys.request("k-0"), "snapshot") == (step != "started")
 
-    procs.append(start_worker(own_server.url, worker_name("next")))
-    wait_all_outcomes(rds, ids)
-    fan = make_client(rds).wait(ids[0], timeout=5)
-    assert isinstance(fan, ForkResult) and fan.ok and [h.id for h in fan.sessions or []] == FAN, fan
-    for i, request_id in enumerate(ids[1:], start=1):
-        reply = make_client(rds).wait(request_id, timeout=5)
-        assert isinstance(reply, ForkResult) and reply.child.id == f"k-child-{i}", reply
-    assert sorted(e.request for e in outcome_entries(rds)) == sorted(ids)  # announced exactly once each
-    assert _children(rds) == sorted(FAN + SINGLES)  # each request's children, none more
-    wait_until(lambda: StartedJobRegistry(queue=queue).get_job_ids() == [] and stranded_jobs(rds) == [], 30,
-               "RQ's registries to settle")
+    _recovered(own_server, rds, procs, ids)
 
 
 def test_a_worker_killed_with_two_batches_in_flight_leaves_every_request_one_outcome(
@@ -98,12 +111,7 @@ def test_a_worker_killed_with_two_batches_in_flight_leaves_every_request_one_out
     child steps sent) and the first has not ended (no outcome stored, no RQ finish): every request
     of both ends with one outcome, announced once, and its children, none more."""
     ids = _batch(rds)
-    killed = subprocess.Popen([sys.executable, str(KILLER), "overlapped", "--redis-url", own_server.url, "worker",
-                               "--name", worker_name("killed"), "--log-level", "WARNING"],
-                              env=clean_environ(SESSIONFORK_BATCH=N, SESSIONFORK_BATCH_CHILDREN=3),
-                              stdin=subprocess.DEVNULL)
-    procs.append(killed)
-    assert exited(killed, 30) == -signal.SIGKILL
+    _kill_at("overlapped", own_server, procs, SESSIONFORK_BATCH_CHILDREN=3)
     queue = jobs.make_queue(rds, SETTINGS)
     # Where the kill landed: the fan-out's batch (3 children) and the next (3 singles) begun, both
     # claimed and started in RQ, the first's children made, nothing answered nor finished.
@@ -114,17 +122,7 @@ def test_a_worker_killed_with_two_batches_in_flight_leaves_every_request_one_out
     assert started == sorted([ids[0], *second]) and FinishedJobRegistry(queue=queue).get_job_ids() == []
     assert set(FAN) <= set(_children(rds)) <= set(FAN + SINGLES[:3])
 
-    procs.append(start_worker(own_server.url, worker_name("next")))
-    wait_all_outcomes(rds, ids)
-    fan = make_client(rds).wait(ids[0], timeout=5)
-    assert isinstance(fan, ForkResult) and fan.ok and [h.id for h in fan.sessions or []] == FAN, fan
-    for i, request_id in enumerate(ids[1:], start=1):
-        reply = make_client(rds).wait(request_id, timeout=5)
-        assert isinstance(reply, ForkResult) and reply.child.id == f"k-child-{i}", reply
-    assert sorted(e.request for e in outcome_entries(rds)) == sorted(ids)  # announced exactly once each
-    assert _children(rds) == sorted(FAN + SINGLES)  # each request's children, none more
-    wait_until(lambda: StartedJobRegistry(queue=queue).get_job_ids() == [] and stranded_jobs(rds) == [], 30,
-               "RQ's registries to settle")
+    _recovered(own_server, rds, procs, ids)
 
 
 def test_sigterm_finishes_the_batch_in_hand_and_takes_no_other(

@@ -87,12 +87,15 @@ class Flight:
         self.merging: list[MergeSpec] = []  # the merges to run
         self.sent: Sent | None = None  # the child steps, once sent
 
-    def close(self) -> None:
+    def close(self, error: BaseException | None = None) -> None:
         """Give up on the batch (its caller runs the requests again): the child steps' replies are
-        never read, and the requests' spans end."""
+        never read, and the requests' spans end (with ``error``, when one ended the batch)."""
         if self.sent is not None:
             self.sent.close()
-        self.spans.close()
+        if error is None:
+            self.spans.close()
+        else:
+            self.spans.__exit__(type(error), error, error.__traceback__)
 
 
 class ForkService:
@@ -213,9 +216,7 @@ class ForkService:
         try:
             replies = self._end_many(flight, finish)
         except BaseException as exc:
-            if flight.sent is not None:
-                flight.sent.close()
-            flight.spans.__exit__(type(exc), exc, exc.__traceback__)
+            flight.close(exc)
             raise
         for span, reply in zip(flight.runs, replies, strict=True):
             span.finish(reply)
