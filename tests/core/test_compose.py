@@ -222,19 +222,20 @@ def test_a_variant_fan_out_resumed_after_a_crash_gives_each_child_its_own_edits_
 
     svc = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
                       limits=Limits(max_fanout=16))
-    real = registry.forks.create_children
+    step = registry.forks.child_step
 
     def dies_after_one(snap: Any, spec: Any, ids: Any = None) -> object:
-        real(snap, spec, list(ids or spec.child_ids)[:1])
+        first = step(snap, spec, list(ids or spec.child_ids)[:1])  # its first child made, then it dies
+        registry.forks.children_of(first, registry.forks.run_children([first])[0])
         raise RuntimeError("worker killed")
 
     payload = ('{"source": "src", "ifLength": 8, "variants": ['
                '{"sessionId": "v1", "edits": [{"type": "user/message", "data": 1}]}, {},'
                '{"sessionId": "v3", "edits": [{"type": "user/message", "data": 3}, {"type": "x"}]}]}')
-    monkeypatch.setattr(registry.forks, "create_children", dies_after_one)
+    monkeypatch.setattr(registry.forks, "child_step", dies_after_one)
     with pytest.raises(RuntimeError):
         svc.handle(payload, "resume-1", final_attempt=False)
-    monkeypatch.setattr(registry.forks, "create_children", real)
+    monkeypatch.setattr(registry.forks, "child_step", step)
     assert registry.length("v1") == 9 and not registry.exists("v3")
     registry.append(src, turn(3))  # the source moves on: the stored snapshot still decides
     reply = svc.handle(payload, "resume-1", final_attempt=True)

@@ -237,11 +237,11 @@ def test_key_names_are_built_only_in_keys() -> None:
         assert 'f"sf:' not in text and "'sf:" not in text and '"sf:' not in text, path.name
 
 
-# The fork path, each step in one place (issue 18): the queue's sides enter the session core through
+# The fork path, each step in one place: the queue's sides enter the session core through
 # ``core/forks.py`` only, one entry per step, and never calls the registry's fork steps itself.
 FORK_STEPS = {"take_snapshot", "prepare_fork", "look_ops", "plan_of", "create_children", "create_child",
               "confirm_replays", "read_snapshot", "child_header", "is_cluster"}
-FORK_ENTRIES = {"check", "source_ops", "plan", "create", "send_many", "created_by"}
+FORK_ENTRIES = {"check", "source_ops", "plan", "send_many", "created_by"}
 QUEUE_SOURCES = [p for p in SOURCES
                  if module_name(p).startswith(("sessionfork.protocol", "sessionfork.clients", "sessionfork.worker"))]
 
@@ -263,7 +263,8 @@ def test_the_service_runs_a_request_through_one_entry_per_step() -> None:
     service = PACKAGE / "worker" / "service.py"
     called = [node.attr for node in ast.walk(tree(service)) if isinstance(node, ast.Attribute)
               and isinstance(node.value, ast.Name) and node.value.id == "forks"]
-    # Each once: check, source ops, plan, the children (of a request; of a batch's), what a failure left.
+    # Each once: check, source ops, plan, the children (a batch's: a lone request is a batch of one),
+    # what a failure left.
     assert sorted(called) == sorted(FORK_ENTRIES)
 
 

@@ -31,9 +31,8 @@ RQ_MAJOR = int(VERSION.split(".")[0])
 
 
 class Watched(ForkService):
-    """Records each ``prepare``, ``begin_many`` and ``end_many`` (``("prepare" | "begin" | "end",
-    request ids)``), and runs
-    ``at_end`` at each ``end_many``'s entry and ``after_end`` once it returned."""
+    """Records each ``prepare``, ``begin`` and ``end`` (``("prepare" | "begin" | "end", request
+    ids)``), and runs ``at_end`` at each ``end``'s entry and ``after_end`` once it returned."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -41,23 +40,24 @@ class Watched(ForkService):
         self.at_end: list[dict[str, Any]] = []
         self.after_end: list[dict[str, Any]] = []
         self.look: Any = lambda: {}
-        self.fail_begin: set[str] = set()  # the request ids whose batch's begin_many raises
+        self.fail_begin: set[str] = set()  # the request ids whose batch's next begin raises (once)
 
     def prepare(self, payload: str | bytes, job_id: str, **kwargs: Any) -> Any:
         self.steps.append(("prepare", [job_id]))
         return super().prepare(payload, job_id, **kwargs)
 
-    def begin_many(self, batch: Any, *, start: Any = None) -> Flight:
-        ids = [item.spec.request_id for item in batch]
+    def begin(self, batch: Any, **kwargs: Any) -> Flight:
+        ids = [item.request_id for item in batch]
         self.steps.append(("begin", ids))
         if self.fail_begin & set(ids):
+            self.fail_begin -= set(ids)
             raise RuntimeError("a bug in a batch's beginning")
-        return super().begin_many(batch, start=start)
+        return super().begin(batch, **kwargs)
 
-    def end_many(self, flight: Flight, *, finish: Any = None) -> list[Outcome]:
-        self.steps.append(("end", [item.spec.request_id for item in flight.batch]))
+    def end(self, flight: Flight, **kwargs: Any) -> list[Outcome]:
+        self.steps.append(("end", [item.request_id for item in flight.batch]))
         self.at_end.append(self.look())
-        out = super().end_many(flight, finish=finish)
+        out = super().end(flight, **kwargs)
         self.after_end.append(self.look())
         return out
 
@@ -142,8 +142,8 @@ def test_a_batch_with_merges_ends_before_the_next_begins(redis: Redis, registry:
 def test_a_batch_whose_beginning_fails_runs_each_request_alone_after_the_batch_ahead_ends(
         redis: Redis, registry: Registry, caplog: pytest.LogCaptureFixture) -> None:
     """An unexpected exception in a batch's beginning: the batch ahead of it ends (its records and
-    RQ's finish, the worker then idle), then each of the failed batch's requests runs on its own;
-    every request has its one outcome."""
+    RQ's finish, the worker then idle), then each of the failed batch's requests runs on its own,
+    a batch of one through the same begin and end; every request has its one outcome."""
     registry.append(registry.create("src"), [*_turn()])
     client = Client(redis)
     ids = _fan_outs(client, 3)
@@ -151,7 +151,8 @@ def test_a_batch_whose_beginning_fails_runs_each_request_alone_after_the_batch_a
     service.fail_begin = {"b1"}
     assert worker.work(burst=True, logging_level="WARNING") is True
     assert [step for step in service.steps if step[0] != "prepare"] == [
-        ("begin", ["b0"]), ("begin", ["b1"]), ("end", ["b0"]), ("begin", ["b2"]), ("end", ["b2"])]
+        ("begin", ["b0"]), ("begin", ["b1"]), ("end", ["b0"]), ("begin", ["b1"]), ("end", ["b1"]),
+        ("begin", ["b2"]), ("end", ["b2"])]
     assert "a batch of 1 requests failed; running each on its own" in caplog.text
     outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
     for i, request_id in enumerate(ids):

@@ -42,7 +42,7 @@ from sessionfork.worker import jobs
 from sessionfork.worker.fork_worker import ForkWorker
 from sessionfork.worker.outcomes import Outcomes
 from sessionfork.worker.rq_seam.entries import DequeuedJob, Taken
-from sessionfork.worker.rq_seam.riders import JobsFinish, JobsStart
+from sessionfork.worker.rq_seam.riders import Finished, Started
 from sessionfork.worker.service import ForkService
 
 pytestmark = pytest.mark.rq
@@ -52,7 +52,7 @@ TURN = [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})]
 
 class Counting(ForkWorker):
     """Records the size of every ``take`` that found entries, the jobs of every batch, and every
-    job run on its own."""
+    job run on its own (a batch of one, or refused)."""
 
     takes: ClassVar[list[int]]
     alone: ClassVar[list[str]]
@@ -64,9 +64,13 @@ class Counting(ForkWorker):
             self.takes.append(len(taken.entries))
         return taken
 
-    def run_job(self, job: Job, queue: Any) -> None:
+    def _run_alone(self, batch: Any) -> None:
+        self.alone.extend(job.id for job, _, _ in batch.items)
+        super()._run_alone(batch)
+
+    def _refuse(self, job: Job, queue: Any, reason: str) -> None:
         self.alone.append(job.id)
-        super().run_job(job, queue)
+        super()._refuse(job, queue, reason)
 
     def _begin(self, batch: Any) -> Any:
         self.batches.append([job.id for job, _, _ in batch.items])
@@ -297,7 +301,7 @@ def test_the_batch_children_setting_reaches_the_worker(redis: Redis, registry: R
     registry.append(registry.create("src"), TURN)
     client = Client(redis)
     payload = wire.encode(client.request("src", request_id="bc-1", count=4))
-    assert service.prepare(payload, "bc-1", most_children=service.batch_children) is None  # 4 > 3: alone
+    assert service.prepare(payload, "bc-1").alone  # 4 > 3: a batch of its own
 
 
 def test_a_fan_out_in_a_batch_never_holds_the_other_replies(redis: Redis, registry: Registry) -> None:
@@ -430,7 +434,7 @@ def test_a_batch_on_a_cluster_registry_answers_each_request_as_alone(
 def test_a_batch_on_a_sharded_queue_forks_its_own_shards_requests_and_refuses_another_shards(
         registry: Registry) -> None:
     """Shard 0 of two: its worker takes its shard's requests and one routed by another shard list
-    in one batch; that one is refused ``WRONG_SHARD`` alone, every other forks."""
+    in one batch; that one is refused ``WRONG_SHARD`` in the batch, every other forks."""
     registry.append(registry.create("src"), TURN)
     own = [f"sh-{i}" for i in range(40) if shard_of(f"sh-{i}", 2) == 0][:6]
     other = next(f"sh-{i}" for i in range(40) if shard_of(f"sh-{i}", 2) == 1)
@@ -440,7 +444,8 @@ def test_a_batch_on_a_sharded_queue_forks_its_own_shards_requests_and_refuses_an
             client.submit(client.request("src", session_id=f"{request_id}-child", request_id=request_id))
         worker = _worker(queue_redis, registry, 16, shard=(0, 2))
         assert worker.work(burst=True, logging_level="WARNING") is True
-        assert Counting.takes == [7] and Counting.alone == [other]  # in the batch, run alone
+        assert Counting.takes == [7] and Counting.alone == []  # one batch, the refusal in it
+        assert Counting.batches == [[*own[:3], other, *own[3:]]]
         outcomes = Outcomes(queue_redis, ttl=600, stream_maxlen=10)
         for request_id in own:
             reply = outcomes.get(request_id)
@@ -590,13 +595,13 @@ def test_with_forks_waiting_for_replicas_every_request_runs_alone(redis: Redis) 
     plain = Registry(redis)
     plain.append(plain.create("src"), TURN)
     payload = wire.encode(Client(redis).request("src", request_id="w-1", session_id="w-child"))
-    assert _service(redis, plain).prepare(payload, "w-1") is not None  # batched without WAIT
-    assert _service(redis, waiting).prepare(payload, "w-1") is None  # its own WAIT: alone
+    assert not _service(redis, plain).prepare(payload, "w-1").alone  # batched without WAIT
+    assert _service(redis, waiting).prepare(payload, "w-1").alone  # its own WAIT: a batch of its own
 
 
 def test_a_fan_out_left_out_of_a_batch_has_its_ids_generated_once(redis: Redis, registry: Registry) -> None:
-    """``prepare`` tells a fan-out from its size before any id is generated or its spec checked:
-    ``handle`` (which runs it alone) generates its ids, once."""
+    """``prepare`` generates a fan-out's ids once, whether it joins a batch or runs as a batch of
+    its own: its run creates exactly those."""
     registry.append(registry.create("src"), TURN)
     made: list[str] = []
 
@@ -605,15 +610,15 @@ def test_a_fan_out_left_out_of_a_batch_has_its_ids_generated_once(redis: Redis, 
         return made[-1]
 
     service = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=10_000), reply_channel="sf:replies",
-                          limits=Limits(max_fanout=1024), new_id=new_id)
+                          limits=Limits(max_fanout=1024), new_id=new_id, batch_children=2)
     client = Client(redis)
-    fan = wire.encode(client.request("src", request_id="f-1", count=3))
-    one = wire.encode(client.request("src", request_id="f-2", count=1))
-    assert service.prepare(fan, "f-1") is None and made == []  # alone, nothing generated for it
-    assert service.prepare(one, "f-2") is not None and made == ["gen-0"]  # a fan-out of one: batched
-    reply = service.handle(fan, "f-1")
-    assert isinstance(reply, ForkResult) and [h.id for h in reply.sessions or []] == ["gen-1", "gen-2", "gen-3"]
+    fan = service.prepare(wire.encode(client.request("src", request_id="f-1", count=3)), "f-1")
+    one = service.prepare(wire.encode(client.request("src", request_id="f-2", count=1)), "f-2")
+    assert fan.alone and not one.alone  # 3 > 2: a batch of its own; a fan-out of one: batched
     assert made == ["gen-0", "gen-1", "gen-2", "gen-3"]
+    (reply,) = service.run([fan])
+    assert isinstance(reply, ForkResult) and [h.id for h in reply.sessions or []] == ["gen-0", "gen-1", "gen-2"]
+    assert made == ["gen-0", "gen-1", "gen-2", "gen-3"]  # none generated again
 
 
 _MASKS = ((re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z"), "<time>"), (re.compile(r"\b\d{10}\.\d+\b"), "<stamp>"),
@@ -702,7 +707,7 @@ def test_a_batchs_start_and_finish_write_what_rqs_own_methods_write_for_each_job
         alone._busy(job, pipe)
         pipe.execute()
     batch, batch_queue, batch_jobs = sides["batch"]
-    start = JobsStart(batch, batch_jobs, batch_queue)
+    start = Started(batch, batch_jobs, batch_queue)
     start.ensure()
     started = _rq_state(redis, "batch", batch.name)
     assert started == _rq_state(redis, "alone", alone.name), _differing(started, _rq_state(redis, "alone", alone.name))
@@ -712,7 +717,7 @@ def test_a_batchs_start_and_finish_write_what_rqs_own_methods_write_for_each_job
         alone._finish_job(job, result, pipe, execution)  # RQ's own methods (``_handle_success``, ``cleanup_execution``)
     alone._idle(pipe)
     pipe.execute()
-    finish = JobsFinish(batch, start)
+    finish = Finished(batch, start)
     pipe = redis.pipeline(transaction=True)
     finish.add(pipe, [r.replace("alone", "batch") for r in results])
     finish.done(pipe.execute())

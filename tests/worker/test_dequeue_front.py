@@ -27,8 +27,8 @@ class FrontTakenByAnother(ForkWorker):
 
     taken: ClassVar[list[bytes]] = []
 
-    def finished(self, replies: list[Any]) -> None:
-        super().finished(replies)
+    def finished(self, replies: list[Any], jobs: int, worked: float, last: bool = True) -> None:
+        super().finished(replies, jobs, worked, last)
         if not self.taken and self._front is not None:
             assert self.connection.lrem(self.queues[0].key, 1, self._front) == 1
             self.taken.append(self._front)

@@ -38,7 +38,6 @@ class Watched(ForkWorker):
     fetched: ClassVar[list[str]] = []
 
     batches: ClassVar[list[list[str]]] = []
-    alone: ClassVar[list[str]] = []
 
     def take(self, count: int) -> Taken:
         Watched.takes += 1
@@ -48,13 +47,9 @@ class Watched(ForkWorker):
         Watched.batches.append([job.id for job in jobs])
         super().run_batch(jobs, queue)
 
-    def run_job(self, job: Any, queue: Any) -> None:
-        Watched.alone.append(job.id)
-        super().run_job(job, queue)
-
 
 def _worker(redis: Redis, registry: Registry, batch: int, monkeypatch: pytest.MonkeyPatch) -> Watched:
-    Watched.takes, Watched.fetched, Watched.batches, Watched.alone = 0, [], [], []
+    Watched.takes, Watched.fetched, Watched.batches = 0, [], []
     fetch = DequeuedJob.fetch.__func__  # type: ignore[attr-defined]
 
     def fetched(cls: Any, job_id: str, *args: Any, **kwargs: Any) -> Any:
@@ -158,7 +153,7 @@ def test_the_requests_that_arrive_with_the_one_that_wakes_a_batched_worker_join_
     helper = _in_thread(push_once_blocked)
     assert worker.work(burst=False, logging_level="WARNING", max_jobs=3) is True
     helper.join(30)
-    assert Watched.batches == [names] and Watched.alone == []  # one batch: woken by a, b and c taken with it
+    assert Watched.batches == [names]  # one batch: woken by a, b and c taken with it
     # One take of its own: the first dequeue's, which found the queue empty before the wait.
     assert Watched.takes == 1 and Watched.fetched == []
     assert [_child(redis, name) for name in names] == [f"{name}-child" for name in names]

@@ -38,8 +38,8 @@ class PrimaryDiesInFinish(ForkWorker):
 
     failed_finishes = 0
 
-    def finish_many(self, jobs: Any, queue: Any, results: Any, executions: Any, pipe: Any) -> float:
-        worked = super().finish_many(jobs, queue, results, executions, pipe)
+    def finish(self, jobs: Any, queue: Any, results: Any, executions: Any, pipe: Any, last: bool = True) -> float:
+        worked = super().finish(jobs, queue, results, executions, pipe, last)
         if self.failed_finishes:
             return worked
 
@@ -88,10 +88,11 @@ class ScriptsLostBeforeEachRecord(Outcomes):
 
     flushes = 0
 
-    def _record_then(self, reply: Any, call: Any, then: Any) -> Any:
-        self.redis.script_flush()
-        ScriptsLostBeforeEachRecord.flushes += 1
-        return super()._record_then(reply, call, then)
+    def record_many(self, batch: Any, finish: Any = None) -> Any:
+        if finish is not None:
+            self.redis.script_flush()
+            ScriptsLostBeforeEachRecord.flushes += 1
+        return super().record_many(batch, finish)
 
 
 def test_the_finish_never_runs_without_the_outcome_when_the_server_lost_its_scripts(redis: Redis,
@@ -159,10 +160,12 @@ class AnotherAttemptRecordsFirst(Outcomes):
     """Another attempt of the request stores its outcome just before this one's record (two
     attempts racing): the record stores nothing and answers the first outcome."""
 
-    def _record_then(self, reply: Any, named: dict[str, Any], then: Any) -> Any:
-        first = ForkFailure(request_id=reply.request_id, code="INTERNAL", message="the other attempt's")
-        Outcomes(self.redis, ttl=600, stream_maxlen=1000).record(first, "sf:replies")
-        return super()._record_then(reply, named, then)
+    def record_many(self, batch: Any, finish: Any = None) -> Any:
+        if finish is not None:
+            for item in batch:
+                first = ForkFailure(request_id=item.reply.request_id, code="INTERNAL", message="the other attempt's")
+                Outcomes(self.redis, ttl=600, stream_maxlen=1000).record(first, "sf:replies")
+        return super().record_many(batch, finish)
 
 
 def test_rq_keeps_the_outcome_stored_first_as_the_jobs_result(redis: Redis, registry: Registry) -> None:
@@ -178,3 +181,28 @@ def test_rq_keeps_the_outcome_stored_first_as_the_jobs_result(redis: Redis, regi
     job = Job.fetch(request_id, connection=redis, serializer=jobs.JSONSerializer)
     assert job.get_status() == "finished"
     assert job.return_value() == msgspec.to_builtins(stored)  # not this attempt's reply
+
+
+def test_jobs_whose_outcomes_go_on_another_client_are_started_and_finished_on_their_own(
+        server: EmbeddedServer, redis: Redis, registry: Registry) -> None:
+    """The outcomes on another client than the worker's connection: RQ's bookkeeping cannot ride the
+    batch's round trips, and is sent on its own. Every job ends finished, a replay's too (its
+    request answered before the worker took it), and nothing is left started."""
+    registry.append(registry.create("src"), [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
+    client = Client(redis)
+    request = client.request("src", session_id="apart-replayed", request_id="apart-replayed")
+    ids = [client.submit(client.request("src", session_id="apart-new", request_id="apart-new")),
+           client.submit(request)]
+    with server.client() as other:
+        service = ForkService(registry, Outcomes(other, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
+                              limits=Limits(max_fanout=16))
+        first = service.handle(msgspec.json.encode(request), "apart-replayed")  # answered before the worker runs it
+        worker = ForkWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis,
+                            abandoned_after=30)
+        assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
+    assert [Job.fetch(r, connection=redis, serializer=jobs.JSONSerializer).get_status() for r in ids] == \
+        ["finished", "finished"]
+    assert Job.fetch(ids[1], connection=redis, serializer=jobs.JSONSerializer).return_value() == \
+        msgspec.to_builtins(first)
+    assert jobs.make_queue(redis, Settings()).started_job_registry.count == 0
+    assert sorted(e.request for e in outcome_entries(redis)) == sorted(ids)  # each announced once

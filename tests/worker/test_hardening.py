@@ -94,7 +94,7 @@ def test_a_transient_outage_on_the_last_attempt_is_retried_not_reported(redis: R
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     registry.append(registry.create("src"), TURN)
     svc = service(redis, registry)
-    real = registry.forks.create_children
+    real = registry.forks.child_step
     calls = {"n": 0}
 
     def flaky(*args: Any, **kwargs: Any) -> Any:
@@ -103,7 +103,7 @@ def test_a_transient_outage_on_the_last_attempt_is_retried_not_reported(redis: R
             raise RedisConnectionError("blip")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(registry.forks, "create_children", flaky)
+    monkeypatch.setattr(registry.forks, "child_step", flaky)
     payload = '{"source":"src","sessionId":"c1"}'
     with pytest.raises(RedisConnectionError):
         svc.handle(payload, "r1", final_attempt=True)
@@ -128,25 +128,26 @@ def test_two_attempts_of_one_fan_out_give_every_child_the_same_seed(redis: Redis
     registry.append(registry.create("src"), TURN)
     first, second = service(redis, registry), service(redis, registry)
     payload = '{"source":"src","sessionIds":["k1","k2"]}'
-    remember = first.outcomes.keep_snapshot
+    remember = first.outcomes.keep_snapshots
 
-    def racing(request_id: str, snap: Any) -> Any:
+    def racing(fan_outs: Any) -> Any:
         # The first attempt took its snapshot; before it stores it, the source moves on and a
         # second attempt of the same request creates one child, then dies.
         registry.append("src", TURN)
-        create = registry.forks.create_children
+        step = registry.forks.child_step
 
         def dies(snap2: Any, spec: Any, ids: Any = None) -> Any:
-            create(snap2, spec, list(ids or spec.child_ids)[:1])
+            first = step(snap2, spec, list(ids or spec.child_ids)[:1])  # its first child made, then it dies
+            registry.forks.children_of(first, registry.forks.run_children([first])[0])
             raise RuntimeError("second attempt dies")
 
-        monkeypatch.setattr(registry.forks, "create_children", dies)
+        monkeypatch.setattr(registry.forks, "child_step", dies)
         with pytest.raises(RuntimeError):
             second.handle(payload, "fan-1", final_attempt=False)
-        monkeypatch.setattr(registry.forks, "create_children", create)
-        return remember(request_id, snap)
+        monkeypatch.setattr(registry.forks, "child_step", step)
+        return remember(fan_outs)
 
-    monkeypatch.setattr(first.outcomes, "keep_snapshot", racing)
+    monkeypatch.setattr(first.outcomes, "keep_snapshots", racing)
     reply = first.handle(payload, "fan-1")
     assert isinstance(reply, ForkResult) and reply.sessions
     assert {h.seed_length for h in reply.sessions} == {4}
@@ -160,16 +161,17 @@ def test_a_count_fan_out_run_again_creates_the_children_its_first_attempt_planne
     first, second = service(redis, registry), service(redis, registry)
     names = iter(f"gen-{i}" for i in range(100))
     first._new_id = second._new_id = lambda: next(names)  # type: ignore[method-assign]
-    create = registry.forks.create_children
+    step = registry.forks.child_step
 
     def dies(snap: Any, spec: Any, ids: Any = None) -> Any:
-        create(snap, spec, list(ids or spec.child_ids)[:1])
+        first = step(snap, spec, list(ids or spec.child_ids)[:1])  # its first child made, then it dies
+        registry.forks.children_of(first, registry.forks.run_children([first])[0])
         raise RuntimeError("first attempt dies after its first child")
 
     payload = '{"source":"src","count":3}'
-    monkeypatch.setattr(registry.forks, "create_children", dies)
+    monkeypatch.setattr(registry.forks, "child_step", dies)
     assert isinstance(raised(lambda: first.handle(payload, "count-1", final_attempt=False)), RuntimeError)
-    monkeypatch.setattr(registry.forks, "create_children", create)
+    monkeypatch.setattr(registry.forks, "child_step", step)
     reply = second.handle(payload, "count-1")
     assert isinstance(reply, ForkResult) and reply.ok
     assert [h.id for h in reply.sessions or []] == ["gen-0", "gen-1", "gen-2"]

@@ -57,8 +57,8 @@ def test_same_request_id_after_its_outcome_answers_the_same_reply_and_forks_once
 
 def test_rerun_job_of_a_finished_request_answers_its_first_outcome_and_creates_nothing(
         redis: Redis, registry: Registry, client: Client, source: str) -> None:
-    # More children than a batch takes (SESSIONFORK_BATCH_CHILDREN, 256): the rerun job runs alone,
-    # RQ's success bookkeeping of a replay its own step (a batch's rides its records' transaction).
+    # More children than a batch takes (SESSIONFORK_BATCH_CHILDREN, 256): the rerun job runs as a
+    # batch of its own, RQ's success bookkeeping of the replay in its (empty) records' transaction.
     first = client.fork(source, count=300, request_id="rerun-1", timeout=TIMEOUT)
     wait_job_status(redis, "rerun-1", JobStatus.FINISHED)
     Job.fetch("rerun-1", connection=redis, serializer=jobs.JSONSerializer).delete()  # RQ forgot the job

@@ -130,7 +130,7 @@ def test_a_busy_server_on_the_last_attempt_is_retried_not_reported(
     registry.append(registry.create("src"), turn(1))
     svc = ForkService(registry, Outcomes(redis, ttl=60, stream_maxlen=100), reply_channel="sf:replies",
                       limits=Limits(max_fanout=16))
-    real = registry.forks.create_children
+    real = registry.forks.child_step
     calls = {"n": 0}
 
     def busy_once(*args: Any, **kwargs: Any) -> Any:
@@ -139,7 +139,7 @@ def test_a_busy_server_on_the_last_attempt_is_retried_not_reported(
             raise ResponseError(reply)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(registry.forks, "create_children", busy_once)
+    monkeypatch.setattr(registry.forks, "child_step", busy_once)
     payload = '{"source":"src","sessionId":"c1"}'
     with pytest.raises(ResponseError):
         svc.handle(payload, "r1", final_attempt=True)

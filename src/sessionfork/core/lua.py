@@ -16,7 +16,7 @@ script it misses, itself).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
@@ -337,17 +337,6 @@ def add_loaded(pipe: Any, call: Call) -> None:
     those commands would run too (one command, where SCRIPT LOAD + EVALSHA take two)."""
     script, call_keys, args = call
     pipe.eval(script.script, len(call_keys), *call_keys, *args)
-
-
-def run_loaded(redis: Any, call: Call, then: Callable[[Any], None]) -> tuple[Any, list[Any]]:
-    """``call`` (``add_loaded``), then the commands ``then`` adds to the pipeline, in one
-    transaction (MULTI/EXEC) on one server: the call's result (an error reply as its exception)
-    and the replies of ``then``'s commands."""
-    pipe = redis.pipeline(transaction=True)
-    add_loaded(pipe, call)
-    then(pipe)
-    result, *replies = pipe.execute(raise_on_error=False)
-    return result, replies
 
 
 def wait_for_replicas(redis: Any, keys: Sequence[str], replicas: int, wait_ms: int) -> None:

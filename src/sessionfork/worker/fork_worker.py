@@ -3,9 +3,10 @@
 What it does differently from ``rq worker``:
 
 * no work-horse process per job (forks are O(1) and short): like RQ's ``SimpleWorker``, it keeps
-  RQ's started/finished/failed registries, retries and abandoned-job recovery, and RQ's
-  bookkeeping for a job rides the request's own round trips (start with the claim, finish in the
-  outcome's record transaction) instead of taking a dozen of its own;
+  RQ's started/finished/failed registries, retries and abandoned-job recovery; it runs requests
+  in batches (a lone job: a batch of one), and RQ's bookkeeping for a batch rides its own round
+  trips (start with the claims, finish in the records' transaction) instead of taking a dozen of
+  its own per job;
 * it never imports the job's callable: a job must name ``sessionfork.jobs.fork`` with one string
   argument, else it is refused (``INVALID_REQUEST``, job failed, nothing run);
 * every job that ends for good leaves its request one outcome: a job RQ fails (retries spent, an
@@ -33,7 +34,7 @@ from ..core.factories import now_ms
 from ..core.wire import Outcome
 from . import jobs
 from .rq_seam.entries import EntryRefused, ForkJob
-from .rq_seam.riders import JobFinish, JobsFinish, JobsStart, JobStart
+from .rq_seam.riders import Finished, Started
 from .rq_seam.worker import SeamWorker
 from .service import Flight, ForkService, Prepared
 
@@ -52,7 +53,7 @@ class ForkWorker(SeamWorker):
     """Runs ``sessionfork.jobs.fork`` jobs with ``service``; see the module docstring.
 
     It overrides no method of RQ's worker (those are all ``SeamWorker``'s): it fills the hooks
-    ``SeamWorker`` calls, ``run_job``, ``refuse_entry``, ``maintain``, ``job_ended`` and
+    ``SeamWorker`` calls, ``run_batch``, ``refuse_entry``, ``maintain``, ``job_ended`` and
     ``redis_clients``, and adds its own state in the constructor.
     """
 
@@ -73,35 +74,22 @@ class ForkWorker(SeamWorker):
     def redis_clients(self) -> list[Any]:
         return [self.connection, self.service.registry.redis, self.service.outcomes.redis]
 
-    def run_job(self, job: Job, queue: Queue) -> None:
-        """Start the job, run its request, finish it: RQ's start bookkeeping rides the request's
-        claim, its success bookkeeping the outcome's record (no round trip of their own)."""
-        start = JobStart(self, job, queue)
-        try:
-            payload = _payload(job)
-        except _Refused as refused:
-            start.ensure()
-            self._refuse(job, queue, str(refused))
-            return
-        self._run(job, queue, payload, start)
-
     def run_batch(self, jobs: list[Job], queue: Queue) -> None:
-        """Run the jobs one ``take`` moved: the valid forks and the valid merges in batches
-        (``ForkService.begin_many`` and ``end_many``: one round trip for every claim, one for every
-        child step, one for each merge step, one transaction for every record; RQ's start
-        bookkeeping of them all in the first, its success bookkeeping in the records'
-        transaction). A batch is the take's jobs in queue order while their forks' children fit in
-        the service's ``batch_children``; the job that does not fit starts the next batch. The
-        batches overlap: the next one begins (its claims, its source steps, its child steps sent)
-        before this one ends (its child steps' replies read, its records), so that the server
-        creates one batch's children while the worker ends the batch before it; a batch with
-        merges ends before the next begins (its merges' steps come before the next batch's source
-        steps, as without batches). Then every other job on its own (``run_job``: a fan-out larger
-        than ``batch_children``, a select, a job or request refused), so that none of those holds a
-        batch's replies. When a batch fails unexpectedly, each of its requests runs on its own
-        (``run_job``; idempotent: a request done is a replay), as started already when its start
-        was sent."""
-        alone: list[Job] = []
+        """Run the jobs of one dequeue (a lone job: a batch of one) in batches (``ForkService.begin``
+        and ``end``: one round trip for every claim, one for every child step, one for each merge
+        step, one transaction for every record; RQ's start bookkeeping of them all in the first,
+        its success bookkeeping in the records' transaction). A batch is the jobs in queue order
+        while their forks' children fit in the service's ``batch_children``; the job that does not
+        fit starts the next batch. The batches overlap: the next one begins (its claims, its source
+        steps, its child steps sent) before this one ends (its child steps' replies read, its
+        records), so that the server creates one batch's children while the worker ends the batch
+        before it; a batch with merges ends before the next begins (its merges' steps come before
+        the next batch's source steps). Then each job that runs alone, as a batch of its own
+        (``_run_alone``: a dequeue's only job, a request that runs alone, ``Prepared.alone``, a job
+        refused), so that none of those holds a batch's replies. When a batch fails unexpectedly,
+        each of its requests runs as a batch of its own (idempotent: a request done is a replay),
+        as started already when its start was sent."""
+        alone: list[tuple[Job, str, Prepared | None]] = []
         ahead: _Batch | None = None  # begun, not ended
         try:
             for items in self._batches(jobs, alone):
@@ -111,7 +99,7 @@ class ForkWorker(SeamWorker):
                     self._end(ahead, last=flight is None)
                 ahead = None
                 if flight is None:
-                    self._run_alone(batch)
+                    self._split(batch)
                 elif flight.merging:  # its merges' steps come before the next batch's source steps
                     self._end(batch, last=True)
                 else:
@@ -119,26 +107,30 @@ class ForkWorker(SeamWorker):
         finally:  # an exception out of the loop (a bug preparing a job) still ends the batch in flight
             if ahead is not None:
                 self._end(ahead, last=True)
-        for job in alone:
-            self.run_job(job, queue)
+        for job, payload, prepared in alone:
+            if prepared is None:
+                self._refuse(job, queue, payload)
+            else:
+                self._run_alone(_Batch(self, [(job, payload, prepared)], queue))
 
-    def _batches(self, jobs: list[Job], alone: list[Job]) -> Iterator[list[tuple[Job, str, Prepared]]]:
-        """The take's batches, in queue order, each yielded as soon as it is complete: its jobs are
-        prepared (``ForkService.prepare``: parsed and checked) one at a time, so that a batch is
+    def _batches(self, jobs: list[Job], alone: list[tuple[Job, str, Prepared | None]]
+                 ) -> Iterator[list[tuple[Job, str, Prepared]]]:
+        """The batches of ``jobs``, in queue order, each yielded as soon as it is complete: its jobs
+        are prepared (``ForkService.prepare``: parsed and checked) one at a time, so that a batch is
         prepared while the server creates the children of the batch begun before it. A job that
-        is not a sound request of a batch goes to ``alone``."""
+        runs alone goes to ``alone`` (a job refused: with its reason, no request)."""
         most = self.service.batch_children
         items: list[tuple[Job, str, Prepared]] = []
         left = most  # what the current batch's forks may still create
         for job in jobs:
             try:
                 payload = _payload(job)
-            except _Refused:
-                alone.append(job)
+            except _Refused as refused:
+                alone.append((job, str(refused), None))
                 continue
-            prepared = self.service.prepare(payload, job.id, enqueued_ms=_enqueued_ms(job), most_children=most)
-            if prepared is None:
-                alone.append(job)
+            prepared = self.service.prepare(payload, job.id, enqueued_ms=_enqueued_ms(job))
+            if prepared.alone or len(jobs) == 1:
+                alone.append((job, payload, prepared))
                 continue
             if prepared.children > left:  # the next batch's first
                 if items:
@@ -150,10 +142,10 @@ class ForkWorker(SeamWorker):
             yield items
 
     def _begin(self, batch: _Batch) -> Flight | None:
-        """Begin ``batch`` (``ForkService.begin_many``): its flight, also kept as ``batch.flight``;
+        """Begin ``batch`` (``ForkService.begin``): its flight, also kept as ``batch.flight``;
         ``None`` when it failed (nothing left open)."""
         try:
-            batch.flight = self.run_in_time(batch.shortest, lambda: self.until_up(lambda: self.service.begin_many(
+            batch.flight = self.run_in_time(batch.shortest, lambda: self.until_up(lambda: self.service.begin(
                 batch.prepared, start=batch.start)))
         except Exception:
             log.exception("a batch of %d requests failed; running each on its own", len(batch.items))
@@ -161,79 +153,87 @@ class ForkWorker(SeamWorker):
         return batch.flight
 
     def _end(self, batch: _Batch, *, last: bool) -> None:
-        """End ``batch`` (begun: ``ForkService.end_many``; after an outage, the whole batch again:
-        ``handle_many``, idempotent), then observe each outcome; ``last``: no later batch of this
-        worker's has begun (``JobsFinish.last``). A batch that fails runs each request on its own."""
-        began, finish = batch.began, batch.finish
+        """End ``batch`` (``_ended``), then observe each outcome; ``last``: no later batch of this
+        worker's has begun (``Finished.last``). A batch that fails runs each request on its own."""
+        try:
+            replies = self._ended(batch, last=last)
+        except Exception:
+            log.exception("a batch of %d requests failed; running each on its own", len(batch.items))
+            self._split(batch)
+            return
+        self._observed(batch, replies)
+
+    def _ended(self, batch: _Batch, *, last: bool) -> list[Outcome]:
+        """``batch`` to its outcomes: its flight ended (``ForkService.end``), or, when it has none (a
+        batch of its own, or after an outage), the whole batch run (``ForkService.run``,
+        idempotent); RQ's finish of it sent on its own when the records went on another client."""
+        finish = batch.finish
         finish.last = last
 
         def step() -> list[Outcome]:
             flight, batch.flight = batch.flight, None
             if flight is not None:
-                return self.service.end_many(flight, finish=finish)
-            return self.service.handle_many(batch.prepared, start=batch.start, finish=finish)
+                return self.service.end(flight, finish=finish)
+            return self.service.run(batch.prepared, start=batch.start, finish=finish, final_attempt=batch.final)
 
         try:
             replies = self.run_in_time(batch.shortest, lambda: self.until_up(step))
-            if not finish.sent:  # the records went on another client: the finish goes on its own
-                batch.start.ensure()
-                self.until_up(lambda: self._finish_apart(finish, replies))
-        except Exception:
-            if batch.flight is not None:
-                batch.flight.close()
-            log.exception("a batch of %d requests failed; running each on its own", len(batch.items))
-            self._run_alone(batch)
-            return
-        seconds = time.perf_counter() - began
-        for (job, payload, _), reply, result in zip(batch.items, replies, finish.results, strict=True):
+        except BaseException as exc:
+            if batch.flight is not None:  # never ended (its end did not start): given up
+                batch.flight.close(exc)
+            raise
+        if not finish.sent:  # the records went on another client: the finish goes on its own
+            batch.start.ensure()
+            self.until_up(lambda: self._finish_apart(finish, replies))
+        return replies
+
+    def _observed(self, batch: _Batch, replies: list[Outcome]) -> None:
+        """Each of ``batch``'s outcomes observed, RQ's result of a job made the stored outcome when
+        another attempt's was stored first."""
+        seconds = time.perf_counter() - batch.began
+        for (job, payload, _), reply, result in zip(batch.items, replies, batch.finish.results, strict=True):
             if result is not reply:  # another attempt's outcome was stored first: RQ's result is it
                 self.execution = None
                 self.until_up(lambda job=job, reply=reply: self.correct_result(job, reply))  # type: ignore[misc]
             self._observe(job.id, payload, reply, seconds, _latency(job))
 
-    def _run_alone(self, batch: _Batch) -> None:
-        """Each request of a failed batch on its own, as started already when its start was sent."""
-        start = batch.start
-        for i, (job, payload, _) in enumerate(batch.items):
-            single = JobStart(self, job, batch.queue)
-            if start.sent:
-                single.sent = True
-                self.execution = start.executions[i]
-            self._run(job, batch.queue, payload, single)
+    def _split(self, batch: _Batch) -> None:
+        """Each request of a failed batch as a batch of its own, as started already when its start
+        was sent."""
+        for i, item in enumerate(batch.items):
+            self._run_alone(_Batch(self, [item], batch.queue, batch.start.of(i)))
 
-    def _finish_apart(self, finish: JobsFinish, replies: list[Outcome]) -> None:
+    def _run_alone(self, batch: _Batch) -> None:
+        """A batch of one job (``batch.final``: on its last attempt), run to its outcome; its failure
+        is its job's: RQ's failure path (a retry, or, on the last attempt, its ``INTERNAL`` outcome
+        recorded first by the service)."""
+        try:
+            replies = self._ended(batch, last=True)
+        except Exception:
+            exc_info = sys.exc_info()
+            (job, payload, _), start = batch.items[0], batch.start
+            start.ensure()
+            self.execution = start.executions[0]
+            self.until_up(lambda: self.fail(job, batch.queue, "".join(traceback.format_exception(*exc_info)),
+                                            exc_info=exc_info))
+            if batch.final:  # the request ended: its INTERNAL outcome counts too
+                stored = self.until_up(lambda: self.service.outcomes.get(job.id))
+                if stored is not None:
+                    self._observe(job.id, payload, stored, time.perf_counter() - batch.began, _latency(job))
+            return
+        self._observed(batch, replies)
+
+    def _finish_apart(self, finish: Finished, replies: list[Outcome]) -> None:
         pipe = self.connection.pipeline(transaction=True)
         finish.add(pipe, replies)
         finish.done(pipe.execute(raise_on_error=False))
 
-    def _run(self, job: Job, queue: Queue, payload: str, start: JobStart) -> None:
-        began = time.perf_counter()
-        enqueued = _enqueued_ms(job)
-        finish = JobFinish(self, job, queue)
-        try:
-            reply = self.run_in_time(job, lambda: self.until_up(lambda: self.service.handle(
-                payload, job.id, final_attempt=jobs.is_final_attempt(job), enqueued_ms=enqueued, start=start,
-                finish=finish)))
-        except Exception:
-            exc_info = sys.exc_info()
-            final = jobs.is_final_attempt(job)
-            start.ensure()
-            self.until_up(lambda: self.fail(job, queue, "".join(traceback.format_exception(*exc_info)),
-                                            exc_info=exc_info))
-            if final:  # the request ended: its INTERNAL outcome counts too
-                stored = self.until_up(lambda: self.service.outcomes.get(job.id))
-                if stored is not None:
-                    self._observe(job.id, payload, stored, time.perf_counter() - began, _latency(job))
-            return
-        if finish.sent:
-            if finish.result is not reply:  # another attempt's outcome was stored first: RQ's result is it
-                self.until_up(lambda: self.correct_result(job, reply))
-        else:  # a replay, or a request refused before its claim (not started yet)
-            start.ensure()
-            self.until_up(lambda: self.finish(job, queue, reply))
-        self._observe(job.id, payload, reply, time.perf_counter() - began, _latency(job))
-
     def _refuse(self, job: Job, queue: Queue, reason: str) -> None:
+        """A job that is not a sessionfork request: started, its ``INVALID_REQUEST`` outcome
+        recorded, failed with no retry."""
+        start = Started(self, [job], queue)
+        start.ensure()
+        self.execution = start.executions[0]
         log.warning("refused job %s: %s", job.id, reason)
         reply = self.until_up(lambda: self.service.outcomes.refuse(job.id, reason, self.service.reply_channel))
         self.until_up(lambda: self.fail(job, queue, f"refused: {reason}", retry=False))
@@ -311,17 +311,21 @@ class ForkWorker(SeamWorker):
 
 
 class _Batch:
-    """A batch of a take (its jobs, with their payloads and prepared requests, in queue order), its
-    RQ start and finish bookkeeping, and its flight once begun (``ForkWorker.run_batch``)."""
+    """A batch (its jobs, with their payloads and prepared requests, in queue order), its RQ start
+    and finish bookkeeping, and its flight once begun (``ForkWorker.run_batch``). ``start``: its
+    start when already made (a request of a failed batch: ``Started.of``). ``final``: a batch of
+    one job on its last attempt."""
 
-    def __init__(self, worker: ForkWorker, items: list[tuple[Job, str, Prepared]], queue: Queue) -> None:
+    def __init__(self, worker: ForkWorker, items: list[tuple[Job, str, Prepared]], queue: Queue,
+                 start: Started | None = None) -> None:
         self.items, self.queue = items, queue
         self.prepared = [prepared for _, _, prepared in items]
-        jobs = [job for job, _, _ in items]
-        self.start = JobsStart(worker, jobs, queue)
-        self.finish = JobsFinish(worker, self.start)
+        batch_jobs = [job for job, _, _ in items]
+        self.start = start or Started(worker, batch_jobs, queue)
+        self.finish = Finished(worker, self.start)
         # One timeout for the batch: its shortest job's.
-        self.shortest = min(jobs, key=lambda job: job.timeout or worker.queue_class.DEFAULT_TIMEOUT)
+        self.shortest = min(batch_jobs, key=lambda job: job.timeout or worker.queue_class.DEFAULT_TIMEOUT)
+        self.final = len(batch_jobs) == 1 and jobs.is_final_attempt(batch_jobs[0])
         self.flight: Flight | None = None
         self.began = time.perf_counter()
 

@@ -43,24 +43,11 @@ class _StoredSnapshot(msgspec.Struct, array_like=True):
 _snapshot_codec = msgspec.json.Decoder(_StoredSnapshot)
 
 
-class Then(Protocol):
-    """Commands another layer sends right after an outcome's record, in its transaction (a
-    worker's RQ success bookkeeping, ``rq_seam.riders.JobFinish``), on the client ``redis``:
-    ``add`` puts them in the pipeline (``reply``: the outcome recorded), ``done`` gets their
-    replies (raising for an error), ``failed`` hears that the transaction failed."""
-
-    redis: Any
-
-    def add(self, pipe: Any, reply: Outcome) -> None: ...
-
-    def done(self, replies: list[Any]) -> None: ...
-
-    def failed(self) -> None: ...
-
-
-class ThenMany(Protocol):
-    """``Then`` for a batch: commands sent right after a batch's records, in their transaction
-    (``rq_seam.riders.JobsFinish``); ``add`` takes every request's outcome, in batch order."""
+class Finish(Protocol):
+    """Commands another layer sends right after a batch's records, in their transaction (a
+    worker's RQ success bookkeeping, ``rq_seam.riders.Finished``), on the client ``redis``:
+    ``add`` puts them in the pipeline (with every request's outcome, in batch order), ``done``
+    gets their replies (raising for an error), ``failed`` hears that the transaction failed."""
 
     redis: Any
 
@@ -74,13 +61,17 @@ class ThenMany(Protocol):
 @dataclass(frozen=True, slots=True)
 class Pending:
     """One request's outcome in a batch (``Outcomes.record_many``): stored and announced when
-    ``store`` (a request that claimed its id), else only passed on (a replay's, a conflict's)."""
+    ``store`` (a request that claimed its id, or was refused), else only passed on (a replay's, a
+    conflict's). ``digest``: the request's, kept with the outcome (a refused request's);
+    ``key``: its request record, when not ``keys.request(reply.request_id)`` (``refuse``)."""
 
     reply: Outcome
     channel: str = ""
     duration_us: int = 0
     latency_us: int = 0
     store: bool = True
+    digest: str = ""
+    key: str | bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,16 +121,10 @@ class Outcomes:
         snap = _decode_snapshot(reply[2]) if state == "RESUME" and reply[2] else None
         return Claim(state, tuple(_ids.decode(reply[1])), snap)
 
-    def keep_snapshot(self, request_id: str, snap: Snapshot) -> Snapshot:
-        """Keep a fan-out's snapshot so that every child of the request gets the same seed.
-
-        The first snapshot stored wins (two attempts of one request may race); returns it.
-        """
-        return self.keep_snapshots([(request_id, snap)])[0]
-
     def keep_snapshots(self, fan_outs: Sequence[tuple[str, Snapshot]]) -> list[Snapshot]:
-        """``keep_snapshot`` of each of ``fan_outs`` (request id, snapshot), in one transaction
-        (none for none)."""
+        """Keep each of ``fan_outs``' snapshot (request id, snapshot), so that every child of the
+        request gets the same seed, in one transaction (none for none). The first snapshot stored
+        wins (two attempts of one request may race); returns each one stored."""
         if not fan_outs:
             return []
         pipe = self.redis.pipeline(transaction=True)
@@ -160,51 +145,46 @@ class Outcomes:
         return [] if raw is None else list(_ids.decode(raw))
 
     def record(self, reply: Outcome, channel: str, *, digest: str = "", duration_us: int = 0,
-               latency_us: int = 0, key: str | bytes | None = None, then: Then | None = None) -> Outcome:
-        """Store ``reply`` as the request's outcome unless one is stored; announce it if stored now.
+               latency_us: int = 0, key: str | bytes | None = None) -> Outcome:
+        """Store ``reply`` as the request's outcome unless one is stored; announce it if stored now
+        (``record_many`` of one). ``key``: the request record, when not
+        ``keys.request(reply.request_id)`` (``refuse``). Returns the request's outcome: ``reply``,
+        or the outcome stored first."""
+        return self.record_many([Pending(reply, channel, duration_us, latency_us, digest=digest, key=key)])[0]
 
-        ``key``: the request record, when not ``keys.request(reply.request_id)`` (``refuse``).
-        ``then``: commands that follow the record in its round trip, when they go on this very
-        client (``_record_then``: one transaction). Returns the request's outcome: ``reply``, or
-        the outcome stored first. A channel the server refuses (an ACL user that may not publish
-        on a request's ``replyTo``) is logged as one warning line: the outcome is stored and
-        streamed, not published, and its waiter reads it from the store.
-        """
-        call = self._record_op([self._record_item(reply, channel, digest, duration_us, latency_us, key)])
-        if then is not None and then.redis is self.redis:
-            return self._stored(reply, channel, self._record_then(reply, call, then))
-        ((recorded,),) = lua.run(self.redis, [call])
-        return self._stored(reply, channel, recorded)
-
-    def record_many(self, batch: Sequence[Pending], then: ThenMany | None = None) -> list[Outcome]:
-        """``record`` for each of ``batch`` that is to be stored, then ``then``'s commands (with every
-        reply of ``batch``), in one transaction when ``then`` goes on this very client (else
-        ``then`` is not sent: its owner sends it). Returns each request's outcome, in order: its
-        reply, or the outcome stored first; the reply of one not stored, as it is."""
-        items = [self._record_item(item.reply, item.channel, "", item.duration_us, item.latency_us, None)
+    def record_many(self, batch: Sequence[Pending], finish: Finish | None = None) -> list[Outcome]:
+        """Store each of ``batch`` that is to be stored as its request's outcome unless one is
+        stored, announcing those stored now, then ``finish``'s commands (with every reply of
+        ``batch``), in one transaction when ``finish`` goes on this very client (else ``finish``
+        is not sent: its owner sends it). Returns each request's outcome, in order: its reply, or
+        the outcome stored first; the reply of one not stored, as it is. A channel the server
+        refuses (an ACL user that may not publish on a request's ``replyTo``) is logged as one
+        warning line: the outcome is stored and streamed, not published, and its waiter reads it
+        from the store."""
+        items = [self._record_item(item.reply, item.channel, item.digest, item.duration_us, item.latency_us, item.key)
                  for item in batch if item.store]
-        if then is not None and then.redis is not self.redis:
-            then = None
-        if not items and then is None:
+        if finish is not None and finish.redis is not self.redis:
+            finish = None
+        if not items and finish is None:
             return [item.reply for item in batch]
         pipe = self.redis.pipeline(transaction=True)
         if items:  # every record of the batch: one script call, never without its record (NOSCRIPT)
             lua.add_loaded(pipe, self._record_op(items))
-        if then is not None:
-            then.add(pipe, [item.reply for item in batch])
+        if finish is not None:
+            finish.add(pipe, [item.reply for item in batch])
         try:
             out = pipe.execute(raise_on_error=False)
         except BaseException:
-            if then is not None:
-                then.failed()
+            if finish is not None:
+                finish.failed()
             raise
         recorded, rest = (out[0], out[1:]) if items else ([], out)
         if isinstance(recorded, Exception):
-            if then is not None:
-                then.failed()
+            if finish is not None:
+                finish.failed()
             raise recorded
-        if then is not None:
-            then.done(rest)
+        if finish is not None:
+            finish.done(rest)
         stored = iter(recorded)
         return [self._stored(item.reply, item.channel, next(stored)) if item.store else item.reply
                 for item in batch]
@@ -236,20 +216,6 @@ class Outcomes:
         return self._scripts.op("record", stream=keys.OUTCOME_STREAM, records=[key for key, _ in items],
                                 ttl=self.ttl, maxlen=self.stream_maxlen, names=OUTCOME_NAMES,
                                 outcomes=[arg for _, args in items for arg in args])
-
-    def _record_then(self, reply: Outcome, call: lua.Call, then: Then) -> Any:
-        """The record script, then ``then``'s commands, in one transaction (``lua.run_loaded``: all
-        or nothing, and never ``then``'s without the record on a server that lost its scripts)."""
-        try:
-            recorded, replies = lua.run_loaded(self.redis, call, lambda pipe: then.add(pipe, reply))
-        except BaseException:
-            then.failed()
-            raise
-        if isinstance(recorded, Exception):
-            then.failed()
-            raise recorded
-        then.done(replies)
-        return recorded[0]
 
     def refuse(self, request_id: str | bytes, reason: str, channel: str) -> Outcome:
         """Record ``INVALID_REQUEST`` for a job or queue entry that is not a fork request.

@@ -1,24 +1,19 @@
-"""One fork request, from its bytes to its one outcome, top to bottom:
+"""A batch of requests, from their bytes to their outcomes, top to bottom (a lone request is a
+batch of one, through the same stages):
 
-1. ``requests.parse``: decode and validate at the edge (each id checked once); the request's one
-   ``ForkSpec`` (``requests.spec_of``), its edits and summary checked against ``append``'s rules
-   (``forks.check``: the event size limit is the registry's);
-2. one ``Trip``: the worker's RQ start bookkeeping, the claim of the request id and, on a shared
-   single server, the core's source step (``forks.source_ops``, read by ``forks.plan``);
-3. create the children (``forks.create``; a fan-out first keeps its snapshot for retries; a
-   batch's, every request's, streamed: ``forks.send_many`` in ``begin_many``, their replies read
-   in ``end_many``, so that a worker may begin its next batch in between);
-4. record, stream and publish the outcome (``outcomes``: the one module that writes outcomes),
-   with the worker's RQ success bookkeeping in the same transaction.
+1. ``prepare``, per request: decode and validate at the edge (``requests.parse``,
+   ``merge_requests.parse``: each id checked once), the request's one spec, its edits and
+   summary checked against ``append``'s rules (``forks.check``, ``merges.check``: the event size
+   limit is the registry's); a request refused there carries its failure;
+2. ``begin``: one ``Trip``, the worker's RQ start bookkeeping of the batch, the claims of the
+   request ids (one script call) and, on a shared single server, the core's source steps
+   (``forks.source_ops``, read by ``forks.plan``); the new fan-outs' snapshots kept; every
+   fork's child step sent (``forks.send_many``), so that a worker may begin its next batch;
+3. ``end``: the child steps' replies read, every merge and select step (``merges.run_many``),
+   then the outcomes recorded, streamed and published (``outcomes``: the one module that writes
+   outcomes), with the worker's RQ success bookkeeping in the same transaction.
 
-``ForkService.handle`` is what a worker runs per job. Its guarantees:
-
-* a request whose id lives on another shard of a sharded queue ends as ``WRONG_SHARD``, and bad
-  input (size, JSON, schema, ids, limits, edits) as ``INVALID_REQUEST``, before any work;
-* a request id forks at most once: a replay returns the first outcome and creates nothing;
-* the outcome is stored before it is announced, and announced exactly once;
-* an unexpected exception is re-raised for RQ to retry; on the last attempt it is first recorded
-  as ``INTERNAL``.
+``ForkService.run`` is ``begin`` then ``end``; ``handle`` runs one request as a batch of one.
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, overload
+from typing import Any, Protocol
 
 from msgspec import UNSET
 
@@ -40,11 +35,11 @@ from ..core.outages import is_outage
 from ..core.registry import Registry
 from ..core.snapshots import ForkPlan, Snapshot
 from ..core.specs import ForkSpec, MergeSpec, SelectSpec
-from ..core.wire import ChildError, ForkFailure, ForkRequest, ForkResult, MergeRequest, Outcome, Reply
+from ..core.wire import ChildError, ForkRequest, ForkResult, Outcome, Reply
 from ..protocol import merge_requests, requests, tracing
 from ..protocol.requests import DEFAULT_LIMITS, Limits
 from ..protocol.shards import shard_of
-from .outcomes import Claim, Outcomes, Pending, Then, ThenMany
+from .outcomes import Finish, Outcomes, Pending
 from .trip import Part, Trip
 
 Spec = ForkSpec | MergeSpec | SelectSpec
@@ -52,8 +47,8 @@ Spec = ForkSpec | MergeSpec | SelectSpec
 
 
 class Start(Part, Protocol):
-    """A worker's RQ start bookkeeping of a job, or of a batch's jobs, on the queue connection
-    ``redis``; ``sent`` once the server has answered it (``rq_seam.riders.JobStart``, ``JobsStart``)."""
+    """A worker's RQ start bookkeeping of a batch's jobs, on the queue connection ``redis``;
+    ``sent`` once the server has answered it (``rq_seam.riders.Started``)."""
 
     redis: Any
     sent: bool
@@ -61,45 +56,51 @@ class Start(Part, Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A request a batch runs (``ForkService.prepare``): a valid fork (within the batch's children)
-    or a valid merge, parsed and checked, with its one spec."""
+    """A request of a batch (``ForkService.prepare``): parsed and checked, with its one spec, or
+    refused at the edge (``refusal``: its failure, recorded with the batch's outcomes under
+    ``digest``). ``alone``: it runs as a batch of its own (a select, a fork of more children
+    than a batch's budget, any request while forks wait for replicas)."""
 
     payload: str | bytes
-    request: ForkRequest | MergeRequest
-    spec: ForkSpec | MergeSpec
+    request_id: str
+    op: str
     channel: str
+    request: wire.AnyRequest | None = None
+    spec: Spec | None = None
+    refusal: Outcome | None = None
+    digest: str = ""
     enqueued_ms: int | None = None
+    alone: bool = False
 
     @property
     def children(self) -> int:
-        """The children it creates, as a batch counts them (``batch_children``): a fork's; a merge 0."""
+        """The children it creates, as a batch counts them (``batch_children``): a fork's; else 0."""
         return len(self.spec.child_ids) if isinstance(self.spec, ForkSpec) else 0
 
 
 class Flight:
-    """A batch begun (``ForkService.begin_many``): its requests claimed, its child steps sent;
-    ``ForkService.end_many`` ends it, or ``close`` gives up on it."""
+    """A batch begun (``ForkService.begin``): its requests claimed, its child steps sent;
+    ``ForkService.end`` ends it."""
 
-    def __init__(self, batch: Sequence[Prepared], start: Start | None, began: float,
-                 spans: contextlib.ExitStack, runs: list[tracing.RequestSpan]) -> None:
-        self.batch, self.start, self.began, self.spans, self.runs = batch, start, began, spans, runs
+    def __init__(self, batch: Sequence[Prepared], start: Start | None, began: float, final_attempt: bool) -> None:
+        self.batch, self.start, self.began, self.final_attempt = batch, start, began, final_attempt
+        self.spans = contextlib.ExitStack()
+        self.runs: list[tracing.RequestSpan] = []  # each request's span
         self.pending: list[Pending | None] = []  # each request's outcome once known (None: still to run)
-        self.merging: list[MergeSpec] = []  # the merges to run
+        self.merging: list[MergeSpec | SelectSpec] = []  # the merges and selects to run
         self.sent: Sent | None = None  # the child steps, once sent
 
-    def close(self, error: BaseException | None = None) -> None:
-        """Give up on the batch (its caller runs the requests again): the child steps' replies are
-        never read, and the requests' spans end (with ``error``, when one ended the batch)."""
+    def close(self, error: BaseException) -> None:
+        """Give up on the batch after ``error`` (its caller runs the requests again): the child
+        steps' replies are never read, and the requests' spans end with ``error``."""
         if self.sent is not None:
             self.sent.close()
-        if error is None:
-            self.spans.close()
-        else:
-            self.spans.__exit__(type(error), error, error.__traceback__)
+        self.spans.__exit__(type(error), error, error.__traceback__)
 
 
 class ForkService:
-    """Runs fork requests against a registry, recording outcomes in ``outcomes``."""
+    """Runs requests against a registry, in batches (a lone request is a batch of one), recording
+    outcomes in ``outcomes``."""
 
     def __init__(self, registry: Registry, outcomes: Outcomes, *, reply_channel: str, limits: Limits = DEFAULT_LIMITS,
                  new_id: Callable[[], str] = new_session_id,
@@ -108,7 +109,7 @@ class ForkService:
         """``shard``: ``(index, count)`` of the sharded queue's shard whose server ``outcomes`` is on;
         a request whose id lives on another shard is refused (``WRONG_SHARD``). ``None``: one queue
         server, every request id is its own. ``batch_children``: the most children the forks of
-        one batch create (a worker's budget for ``prepare``)."""
+        one batch create (a fork of more runs alone: ``Prepared.alone``)."""
         self.registry = registry
         self.batch_children = batch_children
         self.outcomes = outcomes
@@ -131,163 +132,19 @@ class ForkService:
                    batch_children=settings.batch_children)
 
     def handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool = True,
-               enqueued_ms: int | None = None, start: Start | None = None, finish: Then | None = None) -> Outcome:
-        """Run one request to its outcome and return the outcome (the first one, on a replay).
+               enqueued_ms: int | None = None) -> Outcome:
+        """Run one request to its outcome and return the outcome (the first one, on a replay): a
+        batch of one (``prepare``, then ``run``).
 
         ``enqueued_ms`` (epoch ms) lets the outcome stream record the enqueue-to-outcome latency.
         With OpenTelemetry installed, the run is one span continuing the request's ``traceparent``
         (a retried request: one span per run; the last run's ends with its outcome, ``INTERNAL`` too).
-        ``start``: the worker's RQ start bookkeeping, sent ahead of the claim in its round trip when
-        that trip goes on ``start.redis`` and it was not sent yet (``start.sent`` says whether it was).
-        ``finish``: its success bookkeeping, sent in the transaction that records the outcome of a
-        run that claimed the request, once ``start`` was sent (``finish.sent`` says whether it was).
         """
-        with tracing.request_span(payload, job_id) as span:
-            try:
-                reply = self._handle(payload, job_id, final_attempt=final_attempt, enqueued_ms=enqueued_ms,
-                                     start=start, finish=finish)
-            except Exception as exc:
-                if final_attempt and not is_outage(exc):  # recorded INTERNAL: the run's span says so too
-                    span.finish(ForkFailure(request_id=job_id, code=ErrorCode.INTERNAL.value, message=""))
-                raise  # an outage runs again (another span); anything else ends INTERNAL
-            span.finish(reply)
-            return reply
+        return self.run([self.prepare(payload, job_id, enqueued_ms=enqueued_ms)], final_attempt=final_attempt)[0]
 
-    def prepare(self, payload: str | bytes, job_id: str, *, enqueued_ms: int | None = None,
-                most_children: int = 1) -> Prepared | None:
-        """``payload`` parsed and checked for a batch (``handle_many``), when it is a valid fork of
-        at most ``most_children`` children (the batch's ``batch_children``) or a valid merge on
-        this shard; ``None`` for anything else (a larger fan-out, a select: it
-        touches many sessions; a refused request), and for every request when forks wait for
-        replicas (each its own WAIT, retried alone when too few acknowledge): ``handle`` runs it on
-        its own, so that none of them holds a batch. A fork too large is told from its size before
-        any of its ids is generated."""
-        if self.registry.forks.state.wait_replicas:
-            return None
-        try:
-            self._check_shard(job_id)
-            op = wire.request_op(payload)
-            if op not in ("fork", "merge"):
-                return None
-            request, spec = self._parse(op, payload, job_id, most_children=most_children)
-        except ForkError:
-            return None
-        if spec is None:
-            return None
-        if isinstance(spec, ForkSpec) and isinstance(request, ForkRequest):
-            pass
-        elif not isinstance(spec, MergeSpec) or not isinstance(request, MergeRequest):
-            return None
-        return Prepared(payload, request, spec, requests.reply_channel(request, self.reply_channel), enqueued_ms)
-
-    def handle_many(self, batch: Sequence[Prepared], *, start: Start | None = None,
-                    finish: ThenMany | None = None) -> list[Outcome]:
-        """Run a batch of prepared requests to their outcomes (each the first one, on a replay):
-        ``begin_many`` then ``end_many``, with nothing between them."""
-        return self.end_many(self.begin_many(batch, start=start), finish=finish)
-
-    def begin_many(self, batch: Sequence[Prepared], *, start: Start | None = None) -> Flight:
-        """A batch begun: the claims (one script call) and source steps (one per source) in one
-        round trip (with ``start``, the worker's RQ start bookkeeping of the batch, at the head),
-        the new fan-outs' snapshots kept (one transaction), then every fork's child step sent
-        (``forks.send_many``: on one server they stream, and the server creates the children
-        while the caller goes on). The caller then ends it (``end_many``), or closes it
-        (``Flight.close``) when it gives up. Each request's guarantees are ``handle``'s; an
-        unexpected exception is raised (nothing left open) for the caller to run the requests on
-        their own (``handle``: each records ``INTERNAL`` on its last attempt)."""
-        spans = contextlib.ExitStack()
-        try:
-            flight = Flight(batch, start, self._monotonic(), spans, [
-                spans.enter_context(tracing.request_span(item.payload, item.spec.request_id, current=False))
-                for item in batch])
-            flight.sent = forks.send_many(self.registry, self._claim_many(flight))
-            return flight
-        except BaseException as exc:
-            spans.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-
-    def end_many(self, flight: Flight, *, finish: ThenMany | None = None) -> list[Outcome]:
-        """The batch ``flight`` (``begin_many``'s) to its outcomes: its child steps' replies read
-        (``Sent.collect``), each step of every merge in one round trip (``merges.run_many``:
-        records, children's steps, parents' steps, marks), then the records and announcements (one
-        script call) in one transaction (with ``finish``, its RQ success bookkeeping, once the
-        batch's ``start`` was sent). An unexpected exception is raised, as ``begin_many``'s; the
-        flight is closed either way."""
-        try:
-            replies = self._end_many(flight, finish)
-        except BaseException as exc:
-            flight.close(exc)
-            raise
-        for span, reply in zip(flight.runs, replies, strict=True):
-            span.finish(reply)
-        flight.spans.close()
-        return replies
-
-    def _claim_many(self, flight: Flight) -> list[tuple[ForkSpec, ForkPlan, Snapshot | None]]:
-        """``begin_many`` up to its child steps: each request's outcome when its claim settles it
-        (``flight.pending``; ``None``: a fork or a merge still to run), the merges to run
-        (``flight.merging``); returns the forks to create."""
-        batch, trip = flight.batch, self._trip(flight.start)
-        claims = trip.ops([self.outcomes.claim_op([(item.spec.request_id, item.request, _children(item.spec))
-                                                   for item in batch])])
-        # Source steps only read: a batch of forks of one source reads it once (``Trip.reads``).
-        looks = [None if look is None else trip.reads(look)
-                 for look in (self._source_ops(item.spec, trip) if isinstance(item.spec, ForkSpec) else None
-                              for item in batch)]
-        groups = trip.run()
-        pending, merging = flight.pending, flight.merging
-        planned: list[tuple[ForkSpec, ForkPlan, Snapshot | None]] = []
-        for item, raw, look in zip(batch, groups[claims][0], looks, strict=True):
-            request_id, op = item.spec.request_id, _op(item.spec)
-            claim = self.outcomes.claim_of(raw, request_id)
-            if claim.outcome is not None:
-                pending.append(Pending(claim.outcome, store=False))
-            elif claim.state == "CONFLICT":  # never announced: as ``handle``
-                pending.append(Pending(_conflict(op, request_id), store=False))
-            elif isinstance(item.spec, MergeSpec):
-                merging.append(item.spec)
-                pending.append(None)
-            else:
-                new = claim.state == "NEW"
-                spec = item.spec if new else item.spec.with_children(claim.children)
-                planned.append((spec, *self._plan(spec, claim, groups[look] if new and look is not None else None,
-                                                  keep=False)))
-                pending.append(None)
-        # The new fan-outs keep their snapshots before any child exists, all in one round trip.
-        keeping = [(i, spec.request_id, snap) for i, (spec, plan, kept) in enumerate(planned)
-                   if (snap := _to_keep(spec, plan, kept)) is not None]
-        kept_now = self.outcomes.keep_snapshots([(request_id, snap) for _, request_id, snap in keeping])
-        for (i, _, _), snapshot in zip(keeping, kept_now, strict=True):
-            planned[i] = (planned[i][0], planned[i][1], snapshot)
-        return planned
-
-    def _end_many(self, flight: Flight, finish: ThenMany | None) -> list[Outcome]:
-        batch, pending = flight.batch, flight.pending
-        assert flight.sent is not None  # begin_many sent them
-        # Every child step of the batch read; each merge step of its merges in one round trip.
-        made = iter(flight.sent.collect())
-        merged = iter(merges.run_many(self.registry, flight.merging))
-        for i, (item, done) in enumerate(zip(batch, pending, strict=True)):
-            if done is None:
-                try:
-                    if isinstance(item.spec, MergeSpec):
-                        result = next(merged)
-                        if isinstance(result, ForkError):
-                            raise result
-                        reply: Outcome = merge_requests.reply_of(item.spec.request_id, result, False)
-                    else:
-                        assert isinstance(item.request, ForkRequest)
-                        reply = _fork_reply(item.request, item.spec.request_id, next(made))
-                except ForkError as exc:
-                    reply = wire.failure(_op(item.spec), item.spec.request_id, exc.code.value, exc.message)
-                pending[i] = Pending(reply, item.channel, int((self._monotonic() - flight.began) * 1e6),
-                                     _latency_us(item.enqueued_ms))
-        then = finish if flight.start is not None and flight.start.sent else None  # RQ's order: start, then finish
-        return self.outcomes.record_many([p for p in pending if p is not None], then)
-
-    def _handle(self, payload: str | bytes, job_id: str, *, final_attempt: bool,
-                enqueued_ms: int | None, start: Start | None, finish: Then | None) -> Outcome:
-        started = self._monotonic()
+    def prepare(self, payload: str | bytes, job_id: str, *, enqueued_ms: int | None = None) -> Prepared:
+        """``payload`` parsed and checked for a batch: its one spec, or its refusal (a request of
+        another shard, bad input), before any Redis call."""
         op = "fork"
         try:
             self._check_shard(job_id)  # first: the right shard validates it, and nothing is read here
@@ -295,60 +152,164 @@ class ForkService:
             request, spec = self._parse(op, payload, job_id)
         except ForkError as exc:
             raw = payload.encode() if isinstance(payload, str) else payload
-            failure = wire.failure(op, job_id, exc.code.value, exc.message)
-            return self.outcomes.record(failure, requests.reply_channel_of(raw, self.reply_channel, self.limits),
-                                        digest=requests.invalid_digest(raw))
-        channel = requests.reply_channel(request, self.reply_channel)
+            return Prepared(payload, job_id, op, requests.reply_channel_of(raw, self.reply_channel, self.limits),
+                            refusal=wire.failure(op, job_id, exc.code.value, exc.message),
+                            digest=requests.invalid_digest(raw), enqueued_ms=enqueued_ms)
+        alone = (bool(self.registry.forks.state.wait_replicas) or isinstance(spec, SelectSpec)
+                 or (isinstance(spec, ForkSpec) and len(spec.child_ids) > self.batch_children))
+        return Prepared(payload, job_id, op, requests.reply_channel(request, self.reply_channel), request, spec,
+                        enqueued_ms=enqueued_ms, alone=alone)
+
+    def run(self, batch: Sequence[Prepared], *, start: Start | None = None, finish: Finish | None = None,
+            final_attempt: bool = False) -> list[Outcome]:
+        """Run a batch of prepared requests to their outcomes (each the first one, on a replay):
+        ``begin`` then ``end``, with nothing between them."""
+        return self.end(self.begin(batch, start=start, final_attempt=final_attempt), finish=finish)
+
+    def begin(self, batch: Sequence[Prepared], *, start: Start | None = None, final_attempt: bool = False) -> Flight:
+        """A batch begun: the claims (one script call) and source steps (one per source) in one
+        round trip (with ``start``, the worker's RQ start bookkeeping of the batch, at the head),
+        the new fan-outs' snapshots kept (one transaction), then every fork's child step sent
+        (``forks.send_many``: on one server they stream, and the server creates the children
+        while the caller goes on). The caller then ends it (``end``). Its guarantees:
+
+        * a request whose id lives on another shard of a sharded queue ends as ``WRONG_SHARD``, and
+          bad input (size, JSON, schema, ids, limits, edits) as ``INVALID_REQUEST``, before any work;
+        * a request id runs at most once: a replay returns the first outcome and creates nothing;
+        * each outcome is stored before it is announced, and announced exactly once;
+        * an unexpected exception is raised (nothing left open) for the caller to run the requests
+          again (each a batch of one); ``final_attempt`` (no attempt left): each request's
+          ``INTERNAL`` outcome is recorded first. An outage is raised as it is, never recorded.
+        """
+        flight = Flight(batch, start, self._monotonic(), final_attempt)
         try:
-            claim, spec, looked = self._claim(request, spec, start)
+            flight.runs = [flight.spans.enter_context(tracing.request_span(item.payload, item.request_id,
+                                                                           current=False)) for item in batch]
+            flight.sent = forks.send_many(self.registry, self._claim(flight))
+            return flight
+        except BaseException as exc:
+            self._give_up(flight, exc)
+            raise
+
+    def end(self, flight: Flight, *, finish: Finish | None = None) -> list[Outcome]:
+        """The batch ``flight`` (``begin``'s) to its outcomes: its child steps' replies read
+        (``Sent.collect``), each step of every merge and select in one round trip
+        (``merges.run_many``: records, children's steps, parents' steps, marks), then the records
+        and announcements (one script call) in one transaction (with ``finish``, its RQ success
+        bookkeeping, once the batch's ``start`` was sent). An unexpected exception is raised, as
+        ``begin``'s."""
+        try:
+            replies = self._end(flight, finish)
+        except BaseException as exc:
+            self._give_up(flight, exc)
+            raise
+        for span, reply in zip(flight.runs, replies, strict=True):
+            span.finish(reply)
+        flight.spans.close()
+        return replies
+
+    def _give_up(self, flight: Flight, error: BaseException) -> None:
+        """Give up on the batch ``flight`` after ``error``: the child steps' replies are never read,
+        and the requests' spans end with ``error``; on the final attempt (an error that is not an
+        outage), each request's ``INTERNAL`` outcome is recorded first (a refused one's refusal)."""
+        try:
+            if flight.final_attempt and isinstance(error, Exception) and not is_outage(error):
+                for item, span in zip(flight.batch, flight.runs, strict=False):
+                    failure = item.refusal or self._internal(item, error)
+                    span.finish(failure)
+                    self.outcomes.record(failure, item.channel, digest=item.digest)
+        finally:
+            flight.close(error)
+
+    def _internal(self, item: Prepared, error: Exception) -> Outcome:
+        """The ``INTERNAL`` outcome of ``item`` after ``error``, saying what its fork created."""
+        message = f"internal error: {type(error).__name__}: {error}"
+        made = self._created_by(item.spec) if isinstance(item.spec, ForkSpec) else []
+        if made:  # no hidden partial state: say what exists
+            message += f"; created before the failure: {', '.join(made)}"
+        return wire.failure(item.op, item.request_id, ErrorCode.INTERNAL.value, message)
+
+    def _claim(self, flight: Flight) -> list[tuple[ForkSpec, ForkPlan, Snapshot | None]]:
+        """``begin`` up to its child steps: each request's outcome when its refusal or claim settles
+        it (``flight.pending``; ``None``: a request still to run), the merges and selects to run
+        (``flight.merging``); returns the forks to create. A fork's spec is for the children its
+        claim planned (an earlier attempt's, on a retry); a merge or select plans nothing (its
+        retry is recognised by the parent's merges index)."""
+        batch, trip = flight.batch, self._trip(flight.start)
+        claimed = [item for item in batch if item.spec is not None]
+        claims = trip.ops([self.outcomes.claim_op([(item.request_id, item.request, _children(item.spec))
+                                                   for item in claimed if item.request is not None])]) \
+            if claimed else None
+        # Source steps only read: a batch of forks of one source reads it once (``Trip.reads``).
+        looks = [None if look is None else trip.reads(look)
+                 for look in (self._source_ops(item.spec, trip) if isinstance(item.spec, ForkSpec) else None
+                              for item in claimed)]
+        groups = trip.run()
+        raws = iter(zip(groups[claims][0], looks, strict=True) if claims is not None else ())
+        pending, merging = flight.pending, flight.merging
+        planned: list[tuple[ForkSpec, ForkPlan, Snapshot | None]] = []
+        for item in batch:
+            if item.spec is None:
+                assert item.refusal is not None
+                pending.append(Pending(item.refusal, item.channel, digest=item.digest))
+                continue
+            raw, look = next(raws)
+            claim = self.outcomes.claim_of(raw, item.request_id)
             if claim.outcome is not None:
-                return claim.outcome
-            if claim.state == "CONFLICT":
+                pending.append(Pending(claim.outcome, store=False))
+            elif claim.state == "CONFLICT":
                 # Never announced: the request id's one outcome is the first request's. Its
                 # submitter learns of the conflict from the stored digest (``Client.wait``) or
                 # from the any-language enqueue script (-1); this job just ends with it.
-                return _conflict(op, job_id)
-            if isinstance(spec, ForkSpec):
-                assert isinstance(request, ForkRequest)
-                reply: Outcome = self._fork(request, spec, claim, looked)
+                pending.append(Pending(_conflict(item.op, item.request_id), store=False))
+            elif not isinstance(item.spec, ForkSpec):
+                merging.append(item.spec)
+                pending.append(None)
             else:
-                reply = merge_requests.reply_of(job_id, merges.run(self.registry, spec), isinstance(spec, SelectSpec))
-        except ForkError as exc:
-            reply = wire.failure(op, job_id, exc.code.value, exc.message)
-        except Exception as exc:
-            if is_outage(exc):
-                raise  # Redis is briefly away or busy: the worker backs off and runs the request again
-            if final_attempt:
-                message = f"internal error: {type(exc).__name__}: {exc}"
-                made = self._created_by(spec) if isinstance(spec, ForkSpec) else []
-                if made:  # no hidden partial state: say what exists
-                    message += f"; created before the failure: {', '.join(made)}"
-                internal = wire.failure(op, job_id, ErrorCode.INTERNAL.value, message)
-                self.outcomes.record(internal, channel)
-            raise
-        elapsed = int((self._monotonic() - started) * 1e6)
-        then = finish if start is not None and start.sent else None  # RQ's order: start, then finish
-        return self.outcomes.record(reply, channel, duration_us=elapsed, latency_us=_latency_us(enqueued_ms),
-                                    then=then)
+                new = claim.state == "NEW"
+                spec = item.spec if new else item.spec.with_children(claim.children)
+                plan = forks.plan(self.registry, spec, groups[look] if new and look is not None else None)
+                planned.append((spec, plan, claim.snapshot))
+                pending.append(None)
+        # The new fan-outs keep their snapshots before any child exists, all in one round trip: a
+        # retry after a crash creates the rest from the same one.
+        keeping = [(i, spec.request_id, snap) for i, (spec, plan, kept) in enumerate(planned)
+                   if (snap := _to_keep(spec, plan, kept)) is not None]
+        kept_now = self.outcomes.keep_snapshots([(request_id, snap) for _, request_id, snap in keeping])
+        for (i, _, _), snapshot in zip(keeping, kept_now, strict=True):
+            planned[i] = (planned[i][0], planned[i][1], snapshot)
+        return planned
 
-    @overload
-    def _parse(self, op: str, payload: str | bytes, job_id: str) -> tuple[wire.AnyRequest, Spec]: ...
+    def _end(self, flight: Flight, finish: Finish | None) -> list[Outcome]:
+        batch, pending = flight.batch, flight.pending
+        assert flight.sent is not None  # begin sent them
+        # Every child step of the batch read; each merge step of its merges in one round trip.
+        made = iter(flight.sent.collect())
+        merged = iter(merges.run_many(self.registry, flight.merging))
+        for i, (item, done) in enumerate(zip(batch, pending, strict=True)):
+            if done is None:
+                try:
+                    if isinstance(item.spec, ForkSpec):
+                        assert isinstance(item.request, ForkRequest)
+                        reply: Outcome = _fork_reply(item.request, item.request_id, next(made))
+                    else:
+                        result = next(merged)
+                        if isinstance(result, ForkError):
+                            raise result
+                        reply = merge_requests.reply_of(item.request_id, result, isinstance(item.spec, SelectSpec))
+                except ForkError as exc:
+                    reply = wire.failure(item.op, item.request_id, exc.code.value, exc.message)
+                pending[i] = Pending(reply, item.channel, int((self._monotonic() - flight.began) * 1e6),
+                                     _latency_us(item.enqueued_ms))
+        then = finish if flight.start is not None and flight.start.sent else None  # RQ's order: start, then finish
+        return self.outcomes.record_many([p for p in pending if p is not None], then)
 
-    @overload
-    def _parse(self, op: str, payload: str | bytes, job_id: str,
-               most_children: int) -> tuple[wire.AnyRequest, Spec | None]: ...
-
-    def _parse(self, op: str, payload: str | bytes, job_id: str,
-               most_children: int | None = None) -> tuple[wire.AnyRequest, Spec | None]:
+    def _parse(self, op: str, payload: str | bytes, job_id: str) -> tuple[wire.AnyRequest, Spec]:
         """The request decoded and validated (``INVALID_REQUEST``), and its one spec, checked
         against ``append``'s rules (the event size limit is the registry's): a fork's
-        (``requests``, ``forks.check``), or a merge's or select's (``merge_requests``, ``merges.check``).
-        ``most_children``: no spec (``None``) for a fork of more children, which runs alone
-        (``prepare``): its ids are not generated nor its spec checked twice."""
+        (``requests``, ``forks.check``), or a merge's or select's (``merge_requests``, ``merges.check``)."""
         if op == "fork":
             fork, edits = requests.parse_edited(payload, job_id, self.limits)
-            if most_children is not None and requests.planned_children(fork) > most_children:
-                return fork, None
             spec = requests.spec_of(fork, job_id, self._children_of(fork), edits)
             forks.check(self.registry, spec)
             return fork, spec
@@ -369,29 +330,6 @@ class ForkService:
         if owner != served:
             raise errors.wrong_shard(rules.shown_id(request_id), owner, served, count)
 
-    def _claim(self, request: wire.AnyRequest, spec: Spec,
-               start: Start | None) -> tuple[Claim, Spec, list[Any] | None]:
-        """Claim the request id in one ``Trip`` on the queue server: the worker's ``start`` at its
-        head (when it goes there and was not sent yet), the claim, then, for a fork, the core's
-        source step when the registry is on that very server (``forks.source_ops``). Returns the
-        claim, the spec (a fork's for the children the claim planned: an earlier attempt's, on a
-        retry) and the source step's replies, dropped (``None``) when the request is not new: its
-        children were planned by an earlier attempt, and the step runs again for them. A merge or
-        select plans nothing: its retry is recognised by the parent's merges index."""
-        trip = self._trip(start)
-        fork = spec if isinstance(spec, ForkSpec) else None
-        trip.ops([self.outcomes.claim_op([(spec.request_id, request, () if fork is None else fork.child_ids)])])
-        look = None if fork is None else self._source_ops(fork, trip)
-        if look is not None:
-            trip.ops(look)
-        ((raw,),), *looked = trip.run()
-        claim = self.outcomes.claim_of(raw, spec.request_id)
-        if fork is None:
-            return claim, spec, None
-        if claim.state != "NEW":
-            return claim, fork.with_children(claim.children), None
-        return claim, fork, looked[0] if looked else None
-
     def _trip(self, start: Start | None) -> Trip:
         """A round trip on the queue server, with ``start`` at its head when it goes there and was
         not sent yet."""
@@ -403,28 +341,6 @@ class ForkService:
     def _source_ops(self, spec: ForkSpec, trip: Trip) -> list[Any] | None:
         """The core's source step of ``spec`` to ride ``trip`` (``forks.source_ops``), or ``None``."""
         return forks.source_ops(self.registry, spec, trip.redis)
-
-    def _fork(self, request: ForkRequest, spec: ForkSpec, claim: Claim, looked: list[Any] | None) -> Reply:
-        """The children of a claimed request, from one snapshot, each with its edits: the reply
-        that reports them. The source step's plan comes from ``looked`` (its replies in the
-        claim's trip) or runs now; a fan-out keeps its snapshot before any child exists, so that
-        a retry after a crash creates the rest from the same one."""
-        plan, snapshot = self._plan(spec, claim, looked)
-        return _fork_reply(request, spec.request_id, forks.create(self.registry, spec, plan, snapshot))
-
-    def _plan(self, spec: ForkSpec, claim: Claim, looked: list[Any] | None,
-              keep: bool = True) -> tuple[ForkPlan, Snapshot | None]:
-        """A claimed fork's plan (its source step's, from ``looked``, or run now) and the snapshot its
-        children are made from: the claim's (a retried fan-out's, kept by its first attempt) or,
-        for a new fan-out, the plan's, kept before any child exists (a retry after a crash
-        creates the rest from the same one); ``None``: the plan's own. ``keep=False``: the claim's
-        snapshot, the plan's left for the caller to keep (``_to_keep``; a batch keeps its
-        fan-outs' all at once)."""
-        plan = forks.plan(self.registry, spec, looked)
-        snapshot = claim.snapshot
-        if keep and (snap := _to_keep(spec, plan, snapshot)) is not None:
-            snapshot = self.outcomes.keep_snapshot(spec.request_id, snap)
-        return plan, snapshot
 
     def _children_of(self, request: ForkRequest) -> list[str]:
         """The child ids a new request plans: the caller's, or generated ones."""
@@ -466,14 +382,9 @@ def _to_keep(spec: ForkSpec, plan: ForkPlan, kept: Snapshot | None) -> Snapshot 
     return plan.snapshot if kept is None and len(spec.child_ids) > 1 else None
 
 
-def _children(spec: ForkSpec | MergeSpec) -> Sequence[str]:
-    """The children a request's claim plans: a fork's; a merge plans none."""
+def _children(spec: Spec | None) -> Sequence[str]:
+    """The children a request's claim plans: a fork's; a merge or select plans none."""
     return spec.child_ids if isinstance(spec, ForkSpec) else ()
-
-
-def _op(spec: ForkSpec | MergeSpec) -> str:
-    """The request's op, as its failures name it."""
-    return "fork" if isinstance(spec, ForkSpec) else "merge"
 
 
 def _conflict(op: str, request_id: str) -> Outcome:

@@ -1,8 +1,8 @@
 """``Trip``: one round trip of a worker's, composed by the worker.
 
-A request's first trip carries the worker's RQ start bookkeeping of the job (a ``Part``: commands
-of its own, added to the pipeline and answered once), the claim of the request id, and, when the
-registry lives on the same single server, the core's source step (``forks.source_ops``): three
+A batch's first trip carries the worker's RQ start bookkeeping of its jobs (a ``Part``: commands
+of its own, added to the pipeline and answered once), the claims of the request ids, and, when
+the registry lives on the same single server, the core's source steps (``forks.source_ops``): three
 layers' commands in one pipelined round trip, composed here and nowhere below. The core's steps
 and the claim describe themselves as ops (``core.lua.Op``); the trip runs them with ``lua.add``
 and ``lua.settle`` (a NOSCRIPT re-runs only the ops that got it, never the parts).
@@ -18,7 +18,7 @@ from ..core import lua
 
 class Part(Protocol):
     """Commands another part of the worker sends at the head of a trip (the RQ start bookkeeping,
-    ``rq_seam.riders.JobStart``): ``add`` puts them in the pipeline, ``done`` gets their replies
+    ``rq_seam.riders.Started``): ``add`` puts them in the pipeline, ``done`` gets their replies
     (and raises for an error reply)."""
 
     def add(self, pipe: Any) -> None: ...

@@ -6,9 +6,9 @@ stop flag, start-up, suspension, heartbeat and registration, teardown, the outag
 ``until_up``), the dequeue, a job's start, success and failure bookkeeping, and the maintenance
 pass with the requeue of stranded jobs. What the jobs are is the business of at most one subclass
 (``sessionfork.worker.fork_worker.ForkWorker``), which overrides no RQ method: it fills the hooks
-``SeamWorker`` calls (``run_job``, ``refuse_entry``, ``maintain``, ``job_ended``,
+``SeamWorker`` calls (``run_batch``, ``refuse_entry``, ``maintain``, ``job_ended``,
 ``redis_clients``). ``entries`` holds the job classes and the refusal of queue entries RQ cannot
-load; both import RQ. ``riders`` (a job's start and success bookkeeping as riders of the request's
+load; both import RQ. ``riders`` (a batch's start and success bookkeeping as riders of the batch's
 own round trips) imports no RQ. RQ's key names and job hash fields are ``protocol.rq_layout`` (what
 producers and workers agree on; the asyncio client enqueues without RQ), which imports no RQ
 either. This package's ``__init__`` imports nothing.
@@ -51,9 +51,9 @@ RQ names used here, and why:
   where RQ's ``increment_successful_job_count`` adds 1 per job) and
   ``increment_total_working_time``, sent with the heartbeat (``_beat``) and at ``teardown``. Each
   added to a round trip the request makes anyway (RQ's own path
-  takes a dozen round trips and a WATCH loop for dependents, which fork jobs never have): a job's
-  start ahead of the request's claim (``JobStart``; pipelined, not in a transaction), its success
-  in the transaction that records the outcome (``JobFinish``), with ``EXISTS`` of
+  takes a dozen round trips and a WATCH loop for dependents, which fork jobs never have): a batch's
+  start ahead of its claims (``riders.Started``; pipelined, not in a transaction), its success
+  in the transaction that records the outcomes (``riders.Finished``), with ``EXISTS`` of
   ``suspension.WORKERS_SUSPENDED`` (``rq:suspended``) as the loop's next ``check_for_suspension``
   (RQ's own check is a round trip per job). ``results.Result.create``: RQ's result made the stored
   outcome when another attempt's was stored first. ``handle_job_failure`` (its
@@ -76,8 +76,8 @@ RQ names used here, and why:
   ``started_at``, ``ended_at`` and ``_status`` set as RQ sets them), each registry the jobs share
   written once per batch, by two scripts (``scripts/started.lua``, ``scripts/finished.lua``: a
   few words per job); the worker's own state by RQ's methods, once per batch. The start's call
-  rides the head of the batch's first round trip (``riders.JobsStart``), the success's the
-  records' transaction (``riders.JobsFinish``), each an ``EVAL`` of the script's text (never a
+  rides the head of the batch's first round trip (``riders.Started``), the success's the
+  records' transaction (``riders.Finished``), each an ``EVAL`` of the script's text (never a
   NOSCRIPT: ``lua.add_loaded``). RQ 3 and RQ 2.12
   each have their layout (``tests/worker/test_batches.py`` compares every key, field, score and
   time to live with what RQ's own methods write).

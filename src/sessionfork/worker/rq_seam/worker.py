@@ -50,7 +50,7 @@ class SeamWorker(SimpleWorker):
 
     Every method RQ defines that this worker changes is overridden here, and only here. What the
     jobs are is its one subclass's business, told through the hooks below (none of them an RQ
-    name): ``run_job`` (with ``start``, ``run_in_time``, ``finish`` and ``fail``), ``refuse_entry``,
+    name): ``run_batch`` (with ``start``, ``run_in_time``, ``finish`` and ``fail``), ``refuse_entry``,
     ``maintain``, ``job_ended`` and ``redis_clients``.
     """
 
@@ -62,8 +62,6 @@ class SeamWorker(SimpleWorker):
     _empty: bool = False  # the one queue was empty when the last job finished (no take before the wait)
     _beat_at: float = float("-inf")  # time.monotonic() of this worker's last own heartbeat
     _unsuspended: bool = False  # the last job's finish found no `rq suspend` in force
-    _finishing: Execution | None = None  # the execution a finish in flight cleans up
-    _worked: float = 0.0  # the working time (s) of the job whose finish is in flight
     # RQ's worker counters not sent yet (successful jobs, working time): batched into the beat.
     _unsent_jobs: int = 0
     _unsent_time: float = 0.0
@@ -73,15 +71,10 @@ class SeamWorker(SimpleWorker):
 
     # -- hooks: what the subclass implements (no RQ name) ----------------------------------------
 
-    def run_job(self, job: Job, queue: Queue) -> None:
-        """Run one dequeued job, with ``start``, ``run_in_time``, ``finish`` and ``fail``."""
-        raise NotImplementedError
-
     def run_batch(self, jobs: list[Job], queue: Queue) -> None:
-        """Run jobs that one ``take`` moved to the intermediate queue together (each still to
-        start); by default one after the other, with ``run_job``."""
-        for job in jobs:
-            self.run_job(job, queue)
+        """Run the jobs of one dequeue (one job, or those one ``take`` moved to the intermediate
+        queue), each still to start, with ``start``, ``run_in_time``, ``finish`` and ``fail``."""
+        raise NotImplementedError
 
     def refuse_entry(self, entry: EntryRefused) -> None:
         """A queue entry RQ cannot load: give it its outcome, then ``remove_entry``."""
@@ -424,10 +417,10 @@ class SeamWorker(SimpleWorker):
     # -- a job: run, start, finish, failure ----------------------------------------------------------
 
     def execute_job(self, job: Job | Taken, queue: Queue) -> None:
-        """RQ's documented hook: run one dequeued job (``run_job``), or the entries one ``take``
-        moved (``run_batch``, after refusing those that are not loadable jobs), in this process."""
+        """RQ's documented hook: run one dequeued job, or the entries one ``take`` moved (after
+        refusing those that are not loadable jobs), in this process (``run_batch``)."""
         if not isinstance(job, Taken):
-            self.run_job(job, queue)
+            self.run_batch([job], queue)
             return
         jobs: list[Job] = []
         for raw, data in job.entries:
@@ -452,22 +445,12 @@ class SeamWorker(SimpleWorker):
         # worker died is then abandoned and recovered by the next maintenance pass.
         return self.abandoned_after
 
-    def start(self, job: Job, queue: Queue, pipe: Any = None) -> None:
-        """RQ's start of ``job`` (``start_many`` of one: the ledger's script, then the worker's
-        state) in one pipeline: sent now, or added to ``pipe`` (``JobStart``: ahead of the
-        request's claim, in its round trip)."""
-        if pipe is None:
-            with self.connection.pipeline() as own:
-                self.start(job, queue, own)
-                own.execute()
-            return
-        (self.execution,) = self.start_many([job], queue, pipe)
-
-    def start_many(self, jobs: Sequence[Job], queue: Queue, pipe: Any) -> list[Execution]:
-        """``start`` of each of ``jobs`` (a batch), added to ``pipe``: each job's start, written by
+    def start(self, jobs: Sequence[Job], queue: Queue, pipe: Any) -> list[Execution]:
+        """RQ's start of each of ``jobs`` (a batch; a lone job: a batch of one), added to ``pipe``
+        (``riders.Started``: ahead of the batch's claims, in their round trip): each job's start, written by
         the ``ledger``, then the worker's own state once (busy, with the last job as RQ 2's
         current job, as after starting each in turn); each job's execution, in job order
-        (``finish_many`` takes them back; a job twice in a batch, an entry queued twice, has two,
+        (``finish`` takes them back; a job twice in a batch, an entry queued twice, has two,
         each cleaned up by its own finish)."""
         call, executions = self._ledger(queue).start(jobs, self.get_heartbeat_ttl(jobs[0]))
         lua.add_loaded(pipe, call)
@@ -480,33 +463,14 @@ class SeamWorker(SimpleWorker):
             getattr(self, "set_current_job_id")(job.id, pipeline=pipe)  # noqa: B009 - gone in RQ 3
         super().heartbeat(self.get_heartbeat_ttl(job), pipeline=pipe)
 
-    def finish(self, job: Job, queue: Queue, result: Any, pipe: Any = None) -> None:
-        """RQ's success of ``job``, taken from ``queue`` (``finish_many`` of one: result, finished
-        registry, cleanup), in one pipeline, which also reads whether ``rq suspend`` is in force
-        (the loop's next suspension check): sent now, or added to ``pipe`` (``JobFinish``: after
-        the outcome's record, in its transaction); its sender then calls ``finished`` with the
-        replies, or ``finish_failed``."""
-        if pipe is None:
-            with self.connection.pipeline() as own:
-                self.finish(job, queue, result, own)
-                try:
-                    replies = own.execute()
-                except BaseException:
-                    self.finish_failed()
-                    raise
-            self.finished(replies)
-            return
-        execution = self._finishing = self.execution
-        assert execution is not None
-        # RQ's counters (successful_job_count, total_working_time) go with the next beat, once a
-        # second (``flush_counters``), not with every job.
-        self._worked = self.finish_many([job], queue, [result], [execution], pipe)
-
-    def finish_many(self, jobs: Sequence[Job], queue: Queue, results: Sequence[Any],
-                    executions: Sequence[Execution], pipe: Any, last: bool = True) -> float:
-        """``finish`` of each of ``jobs`` (a batch started by ``start_many``, whose ``executions``
-        it returned) with its result, added to ``pipe``, the worker's own state once; returns the
-        jobs' working time (seconds). Its sender then calls ``finished_many`` with the replies (and
+    def finish(self, jobs: Sequence[Job], queue: Queue, results: Sequence[Any],
+               executions: Sequence[Execution], pipe: Any, last: bool = True) -> float:
+        """RQ's success of each of ``jobs`` (a batch started by ``start``, whose ``executions`` it
+        returned: result, finished registry, cleanup) with its result, added to ``pipe``
+        (``riders.Finished``: after the outcomes' records, in their transaction), the worker's own
+        state once, with a read of whether ``rq suspend`` is in force (the loop's next suspension
+        check); returns the
+        jobs' working time (seconds). Its sender then calls ``finished`` with the replies (and
         the same ``last``). ``last=False``: a later batch of this worker's has started already
         (batches overlap): the worker stays busy with it, RQ 2's current job its, and the queue's
         front is read by that batch's finish."""
@@ -565,31 +529,20 @@ class SeamWorker(SimpleWorker):
         ``_dequeue_front`` one job at a time; with batches, only whether one waits)."""
         return len(self.queues) == 1
 
-    def finish_failed(self) -> None:
-        """The finish's pipeline failed (it may run again)."""
-        self.execution = self._finishing  # not cleaned up after all: a retried finish needs it
-
-    def finished(self, replies: list[Any]) -> None:
-        """The finish's pipeline ran; ``replies`` are its commands' (the last two: the queue's front
-        entry, when ``_reads_front``, and the suspension key)."""
+    def finished(self, replies: list[Any], jobs: int, worked: float, last: bool = True) -> None:
+        """``finish``'s commands ran (``replies``: theirs; the last two: the queue's front entry,
+        when ``_reads_front``, and the suspension key) for ``jobs`` jobs that worked ``worked``
+        seconds (``last`` as given to ``finish``: when False, no state of the worker's was read,
+        the later batch's finish reads it)."""
+        self._unsent_jobs += jobs
+        self._unsent_time += worked
+        if not last:
+            return
         if RQ_MAJOR >= 3:
             self.execution = None
         self._front = replies[-2] if self._reads_front else None
         self._empty = self._reads_front and self._front is None
         self._unsuspended = not replies[-1]
-        self._unsent_jobs += 1
-        self._unsent_time += self._worked
-
-    def finished_many(self, replies: list[Any], jobs: int, worked: float, last: bool = True) -> None:
-        """``finish_many``'s commands ran (``replies``: theirs) for ``jobs`` jobs that worked
-        ``worked`` seconds (``last`` as given to ``finish_many``)."""
-        if not last:  # no state of the worker's read: the later batch's finish reads it
-            self._unsent_jobs += jobs
-            self._unsent_time += worked
-            return
-        self._worked = worked
-        self.finished(replies)
-        self._unsent_jobs += jobs - 1
 
     def flush_counters(self, pipe: Any) -> None:
         """Add RQ's worker counters not sent yet to ``pipe``: its ``successful_job_count`` (RQ's
