@@ -260,8 +260,9 @@ def test_the_queue_side_enters_the_fork_core_by_its_step_entries(path: Path) -> 
 
 
 def test_the_service_runs_a_request_through_one_entry_per_step() -> None:
-    service = PACKAGE / "worker" / "service.py"
-    called = [node.attr for node in ast.walk(tree(service)) if isinstance(node, ast.Attribute)
+    # The service, and the table of operations it reads (a fork's check is its entry's).
+    paths = [PACKAGE / "worker" / "service.py", PACKAGE / "protocol" / "operations.py"]
+    called = [node.attr for path in paths for node in ast.walk(tree(path)) if isinstance(node, ast.Attribute)
               and isinstance(node.value, ast.Name) and node.value.id == "forks"]
     # Each once: check, source ops, plan, the children (a batch's: a lone request is a batch of one),
     # what a failure left.

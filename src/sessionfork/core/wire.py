@@ -532,19 +532,9 @@ Failure: TypeAlias = ForkFailure | MergeFailure | SelectFailure
 """The failure reply of any request: nothing was written (``isinstance(reply, Failure)`` tells one)."""
 Outcome: TypeAlias = ForkResult | ForkFailure | MergeResult | MergeFailure | SelectResult | SelectFailure
 """The one outcome of any request (fork, merge or select)."""
-FAILURES: Final[dict[str, type[Failure]]] = {
-    "fork": ForkFailure, "merge": MergeFailure, "select": SelectFailure}
-"""Each operation's failure reply type, by the request's ``op``."""
-
-
 def op_of(request: AnyRequest) -> str:
     """The request's operation: ``"fork"``, ``"merge"`` or ``"select"``."""
     return "fork" if isinstance(request, ForkRequest) else request.op
-
-
-def failure(op: str, request_id: str, code: str, message: str) -> Failure:
-    """The failure reply of an ``op`` request (``fork/error``, ``merge/error``, ``select/error``)."""
-    return FAILURES.get(op, ForkFailure)(request_id=request_id, code=code, message=message)
 
 
 class _Op(msgspec.Struct):

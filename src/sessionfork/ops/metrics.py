@@ -33,16 +33,14 @@ from prometheus_client import (
 
 from .. import __version__
 from ..core import rules
-from ..core.wire import ForkResult, MergeFailure, MergeResult, Outcome, SelectFailure, SelectResult
+from ..core.wire import ForkResult, Outcome
+from ..protocol import operations
+from ..protocol.operations import FORKS, MERGES
 from ..protocol.outcomes import code_of
 
 log = logging.getLogger("sessionfork.outcome")
 _request_source = msgspec.json.Decoder(dict[str, Any])
 
-FORKS: Final = "sessionfork_forks"
-"""Counter of fork outcomes by ``code`` (``OK`` or the error code); Prometheus shows ``…_total``."""
-MERGES: Final = "sessionfork_merges"
-"""Counter of merge and select outcomes by ``op`` (``merge``, ``select``) and ``code``."""
 DURATION: Final = "sessionfork_fork_duration_seconds"
 """Histogram: a request's run time, from its dequeue to its outcome (what a worker is busy for)."""
 LATENCY: Final = "sessionfork_fork_latency_seconds"
@@ -120,6 +118,7 @@ class Observer:
             self.children = self.children.labels(**labels)
             self.depth = self.depth.labels(**labels)
             self.paused = self.paused.labels(**labels)
+        self.counters: dict[str, Any] = {FORKS: self.forks, MERGES: self.merges}  # by an operation's ``metric``
         if queue_depth is not None:
             self.depth.set_function(queue_depth)
         if paused is not None:
@@ -131,14 +130,11 @@ class Observer:
         """One outcome: ``seconds`` its run time, ``latency`` its enqueue-to-outcome time (``None``:
         unknown, as for a queue entry refused unread)."""
         code = code_of(reply)
-        op = _OPS.get(type(reply), "fork")
+        op = operations.of_reply(reply)
         made = _children(reply)
         seeds = [0 if child.seed_length is msgspec.UNSET else child.seed_length for child in made]
         if self.prometheus:
-            if op == "fork":
-                self.forks.labels(code=code).inc()
-            else:
-                self.merges.labels(op=op, code=code).inc()
+            self.counters[op.metric].labels(**op.labels(code)).inc()
             self.duration.observe(seconds)
             if latency is not None:
                 self.latency.observe(latency)
@@ -148,8 +144,8 @@ class Observer:
         if self.otel is not None:
             self.otel.record(op, code, seconds, latency, len(made), seeds)
         if log.isEnabledFor(logging.INFO):  # the line's fields (the payload read again) only when logged
-            log.info("%s %s", op, code, extra={
-                "requestId": request_id, "op": op, "source": _source(payload), "children": [c.id for c in made],
+            log.info("%s %s", op.name, code, extra={
+                "requestId": request_id, "op": op.name, "source": _source(payload), "children": [c.id for c in made],
                 "code": code, "durationMs": round(seconds * 1000, 3)})
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
@@ -185,6 +181,7 @@ class _OtelMetrics:
         self.forks = meter.create_counter(FORKS, unit="", description="Fork requests by outcome code")
         self.merges = meter.create_counter(MERGES, unit="",
                                            description="Merge and select requests by op and outcome code")
+        self.counters = {FORKS: self.forks, MERGES: self.merges}  # by an operation's ``metric``
         self.duration, self.latency, self.seed_length, self.children = (
             meter.create_histogram(name, unit=unit, description=help_, explicit_bucket_boundaries_advisory=buckets)
             for name, (help_, unit, buckets) in HISTOGRAMS.items())
@@ -201,21 +198,15 @@ class _OtelMetrics:
         provider = metrics.get_meter_provider() if provider is None else provider
         return cls(provider.get_meter("sessionfork", __version__), labels, queue_depth)
 
-    def record(self, op: str, code: str, seconds: float, latency: float | None, children: int,
+    def record(self, op: operations.Operation, code: str, seconds: float, latency: float | None, children: int,
                seeds: list[int]) -> None:
-        if op == "fork":
-            self.forks.add(1, {"code": code, **self.labels})
-        else:
-            self.merges.add(1, {"op": op, "code": code, **self.labels})
+        self.counters[op.metric].add(1, {**op.labels(code), **self.labels})
         self.duration.record(seconds, self.labels)
         if latency is not None:
             self.latency.record(latency, self.labels)
         self.children.record(children, self.labels)
         for seed in seeds:
             self.seed_length.record(seed, self.labels)
-
-
-_OPS: dict[type, str] = {MergeResult: "merge", MergeFailure: "merge", SelectResult: "select", SelectFailure: "select"}
 
 
 def _children(reply: Outcome) -> list[Any]:

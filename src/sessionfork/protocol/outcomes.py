@@ -19,6 +19,7 @@ from redis import Redis
 from ..core import keys, records, wire
 from ..core.errors import ErrorCode
 from ..core.wire import Outcome
+from . import operations
 
 DIGEST_CHARS = 32
 """A request digest is kept as its first 32 hex digits (128 bits): enough to tell two requests
@@ -127,5 +128,5 @@ def read_outcome(redis: Redis, request_id: str, digest: str | None, op: str = "f
 
 def conflict(request_id: str, op: str = "fork") -> wire.Failure:
     """The ``IDEMPOTENCY_CONFLICT`` reply of an ``op`` request whose id another request used."""
-    return wire.failure(op, request_id, ErrorCode.IDEMPOTENCY_CONFLICT.value,
-                        f'request id "{request_id}" was already used for a different request')
+    return operations.of(op).failed(request_id, ErrorCode.IDEMPOTENCY_CONFLICT.value,
+                         f'request id "{request_id}" was already used for a different request')

@@ -15,6 +15,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from ..core import errors, rules, wire
+from ..core.forks import FanOut
 from ..core.settings import ENV, REQUEST_LIMIT, Settings
 from ..core.specs import ForkSpec
 from ..core.wire import ForkRequest, LiveHandle, NewEvent
@@ -355,15 +356,29 @@ def edits_of(request: ForkRequest) -> list[list[NewEvent]]:
     return [_new_events(v.edits, f"variants[{i}].edits") for i, v in enumerate(request.variants)]
 
 
-def planned_children(request: ForkRequest) -> int:
-    """How many children a request that ``parse`` accepted asks for (before any id is generated)."""
+def child_ids(request: ForkRequest, new_id: Callable[[], str]) -> list[str]:
+    """The child ids a request that ``parse`` accepted plans: the caller's, or ``new_id()``'s."""
     if request.session_ids is not UNSET:
-        return len(request.session_ids)
+        return list(request.session_ids)
     if request.count is not UNSET:
-        return request.count
+        return [new_id() for _ in range(request.count)]
     if request.variants is not UNSET:
-        return len(request.variants)
-    return 1
+        return [new_id() if v.session_id is UNSET else v.session_id for v in request.variants]
+    return [new_id() if request.session_id is UNSET else request.session_id]
+
+
+def reply_of(request: ForkRequest, request_id: str, made: FanOut) -> wire.Reply:
+    """The reply of a fork request that ``made`` answers: a one-child fork's child (its one
+    failure raised), a fan-out's children and failures."""
+    if not request.fans_out:
+        if made.failed:
+            raise made.failed[0][1]
+        return wire.ForkResult(request_id=request_id, session=made.created[0])
+    return wire.ForkResult(
+        request_id=request_id, ok=not made.failed, sessions=made.created,
+        failed=[wire.ChildError(session_id=cid, code=e.code.value, message=e.message)
+                for cid, e in made.failed] or UNSET,
+    )
 
 
 def spec_of(request: ForkRequest, request_id: str, child_ids: Sequence[str],

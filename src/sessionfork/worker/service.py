@@ -24,26 +24,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from msgspec import UNSET
-
 from ..core import errors, forks, merges, rules, wire
 from ..core.config import Settings
 from ..core.errors import ErrorCode, ForkError
 from ..core.factories import new_session_id, now_ms
-from ..core.forks import FanOut, Sent
+from ..core.forks import Sent
 from ..core.outages import is_outage
 from ..core.registry import Registry
 from ..core.snapshots import ForkPlan, Snapshot
 from ..core.specs import ForkSpec, MergeSpec, SelectSpec
-from ..core.wire import ChildError, ForkRequest, ForkResult, Outcome, Reply
-from ..protocol import merge_requests, requests, tracing
+from ..core.wire import Outcome
+from ..protocol import operations, requests, tracing
+from ..protocol.operations import Operation, Spec
+from ..protocol.outcomes import conflict
 from ..protocol.requests import DEFAULT_LIMITS, Limits
 from ..protocol.shards import shard_of
 from .outcomes import Finish, Outcomes, Pending
 from .trip import Part, Trip
-
-Spec = ForkSpec | MergeSpec | SelectSpec
-"""The one spec of a request: a fork's, a merge's or a select's."""
 
 
 class Start(Part, Protocol):
@@ -63,7 +60,7 @@ class Prepared:
 
     payload: str | bytes
     request_id: str
-    op: str
+    op: Operation
     channel: str
     request: wire.AnyRequest | None = None
     spec: Spec | None = None
@@ -75,7 +72,7 @@ class Prepared:
     @property
     def children(self) -> int:
         """The children it creates, as a batch counts them (``batch_children``): a fork's; else 0."""
-        return len(self.spec.child_ids) if isinstance(self.spec, ForkSpec) else 0
+        return len(_children(self.spec))
 
 
 class Flight:
@@ -145,18 +142,19 @@ class ForkService:
     def prepare(self, payload: str | bytes, job_id: str, *, enqueued_ms: int | None = None) -> Prepared:
         """``payload`` parsed and checked for a batch: its one spec, or its refusal (a request of
         another shard, bad input), before any Redis call."""
-        op = "fork"
+        op = operations.of("fork")
         try:
             self._check_shard(job_id)  # first: the right shard validates it, and nothing is read here
-            op = wire.request_op(payload)
-            request, spec = self._parse(op, payload, job_id)
+            op = operations.of(wire.request_op(payload))
+            request, spec = op.edge(payload, job_id, self.limits, self._new_id)
+            op.check(self.registry, spec)  # the event size limit is the registry's
         except ForkError as exc:
             raw = payload.encode() if isinstance(payload, str) else payload
             return Prepared(payload, job_id, op, requests.reply_channel_of(raw, self.reply_channel, self.limits),
-                            refusal=wire.failure(op, job_id, exc.code.value, exc.message),
+                            refusal=op.failed(job_id, exc.code.value, exc.message),
                             digest=requests.invalid_digest(raw), enqueued_ms=enqueued_ms)
-        alone = (bool(self.registry.forks.state.wait_replicas) or isinstance(spec, SelectSpec)
-                 or (isinstance(spec, ForkSpec) and len(spec.child_ids) > self.batch_children))
+        alone = (bool(self.registry.forks.state.wait_replicas) or op.alone
+                 or len(_children(spec)) > self.batch_children)
         return Prepared(payload, job_id, op, requests.reply_channel(request, self.reply_channel), request, spec,
                         enqueued_ms=enqueued_ms, alone=alone)
 
@@ -227,7 +225,7 @@ class ForkService:
         made = self._created_by(item.spec) if isinstance(item.spec, ForkSpec) else []
         if made:  # no hidden partial state: say what exists
             message += f"; created before the failure: {', '.join(made)}"
-        return wire.failure(item.op, item.request_id, ErrorCode.INTERNAL.value, message)
+        return item.op.failed(item.request_id, ErrorCode.INTERNAL.value, message)
 
     def _claim(self, flight: Flight) -> list[tuple[ForkSpec, ForkPlan, Snapshot | None]]:
         """``begin`` up to its child steps: each request's outcome when its refusal or claim settles
@@ -261,11 +259,11 @@ class ForkService:
                 # Never announced: the request id's one outcome is the first request's. Its
                 # submitter learns of the conflict from the stored digest (``Client.wait``) or
                 # from the any-language enqueue script (-1); this job just ends with it.
-                pending.append(Pending(_conflict(item.op, item.request_id), store=False))
-            elif not isinstance(item.spec, ForkSpec):
+                pending.append(Pending(conflict(item.request_id, item.op.name), store=False))
+            elif not isinstance(item.spec, ForkSpec):  # a merge's or select's steps run with the batch's others
                 merging.append(item.spec)
                 pending.append(None)
-            else:
+            else:  # a fork: its children (those its claim planned) created by the batch's child steps
                 new = claim.state == "NEW"
                 spec = item.spec if new else item.spec.with_children(claim.children)
                 plan = forks.plan(self.registry, spec, groups[look] if new and look is not None else None)
@@ -288,35 +286,17 @@ class ForkService:
         merged = iter(merges.run_many(self.registry, flight.merging))
         for i, (item, done) in enumerate(zip(batch, pending, strict=True)):
             if done is None:
+                result = next(made) if item.op.creates else next(merged)
                 try:
-                    if isinstance(item.spec, ForkSpec):
-                        assert isinstance(item.request, ForkRequest)
-                        reply: Outcome = _fork_reply(item.request, item.request_id, next(made))
-                    else:
-                        result = next(merged)
-                        if isinstance(result, ForkError):
-                            raise result
-                        reply = merge_requests.reply_of(item.request_id, result, isinstance(item.spec, SelectSpec))
+                    if isinstance(result, ForkError):
+                        raise result
+                    reply = item.op.reply(item.request, item.request_id, result)
                 except ForkError as exc:
-                    reply = wire.failure(item.op, item.request_id, exc.code.value, exc.message)
+                    reply = item.op.failed(item.request_id, exc.code.value, exc.message)
                 pending[i] = Pending(reply, item.channel, int((self._monotonic() - flight.began) * 1e6),
                                      _latency_us(item.enqueued_ms))
         then = finish if flight.start is not None and flight.start.sent else None  # RQ's order: start, then finish
         return self.outcomes.record_many([p for p in pending if p is not None], then)
-
-    def _parse(self, op: str, payload: str | bytes, job_id: str) -> tuple[wire.AnyRequest, Spec]:
-        """The request decoded and validated (``INVALID_REQUEST``), and its one spec, checked
-        against ``append``'s rules (the event size limit is the registry's): a fork's
-        (``requests``, ``forks.check``), or a merge's or select's (``merge_requests``, ``merges.check``)."""
-        if op == "fork":
-            fork, edits = requests.parse_edited(payload, job_id, self.limits)
-            spec = requests.spec_of(fork, job_id, self._children_of(fork), edits)
-            forks.check(self.registry, spec)
-            return fork, spec
-        merge = merge_requests.parse(payload, job_id, self.limits, op)
-        merge_spec = merge_requests.spec_of(merge, job_id, self.limits)
-        merges.check(self.registry, merge_spec)
-        return merge, merge_spec
 
     def _check_shard(self, request_id: str) -> None:
         """``WRONG_SHARD`` when ``request_id`` lives on another shard than the one served (a producer
@@ -342,38 +322,12 @@ class ForkService:
         """The core's source step of ``spec`` to ride ``trip`` (``forks.source_ops``), or ``None``."""
         return forks.source_ops(self.registry, spec, trip.redis)
 
-    def _children_of(self, request: ForkRequest) -> list[str]:
-        """The child ids a new request plans: the caller's, or generated ones."""
-        if request.session_ids is not UNSET:
-            return list(request.session_ids)
-        if request.count is not UNSET:
-            return [self._new_id() for _ in range(request.count)]
-        if request.variants is not UNSET:
-            return [self._new_id() if v.session_id is UNSET else v.session_id for v in request.variants]
-        return [self._new_id() if request.session_id is UNSET else request.session_id]
-
     def _created_by(self, spec: ForkSpec) -> list[str]:
         """Children that the spec's request created (best effort: a failing Redis answers none)."""
         try:
             return forks.created_by(self.registry, spec.with_children(self.outcomes.planned(spec.request_id)))
         except Exception:
             return []
-
-
-def _fork_reply(request: ForkRequest, request_id: str, result: FanOut | ForkError) -> Reply:
-    """The reply of a fork request that ``result`` answers (its error raised): a one-child fork's
-    child (its one failure raised), a fan-out's children and failures."""
-    if isinstance(result, ForkError):
-        raise result
-    if not request.fans_out:
-        if result.failed:
-            raise result.failed[0][1]
-        return ForkResult(request_id=request_id, session=result.created[0])
-    return ForkResult(
-        request_id=request_id, ok=not result.failed, sessions=result.created,
-        failed=[ChildError(session_id=cid, code=e.code.value, message=e.message)
-                for cid, e in result.failed] or UNSET,
-    )
 
 
 def _to_keep(spec: ForkSpec, plan: ForkPlan, kept: Snapshot | None) -> Snapshot | None:
@@ -385,13 +339,6 @@ def _to_keep(spec: ForkSpec, plan: ForkPlan, kept: Snapshot | None) -> Snapshot 
 def _children(spec: Spec | None) -> Sequence[str]:
     """The children a request's claim plans: a fork's; a merge or select plans none."""
     return spec.child_ids if isinstance(spec, ForkSpec) else ()
-
-
-def _conflict(op: str, request_id: str) -> Outcome:
-    """The failure of a request whose id was claimed by a different request: never announced (the
-    request id's one outcome is the first request's)."""
-    return wire.failure(op, request_id, ErrorCode.IDEMPOTENCY_CONFLICT.value,
-                        f'request id "{request_id}" was already used for a different request')
 
 
 def _latency_us(enqueued_ms: int | None) -> int:
