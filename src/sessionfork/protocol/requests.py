@@ -99,6 +99,15 @@ class ForkOptions(TypedDict, total=False):
 
 
 OPTION_NAMES: Final = frozenset(ForkOptions.__annotations__)
+_REQUEST_FIELDS: Final = frozenset(f.name for f in msgspec.structs.fields(ForkRequest))
+PASSED_OPTIONS: Final = tuple(name for name in ForkOptions.__annotations__
+                              if name in _REQUEST_FIELDS and name not in ("request_id", "edits", "variants"))
+"""The options a request carries as the caller gave them, each the wire field of its name
+(``ForkRequest``): an option declared in ``ForkOptions`` and the wire reaches the request with no
+line of its own here (``tests/protocol/test_fork_options.py`` pins the three declarations)."""
+PASSED_TO_SPEC: Final = tuple(f.name for f in msgspec.structs.fields(ForkSpec)
+                              if f.name in _REQUEST_FIELDS and f.name not in ("source", "request_id", "edits"))
+"""The request's fields its spec takes as they are (``ForkSpec``'s of the same name; absent: ``None``)."""
 
 
 def check_options(options: Mapping[str, object], where: str) -> None:
@@ -135,10 +144,9 @@ def build(source: str | LiveHandle, options: ForkOptions, new_id: Callable[[], s
                                       edits=_edits(v.edits)) for v in variants]
     if summary is not None and not isinstance(summary, wire.Summary):
         raise errors.invalid(f"summary must be a sessionfork.Summary, got {type(summary).__name__}")
-    return ForkRequest(source=source, request_id=request_id, session_id=given("session_id"),
-                       session_ids=given("session_ids"), count=given("count"), reply_to=given("reply_to"),
-                       traceparent=traceparent, boundary=given("boundary"), if_length=given("if_length"),
-                       edits=_edits(options.get("edits")), variants=wire_variants, summary=given("summary"))
+    return ForkRequest(source=source, request_id=request_id, traceparent=traceparent,
+                       edits=_edits(options.get("edits")), variants=wire_variants,
+                       **{name: given(name) for name in PASSED_OPTIONS})
 
 
 def checked(request: R, *, to_wait: bool = False) -> R:
@@ -394,11 +402,8 @@ def spec_of(request: ForkRequest, request_id: str, child_ids: Sequence[str],
     else:
         same = tuple(edits[0])
         own = tuple(same for _ in child_ids) if same else ()
-    return ForkSpec(source=request.source, child_ids=tuple(child_ids), request_id=request_id,
-                    boundary=None if request.boundary is UNSET else request.boundary,
-                    if_length=None if request.if_length is UNSET else request.if_length, edits=own,
-                    summary=None if request.summary is UNSET else request.summary,
-                    traceparent=None if request.traceparent is UNSET else request.traceparent)
+    passed = {name: None if (value := getattr(request, name)) is UNSET else value for name in PASSED_TO_SPEC}
+    return ForkSpec(source=request.source, child_ids=tuple(child_ids), request_id=request_id, edits=own, **passed)
 
 
 def is_valid_channel(name: str) -> bool:
