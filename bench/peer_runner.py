@@ -35,7 +35,7 @@ THREADS = 8
 """Worker threads of the Dramatiq and Huey processes: Dramatiq's default, Huey's common setting."""
 DRAIN_LIMIT = 600.0
 """Seconds a threaded peer's drain may take before the runner reports what it counted."""
-_SESSIONFORK = ("bench.measure", "sessionfork.cli", "sessionfork.worker.fork_worker", "sessionfork.ops.metrics",
+_SESSIONFORK = ("bench.measure", "sessionfork.cli", "sessionfork.worker.request_worker", "sessionfork.ops.metrics",
                 "sessionfork.worker.shard_check")
 SETTINGS = {"sessionfork": {}, "sessionfork-1": {"SESSIONFORK_BATCH": "1"}}
 """The environment each sessionfork system's worker command reads (the runner's own is not read)."""

@@ -1,6 +1,6 @@
 """What a job costs the Redis server, worker side: its CPU (``INFO cpu`` deltas) and its round trips.
 
-Measured in this process, on a throwaway server it is given (see ``bench``): a ``ForkWorker``
+Measured in this process, on a throwaway server it is given (see ``bench``): a ``RequestWorker``
 working off fork requests queued beforehand, beside RQ's ``SimpleWorker`` on as many no-op jobs
 (``bench.measure.noop``); sessionfork's own steps with no RQ job around them; and what a waiting
 scheduler adds. ``bench.main`` reports them, ``python -m bench.cpu`` runs them alone, and
@@ -32,7 +32,7 @@ def redis_cpu_us(redis: Redis) -> float:
 
 
 def redis_cpu_per_job(server: EmbeddedServer, jobs: int) -> tuple[float, float, float]:
-    """Redis CPU (µs) per job, worker side: a ``ForkWorker`` fork job taken in batches (the
+    """Redis CPU (µs) per job, worker side: a ``RequestWorker`` fork job taken in batches (the
     default, ``Settings().batch``), the same taken one at a time (``batch=1``), and a
     ``SimpleWorker`` no-op; each a burst over ``jobs`` jobs enqueued beforehand (the enqueue's CPU
     is not counted).
@@ -53,7 +53,7 @@ def redis_cpu_per_job(server: EmbeddedServer, jobs: int) -> tuple[float, float, 
 
 def steps_cpu_per_fork(server: EmbeddedServer, jobs: int) -> float:
     """Redis CPU (µs) per fork of sessionfork's own steps alone (claim and source step, child,
-    record): ``ForkService.handle`` run in a loop on ``jobs`` requests built beforehand, no RQ job
+    record): ``RequestService.handle`` run in a loop on ``jobs`` requests built beforehand, no RQ job
     around it (no dequeue, no RQ start or finish bookkeeping). The same source and server as
     ``redis_cpu_per_job``: the difference between the two is RQ's per-job share."""
     from sessionfork.protocol import requests
@@ -112,7 +112,7 @@ def waiter_cpu_us(server: EmbeddedServer, requests: int, chunks: int = 10) -> fl
 
 
 def round_trips(server: EmbeddedServer, jobs: int) -> tuple[float, float, float]:
-    """Redis round trips per job, worker side: a ``ForkWorker`` fork job in batches (the default), the
+    """Redis round trips per job, worker side: a ``RequestWorker`` fork job in batches (the default), the
     same one at a time (``batch=1``), a ``SimpleWorker`` no-op.
 
     Counted in-process, as commands (or pipelines) written to a socket during a burst.
@@ -139,7 +139,7 @@ def round_trips(server: EmbeddedServer, jobs: int) -> tuple[float, float, float]
 
 
 def _fork_context(settings: Settings) -> tuple[Any, Any]:
-    """The command line's ``Context`` on the servers ``settings`` names and its ``ForkService``,
+    """The command line's ``Context`` on the servers ``settings`` names and its ``RequestService``,
     with the 12-event source ``bench-src`` that the CPU bursts fork."""
     from sessionfork.cli.app import Context
 
@@ -149,17 +149,17 @@ def _fork_context(settings: Settings) -> tuple[Any, Any]:
 
 
 def queued_fork_worker(settings: Settings, jobs: int, batch: int = 1) -> Any:
-    """A ``ForkWorker`` in this process, on the servers ``settings`` names (flushed by the caller),
+    """A ``RequestWorker`` in this process, on the servers ``settings`` names (flushed by the caller),
     with ``jobs`` single-fork requests of a 12-event source queued before it starts, taking up to
     ``batch`` of them at once (``sessionfork worker`` takes ``settings.batch``)."""
-    from sessionfork.worker.fork_worker import ForkWorker
     from sessionfork.worker.jobs import make_queue
+    from sessionfork.worker.request_worker import RequestWorker
 
     context, service = _fork_context(settings)
     client = Client(context.queue_redis(), settings)
     for i in range(jobs):
         client.submit(client.request("bench-src", session_id=f"c-{i}"))
-    return ForkWorker([make_queue(client.redis, client.settings)], service=service,
+    return RequestWorker([make_queue(client.redis, client.settings)], service=service,
                       connection=service.outcomes.redis, abandoned_after=30, batch=batch)
 
 
@@ -178,7 +178,7 @@ def _noop_burst(server: EmbeddedServer, jobs: int) -> Callable[[], object]:
 
 def _fork_burst(server: EmbeddedServer, jobs: int, batch: int) -> Callable[[], object]:
     """On a flushed ``server``: ``jobs`` single-fork requests queued; returns the burst that works them
-    off (a ``ForkWorker`` taking up to ``batch`` at once), to run once."""
+    off (a ``RequestWorker`` taking up to ``batch`` at once), to run once."""
     flushed(server)
     worker = queued_fork_worker(Settings(redis_url=server.url), jobs, batch)
     return lambda: worker.work(burst=True, logging_level="ERROR")

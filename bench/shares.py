@@ -3,7 +3,7 @@ alone, or as part of ``bench.main``.
 
 The registry is started on a server of its own, apart from the queue server, so that each one's
 ``INFO cpu`` delta over a burst of ``jobs`` single-fork jobs (worker side: queued beforehand, one
-``ForkWorker`` in this process works them off) is that server's own CPU per fork. What a sharded
+``RequestWorker`` in this process works them off) is that server's own CPU per fork. What a sharded
 deployment needs follows: the queue primaries a target rate needs (each at 100 % of a core, the
 waiting schedulers' share included), and the registry cores (cluster masters) beside them.
 """
@@ -26,7 +26,7 @@ Row = tuple[str, float, str, float | None, str]
 
 def split_cpu_per_fork(queue_server: EmbeddedServer, registry_server: EmbeddedServer, jobs: int) -> tuple[float, float]:
     """Redis CPU (µs) per fork job, worker side, on the queue server and on the registry: ``jobs``
-    requests queued beforehand, then worked off by one ``ForkWorker`` in burst mode."""
+    requests queued beforehand, then worked off by one ``RequestWorker`` in burst mode."""
     queue, registry = flushed(queue_server), flushed(registry_server)
     worker = queued_fork_worker(Settings(redis_url=registry_server.url, queue_url=queue_server.url), jobs)
     before = redis_cpu_us(queue), redis_cpu_us(registry)

@@ -16,7 +16,7 @@ from .core.config import from_environ
 from .core.registry import Registry
 from .core.wire import Outcome
 from .worker.jobs import JOB_FUNCTION, JSONSerializer, is_final_attempt
-from .worker.service import ForkService
+from .worker.service import RequestService
 
 __all__ = ["JOB_FUNCTION", "JSONSerializer", "fork"]
 
@@ -27,5 +27,5 @@ def fork(payload: str) -> Outcome:
     if job is None:
         raise RuntimeError("sessionfork.jobs.fork runs only inside an RQ job")
     settings = from_environ(os.environ)
-    service = ForkService.from_settings(Registry.from_settings(job.connection, settings), job.connection, settings)
+    service = RequestService.from_settings(Registry.from_settings(job.connection, settings), job.connection, settings)
     return service.handle(payload, job.id, final_attempt=is_final_attempt(job))

@@ -184,7 +184,7 @@ def test_one_reply_channel_rule_for_clients_and_worker(monkeypatch: pytest.Monke
         return seen[-1]
 
     monkeypatch.setattr(service.requests, "reply_channel", spy)
-    svc = service.ForkService.from_settings(Registry(redis), redis,
+    svc = service.RequestService.from_settings(Registry(redis), redis,
                                             msgspec.structs.replace(SETTINGS, reply_channel="chan"))
     reply = svc.handle(wire.encode(requests.build("nobody", {"request_id": "r-2"}, str)), "r-2")
     assert isinstance(reply, ForkFailure) and reply.code == "SESSION_NOT_FOUND"

@@ -218,9 +218,9 @@ def test_a_variant_fan_out_resumed_after_a_crash_gives_each_child_its_own_edits_
     and the first child keeps its edits once."""
     from sessionfork.protocol.requests import Limits
     from sessionfork.worker.outcomes import Outcomes
-    from sessionfork.worker.service import ForkService
+    from sessionfork.worker.service import RequestService
 
-    svc = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
+    svc = RequestService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
                       limits=Limits(max_fanout=16))
     step = registry.forks.child_step
 

@@ -61,7 +61,7 @@ elif step == "created":
 elif step == "recording":
     Outcomes.record_many = die  # type: ignore[method-assign]
 elif step == "overlapped":
-    begin, end = service.ForkService.begin, service.ForkService.end
+    begin, end = service.RequestService.begin, service.RequestService.end
     begun: list[Any] = []
 
     def began(self: Any, batch: Any, **kwargs: Any) -> Any:
@@ -75,8 +75,8 @@ elif step == "overlapped":
             die()
         return end(self, flight, **kwargs)
 
-    service.ForkService.begin = began  # type: ignore[method-assign]
-    service.ForkService.end = ended  # type: ignore[method-assign]
+    service.RequestService.begin = began  # type: ignore[method-assign]
+    service.RequestService.end = ended  # type: ignore[method-assign]
 else:
     raise SystemExit(f"unknown step {step!r}")
 

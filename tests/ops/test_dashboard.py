@@ -21,11 +21,11 @@ from sessionfork.ops.metrics import Observer, formatter
 from sessionfork.ops.stats import compute_stats, format_line, read_outcomes
 from sessionfork.protocol.requests import Limits
 from sessionfork.worker.outcomes import Outcomes
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.service import RequestService
 
 
-def service(redis: Redis, registry: Registry) -> ForkService:
-    return ForkService(registry, Outcomes(redis, ttl=60, stream_maxlen=1000), reply_channel="sf:replies",
+def service(redis: Redis, registry: Registry) -> RequestService:
+    return RequestService(registry, Outcomes(redis, ttl=60, stream_maxlen=1000), reply_channel="sf:replies",
                        limits=Limits(max_fanout=16))
 
 

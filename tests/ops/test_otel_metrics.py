@@ -20,7 +20,7 @@ from sessionfork.ops import metrics
 from sessionfork.ops.metrics import HISTOGRAMS, Observer
 from sessionfork.protocol.requests import Limits
 from sessionfork.worker.outcomes import Outcomes
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.service import RequestService
 
 NAMES = {metrics.FORKS, metrics.MERGES, metrics.DURATION, metrics.LATENCY, metrics.SEED_LENGTH, metrics.CHILDREN,
          metrics.QUEUE_DEPTH}
@@ -30,7 +30,7 @@ def replies(redis: Redis, registry: Registry) -> list[Reply]:
     """Real outcomes: a fork, a fan-out of two, a missing source, a request that is not JSON, a merge."""
     src = registry.create("otel-src")
     registry.append(src, [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
-    service = ForkService(registry, Outcomes(redis, ttl=60, stream_maxlen=1000), reply_channel="sf:replies",
+    service = RequestService(registry, Outcomes(redis, ttl=60, stream_maxlen=1000), reply_channel="sf:replies",
                           limits=Limits(max_fanout=16))
     return [service.handle('{"source":"otel-src","sessionId":"o1"}', "r1"),
             service.handle('{"source":"otel-src","sessionIds":["o2","o3"]}', "r2"),

@@ -15,7 +15,7 @@ SOURCES = sorted(PACKAGE.rglob("*.py"))
 # The worker's job, seam and worker modules, and the public job function, speak RQ.
 RQ_MODULES = {"sessionfork.jobs", "sessionfork.worker.jobs", "sessionfork.worker.rq_seam.worker",
               "sessionfork.worker.rq_seam.entries", "sessionfork.worker.rq_seam.ledger",
-              "sessionfork.worker.fork_worker"}
+              "sessionfork.worker.request_worker"}
 SEAM = "sessionfork.worker.rq_seam"
 """The RQ seam (a package of the worker side: ``worker``, ``entries`` and ``ledger`` import RQ,
 ``riders`` does not)."""
@@ -148,7 +148,7 @@ def test_a_scheduler_importing_the_client_loads_neither_the_worker_nor_the_fork_
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = set(ast.literal_eval(out.stdout.strip()))
     assert "sessionfork.client" in loaded
-    assert not loaded & {"sessionfork.worker.fork_worker", "sessionfork.worker.service",
+    assert not loaded & {"sessionfork.worker.request_worker", "sessionfork.worker.service",
                          "sessionfork.worker.rq_seam.worker", "sessionfork.worker.rq_seam.entries",
                          "sessionfork.cli"}
 

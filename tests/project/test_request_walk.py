@@ -26,9 +26,9 @@ from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkResult, MergeResult, NewEvent
 from sessionfork.protocol.requests import Limits
 from sessionfork.worker import jobs
-from sessionfork.worker.fork_worker import ForkWorker
 from sessionfork.worker.outcomes import Outcomes
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.request_worker import RequestWorker
+from sessionfork.worker.service import RequestService
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "sessionfork"
 LAYER = {"core": 0, "protocol": 1, "clients": 2, "worker": 2, "ops": 3, "cli": 4}
@@ -74,10 +74,10 @@ def test_a_mixed_batch_through_a_real_worker_never_climbs_back_up_a_layer(redis:
     registry.append(registry.create("src"), [NewEvent("turn/start"), NewEvent("turn/end")])
     family(registry, "parent", ["kid"])
     client = Client(redis)
-    service = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
+    service = RequestService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
                           limits=Limits(max_fanout=16))
     client.submit(client.request("src", count=1, request_id="warm-up"))
-    worker = ForkWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis, abandoned_after=30,
+    worker = RequestWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis, abandoned_after=30,
                         batch=32)
     assert worker.work(burst=True, logging_level="WARNING") is True  # scripts loaded: the walk is a steady one
     ids = [client.submit(request) for request in [

@@ -13,7 +13,7 @@ from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
 from sessionfork.protocol import requests
 from sessionfork.protocol.requests import Limits
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.service import RequestService
 
 
 def limits(**given: Any) -> Limits:
@@ -82,4 +82,4 @@ def test_the_write_limit_is_the_setting() -> None:
     assert Limits().max_write_bytes == Settings().max_request_write_bytes == 16 * 1024 * 1024
     settings = config.from_environ({"SESSIONFORK_MAX_REQUEST_WRITE_BYTES": "1000"})
     unused = Redis(port=1)  # never connected: the service is only built
-    assert ForkService.from_settings(Registry(unused), unused, settings).limits.max_write_bytes == 1000
+    assert RequestService.from_settings(Registry(unused), unused, settings).limits.max_write_bytes == 1000

@@ -20,9 +20,9 @@ from sessionfork.core.config import Settings
 from sessionfork.core.wire import ForkResult, MergeResult, Outcome
 from sessionfork.protocol.requests import Limits
 from sessionfork.worker import jobs
-from sessionfork.worker.fork_worker import ForkWorker
 from sessionfork.worker.outcomes import Outcomes
-from sessionfork.worker.service import Flight, ForkService
+from sessionfork.worker.request_worker import RequestWorker
+from sessionfork.worker.service import Flight, RequestService
 
 pytestmark = pytest.mark.rq
 
@@ -30,7 +30,7 @@ TURN_EVENTS = 2  # the source's one turn: turn/start, turn/end
 RQ_MAJOR = int(VERSION.split(".")[0])
 
 
-class Watched(ForkService):
+class Watched(RequestService):
     """Records each ``prepare``, ``begin`` and ``end`` (``("prepare" | "begin" | "end", request
     ids)``), and runs ``at_end`` at each ``end``'s entry and ``after_end`` once it returned."""
 
@@ -62,10 +62,10 @@ class Watched(ForkService):
         return out
 
 
-def _run(redis: Redis, registry: Registry, batch_children: int) -> tuple[Watched, ForkWorker]:
+def _run(redis: Redis, registry: Registry, batch_children: int) -> tuple[Watched, RequestWorker]:
     service = Watched(registry, Outcomes(redis, ttl=600, stream_maxlen=10_000), reply_channel="sf:replies",
                       limits=Limits(max_fanout=64), batch_children=batch_children)
-    worker = ForkWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis,
+    worker = RequestWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis,
                         abandoned_after=30, batch=16)
     return service, worker
 

@@ -39,18 +39,18 @@ from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
 from sessionfork.protocol.requests import Limits
 from sessionfork.protocol.shards import shard_of
 from sessionfork.worker import jobs
-from sessionfork.worker.fork_worker import ForkWorker
 from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.request_worker import RequestWorker
 from sessionfork.worker.rq_seam.entries import DequeuedJob, Taken
 from sessionfork.worker.rq_seam.riders import Finished, Started
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.service import RequestService
 
 pytestmark = pytest.mark.rq
 
 TURN = [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})]
 
 
-class Counting(ForkWorker):
+class Counting(RequestWorker):
     """Records the size of every ``take`` that found entries, the jobs of every batch, and every
     job run on its own (a batch of one, or refused)."""
 
@@ -78,8 +78,8 @@ class Counting(ForkWorker):
 
 
 def _service(redis: Redis, registry: Registry, shard: tuple[int, int] | None = None,
-             batch_children: int = Settings().batch_children) -> ForkService:
-    return ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=10_000), reply_channel="sf:replies",
+             batch_children: int = Settings().batch_children) -> RequestService:
+    return RequestService(registry, Outcomes(redis, ttl=600, stream_maxlen=10_000), reply_channel="sf:replies",
                        limits=Limits(max_fanout=1024), shard=shard, batch_children=batch_children)
 
 
@@ -296,7 +296,7 @@ def test_a_batchs_fan_outs_keep_their_snapshots_in_one_transaction(redis: Redis,
 
 def test_the_batch_children_setting_reaches_the_worker(redis: Redis, registry: Registry) -> None:
     settings = from_environ({"SESSIONFORK_BATCH_CHILDREN": "3"})
-    service = ForkService.from_settings(registry, redis, settings)
+    service = RequestService.from_settings(registry, redis, settings)
     assert service.batch_children == 3
     registry.append(registry.create("src"), TURN)
     client = Client(redis)
@@ -609,7 +609,7 @@ def test_a_fan_out_left_out_of_a_batch_has_its_ids_generated_once(redis: Redis, 
         made.append(f"gen-{len(made)}")
         return made[-1]
 
-    service = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=10_000), reply_channel="sf:replies",
+    service = RequestService(registry, Outcomes(redis, ttl=600, stream_maxlen=10_000), reply_channel="sf:replies",
                           limits=Limits(max_fanout=1024), new_id=new_id, batch_children=2)
     client = Client(redis)
     fan = service.prepare(wire.encode(client.request("src", request_id="f-1", count=3)), "f-1")

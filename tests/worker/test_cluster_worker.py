@@ -31,9 +31,9 @@ from sessionfork.core.wire import ForkFailure, ForkResult, Header, MergeResult, 
 from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
 from sessionfork.protocol.requests import Limits
 from sessionfork.worker import jobs
-from sessionfork.worker.fork_worker import ForkWorker
 from sessionfork.worker.outcomes import Outcomes
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.request_worker import RequestWorker
+from sessionfork.worker.service import RequestService
 
 pytestmark = pytest.mark.rq  # its stop handler test builds RQ's worker (run.py: again on RQ 2)
 
@@ -136,9 +136,9 @@ def test_the_stop_handler_of_a_cluster_worker_never_raises_and_ends_the_clusters
     settings = msgspec.structs.replace(SETTINGS, cluster=True)
     registry_redis, queue_redis = registry_client(settings, cluster.url), connect_queue(settings, queue_server.url)
     try:
-        svc = ForkService(Registry(registry_redis), Outcomes(queue_redis, ttl=60, stream_maxlen=100),
+        svc = RequestService(Registry(registry_redis), Outcomes(queue_redis, ttl=60, stream_maxlen=100),
                           reply_channel="sf:replies", limits=Limits(max_fanout=16))
-        worker = ForkWorker([jobs.make_queue(queue_redis, settings)], service=svc, connection=queue_redis,
+        worker = RequestWorker([jobs.make_queue(queue_redis, settings)], service=svc, connection=queue_redis,
                             abandoned_after=30)
         assert registry_redis.retry.get_retries() > 0  # type: ignore[union-attr]
         saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -15,14 +15,14 @@ from sessionfork.core.config import Settings
 from sessionfork.core.wire import ForkFailure, ForkResult
 from sessionfork.protocol.requests import Limits
 from sessionfork.worker import jobs
-from sessionfork.worker.fork_worker import ForkWorker
 from sessionfork.worker.outcomes import Outcomes
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.request_worker import RequestWorker
+from sessionfork.worker.service import RequestService
 
 TURN = [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})]
 
 
-class FrontTakenByAnother(ForkWorker):
+class FrontTakenByAnother(RequestWorker):
     """After its first job, another worker takes the entry this one saw at the queue's front."""
 
     taken: ClassVar[list[bytes]] = []
@@ -34,8 +34,8 @@ class FrontTakenByAnother(ForkWorker):
             self.taken.append(self._front)
 
 
-def _service(redis: Redis, registry: Registry) -> ForkService:
-    return ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
+def _service(redis: Redis, registry: Registry) -> RequestService:
+    return RequestService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
                        limits=Limits(max_fanout=16))
 
 
@@ -63,7 +63,7 @@ def test_a_bad_entry_at_the_front_is_refused_with_an_outcome(redis: Redis, regis
     first = client.submit(client.request("src", session_id="ok-child", request_id="good-1"))
     redis.rpush(queue_of(client).key, b"no-such-job", b"bad:id", b"\xff\xfe")  # after it: the front at its finish
     service = _service(redis, registry)
-    worker = ForkWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis, abandoned_after=30)
+    worker = RequestWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis, abandoned_after=30)
     assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
     assert isinstance(service.outcomes.get(first), ForkResult)
     for entry in (b"no-such-job", b"bad:id", b"\xff\xfe"):

@@ -20,17 +20,17 @@ from sessionfork.core.config import Settings
 from sessionfork.core.wire import ForkResult
 from sessionfork.protocol.requests import Limits
 from sessionfork.worker import jobs
-from sessionfork.worker.fork_worker import ForkWorker
 from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.request_worker import RequestWorker
 from sessionfork.worker.rq_seam.entries import DequeuedJob, Taken
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.service import RequestService
 
 pytestmark = pytest.mark.rq
 
 TURN = [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})]
 
 
-class Watched(ForkWorker):
+class Watched(RequestWorker):
     """Counts every ``take`` (those that found nothing too) and every job fetched as RQ fetches
     it (its hash read in a round trip of its own)."""
 
@@ -57,7 +57,7 @@ def _worker(redis: Redis, registry: Registry, batch: int, monkeypatch: pytest.Mo
         return fetch(cls, job_id, *args, **kwargs)
 
     monkeypatch.setattr(DequeuedJob, "fetch", classmethod(fetched))
-    service = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
+    service = RequestService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
                           limits=Limits(max_fanout=16))
     return Watched([jobs.make_queue(redis, Settings())], service=service, connection=redis, abandoned_after=30,
                    batch=batch)

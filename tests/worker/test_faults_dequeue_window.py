@@ -26,12 +26,12 @@ import os, signal, sys
 from sessionfork.core import config
 from sessionfork.worker import jobs
 from sessionfork.cli.app import Context
-from sessionfork.worker.fork_worker import ForkWorker
+from sessionfork.worker.request_worker import RequestWorker
 
 url, name, signame = sys.argv[1:4]
 
 
-class DiesAfterDequeue(ForkWorker):
+class DiesAfterDequeue(RequestWorker):
     # Gets signal `signame` right after RQ's dequeue returned a job, before the job starts: the
     # moment a signal or a crash can hit any worker busy with a stream of requests.
     def dequeue_job_and_maintain_ttl(self, timeout, max_idle_time=None):

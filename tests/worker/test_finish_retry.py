@@ -25,14 +25,14 @@ from sessionfork.core.wire import ForkFailure
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.protocol.requests import Limits
 from sessionfork.worker import jobs
-from sessionfork.worker.fork_worker import ForkWorker
 from sessionfork.worker.outcomes import Outcomes
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.request_worker import RequestWorker
+from sessionfork.worker.service import RequestService
 
 pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
 
 
-class PrimaryDiesInFinish(ForkWorker):
+class PrimaryDiesInFinish(RequestWorker):
     """The first success pipeline fails after the job's finish (the execution's clean-up in it)
     was queued in it."""
 
@@ -66,7 +66,7 @@ def test_a_finish_that_failed_mid_pipeline_is_run_again_and_the_worker_goes_on(r
     if kept:
         for request_id in ids:
             redis.hset(f"rq:job:{request_id}", "result_ttl", -1)
-    service = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
+    service = RequestService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
                           limits=Limits(max_fanout=16))
     worker = PrimaryDiesInFinish([jobs.make_queue(redis, Settings())], service=service, connection=redis,
                                  abandoned_after=30)
@@ -102,8 +102,8 @@ def test_the_finish_never_runs_without_the_outcome_when_the_server_lost_its_scri
     ids = [client.submit(client.request("src", session_id=f"s{i}")) for i in range(2)]
     ScriptsLostBeforeEachRecord.flushes = 0
     outcomes = ScriptsLostBeforeEachRecord(redis, ttl=600, stream_maxlen=1000)
-    service = ForkService(registry, outcomes, reply_channel="sf:replies", limits=Limits(max_fanout=16))
-    worker = ForkWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis, abandoned_after=30)
+    service = RequestService(registry, outcomes, reply_channel="sf:replies", limits=Limits(max_fanout=16))
+    worker = RequestWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis, abandoned_after=30)
     # A worker that cannot get past the lost scripts (a transaction's NOSCRIPT never loads them)
     # would retry for ever: past the deadline it gets the SIGTERM a supervisor would send.
     fired: list[bool] = []
@@ -136,9 +136,9 @@ def test_the_finish_runs_in_the_records_transaction_right_after_the_record(serve
     client = Client(redis)
     request_id = client.submit(client.request("src", session_id="c"))
     queue = jobs.make_queue(redis, Settings())
-    service = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
+    service = RequestService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
                           limits=Limits(max_fanout=16))
-    worker = ForkWorker([queue], service=service, connection=redis, abandoned_after=30)
+    worker = RequestWorker([queue], service=service, connection=redis, abandoned_after=30)
     with monitored(server) as seen:
         assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
     assert service.outcomes.get(request_id).ok  # type: ignore[union-attr]
@@ -172,9 +172,9 @@ def test_rq_keeps_the_outcome_stored_first_as_the_jobs_result(redis: Redis, regi
     registry.append(registry.create("src"), [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
     client = Client(redis)
     request_id = client.submit(client.request("src", session_id="raced"))
-    service = ForkService(registry, AnotherAttemptRecordsFirst(redis, ttl=600, stream_maxlen=1000),
+    service = RequestService(registry, AnotherAttemptRecordsFirst(redis, ttl=600, stream_maxlen=1000),
                           reply_channel="sf:replies", limits=Limits(max_fanout=16))
-    worker = ForkWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis, abandoned_after=30)
+    worker = RequestWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis, abandoned_after=30)
     assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
     stored = service.outcomes.get(request_id)
     assert isinstance(stored, ForkFailure) and stored.message == "the other attempt's"
@@ -194,10 +194,10 @@ def test_jobs_whose_outcomes_go_on_another_client_are_started_and_finished_on_th
     ids = [client.submit(client.request("src", session_id="apart-new", request_id="apart-new")),
            client.submit(request)]
     with server.client() as other:
-        service = ForkService(registry, Outcomes(other, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
+        service = RequestService(registry, Outcomes(other, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
                               limits=Limits(max_fanout=16))
         first = service.handle(msgspec.json.encode(request), "apart-replayed")  # answered before the worker runs it
-        worker = ForkWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis,
+        worker = RequestWorker([jobs.make_queue(redis, Settings())], service=service, connection=redis,
                             abandoned_after=30)
         assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
     assert [Job.fetch(r, connection=redis, serializer=jobs.JSONSerializer).get_status() for r in ids] == \

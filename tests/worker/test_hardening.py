@@ -24,23 +24,23 @@ from sessionfork.core.wire import ForkFailure, ForkResult
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.protocol.requests import Limits
 from sessionfork.worker import jobs
-from sessionfork.worker.fork_worker import ForkWorker
 from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.request_worker import RequestWorker
 from sessionfork.worker.rq_seam.entries import ForkJob
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.service import RequestService
 
 pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
 
 TURN = [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})]
 
 
-def service(redis: Redis, registry: Registry | None = None) -> ForkService:
-    return ForkService(registry or Registry(redis), Outcomes(redis, ttl=600, stream_maxlen=1000),
+def service(redis: Redis, registry: Registry | None = None) -> RequestService:
+    return RequestService(registry or Registry(redis), Outcomes(redis, ttl=600, stream_maxlen=1000),
                        reply_channel="sf:replies", limits=Limits(max_fanout=16))
 
 
-def worker(redis: Redis, svc: ForkService, **kwargs: Any) -> ForkWorker:
-    return ForkWorker([jobs.make_queue(redis, Settings())], service=svc, connection=redis, abandoned_after=30,
+def worker(redis: Redis, svc: RequestService, **kwargs: Any) -> RequestWorker:
+    return RequestWorker([jobs.make_queue(redis, Settings())], service=svc, connection=redis, abandoned_after=30,
                       **kwargs)
 
 

@@ -1,6 +1,6 @@
 """Hostile input, property-based: whatever a queue carries, the request ends as a typed
 ``INVALID_REQUEST`` outcome, the worker survives without logging a traceback, nothing is executed
-and the registry is untouched. ``ForkService.parse`` is also checked alone (no server).
+and the registry is untouched. ``RequestService.parse`` is also checked alone (no server).
 
 Cases tried per category are printed and written to ``<pytest tmp>/hostile-counts*/*.json``.
 """
@@ -222,7 +222,7 @@ def _report(level: str, counts: Counter[str], tmp_path_factory: pytest.TempPathF
     print(f"\nhostile cases tried ({level}, {total} in all): {json.dumps(dict(sorted(counts.items())))} -> {path}")
 
 
-# -- unit level: ForkService.parse alone ------------------------------------------------------------
+# -- unit level: RequestService.parse alone ------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkFailure, NewEvent
 from sessionfork.protocol.requests import Limits
 from sessionfork.worker.outcomes import Outcomes
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.service import RequestService
 
 pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
 
@@ -54,7 +54,7 @@ def test_a_request_id_claimed_by_an_unfinished_request_is_a_conflict_for_another
     registry = Registry(redis)
     registry.append(registry.create("src"), TURN)
     outcomes = Outcomes(redis, ttl=60, stream_maxlen=100)
-    svc = ForkService(registry, outcomes, reply_channel="sf:replies", limits=Limits(max_fanout=16))
+    svc = RequestService(registry, outcomes, reply_channel="sf:replies", limits=Limits(max_fanout=16))
     # A first attempt of request A claimed "dup" (planning child "a-child") and died before its outcome.
     first = wire.decode_request('{"source":"src","sessionId":"a-child"}')
     lua.run(redis, [outcomes.claim_op([("dup", first, ["a-child"])])])

@@ -21,7 +21,7 @@ from sessionfork.core.wire import ForkFailure, ForkResult, Header, NewEvent
 from sessionfork.ops import diff, lineage
 from sessionfork.protocol.outcomes import read_outcome
 from sessionfork.worker.outcomes import Outcomes
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.service import RequestService
 
 TURN = [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})]
 HEADERS = [
@@ -50,7 +50,7 @@ def test_lua_writes_the_same_header_json_as_python(redis: Redis, header: Header)
 def test_compact_fields_fit_a_listpack_at_redis_defaults(redis: Redis) -> None:
     registry = Registry(redis)
     registry.append(registry.create("src", cwd="/workspace"), TURN)
-    reply = ForkService(registry, Outcomes(redis, ttl=60, stream_maxlen=10), reply_channel="sf:replies").handle(
+    reply = RequestService(registry, Outcomes(redis, ttl=60, stream_maxlen=10), reply_channel="sf:replies").handle(
         '{"source":"src","sessionId":"session-0d3b0a7c-6f2e-4d0b-9a55-1f1f7c1c9e21"}', "req-1")
     assert isinstance(reply, ForkResult)
     assert redis.object("encoding", keys.session(reply.session.id)) == b"listpack"
@@ -77,7 +77,7 @@ def test_setting_0_writes_the_old_layout(redis: Redis) -> None:
     settings = Settings(compact_records=False)
     registry = Registry.from_settings(redis, settings)
     registry.append(registry.create("src", cwd="/w"), TURN)
-    reply = ForkService.from_settings(registry, redis, settings).handle('{"source":"src","sessionId":"c"}', "r")
+    reply = RequestService.from_settings(registry, redis, settings).handle('{"source":"src","sessionId":"c"}', "r")
     assert isinstance(reply, ForkResult)
     assert redis.hget(keys.request("r"), "outcome") == wire.encode(reply)
     assert not redis.hexists(keys.request("r"), "child")

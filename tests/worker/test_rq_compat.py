@@ -21,10 +21,10 @@ from sessionfork.core.registry import Registry
 from sessionfork.core.wire import ForkRequest
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.worker import jobs, rq_seam
-from sessionfork.worker.fork_worker import ForkWorker
 from sessionfork.worker.outcomes import Outcomes
+from sessionfork.worker.request_worker import RequestWorker
 from sessionfork.worker.rq_seam import worker as seam_worker
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.service import RequestService
 
 pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
 
@@ -33,11 +33,11 @@ RQ = str(Path(sys.executable).parent / "rq")
 
 def test_every_override_of_rqs_worker_is_the_seams_and_named_in_its_docstring() -> None:
     """On the installed RQ: the methods of RQ's worker that sessionfork changes are all
-    ``SeamWorker``'s, each named in the seam's docstring; ``ForkWorker`` fills the seam's hooks
+    ``SeamWorker``'s, each named in the seam's docstring; ``RequestWorker`` fills the seam's hooks
     and overrides no RQ method but its constructor (tests/project/test_layering.py: no other
     worker class)."""
     rq_names = set(dir(SimpleWorker))
-    methods = {name for name, value in vars(ForkWorker).items() if callable(value) or isinstance(value, property)}
+    methods = {name for name, value in vars(RequestWorker).items() if callable(value) or isinstance(value, property)}
     assert methods & rq_names == {"__init__"}
     overrides = {name for name in vars(seam_worker.SeamWorker) if name in rq_names and not name.startswith("__")}
     assert {"dequeue_job_and_maintain_ttl", "execute_job", "heartbeat", "teardown"} <= overrides
@@ -99,8 +99,8 @@ def test_rq_worker_counters_of_the_last_jobs_are_sent_at_stop(redis: Redis, monk
     was before its first job) before it unregisters."""
     monkeypatch.setattr(seam_worker, "_HEARTBEAT_EVERY", 3600.0)
     _submitted(redis, "burst", 3)
-    service = ForkService(Registry(redis), Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies")
-    worker = ForkWorker([jobs.make_queue(redis, SETTINGS)], service=service, connection=redis, abandoned_after=30)
+    service = RequestService(Registry(redis), Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies")
+    worker = RequestWorker([jobs.make_queue(redis, SETTINGS)], service=service, connection=redis, abandoned_after=30)
     assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
     assert redis.hget(worker.key, "successful_job_count") == b"3"
     assert float(redis.hget(worker.key, "total_working_time") or 0) > 0

@@ -46,9 +46,9 @@ from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import acl
 from sessionfork.protocol.requests import Limits
 from sessionfork.worker import jobs
-from sessionfork.worker.fork_worker import ForkWorker
 from sessionfork.worker.outcomes import Outcomes
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.request_worker import RequestWorker
+from sessionfork.worker.service import RequestService
 
 pytestmark = [pytest.mark.serial, pytest.mark.rq]  # run alone: see pyproject's markers
 
@@ -108,9 +108,9 @@ def freeze_server(server: EmbeddedServer, seconds: float) -> None:
 
 
 def test_the_stop_handler_of_an_idle_worker_never_raises(redis: Redis) -> None:
-    svc = ForkService(Registry(redis), Outcomes(redis, ttl=60, stream_maxlen=100), reply_channel="sf:replies",
+    svc = RequestService(Registry(redis), Outcomes(redis, ttl=60, stream_maxlen=100), reply_channel="sf:replies",
                       limits=Limits(max_fanout=16))
-    worker = ForkWorker([jobs.make_queue(redis, SETTINGS)], service=svc, connection=redis, abandoned_after=30)
+    worker = RequestWorker([jobs.make_queue(redis, SETTINGS)], service=svc, connection=redis, abandoned_after=30)
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         worker.request_stop(signal.SIGTERM, None)  # what SIGTERM runs, here between two Redis calls
@@ -128,9 +128,9 @@ def test_the_command_listener_ends_at_once_when_the_unsubscribe_wakes_it_before_
     flag is cleared: the race, made to happen (the flag's clear waits until the listener's read
     returned once, or 2 s). RQ's order then left it in a new 60-second read, which redis-py 8.2's
     ``stop()`` waited out (SIGTERMed workers killed in CI)."""
-    svc = ForkService(Registry(redis), Outcomes(redis, ttl=60, stream_maxlen=100), reply_channel="sf:replies",
+    svc = RequestService(Registry(redis), Outcomes(redis, ttl=60, stream_maxlen=100), reply_channel="sf:replies",
                       limits=Limits(max_fanout=16))
-    worker = ForkWorker([jobs.make_queue(redis, SETTINGS)], service=svc, connection=redis, abandoned_after=30)
+    worker = RequestWorker([jobs.make_queue(redis, SETTINGS)], service=svc, connection=redis, abandoned_after=30)
     worker.subscribe()
     thread = worker.pubsub_thread
     assert thread is not None

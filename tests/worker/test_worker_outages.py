@@ -43,7 +43,7 @@ from sessionfork.protocol.requests import Limits
 from sessionfork.worker import jobs
 from sessionfork.worker.jobs import fresh_workers
 from sessionfork.worker.outcomes import Outcomes
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.service import RequestService
 
 pytestmark = [pytest.mark.slow, pytest.mark.rq]
 
@@ -128,7 +128,7 @@ def test_a_long_script_makes_the_worker_back_off_not_die(busy_server: EmbeddedSe
 def test_a_busy_server_on_the_last_attempt_is_retried_not_reported(
         redis: Redis, registry: Registry, monkeypatch: pytest.MonkeyPatch, reply: str) -> None:
     registry.append(registry.create("src"), turn(1))
-    svc = ForkService(registry, Outcomes(redis, ttl=60, stream_maxlen=100), reply_channel="sf:replies",
+    svc = RequestService(registry, Outcomes(redis, ttl=60, stream_maxlen=100), reply_channel="sf:replies",
                       limits=Limits(max_fanout=16))
     real = registry.forks.child_step
     calls = {"n": 0}

@@ -35,7 +35,7 @@ from sessionfork.core.registry import Registry
 from sessionfork.core.wire import Reply
 from sessionfork.worker import jobs
 from sessionfork.worker.outcomes import Outcomes
-from sessionfork.worker.service import ForkService
+from sessionfork.worker.service import RequestService
 
 pytestmark = pytest.mark.rq  # runs again on RQ 2.12 (run.py test)
 
@@ -195,7 +195,7 @@ def test_text_that_is_not_utf8_is_refused_naming_the_field(redis: Redis, registr
     """Bytes that are not UTF-8 (a payload handed to the service as bytes) and a lone surrogate
     escape: ``INVALID_REQUEST`` naming the field and saying what is wrong (issue 26 item 9), never a
     ``UnicodeDecodeError`` nor msgspec's "not JSON (Input data was truncated)"."""
-    service = ForkService(registry, Outcomes(redis, ttl=60, stream_maxlen=100), reply_channel="sf:replies")
+    service = RequestService(registry, Outcomes(redis, ttl=60, stream_maxlen=100), reply_channel="sf:replies")
     cases = {
         b'{"source": "a", "replyTo": "r", "edits": [{"type": "t", "data": ["ok", "caf\xe9"]}]}':
             "invalid request: edits[0].data[1] holds bytes that are not valid UTF-8 (0xe9): text must be valid UTF-8",

@@ -4,7 +4,7 @@ Two queue servers, a worker process on each, one registry: a producer that route
 shard list (here: a client of shard 0's server alone) gets ``WRONG_SHARD`` naming both shards,
 stored, streamed and published on that server like any outcome; the same request id then sent
 to its own shard makes exactly one child, and a retry there makes none. Without shards every id
-is the worker's own (``ForkService`` without ``shard``: every other worker test).
+is the worker's own (``RequestService`` without ``shard``: every other worker test).
 """
 
 from __future__ import annotations
@@ -87,13 +87,13 @@ def test_a_worker_checks_only_a_sharded_queue(deployment: tuple[EmbeddedServer, 
     """The service knows its shard from the settings (``SESSIONFORK_SHARD`` of
     ``SESSIONFORK_QUEUE_URLS``); one queue server (one URL listed, or none) has no shard to check."""
     from sessionfork.core.config import Settings
-    from sessionfork.worker.service import ForkService
+    from sessionfork.worker.service import RequestService
 
     registry_server, shards = deployment
     urls = tuple(s.url for s in shards)
     with registry_server.client() as host:
         def shard(settings: Settings) -> tuple[int, int] | None:
-            return ForkService.from_settings(Registry(host), host, settings).shard
+            return RequestService.from_settings(Registry(host), host, settings).shard
 
         assert shard(Settings(queue_urls=urls, shard=1)) == (1, 2)
         assert shard(Settings(queue_urls=urls[:1], shard=0)) is None

@@ -23,7 +23,7 @@ from ..core import config, connections
 from ..core.errors import ForkError
 from ..core.registry import Registry
 from ..protocol.requests import HARD_AFTER
-from ..worker.service import ForkService
+from ..worker.service import RequestService
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -90,8 +90,8 @@ class Context:
             self._queue = connections.queue_client(self.settings, self.queue_url)
         return self._queue
 
-    def service(self) -> ForkService:
-        return ForkService.from_settings(self.registry(), self.queue_redis(), self.settings)
+    def service(self) -> RequestService:
+        return RequestService.from_settings(self.registry(), self.queue_redis(), self.settings)
 
 
 def within(seconds: float, what: str, work: Callable[[], T]) -> T:

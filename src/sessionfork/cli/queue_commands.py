@@ -52,7 +52,7 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
     """Run a fork worker until SIGTERM (finishes the fork in hand, then exits 0)."""
     from ..ops.metrics import Observer, configure_logging
     from ..ops.pauses import is_paused
-    from ..worker.fork_worker import ForkWorker
+    from ..worker.request_worker import RequestWorker
     from ..worker.shard_check import check_shard
 
     configure_logging(log_format, log_level.upper())
@@ -70,7 +70,7 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
     log.info("worker started", extra={"server": config.redacted(url), "queue": s.queue, "shard": s.shard or 0,
                                       "shards": count, "metricsPort": metrics_port,
                                       "registry": config.redacted(obj.registry_url)})
-    fork_worker = ForkWorker([queue], service=service, connection=queue_redis, on_outcome=observer,
+    fork_worker = RequestWorker([queue], service=service, connection=queue_redis, on_outcome=observer,
                              abandoned_after=s.abandoned_after, job_ttl=s.job_ttl, retention=s.retention,
                              branch_ttl=s.branch_ttl, batch=s.batch,
                              delete_after_persist=s.delete_after_persist,

@@ -2,7 +2,7 @@
 
 The job function's dotted path, ``sessionfork.jobs.fork``, is a public contract: a job is
 ``fork(<request JSON as a string>)`` with the request id as RQ job id, serialized as JSON (never
-pickled). ``worker.fork_worker.ForkWorker`` refuses any job that is not exactly that.
+pickled). ``worker.request_worker.RequestWorker`` refuses any job that is not exactly that.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ batch of one, through the same stages):
    then the outcomes recorded, streamed and published (``outcomes``: the one module that writes
    outcomes), with the worker's RQ success bookkeeping in the same transaction.
 
-``ForkService.run`` is ``begin`` then ``end``; ``handle`` runs one request as a batch of one.
+``RequestService.run`` is ``begin`` then ``end``; ``handle`` runs one request as a batch of one.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Start(Part, Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Prepared:
-    """A request of a batch (``ForkService.prepare``): parsed and checked, with its one spec, or
+    """A request of a batch (``RequestService.prepare``): parsed and checked, with its one spec, or
     refused at the edge (``refusal``: its failure, recorded with the batch's outcomes under
     ``digest``). ``alone``: it runs as a batch of its own (a select, a fork of more children
     than a batch's budget, any request while forks wait for replicas)."""
@@ -76,8 +76,8 @@ class Prepared:
 
 
 class Flight:
-    """A batch begun (``ForkService.begin``): its requests claimed, its child steps sent;
-    ``ForkService.end`` ends it."""
+    """A batch begun (``RequestService.begin``): its requests claimed, its child steps sent;
+    ``RequestService.end`` ends it."""
 
     def __init__(self, batch: Sequence[Prepared], start: Start | None, began: float, final_attempt: bool) -> None:
         self.batch, self.start, self.began, self.final_attempt = batch, start, began, final_attempt
@@ -95,7 +95,7 @@ class Flight:
         self.spans.__exit__(type(error), error, error.__traceback__)
 
 
-class ForkService:
+class RequestService:
     """Runs requests against a registry, in batches (a lone request is a batch of one), recording
     outcomes in ``outcomes``."""
 
@@ -117,7 +117,7 @@ class ForkService:
         self._monotonic = monotonic
 
     @classmethod
-    def from_settings(cls, registry: Registry, queue_redis: Any, settings: Settings) -> ForkService:
+    def from_settings(cls, registry: Registry, queue_redis: Any, settings: Settings) -> RequestService:
         """A service on ``registry`` whose outcomes live on ``queue_redis``, limits from ``settings``."""
         outcomes = Outcomes(queue_redis, ttl=settings.outcome_ttl, stream_maxlen=settings.outcome_stream_maxlen,
                             compact=settings.compact_records)

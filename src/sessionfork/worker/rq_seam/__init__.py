@@ -5,7 +5,7 @@ subclass of RQ's ``SimpleWorker`` and holds every override of an RQ worker metho
 stop flag, start-up, suspension, heartbeat and registration, teardown, the outage back-off
 ``until_up``), the dequeue, a job's start, success and failure bookkeeping, and the maintenance
 pass with the requeue of stranded jobs. What the jobs are is the business of at most one subclass
-(``sessionfork.worker.fork_worker.ForkWorker``), which overrides no RQ method: it fills the hooks
+(``sessionfork.worker.request_worker.RequestWorker``), which overrides no RQ method: it fills the hooks
 ``SeamWorker`` calls (``run_batch``, ``refuse_entry``, ``maintain``, ``job_ended``,
 ``redis_clients``). ``entries`` holds the job classes and the refusal of queue entries RQ cannot
 load; both import RQ. ``riders`` (a batch's start and success bookkeeping as riders of the batch's

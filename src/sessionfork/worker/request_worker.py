@@ -1,4 +1,4 @@
-"""``ForkWorker``: an RQ worker that runs fork requests in-process and refuses any other job.
+"""``RequestWorker``: an RQ worker that runs fork requests in-process and refuses any other job.
 
 What it does differently from ``rq worker``:
 
@@ -36,7 +36,7 @@ from . import jobs
 from .rq_seam.entries import EntryRefused, ForkJob
 from .rq_seam.riders import Finished, Started
 from .rq_seam.worker import SeamWorker
-from .service import Flight, ForkService, Prepared
+from .service import Flight, Prepared, RequestService
 
 log = logging.getLogger("sessionfork.worker")
 
@@ -49,7 +49,7 @@ class _Refused(Exception):
     """A job that is not a sessionfork request; never run."""
 
 
-class ForkWorker(SeamWorker):
+class RequestWorker(SeamWorker):
     """Runs ``sessionfork.jobs.fork`` jobs with ``service``; see the module docstring.
 
     It overrides no method of RQ's worker (those are all ``SeamWorker``'s): it fills the hooks
@@ -57,7 +57,7 @@ class ForkWorker(SeamWorker):
     ``redis_clients``, and adds its own state in the constructor.
     """
 
-    def __init__(self, queues: list[Queue], *, service: ForkService, abandoned_after: int,
+    def __init__(self, queues: list[Queue], *, service: RequestService, abandoned_after: int,
                  job_ttl: int | None = None, retention: int = 0, branch_ttl: int = 0,
                  delete_after_persist: bool = False, on_outcome: OutcomeHook | None = None,
                  **kwargs: Any) -> None:
@@ -75,7 +75,7 @@ class ForkWorker(SeamWorker):
         return [self.connection, self.service.registry.redis, self.service.outcomes.redis]
 
     def run_batch(self, jobs: list[Job], queue: Queue) -> None:
-        """Run the jobs of one dequeue (a lone job: a batch of one) in batches (``ForkService.begin``
+        """Run the jobs of one dequeue (a lone job: a batch of one) in batches (``RequestService.begin``
         and ``end``: one round trip for every claim, one for every child step, one for each merge
         step, one transaction for every record; RQ's start bookkeeping of them all in the first,
         its success bookkeeping in the records' transaction). A batch is the jobs in queue order
@@ -116,7 +116,7 @@ class ForkWorker(SeamWorker):
     def _batches(self, jobs: list[Job], alone: list[tuple[Job, str, Prepared | None]]
                  ) -> Iterator[list[tuple[Job, str, Prepared]]]:
         """The batches of ``jobs``, in queue order, each yielded as soon as it is complete: its jobs
-        are prepared (``ForkService.prepare``: parsed and checked) one at a time, so that a batch is
+        are prepared (``RequestService.prepare``: parsed and checked) one at a time, so that a batch is
         prepared while the server creates the children of the batch begun before it. A job that
         runs alone goes to ``alone`` (a job refused: with its reason, no request)."""
         most = self.service.batch_children
@@ -142,7 +142,7 @@ class ForkWorker(SeamWorker):
             yield items
 
     def _begin(self, batch: _Batch) -> Flight | None:
-        """Begin ``batch`` (``ForkService.begin``): its flight, also kept as ``batch.flight``;
+        """Begin ``batch`` (``RequestService.begin``): its flight, also kept as ``batch.flight``;
         ``None`` when it failed (nothing left open)."""
         try:
             batch.flight = self.run_in_time(batch.shortest, lambda: self.until_up(lambda: self.service.begin(
@@ -164,8 +164,8 @@ class ForkWorker(SeamWorker):
         self._observed(batch, replies)
 
     def _ended(self, batch: _Batch, *, last: bool) -> list[Outcome]:
-        """``batch`` to its outcomes: its flight ended (``ForkService.end``), or, when it has none (a
-        batch of its own, or after an outage), the whole batch run (``ForkService.run``,
+        """``batch`` to its outcomes: its flight ended (``RequestService.end``), or, when it has none (a
+        batch of its own, or after an outage), the whole batch run (``RequestService.run``,
         idempotent); RQ's finish of it sent on its own when the records went on another client."""
         finish = batch.finish
         finish.last = last
@@ -312,11 +312,11 @@ class ForkWorker(SeamWorker):
 
 class _Batch:
     """A batch (its jobs, with their payloads and prepared requests, in queue order), its RQ start
-    and finish bookkeeping, and its flight once begun (``ForkWorker.run_batch``). ``start``: its
+    and finish bookkeeping, and its flight once begun (``RequestWorker.run_batch``). ``start``: its
     start when already made (a request of a failed batch: ``Started.of``). ``final``: a batch of
     one job on its last attempt."""
 
-    def __init__(self, worker: ForkWorker, items: list[tuple[Job, str, Prepared]], queue: Queue,
+    def __init__(self, worker: RequestWorker, items: list[tuple[Job, str, Prepared]], queue: Queue,
                  start: Started | None = None) -> None:
         self.items, self.queue = items, queue
         self.prepared = [prepared for _, _, prepared in items]
