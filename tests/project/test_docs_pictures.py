@@ -23,6 +23,8 @@ DIAGRAMS = {
     "sharding.md": ("flowchart", ["queue-0", "queue-1", "queue-2", "--shard 0", "registry"]),
     "deployment.md": ("flowchart", ["sentinel-1", "sentinel-2", "sentinel-3", "redis-replica", "primary"]),
     "wire-format.md": ("flowchart", ["summary child", "session/summary", "keepFrom", "renumbered"]),
+    "development.md": ("sequenceDiagram", ["queue server", "RequestWorker", "RequestService", "begin", "end",
+                                           "Started", "Finished", "send_many", "run_many"]),
 }
 
 
