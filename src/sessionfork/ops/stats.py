@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from ..core import keys, wire
-from ..core.wire import ForkResult, MergeResult, SelectResult
+from ..protocol import operations
 from ..protocol.outcomes import stream_entry
 
 _COLOURS = {"OK": "green", "OPEN_TURN": "yellow", "INVALID_BOUNDARY": "yellow", "SESSION_ALREADY_EXISTS": "yellow",
@@ -125,18 +125,7 @@ def format_line(outcome: Outcome, style: Any = None) -> str:
     when = datetime.fromtimestamp(outcome.time / 1000, UTC).strftime("%H:%M:%S.%f")[:-3]
     code = outcome.code if style is None else style(outcome.code.ljust(22), fg=_COLOURS.get(outcome.code, "cyan"))
     reply = outcome.reply
-    if isinstance(reply, wire.Failure):
-        detail = reply.message
-    elif isinstance(reply, SelectResult):
-        detail = f"{reply.winner} -> {reply.parent} @{reply.from_seq}, abandoned {len(reply.abandoned)}"
-    elif isinstance(reply, MergeResult):
-        detail = f"{reply.merged_from.session} -> {reply.parent} @{reply.from_seq}"
-    elif isinstance(reply, ForkResult) and reply.session is not msgspec.UNSET:
-        detail = f"{reply.session.id} <- {reply.session.parent_session} (seed {reply.session.seed_length})"
-    elif isinstance(reply, ForkResult) and reply.sessions is not msgspec.UNSET:
-        detail = f"{len(reply.sessions)} children"
-    else:
-        detail = ""
+    detail = reply.message if isinstance(reply, wire.Failure) else operations.of_reply(reply).describe(reply)
     shard = "" if isinstance(outcome.shard, msgspec.UnsetType) else f"shard {outcome.shard}  "
     return f"{when}  {shard}{code.ljust(22) if style is None else code}  {outcome.request_id}  " \
            f"{outcome.duration_us / 1000:.2f}ms  {detail}"

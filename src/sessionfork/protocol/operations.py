@@ -55,6 +55,8 @@ class Operation:
     reply: Callable[[Any, str, Any], Outcome]
     """``reply(request, request_id, done)``: the wire's reply for what the core returned (a fork's
     ``FanOut``, a merge's ``Merged``); raises the ``ForkError`` that is the request's outcome."""
+    describe: Callable[[Any], str]
+    """``describe(result)``: its successful reply in a few words (``sessionfork stats``' lines)."""
     metric: str
     creates: bool = False
     alone: bool = False
@@ -99,13 +101,27 @@ def _fork_reply(request: Any, request_id: str, done: FanOut) -> Outcome:
     return requests.reply_of(request, request_id, done)
 
 
+def _fork_words(reply: wire.ForkResult) -> str:
+    if not isinstance(reply.session, msgspec.UnsetType):
+        return f"{reply.session.id} <- {reply.session.parent_session} (seed {reply.session.seed_length})"
+    return "" if isinstance(reply.sessions, msgspec.UnsetType) else f"{len(reply.sessions)} children"
+
+
+def _merge_words(reply: wire.MergeResult) -> str:
+    return f"{reply.merged_from.session} -> {reply.parent} @{reply.from_seq}"
+
+
+def _select_words(reply: wire.SelectResult) -> str:
+    return f"{reply.winner} -> {reply.parent} @{reply.from_seq}, abandoned {len(reply.abandoned)}"
+
+
 OPERATIONS: Final[dict[str, Operation]] = {
     "fork": Operation("fork", wire.ForkRequest, wire.ForkResult, wire.ForkFailure, _fork_edge, forks.check,
-                      _fork_reply, FORKS, creates=True),
+                      _fork_reply, _fork_words, FORKS, creates=True),
     "merge": Operation("merge", wire.MergeRequest, wire.MergeResult, wire.MergeFailure, _merge_edge, merges.check,
-                       _merge_reply, MERGES),
+                       _merge_reply, _merge_words, MERGES),
     "select": Operation("select", wire.SelectRequest, wire.SelectResult, wire.SelectFailure, _merge_edge,
-                        merges.check, _select_reply, MERGES, alone=True),
+                        merges.check, _select_reply, _select_words, MERGES, alone=True),
 }
 """Every operation, by its ``op`` (a select touches many sessions: it runs as a batch of its own)."""
 _BY_REPLY: Final = {kind: op for op in OPERATIONS.values() for kind in (op.result, op.failure)}

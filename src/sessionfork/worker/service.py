@@ -22,7 +22,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ..core import errors, forks, merges, rules, wire
 from ..core.config import Settings
@@ -222,7 +222,8 @@ class RequestService:
     def _internal(self, item: Prepared, error: Exception) -> Outcome:
         """The ``INTERNAL`` outcome of ``item`` after ``error``, saying what its fork created."""
         message = f"internal error: {type(error).__name__}: {error}"
-        made = self._created_by(item.spec) if isinstance(item.spec, ForkSpec) else []
+        fork = _forked(item.spec)
+        made = [] if fork is None else self._created_by(fork)
         if made:  # no hidden partial state: say what exists
             message += f"; created before the failure: {', '.join(made)}"
         return item.op.failed(item.request_id, ErrorCode.INTERNAL.value, message)
@@ -240,8 +241,7 @@ class RequestService:
             if claimed else None
         # Source steps only read: a batch of forks of one source reads it once (``Trip.reads``).
         looks = [None if look is None else trip.reads(look)
-                 for look in (self._source_ops(item.spec, trip) if isinstance(item.spec, ForkSpec) else None
-                              for item in claimed)]
+                 for look in (self._source_ops(_forked(item.spec), trip) for item in claimed)]
         groups = trip.run()
         raws = iter(zip(groups[claims][0], looks, strict=True) if claims is not None else ())
         pending, merging = flight.pending, flight.merging
@@ -260,12 +260,12 @@ class RequestService:
                 # submitter learns of the conflict from the stored digest (``Client.wait``) or
                 # from the any-language enqueue script (-1); this job just ends with it.
                 pending.append(Pending(conflict(item.request_id, item.op.name), store=False))
-            elif not isinstance(item.spec, ForkSpec):  # a merge's or select's steps run with the batch's others
-                merging.append(item.spec)
+            elif (fork := _forked(item.spec)) is None:  # a merge's or select's steps run with the batch's others
+                merging.append(cast("MergeSpec | SelectSpec", item.spec))
                 pending.append(None)
             else:  # a fork: its children (those its claim planned) created by the batch's child steps
                 new = claim.state == "NEW"
-                spec = item.spec if new else item.spec.with_children(claim.children)
+                spec = fork if new else fork.with_children(claim.children)
                 plan = forks.plan(self.registry, spec, groups[look] if new and look is not None else None)
                 planned.append((spec, plan, claim.snapshot))
                 pending.append(None)
@@ -318,9 +318,10 @@ class RequestService:
             trip.add(start)
         return trip
 
-    def _source_ops(self, spec: ForkSpec, trip: Trip) -> list[Any] | None:
-        """The core's source step of ``spec`` to ride ``trip`` (``forks.source_ops``), or ``None``."""
-        return forks.source_ops(self.registry, spec, trip.redis)
+    def _source_ops(self, spec: ForkSpec | None, trip: Trip) -> list[Any] | None:
+        """The core's source step of the fork ``spec`` to ride ``trip`` (``forks.source_ops``), or
+        ``None`` (none to ride: not a fork, or a registry elsewhere)."""
+        return None if spec is None else forks.source_ops(self.registry, spec, trip.redis)
 
     def _created_by(self, spec: ForkSpec) -> list[str]:
         """Children that the spec's request created (best effort: a failing Redis answers none)."""
@@ -336,9 +337,16 @@ def _to_keep(spec: ForkSpec, plan: ForkPlan, kept: Snapshot | None) -> Snapshot 
     return plan.snapshot if kept is None and len(spec.child_ids) > 1 else None
 
 
+def _forked(spec: Spec | None) -> ForkSpec | None:
+    """The spec of a request that creates children (its operation's ``creates``: a fork's), else
+    ``None``: the one place the service tells a fork from the others."""
+    return spec if isinstance(spec, ForkSpec) else None
+
+
 def _children(spec: Spec | None) -> Sequence[str]:
     """The children a request's claim plans: a fork's; a merge or select plans none."""
-    return spec.child_ids if isinstance(spec, ForkSpec) else ()
+    fork = _forked(spec)
+    return () if fork is None else fork.child_ids
 
 
 def _latency_us(enqueued_ms: int | None) -> int:
