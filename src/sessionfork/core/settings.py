@@ -121,7 +121,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     """Most children the forks of one batch create (``SESSIONFORK_BATCH_CHILDREN``): the requests
     one take holds run in batches, in queue order; a fan-out joins the batch while its children
     fit in what is left (a plain fork counts one), else it starts the next batch. A fan-out of more
-    children than this runs alone after the batches, so that it never holds their replies."""
+    children than this runs as a batch of its own after the batches, so that it never holds their replies."""
 
 
 ENV: Mapping[str, str] = {
