@@ -1,14 +1,19 @@
-"""The table of operations (``protocol.operations``) is what the wire, the enqueue script and the
-metrics know of operations: an operation the wire accepts has an entry, the identity the enqueue
-script compares is the entries' fields, and every reply type belongs to one entry."""
+"""The table of operations (``protocol.operations``) is what the wire, the enqueue script, the
+metrics and the clients' typed ``wait`` know of operations: an operation the wire accepts has an
+entry, the identity the enqueue script compares is the entries' fields, every reply type belongs
+to one entry, and each client's ``wait`` has one overload per entry."""
 
 from __future__ import annotations
 
 import re
+import sys
 import typing
+from typing import Any
 
 import pytest
 
+from sessionfork.clients.aio import AsyncClient
+from sessionfork.clients.client import Client
 from sessionfork.core import errors, wire
 from sessionfork.ops import metrics
 from sessionfork.protocol import enqueue, operations
@@ -46,3 +51,15 @@ def test_every_reply_type_belongs_to_one_entry_and_its_counter_exists() -> None:
         assert operations.of_reply(op.failed("r", "INTERNAL", "m")) is op
         assert op.metric in {metrics.FORKS, metrics.MERGES}
         assert op.labels("OK")["code"] == "OK"
+
+
+@pytest.mark.parametrize("client", [Client, AsyncClient], ids=["sync", "asyncio"])
+def test_each_clients_typed_wait_has_one_overload_per_entry(client: type) -> None:
+    """Both clients' ``wait`` overloads (what mypy reads) are the table's: a request of each
+    operation answers that operation's reply types, and a request id alone any outcome."""
+    typed: dict[Any, set[Any]] = {}
+    for overload in typing.get_overloads(client.wait):
+        hints = typing.get_type_hints(overload, vars(sys.modules[overload.__module__]))
+        typed[hints["request"]] = set(typing.get_args(hints["return"]))
+    assert typed == {**{op.request: {op.result, op.failure} for op in OPERATIONS.values()},
+                     str: set(typing.get_args(wire.Outcome))}
