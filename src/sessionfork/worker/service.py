@@ -1,10 +1,11 @@
 """A batch of requests, from their bytes to their outcomes, top to bottom (a lone request is a
 batch of one, through the same stages):
 
-1. ``prepare``, per request: decode and validate at the edge (``requests.parse``,
-   ``merge_requests.parse``: each id checked once), the request's one spec, its edits and
-   summary checked against ``append``'s rules (``forks.check``, ``merges.check``: the event size
-   limit is the registry's); a request refused there carries its failure;
+1. ``prepare``, per request, through its operation's entry (``protocol.operations``): decode and
+   validate at the edge (its ``edge``: ``requests.parse``, ``merge_requests.parse``; each id
+   checked once), the request's one spec, its edits and summary checked against ``append``'s
+   rules (its ``check``: ``forks.check``, ``merges.check``; the event size limit is the
+   registry's); a request refused there carries its failure;
 2. ``begin``: one ``Trip``, the worker's RQ start bookkeeping of the batch, the claims of the
    request ids (one script call) and, on a shared single server, the core's source steps
    (``forks.source_ops``, read by ``forks.plan``); the new fan-outs' snapshots kept; every
