@@ -165,8 +165,11 @@ class Outcomes:
                  for item in batch if item.store]
         if finish is not None and finish.redis is not self.redis:
             finish = None
-        if not items and finish is None:
-            return [item.reply for item in batch]
+        if finish is None:  # the records alone: one script call, atomic on its own
+            recorded = lua.run(self.redis, [self._record_op(items)])[0] if items else []
+            stored = iter(recorded)
+            return [self._stored(item.reply, item.channel, next(stored)) if item.store else item.reply
+                    for item in batch]
         pipe = self.redis.pipeline(transaction=True)
         if items:  # every record of the batch: one script call, never without its record (NOSCRIPT)
             lua.add_loaded(pipe, self._record_op(items))
