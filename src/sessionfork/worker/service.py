@@ -284,7 +284,7 @@ class RequestService:
         assert flight.sent is not None  # begin sent them
         # Every child step of the batch read; each merge step of its merges in one round trip.
         made = iter(flight.sent.collect())
-        merged = iter(merges.run_many(self.registry, flight.merging))
+        merged = iter(merges.run_many(self.registry, flight.merging) if flight.merging else ())
         for i, (item, done) in enumerate(zip(batch, pending, strict=True)):
             if done is None:
                 result = next(made) if item.op.creates else next(merged)
