@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,3 +116,29 @@ def test_the_sentence_count_reads_prose_only() -> None:
                      "another"]
     assert [words(s) for s in found] == [3, 10, 6, 3, 2, 2, 2, 1]
     assert words("p50 \u2192 2.8 ms \u2014 1.2\u00d7") == 4
+
+
+def shipped_alerts() -> dict[str, dict[str, Any]]:
+    """Each alert rule of deploy/prometheus/rules/, by its name."""
+    import yaml
+
+    return {rule["alert"]: rule for path in sorted((ROOT / "deploy" / "prometheus" / "rules").glob("*.yml"))
+            for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"] if "alert" in rule}
+
+
+def test_the_first_week_page_says_what_each_shipped_alert_means_and_what_to_do() -> None:
+    """Each alert of the shipped rules has its section (``### `Name` ``, anchor ``#name``, where a
+    runbook link can point), saying its severity and ``for``, what it means and what to do; the page
+    names no alert that is not shipped, and Operating links it."""
+    page = (DOCS / "first-week.md").read_text()
+    sections = dict(re.findall(r"^### `(\w+)`\n(.*?)(?=^#{1,3} |\Z)", page, flags=re.S | re.M))
+    rules = shipped_alerts()
+    assert rules and sorted(sections) == sorted(rules)
+    units = {"m": "minute", "h": "hour", "s": "second"}
+    for name, text in sections.items():
+        severity, wait = rules[name]["labels"]["severity"], rules[name]["for"]
+        amount, unit = int(wait[:-1]), units[wait[-1]]
+        plural = "s" if amount > 1 else ""
+        assert text.lstrip().startswith(f"**{severity.capitalize()}, after {amount} {unit}{plural}.**"), name
+        assert "What to do" in text, name
+    assert "](first-week.md" in (DOCS / "operating.md").read_text()
