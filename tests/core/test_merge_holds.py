@@ -252,11 +252,38 @@ def test_a_request_id_used_again_after_the_request_window_is_a_new_request(redis
     clock.now += 61_000
     other = merges.merge(registry, "g", "c", mode="summary", summary=4, range=(8, 11), request_id="rid-g")
     assert (into.from_seq, other.from_seq, other.first) == (12, 8, into.length)
-    # What a request id holds past the window is gone: no plan in the child, the parent's request
-    # entries only those of the window.
-    assert [f for f in record_fields(redis, "c") if f.startswith(("plan:", "claim"))] == []
+    # What a request id holds past the window is gone: no plan in the child, and a later merge
+    # drops the parent's request entries past the window.
+    assert [f for f in record_fields(redis, "c") if f.startswith(("plan:", "hold"))] == []
+    registry.append("c", turn(5))
+    merges.merge(registry, "p", "c", mode="summary", summary=5, range=(16, 19), request_id="rid-3")
     index = [wire.text(k) for k in redis.hkeys(keys.session_merges("p"))]
-    assert sorted(k for k in index if k.startswith('["r"')) == ['["r","rid"]']
+    assert sorted(k for k in index if k.startswith('["r"')) == ['["r","rid-3"]']
+    assert [wire.text(m) for m in redis.zrange(keys.session_merge_requests("p"), 0, -1)] == ["rid-3"]
+
+
+def test_a_run_that_died_after_its_childs_step_is_retried_on_the_range_it_resolved(registry: Registry) -> None:
+    family(registry, "p", ["c"])
+    steps = registry.merges
+    run = steps._run_of(merges.merge_spec("p", "c", {"mode": "events", "request_id": "d1"}))
+    steps._many(steps._hold_ops(run))  # the child's step; then the process died, nothing written
+    registry.append("c", turn(3))  # the default range would now end later
+    done = merges.merge(registry, "p", "c", mode="events", request_id="d1")
+    assert (done.from_seq, done.to_seq, done.length) == (4, 7, 11)
+    assert [f for f in record_fields(registry.redis, "c") if f.startswith(("plan:", "hold"))] == []
+
+
+def test_what_a_run_that_died_holds_lapses_after_the_request_window(redis: Redis, clock: Clock) -> None:
+    registry = Registry(redis, clock=clock, request_ttl=60)
+    family(registry, "p", ["a", "b"])
+    steps = registry.merges
+    died = steps._run_of(merges.select_spec("p", ["a", "b"], "a", {"mode": "events", "request_id": "died"}))
+    steps._many(steps._hold_ops(died))  # its holds taken; then the process died, never to run again
+    code, message = code_of(lambda: merges.merge(registry, "p", "b", mode="events", request_id="early"))
+    assert code is ErrorCode.ALREADY_MERGED and 'request "died"' in message
+    clock.now += 61_000
+    done = merges.merge(registry, "p", "b", mode="events", request_id="late")
+    assert done.child == "b" and states(registry, "a", "b") == ["live", "merged"]
 
 
 def test_the_request_window_is_the_outcome_ttl(redis: Redis) -> None:

@@ -245,8 +245,7 @@ class MergeSteps:
                     into, seq, req = got.merged_into  # a stale selection: a candidate merged before
                     raise errors.already_merged(cid, into, _shown(req), seq)
         at = forked_at[run.candidates.index(spec.child)]
-        assert at is not None
-        return at
+        return 0 if at is None else at
 
     def _records(self, ids: Sequence[str]) -> list[_Record]:
         """The records of ``ids``, in one round trip."""
