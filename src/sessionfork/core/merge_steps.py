@@ -1,17 +1,21 @@
 """The steps of a merge and a select: ``MergeSteps``, the part of ``registry.Registry`` that
 ``merges`` composes them from.
 
-A merge reads the lineage (the child's ``parentSession`` chain up to the parent: records that
-never change, so the reads need no atomicity), then runs one script on the child's slot (which of
-its events: ``merge_read.lua``, read-only), one on the parent's slot (the whole merge turn written
-at once, or nothing: ``merge.lua``, which also keeps the merges index that makes a range merge
-once and a request id merge once), then marks the child merged (``mark.lua``; a select also marks
-its other candidates abandoned: on one server all in one ``mark_many.lua`` call). The parent's
-step is the one effect: a worker that dies after it leaves a merge its retry recognises by request
-id, and marks again (marks are idempotent). No
-step touches two sessions' slots, so merges and selects run unchanged on a Redis Cluster, parent
-and child in different slots. ``MergeSteps.run_many`` runs each step for many specs at once (a
-worker's batch): one round trip per step, the parents' steps in the order given.
+A merge first looks for its request id's merge in the parent (a retry answers it before any rule),
+reads the lineage (the child's ``parentSession`` chain up to the parent: records that never change,
+so the reads need no atomicity), then runs one script on the child's slot (which of its events, and
+the request's hold on the child: ``merge_read.lua``; a select holds every candidate, on a cluster
+each with ``hold.lua`` on its own slot; ``lib/hold.lua``: of two requests that would change one
+session's state, one wins), one on the parent's slot (the whole merge turn written at once, or
+nothing: ``merge.lua``, which also keeps the merges index that makes a range merge once and a
+request id merge once within the request window), then marks the child merged (``mark.lua``; a
+select also marks its other candidates abandoned: on one server all in one ``mark_many.lua``
+call), the holds let go with the marks (or by ``unhold.lua`` for a refusal). The parent's step is
+the one effect: a worker that dies after it leaves a merge its retry recognises by request id, and
+marks again (marks are idempotent). No step touches two sessions' slots, so merges and selects run
+unchanged on a Redis Cluster, parent and child in different slots. ``MergeSteps.run_many`` runs
+each step for many specs at once (a worker's batch): one round trip per step, the parents' steps
+in the order given.
 """
 
 from __future__ import annotations
