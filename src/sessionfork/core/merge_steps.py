@@ -446,12 +446,6 @@ def request_key(request_id: str) -> str:
     return json.dumps(["r", request_id], separators=(",", ":"))
 
 
-def plan_field(holder: str) -> str:
-    """The child's record field that keeps the range a request's merge of it resolved, and its
-    hold on it (``merge_read.lua``, ``lib/hold.lua``): a retry merges the same range."""
-    return f"plan:{holder}"
-
-
 def _record_of(row: Sequence[Any]) -> _Record:
     header, instance, parent, seedlen, length, merged, abandoned = row
     n = 0 if length is None else int(length)
