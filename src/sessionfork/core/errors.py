@@ -126,6 +126,13 @@ def abandoned(child: str, request_id: str) -> ForkError:
                      "(a select that chose another candidate)")
 
 
+def held(session_id: str, request_id: str) -> ForkError:
+    """A merge or select of a session that another merge or select still running holds: of two
+    requests that would change one session's state, one wins (``lib/hold.lua``)."""
+    return ForkError(ErrorCode.ALREADY_MERGED, f'session "{session_id}" is being merged or selected by request '
+                     f'"{request_id}" (one request at a time changes a session\'s state)')
+
+
 def open_merge_turn(session_id: str, last_type: str) -> ForkError:
     """A merge into a parent whose last turn is still open."""
     return ForkError(ErrorCode.OPEN_TURN,

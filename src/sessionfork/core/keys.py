@@ -28,9 +28,14 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                     mergedinto  its latest merge into an ancestor: JSON [parent id,
                                               the merge's first seq there, request id]
                                     abandoned the request id of the select that abandoned it
-                                    plan:<request id>  "<fromSeq> <toSeq>": the range a request's
-                                              merge of this session resolved (merge_read.lua; a
-                                              retry merges the same range)
+                                    plan:<holder>  "<fromSeq> <toSeq> <ms>": while a merge of this
+                                              session runs, the range it resolved (merge_read.lua;
+                                              a retry merges the same range) and its hold on it;
+                                              the holder is the request id (a call without one: a
+                                              token of its own, ".<hex>"); dropped when the request
+                                              ends, ignored past the request window (lib/hold.lua)
+                                    hold      "<holder> <ms>": while a select runs, its hold on each
+                                              of its candidates (dropped and ignored as a plan)
                                     batch     id of the last append call, batchseq its first seq
                                               (a retried append is recognised, never doubled)
                                   once deleted, a tombstone (the id is never reused):
@@ -63,7 +68,11 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                   "<request id> <first seq> <length after>" (one merge of one range,
                                   under any request id: ALREADY_MERGED; request id "-": none); a
                                   select's candidates ["c",<id>] -> "m <request id> <first seq>" (its
-                                  winner) or "a <request id>"
+                                  winner) or "a <request id>"; for the request window, each request
+                                  id that merged here ["r",<request id>] -> "<first seq> <length
+                                  after> <fromSeq> <toSeq> <ms>" (its retry answers this merge)
+    sf:s:{<id>}:mergereqs  zset   the request ids of ``merges``' ["r",...] entries, scored by when
+                                  (epoch ms): each merge drops a few past the request window
     sf:s:{<id>}:turns      list   turn index of the session's own events: 2*seq + 1 for each
                                   turn/end, 2*seq for each turn/start, ascending (append-only), so
                                   the newest marker at or before a seq is a binary search
@@ -147,6 +156,11 @@ def session_flush_asked(session_id: str) -> str:
 def session_merges(session_id: str) -> str:
     """The merges into this session: their ranges, request ids and select candidates (hash)."""
     return f"{session(session_id)}:merges"
+
+
+def session_merge_requests(session_id: str) -> str:
+    """The request ids that merged into this session within the request window, by when (zset)."""
+    return f"{session(session_id)}:mergereqs"
 
 
 def session_turns(session_id: str) -> str:
