@@ -33,6 +33,7 @@ from redis import Redis
 from waits import araised, raised, wait_until
 
 from sessionfork.aio import AsyncClient
+from sessionfork.client import Client
 from sessionfork.clients.waiting import wait_for_reply
 from sessionfork.core import wire
 from sessionfork.core.errors import ErrorCode, ForkError
@@ -168,6 +169,25 @@ def test_both_clients_refuse_a_request_that_cannot_be_sent_as_json(server: Embed
 
     asyncio.run(main())
     assert redis.keys("*enc-*") == []  # nothing sent
+
+
+def test_both_clients_are_made_from_one_url(server: EmbeddedServer, redis: Redis) -> None:
+    """``Client.from_url`` as ``AsyncClient.from_url``: a client of the server at the URL, each
+    command bounded by the settings' socket time-out, enqueuing there."""
+    settings = msgspec.structs.replace(SETTINGS, socket_timeout=1.5, queue="from-url")
+    sync = Client.from_url(server.url, settings)
+    assert sync.settings is settings and len(sync.shards) == 1
+    assert sync.redis.connection_pool.connection_kwargs["socket_timeout"] == 1.5
+    assert sync.submit(sync.request("s", request_id="url-sync")) == "url-sync"
+
+    async def main() -> None:
+        async with AsyncClient.from_url(server.url, settings) as client:
+            assert client.redis.connection_pool.connection_kwargs["socket_timeout"] == 1.5
+            assert await client.submit(await client.request("s", request_id="url-aio")) == "url-aio"
+
+    asyncio.run(main())
+    sync.close()
+    assert sorted(redis.lrange("rq:queue:from-url", 0, -1)) == [b"url-aio", b"url-sync"]
 
 
 def test_one_reply_channel_rule_for_clients_and_worker(monkeypatch: pytest.MonkeyPatch, redis: Redis) -> None:

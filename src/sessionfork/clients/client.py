@@ -1,6 +1,6 @@
 """What a scheduler imports: submit fork requests, and wait for their replies.
 
-    client = Client(Redis.from_url("redis://localhost:6379/0"))
+    client = Client.from_url("redis://localhost:6379/0")
     reply = client.fork("sess-a", session_id="child-1", timeout=5)
     if reply.ok: print(reply.child.id)   # a ForkResult (a ForkFailure's ok is Literal[False])
     merged = client.merge("sess-a", "child-1", mode="summary", summary={"text": "done"}, timeout=5)
@@ -71,6 +71,15 @@ class Client:
         self._new_id = new_id
         self._enqueuers = [Enqueuer(shard, self.settings) for shard in self.shards]
         self._local = threading.local()  # each thread's reply listeners, by shard
+
+    @classmethod
+    def from_url(cls, url: str, settings: Settings | None = None, *,
+                 new_id: Callable[[], str] = new_request_id) -> Client:
+        """A client of the queue server at ``url``, any form ``SESSIONFORK_QUEUE_URL`` takes (a
+        ``redis+sentinel://`` URL follows its primary's promotions), its connections bounded by the
+        settings' time-outs; ``AsyncClient.from_url``'s counterpart."""
+        settings = settings or Settings()
+        return cls(connections.queue_client(settings, url), settings, new_id=new_id)
 
     @classmethod
     def from_urls(cls, urls: str | Sequence[str], settings: Settings | None = None, *,
