@@ -17,7 +17,7 @@ from redis import Redis
 from worker_fixtures import client_fixture, source_fixture, worker_fixture  # noqa: F401
 
 import sessionfork
-from sessionfork.cli import cli
+from sessionfork.cli import cli, merge_commands
 from sessionfork.clients.client import Client
 from sessionfork.core import config, wire
 from sessionfork.core.wire import ForkResult, Header
@@ -78,6 +78,25 @@ def test_tree_json_is_format_json(server: EmbeddedServer, redis: Redis) -> None:
     sessionfork.Registry(redis).create("t-a")
     assert invoke("--redis-url", server.url, "tree", "t-a", "--json").stdout == \
         invoke("--redis-url", server.url, "tree", "t-a", "--format", "json").stdout
+
+
+def test_select_takes_its_arguments_in_the_python_clients_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sessionfork select PARENT CANDIDATES... WINNER`` is ``Client.select(parent, candidates,
+    winner)``; the deprecated PARENT WINNER CANDIDATES... still selects the same, with a warning."""
+    sent: list[bytes] = []
+    monkeypatch.setattr(merge_commands, "send", lambda client, request, wait_s: sent.append(wire.encode(request)))
+    expected = wire.encode(Client(Redis()).select_request("p", ["k0", "k1", "k2"], "k1", mode="events",
+                                                          request_id="r-order"))
+    done = invoke("select", "p", "k0", "k1", "k2", "k1", "--mode", "events", "--request-id", "r-order")
+    assert (done.exit_code, done.stderr, sent) == (0, "", [expected]), done.output
+    old = invoke("select", "p", "k1", "k0", "k1", "k2", "--mode", "events", "--request-id", "r-order")
+    assert old.exit_code == 0 and sent[1:] == [expected], old.output
+    assert old.stderr == ("warning: `sessionfork select PARENT WINNER CANDIDATES...` is deprecated: give "
+                          "`sessionfork select PARENT CANDIDATES... WINNER` (k0 k1 k2 k1)\n")
+    both = invoke("select", "p", "k1", "k2", "k1", "--mode", "events", "--request-id", "r-both")
+    assert both.exit_code == 0 and both.stderr == "" and json.loads(sent[2])["candidates"] == ["k1", "k2"]
+    wrong = invoke("select", "p", "k0", "k1", "k9", "--mode", "events")
+    assert wrong.exit_code == 1 and "not one of the candidates" in wrong.stderr and len(sent) == 3
 
 
 def test_wait_prints_the_reply_of_a_request_enqueued_before(server: EmbeddedServer, client: Client,
