@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 from importlib.metadata import version
 
 import click
@@ -97,6 +98,21 @@ def test_select_takes_its_arguments_in_the_python_clients_order(monkeypatch: pyt
     assert both.exit_code == 0 and both.stderr == "" and json.loads(sent[2])["candidates"] == ["k1", "k2"]
     wrong = invoke("select", "p", "k0", "k1", "k9", "--mode", "events")
     assert wrong.exit_code == 1 and "not one of the candidates" in wrong.stderr and len(sent) == 3
+
+
+def test_gc_exits_as_its_row_of_the_exit_status_table_says(server: EmbeddedServer, redis: Redis) -> None:
+    """Retention off and the branch TTL on (the defaults) is a run (0), not "retention off" (2):
+    status 2 only when both are off and no ``--older-than`` is given."""
+    table = (Path(__file__).parents[2] / "docs" / "cli.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| `gc` |"))
+    assert row == ("| `gc` | 0 (the branch TTL's disposals, then retention's deletions, each when on); 2 both off "
+                   "(`SESSIONFORK_BRANCH_TTL=0`, and `SESSIONFORK_RETENTION=0` without `--older-than`) |")
+    defaults = run_cli(server.url, "gc", "--dry-run")
+    assert defaults.returncode == 0 and "ended branch(es) would be disposed" in defaults.stderr + defaults.stdout
+    both_off = run_cli(server.url, "gc", SESSIONFORK_BRANCH_TTL=0)
+    assert both_off.returncode == 2 and "retention is off" in both_off.stderr
+    older_than = run_cli(server.url, "gc", "--dry-run", "--older-than", "60", SESSIONFORK_BRANCH_TTL=0)
+    assert older_than.returncode == 0 and "session(s) would be deleted" in older_than.stdout, older_than.stderr
 
 
 def test_wait_prints_the_reply_of_a_request_enqueued_before(server: EmbeddedServer, client: Client,
