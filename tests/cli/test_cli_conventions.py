@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 from importlib.metadata import version
+from pathlib import Path
 
 import click
 import pytest

@@ -90,11 +90,11 @@ def select(obj: Context, parent: str, candidates: tuple[str, ...], winner: str, 
     `merge` merges it, every other candidate abandoned; print the reply event as JSON (exit 1 on an
     error code, 4 when no reply within --wait). The deprecated order PARENT WINNER CANDIDATES... is
     still taken, with a warning on stderr, where it cannot be read in the new one."""
-    candidates, winner = _in_order(list(candidates), winner)
+    listed, winner = _in_order(list(candidates), winner)
     client = Client(obj.shard_redis(), obj.settings)
     target: str | wire.LiveHandle = wire.LiveHandle(parent, instance) if instance else parent
     options = _merge_options(mode, summary_file, span, if_parent_length, if_child_length, request_id, reply_to)
-    send(client, client.select_request(target, candidates, winner, **options), wait_s)
+    send(client, client.select_request(target, listed, winner, **options), wait_s)
 
 
 def _in_order(candidates: list[str], winner: str) -> tuple[list[str], str]:
