@@ -150,10 +150,20 @@ def test_a_timed_out_fork_stays_queued_and_says_how_to_wait_for_it(server: Embed
 
 
 def test_a_timed_out_wait_says_how_to_wait_again(server: EmbeddedServer, redis: Redis) -> None:
-    done = run_cli(server.url, "wait", "r-never", "--timeout", "0.3")
+    queued = run_cli(server.url, "--queue", IDLE, "fork", "src", "--request-id", "r-queued", "--wait", "0")
+    assert queued.returncode == 0, queued.stderr
+    done = run_cli(server.url, "wait", "r-queued", "--timeout", "0.3")
     assert done.returncode == 4, done.stderr
-    assert done.stderr == ("error: no reply to request r-never within 0.3s: it may still be queued; wait again "
-                           "with: sessionfork wait r-never\n")
+    assert done.stderr == ("error: no reply to request r-queued within 0.3s: it is queued or running; wait again "
+                           "with: sessionfork wait r-queued\n")
+
+
+def test_wait_for_an_unknown_request_id_says_so_at_once(server: EmbeddedServer, redis: Redis) -> None:
+    """Not a time-out at the deadline, as for a queued request: status 1, ``REQUEST_NOT_FOUND``, at once."""
+    done = run_cli(server.url, "wait", "r-never", "--timeout", "600", timeout=30)
+    assert (done.returncode, done.stdout) == (1, ""), done.stderr
+    assert done.stderr == ('error: REQUEST_NOT_FOUND: request "r-never" is not known: not queued, running nor '
+                           "answered (never enqueued on this queue server, or its outcome expired)\n")
 
 
 @pytest.mark.parametrize(("args", "env", "named"), [

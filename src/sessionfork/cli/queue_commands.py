@@ -157,7 +157,8 @@ def print_reply(reply: wire.Outcome) -> None:
 def wait(obj: Context, request_id: str, timeout_s: float, reply_to: str | None) -> None:
     """Wait for the outcome of a request enqueued before (`fork --wait 0`, a scheduler, a timed-out
     `fork`) and print its reply event as JSON, as `fork` does (exit 1 on an error code, 4 when
-    no reply comes within --timeout: it may still be queued)."""
+    no reply comes within --timeout: it is queued or running). An id the queue server does not
+    know (not queued, running nor answered) is exit 1 at once: REQUEST_NOT_FOUND on stderr."""
     from ..core.connections import retries_until
 
     obj.bound_by(timeout_s)
@@ -168,7 +169,7 @@ def wait(obj: Context, request_id: str, timeout_s: float, reply_to: str | None) 
     try:
         reply = client.wait(request_id, max(deadline - time.monotonic(), 0.0), reply_to=reply_to)
     except TimeoutError:
-        raise TimeoutError(f"no reply to request {request_id} within {timeout_s}s: it may still be queued; "
+        raise TimeoutError(f"no reply to request {request_id} within {timeout_s}s: it is queued or running; "
                            f"wait again with: sessionfork wait {request_id}") from None
     print_reply(reply)
 
