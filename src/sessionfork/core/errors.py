@@ -53,7 +53,14 @@ def not_found(session_id: str) -> ForkError:
 
 
 def not_live(session_id: str) -> ForkError:
-    return ForkError(ErrorCode.SESSION_NOT_LIVE, f'session "{session_id}" is not the live store instance')
+    """A live handle whose instance token is not the session's live one (a stale handle)."""
+    return ForkError(ErrorCode.SESSION_NOT_LIVE,
+                     f'live handle of session "{session_id}" is stale: its instance is not the live one')
+
+
+def disposed(session_id: str) -> ForkError:
+    """A merge or select into a parent that exists but is disposed (no live instance)."""
+    return ForkError(ErrorCode.SESSION_NOT_LIVE, f'session "{session_id}" is disposed: nothing merges into it')
 
 
 def already_exists(session_id: str) -> ForkError:

@@ -160,7 +160,9 @@ class MergeSteps:
             if not got.exists:
                 raise errors.not_found(cid)
         retry = any(got.planned for got in found.values())
-        if not retry and (parent.instance is None or (instance and parent.instance != instance)):
+        if not retry and parent.instance is None:
+            raise errors.disposed(pid)
+        if not retry and instance and parent.instance != instance:
             raise errors.not_live(pid)
         forked_at = {cid: self._check_lineage(spec, cid, got) for cid, got in found.items()}
         if select:
