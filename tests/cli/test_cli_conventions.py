@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -113,6 +114,15 @@ def test_gc_exits_as_its_row_of_the_exit_status_table_says(server: EmbeddedServe
     assert both_off.returncode == 2 and "retention is off" in both_off.stderr
     older_than = run_cli(server.url, "gc", "--dry-run", "--older-than", "60", SESSIONFORK_BRANCH_TTL=0)
     assert older_than.returncode == 0 and "session(s) would be deleted" in older_than.stdout, older_than.stderr
+
+
+def test_the_consoles_missing_extra_says_how_to_install_it_from_a_checkout_not_pypi(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if the [console] extra were not installed
+    done = invoke("console")
+    assert done.exit_code == 2, done.output
+    assert "pip install 'sessionfork[console]'" not in done.stderr and "not on PyPI" in done.stderr
+    assert "pip install '/path/to/sessionfork[console]'" in " ".join(done.stderr.split())
 
 
 def test_wait_prints_the_reply_of_a_request_enqueued_before(server: EmbeddedServer, client: Client,
