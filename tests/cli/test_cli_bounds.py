@@ -243,7 +243,11 @@ def slow_start(url: str, seconds: float, *args: str) -> list[str]:
 @pytest.mark.serial
 def test_health_answers_within_its_timeout_counted_from_its_start(frozen: EmbeddedServer) -> None:
     """``health --timeout 3`` ends 3 s after the process started, the interpreter's start counted,
-    not 3 s after the start."""
+    not 3 s after the start: within 3 s, or half a second (``MIN_WORK``) past a start that took
+    longer (the start: a run that touches no server, measured first, and the 1.5 s added)."""
+    from sessionfork.cli.queue_commands import MIN_WORK
+
+    _, _, start = run(None, "--help")
     began = time.monotonic()
     out = subprocess.run(slow_start(frozen.url, 1.5, "health", "--timeout", "3"), env=clean_environ(),
                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
@@ -251,7 +255,7 @@ def test_health_answers_within_its_timeout_counted_from_its_start(frozen: Embedd
     assert out.returncode == UNREACHABLE, out.stderr
     assert out.stderr.decode().strip() == "error: Redis unreachable or failing: TimeoutError: no answer from the " \
                                           "queue server within 3s"
-    assert took < 3 + 0.5, took  # its exit, on a loaded machine
+    assert took < max(3, start + 1.5 + MIN_WORK) + 1.0, (took, start)  # 1 s: a start's spread, the exit
 
 
 @pytest.mark.serial
