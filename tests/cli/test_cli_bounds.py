@@ -253,8 +253,7 @@ def test_health_answers_within_its_timeout_counted_from_its_start(frozen: Embedd
                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
     took = time.monotonic() - began
     assert out.returncode == UNREACHABLE, out.stderr
-    assert out.stderr.decode().strip() == "error: Redis unreachable or failing: TimeoutError: no answer from the " \
-                                          "queue server within 3s"
+    assert_one_error_line(out.stderr.decode())  # the cut's, or a command's time-out at the same deadline
     assert took < max(3, start + 1.5 + MIN_WORK) + 1.0, (took, start)  # 1 s: a start's spread, the exit
 
 

@@ -37,7 +37,6 @@ class Live:
     prometheus: PrometheusServer
     worker: subprocess.Popen[bytes]
     port: int
-    server: EmbeddedServer
 
     @property
     def metrics_url(self) -> str:
@@ -59,7 +58,10 @@ def live() -> Iterator[Live]:
                 with PrometheusServer([f"{ADDRESS}:{port}"], with_for(shipped_rules(), "0s")) as prometheus:
                     wait_until(lambda: prometheus.values(f'up{{job="{JOB}"}} == 1'), 30, "the worker's first scrape")
                     forks(redis, prometheus)
-                    yield Live(prometheus, worker, port, server)
+                    # Then the shard paused: SessionforkQueuePausedTooLong fires (its `for` is 0 s
+                    # here), so the dashboard's alert annotation has an alert to show.
+                    pauses.pause(redis, "test", "the paused-too-long alert")
+                    yield Live(prometheus, worker, port)
         finally:
             stop(worker)
 
@@ -89,7 +91,7 @@ def forks(redis: object, prometheus: PrometheusServer) -> None:
 
 def test_refusals_show_on_the_dashboard_and_page_no_one(live: Live) -> None:
     """SESSION_NOT_FOUND outcomes are expected refusals: the refusals' rule shows them, and no alert
-    fires (every alert's ``for`` is 0 s here: one that read them would fire at once)."""
+    fires but the pause's (every alert's ``for`` is 0 s here: one that read them would fire at once)."""
     wait_until(lambda: live.prometheus.values("sessionfork:refusals:ratio_rate5m > 0"), 30, "refusals recorded")
     # 3 of 7 outcomes are refusals; rate()'s extrapolation differs per series (each starts at its first
     # scrape), so the recorded ratio is near 0.43, not exactly it.
@@ -97,18 +99,16 @@ def test_refusals_show_on_the_dashboard_and_page_no_one(live: Live) -> None:
     assert 0.2 < ratio < 0.7, ratio
     assert live.prometheus.values("sessionfork:fork_errors:ratio_rate5m") == [ratio]  # no INTERNAL among them
     assert live.prometheus.values("sessionfork:internal_errors:rate5m") == [0]
-    assert live.prometheus.firing() == {}
+    wait_until(lambda: "SessionforkQueuePausedTooLong" in live.prometheus.firing(), 30, "the pause's alert firing")
+    assert list(live.prometheus.firing()) == ["SessionforkQueuePausedTooLong"]
 
 
 def test_a_paused_shard_fires_the_paused_alert_and_shows_on_the_pause_panel(live: Live) -> None:
-    """The shard stays paused for the tests after this one: the dashboard's alert annotation then
-    has an alert to show."""
-    with live.server.client() as redis:
-        pauses.pause(redis, "test", "the paused-too-long alert")
     wait_until(lambda: "SessionforkQueuePausedTooLong" in live.prometheus.firing(), 30,
                "SessionforkQueuePausedTooLong firing")
+    (labels,) = live.prometheus.firing()["SessionforkQueuePausedTooLong"]
+    assert labels["severity"] == "warning"
     assert live.prometheus.values("sessionfork:queue_paused:max") == [1]
-    assert list(live.prometheus.firing()) == ["SessionforkQueuePausedTooLong"]
 
 
 def test_a_real_workers_histograms_carry_the_requests_op(live: Live) -> None:
