@@ -243,7 +243,7 @@ def slow_start(url: str, seconds: float, *args: str) -> list[str]:
 @pytest.mark.serial
 def test_health_answers_within_its_timeout_counted_from_its_start(frozen: EmbeddedServer) -> None:
     """``health --timeout 3`` ends 3 s after the process started, the interpreter's start counted,
-    not 3 s after the start: within 3 s, or half a second (``MIN_WORK``) past a start that took
+    not 3 s after the start: within 3 s, or a second (``MIN_WORK``) past a start that took
     longer (the start: a run that touches no server, measured first, and the 1.5 s added)."""
     from sessionfork.cli.queue_commands import MIN_WORK
 
@@ -259,7 +259,7 @@ def test_health_answers_within_its_timeout_counted_from_its_start(frozen: Embedd
 
 @pytest.mark.serial
 def test_health_still_asks_the_server_when_its_start_took_the_whole_timeout(server: EmbeddedServer) -> None:
-    """A start longer than ``--timeout`` leaves the Redis work half a second: a reachable server
+    """A start longer than ``--timeout`` leaves the Redis work a second: a reachable server
     answers (no worker: unhealthy, 1), rather than a time-out that would call it unreachable (3)."""
     out = subprocess.run(slow_start(server.url, 1.5, "health", "--timeout", "1"), env=clean_environ(),
                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL)

@@ -176,7 +176,7 @@ def wait(obj: Context, request_id: str, timeout_s: float, reply_to: str | None) 
 
 EXIT_TIME = 0.25
 """Seconds of ``health --timeout`` kept for printing its answer and the interpreter's exit."""
-MIN_WORK = 0.5
+MIN_WORK = 1.0
 """Seconds ``health`` gives its Redis work at least, when the interpreter's start took its time."""
 
 
