@@ -62,7 +62,7 @@ def recording_rules() -> list[str]:
 
 def dashboard_expressions() -> list[tuple[str, str]]:
     """Every PromQL expression of the shipped Grafana dashboard: (where, expr), the panels' targets
-    and the annotations."""
+    and the annotations, each dashboard variable replaced by its "All" value (``allValue``)."""
     board = json.loads(DASHBOARD.read_text())
     found = [(f"panel {panel['title']!r} {target['refId']}", target["expr"])
              for panel in board["panels"] for target in panel["targets"]]
