@@ -237,8 +237,8 @@ def test_a_retry_answers_its_first_merge_whatever_the_parent_and_child_hold_now(
     tree.append("c", turn(8))  # the default range would now end later
     tree.dispose("p")  # and the parent is no longer live
     assert outcome_of(lambda: merges.merge(tree, "p", "c", mode="events", request_id="r2")) == first
-    assert code_of(lambda: merges.merge(tree, "p", "c", mode="events", request_id="r3"))[0] is \
-        ErrorCode.SESSION_NOT_LIVE
+    assert code_of(lambda: merges.merge(tree, "p", "c", mode="events", request_id="r3")) == \
+        (ErrorCode.SESSION_NOT_LIVE, 'session "p" is disposed: nothing merges into it')
 
 
 def test_a_select_retried_after_its_marks_answers_its_first_merge(registry: Registry) -> None:

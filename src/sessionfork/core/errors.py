@@ -29,6 +29,7 @@ class ErrorCode(StrEnum):
     WRONG_SHARD = "WRONG_SHARD"
     NOT_DESCENDANT = "NOT_DESCENDANT"
     ALREADY_MERGED = "ALREADY_MERGED"
+    REQUEST_NOT_FOUND = "REQUEST_NOT_FOUND"
 
 
 class ForkError(Exception):
@@ -52,7 +53,14 @@ def not_found(session_id: str) -> ForkError:
 
 
 def not_live(session_id: str) -> ForkError:
-    return ForkError(ErrorCode.SESSION_NOT_LIVE, f'session "{session_id}" is not the live store instance')
+    """A live handle whose instance token is not the session's live one (a stale handle)."""
+    return ForkError(ErrorCode.SESSION_NOT_LIVE,
+                     f'live handle of session "{session_id}" is stale: its instance is not the live one')
+
+
+def disposed(session_id: str) -> ForkError:
+    """A merge or select into a parent that exists but is disposed (no live instance)."""
+    return ForkError(ErrorCode.SESSION_NOT_LIVE, f'session "{session_id}" is disposed: nothing merges into it')
 
 
 def already_exists(session_id: str) -> ForkError:
@@ -104,6 +112,14 @@ def wrong_shard(request_id: str, owner: int, served: int, count: int) -> ForkErr
     return ForkError(ErrorCode.WRONG_SHARD,
                      f'request id "{request_id}" lives on shard {owner} of {count}, not on shard {served}, which this '
                      f"worker serves: enqueue it on shard {owner}'s queue server (protocol.shards.shard_of)")
+
+
+def request_not_found(request_id: str) -> ForkError:
+    """A client's wait for a request id no request on its queue server has: neither queued nor
+    running (no job) nor answered (no stored outcome). A client's answer, never an outcome."""
+    return ForkError(ErrorCode.REQUEST_NOT_FOUND,
+                     f'request "{request_id}" is not known: not queued, running nor answered (never enqueued on '
+                     "this queue server, or its outcome expired)")
 
 
 def not_descendant(child: str, parent: str) -> ForkError:

@@ -229,7 +229,9 @@ class MergeSteps:
         for cid, got in zip(run.candidates, read[1:], strict=True):
             if not got.exists:
                 raise errors.not_found(cid)
-        if parent.instance is None or (instance and parent.instance != instance):
+        if parent.instance is None:
+            raise errors.disposed(pid)
+        if instance and parent.instance != instance:
             raise errors.not_live(pid)
 
     def _check_states(self, run: _Run, read: Sequence[_Record], forked_at: Sequence[int | None]) -> int:

@@ -17,7 +17,7 @@ import functools
 import logging
 from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
-from typing import IO, Any, Final
+from typing import IO, Any, Final, NamedTuple
 
 import msgspec
 import structlog
@@ -39,18 +39,21 @@ from ..protocol.outcomes import code_of
 log = logging.getLogger("sessionfork.outcome")
 _request_source = msgspec.json.Decoder(dict[str, Any])
 
+OPS: Final = ("fork", "merge", "select")
+"""The ``op`` label's values: every per-request metric carries the request's operation."""
 FORKS: Final = "sessionfork_forks"
-"""Counter of fork outcomes by ``code`` (``OK`` or the error code); Prometheus shows ``…_total``."""
+"""Counter of fork outcomes by ``op`` (``fork``) and ``code`` (``OK`` or the error code);
+Prometheus shows ``…_total``."""
 MERGES: Final = "sessionfork_merges"
 """Counter of merge and select outcomes by ``op`` (``merge``, ``select``) and ``code``."""
 DURATION: Final = "sessionfork_fork_duration_seconds"
-"""Histogram: a request's run time, from its dequeue to its outcome (what a worker is busy for)."""
+"""Histogram by ``op``: a request's run time, from its dequeue to its outcome (what a worker is busy for)."""
 LATENCY: Final = "sessionfork_fork_latency_seconds"
-"""Histogram: a request's enqueue-to-outcome latency (queue wait and run time)."""
+"""Histogram by ``op``: a request's enqueue-to-outcome latency (queue wait and run time)."""
 SEED_LENGTH: Final = "sessionfork_seed_length"
-"""Histogram: events each child inherits."""
+"""Histogram by ``op``: events each child inherits (a fork's children: merges and selects make none)."""
 CHILDREN: Final = "sessionfork_children_per_request"
-"""Histogram: children created per request."""
+"""Histogram by ``op``: children created per request (0 for merges and selects)."""
 QUEUE_DEPTH: Final = "sessionfork_queue_depth"
 """Gauge: requests waiting in the served queue, read when scraped."""
 QUEUE_PAUSED: Final = "sessionfork_queue_paused"
@@ -98,12 +101,18 @@ class Observer:
         self.registry = CollectorRegistry()
         self.shard = shard
         labels = {} if shard is None else {"shard": str(shard)}
-        self.forks = Counter(FORKS, "Fork requests by outcome code", ["code", *labels], registry=self.registry)
+        self.forks = Counter(FORKS, "Fork requests by op and outcome code", ["op", "code", *labels],
+                             registry=self.registry)
         self.merges = Counter(MERGES, "Merge and select requests by op and outcome code", ["op", "code", *labels],
                               registry=self.registry)
         self.duration, self.latency, self.seed_length, self.children = (
-            Histogram(name, help_, list(labels), registry=self.registry, buckets=buckets)
+            Histogram(name, help_, ["op", *labels], registry=self.registry, buckets=buckets)
             for name, (help_, _, buckets) in HISTOGRAMS.items())
+        # Each op's series bound once (the shard's too): the hot path below looks one up by op.
+        self._by_op = {op: _OpSeries(_Bound(self.forks if op == "fork" else self.merges, {"op": op, **labels}),
+                                     *(h.labels(op=op, **labels) for h in (self.duration, self.latency,
+                                                                           self.seed_length, self.children)))
+                       for op in OPS}
         self.depth = Gauge(QUEUE_DEPTH, "Requests waiting in the queue", list(labels), registry=self.registry)
         self.paused = Gauge(QUEUE_PAUSED, "1 while the queue is paused (workers take no job)", list(labels),
                             registry=self.registry)
@@ -111,13 +120,7 @@ class Observer:
               [*build_labels(), *labels], registry=self.registry).labels(**build_labels(), **labels).set(1)
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         PlatformCollector(registry=self.registry)  # python_info
-        if labels:  # the children bound once: the hot path below stays as without shards
-            self.forks = _Bound(self.forks, labels)  # type: ignore[assignment]
-            self.merges = _Bound(self.merges, labels)  # type: ignore[assignment]
-            self.duration = self.duration.labels(**labels)
-            self.latency = self.latency.labels(**labels)
-            self.seed_length = self.seed_length.labels(**labels)
-            self.children = self.children.labels(**labels)
+        if labels:  # the gauges' children bound once
             self.depth = self.depth.labels(**labels)
             self.paused = self.paused.labels(**labels)
         if queue_depth is not None:
@@ -135,16 +138,14 @@ class Observer:
         made = _children(reply)
         seeds = [0 if child.seed_length is msgspec.UNSET else child.seed_length for child in made]
         if self.prometheus:
-            if op == "fork":
-                self.forks.labels(code=code).inc()
-            else:
-                self.merges.labels(op=op, code=code).inc()
-            self.duration.observe(seconds)
+            series = self._by_op[op]
+            series.outcomes.labels(code=code).inc()
+            series.duration.observe(seconds)
             if latency is not None:
-                self.latency.observe(latency)
-            self.children.observe(len(made))
+                series.latency.observe(latency)
+            series.children.observe(len(made))
             for seed in seeds:
-                self.seed_length.observe(seed)
+                series.seed_length.observe(seed)
         if self.otel is not None:
             self.otel.record(op, code, seconds, latency, len(made), seeds)
         if log.isEnabledFor(logging.INFO):  # the line's fields (the payload read again) only when logged
@@ -157,8 +158,18 @@ class Observer:
         start_http_server(port, addr=addr, registry=self.registry)
 
 
+class _OpSeries(NamedTuple):
+    """One op's outcome counter (``code`` still to give) and its histograms' series."""
+
+    outcomes: _Bound
+    duration: Any
+    latency: Any
+    seed_length: Any
+    children: Any
+
+
 class _Bound:
-    """``Counter.labels(code=...)`` with the shard label filled in."""
+    """``Counter.labels(code=...)`` with the op's and the shard's labels filled in."""
 
     def __init__(self, counter: Counter, fixed: dict[str, str]) -> None:
         self._counter, self._fixed = counter, fixed
@@ -182,7 +193,7 @@ class _OtelMetrics:
 
     def __init__(self, meter: Any, labels: dict[str, str], queue_depth: Callable[[], int] | None) -> None:
         self.labels = labels
-        self.forks = meter.create_counter(FORKS, unit="", description="Fork requests by outcome code")
+        self.forks = meter.create_counter(FORKS, unit="", description="Fork requests by op and outcome code")
         self.merges = meter.create_counter(MERGES, unit="",
                                            description="Merge and select requests by op and outcome code")
         self.duration, self.latency, self.seed_length, self.children = (
@@ -203,16 +214,14 @@ class _OtelMetrics:
 
     def record(self, op: str, code: str, seconds: float, latency: float | None, children: int,
                seeds: list[int]) -> None:
-        if op == "fork":
-            self.forks.add(1, {"code": code, **self.labels})
-        else:
-            self.merges.add(1, {"op": op, "code": code, **self.labels})
-        self.duration.record(seconds, self.labels)
+        attributes = {"op": op, **self.labels}
+        (self.forks if op == "fork" else self.merges).add(1, {**attributes, "code": code})
+        self.duration.record(seconds, attributes)
         if latency is not None:
-            self.latency.record(latency, self.labels)
-        self.children.record(children, self.labels)
+            self.latency.record(latency, attributes)
+        self.children.record(children, attributes)
         for seed in seeds:
-            self.seed_length.record(seed, self.labels)
+            self.seed_length.record(seed, attributes)
 
 
 _OPS: dict[type, str] = {MergeResult: "merge", MergeFailure: "merge", SelectResult: "select", SelectFailure: "select"}
