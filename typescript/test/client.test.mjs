@@ -1,0 +1,172 @@
+// The TypeScript client against a real server and a real sessionfork worker, both started by
+// tests/integrations/test_typescript_client.py: REDIS_URL is the server, SF_SOURCE a session with one
+// completed turn (2 events). Each test forks its own sessions from it, so the tests share nothing else.
+import assert from "node:assert/strict";
+import { createServer } from "node:net";
+import { after, before, test } from "node:test";
+import { Redis } from "ioredis";
+import { Client, ForkError, TimeoutError } from "../dist/index.js";
+
+const url = process.env.REDIS_URL;
+const SOURCE = process.env.SF_SOURCE;
+assert.ok(url && SOURCE, "REDIS_URL and SF_SOURCE are set by the Python test that starts the server and worker");
+
+let client;
+let redis;
+let n = 0;
+const unique = (what) => `${what}-${process.pid}-${Date.now()}-${++n}`;
+const turn = (text) => [{ type: "turn/start", data: {} }, { type: "assistant/message", data: { text } },
+  { type: "turn/end", data: { reason: "completed" } }];
+
+before(() => {
+  client = Client.fromUrl(url);
+  redis = new Redis(url);
+});
+
+after(async () => {
+  await client.close();
+  redis.disconnect();
+});
+
+/** A fresh session forked from SF_SOURCE: its own parent for merges and selects. */
+async function freshParent() {
+  const reply = await client.fork(SOURCE, { sessionId: unique("parent"), timeout: 10 });
+  assert.equal(reply.ok, true, JSON.stringify(reply));
+  return reply.session.id;
+}
+
+test("fork answers the child's header", async () => {
+  const child = unique("child");
+  const reply = await client.fork(SOURCE, { sessionId: child, timeout: 10 });
+  assert.equal(reply.type, "fork/result");
+  assert.equal(reply.ok, true);
+  assert.equal(reply.session.id, child);
+  assert.equal(reply.session.parentSession, SOURCE);
+  assert.equal(reply.session.seedLength, 2);
+});
+
+test("a request submitted twice forks once and both answer the first outcome", async () => {
+  const childrenOf = `sf:s:{${SOURCE}}:children`;
+  const before = await redis.scard(childrenOf);
+  const request = client.request(SOURCE, { count: 2 });
+  const [first, second] = await Promise.all([client.submit(request), client.submit(request)]);
+  assert.equal(first, request.requestId);
+  assert.equal(second, request.requestId);
+  const reply = await client.wait(request, 10);
+  assert.equal(reply.ok, true);
+  assert.equal(reply.sessions.length, 2);
+  assert.deepEqual(await client.wait(request, 10), reply);
+  const rerun = await client.runRequest({ ...request }, 10);   // the same request again: no new children
+  assert.deepEqual(rerun, reply);
+  assert.equal(await redis.scard(childrenOf), before + 2);   // two children: forked once
+  const children = await redis.smembers(childrenOf);
+  for (const header of reply.sessions) assert.ok(children.includes(header.id), header.id);
+});
+
+test("a request id used for another request answers IDEMPOTENCY_CONFLICT, by fork and by wait", async () => {
+  const requestId = unique("req");
+  const first = await client.fork(SOURCE, { requestId, sessionId: unique("one"), timeout: 10 });
+  assert.equal(first.ok, true);
+  const other = await client.fork(SOURCE, { requestId, sessionId: unique("two"), timeout: 10 });
+  assert.equal(other.ok, false);
+  assert.equal(other.type, "fork/error");
+  assert.equal(other.code, "IDEMPOTENCY_CONFLICT");
+  assert.equal(other.message, `request id "${requestId}" was already used for a different request`);
+  const stale = client.request(SOURCE, { requestId, sessionId: unique("three") });
+  assert.equal(await client.submit(stale), requestId);
+  assert.equal((await client.wait(stale, 10)).code, "IDEMPOTENCY_CONFLICT");
+  assert.deepEqual(await client.wait(requestId, 10), first);   // by id alone: the id's one outcome
+  const same = client.request(SOURCE, { requestId, sessionId: first.session.id });
+  assert.deepEqual(await client.wait(same, 10), first);        // key order and the reply channel aside, the same
+});
+
+test("a fork's failures come back typed, with their codes and messages", async () => {
+  const missing = await client.fork(unique("nobody"), { timeout: 10 });
+  assert.equal(missing.ok, false);
+  assert.equal(missing.code, "SESSION_NOT_FOUND");
+  const busy = await client.fork(SOURCE, { sessionId: unique("busy"), timeout: 10,
+    edits: [{ type: "turn/start", data: {} }, { type: "tool/call", data: { id: "t1" } }] });
+  assert.equal(busy.ok, true);
+  const open = await client.fork(busy.session.id, { timeout: 10 });
+  assert.equal(open.code, "OPEN_TURN");
+  assert.equal(open.message, `cannot fork session "${busy.session.id}" inside an open turn (last event: tool/call)`);
+});
+
+test("merge brings a branch's turn back, exactly once", async () => {
+  const parent = await freshParent();
+  const branch = await client.fork(parent, { sessionId: unique("branch"), edits: turn("found it"), timeout: 10 });
+  assert.equal(branch.ok, true);
+  const merged = await client.merge(parent, branch.session.id, { mode: "events", timeout: 10 });
+  assert.equal(merged.type, "merge/result", JSON.stringify(merged));
+  assert.equal(merged.ok, true);
+  assert.deepEqual(merged.mergedFrom, { session: branch.session.id, fromSeq: 2, toSeq: 4 });
+  assert.equal(merged.fromSeq, 2);
+  assert.equal(merged.length, 2 + 3 + 3);
+  const again = await client.merge(parent, branch.session.id, { mode: "summary", summary: { text: "again" }, timeout: 10 });
+  assert.equal(again.ok, false);
+  assert.equal(again.type, "merge/error");
+  assert.equal(again.code, "ALREADY_MERGED");
+});
+
+test("select merges the winner and abandons the other candidates", async () => {
+  const parent = await freshParent();
+  const ids = [unique("t0"), unique("t1"), unique("t2")];
+  const fan = await client.fork(parent, { timeout: 10,
+    variants: ids.map((sessionId, i) => ({ sessionId, edits: turn(`answer ${i}`) })) });
+  assert.equal(fan.ok, true, JSON.stringify(fan));
+  const picked = await client.select(parent, ids, ids[1], { mode: "summary", summary: { text: "t1 won" }, timeout: 10 });
+  assert.equal(picked.type, "select/result", JSON.stringify(picked));
+  assert.equal(picked.winner, ids[1]);
+  assert.deepEqual(picked.abandoned, [ids[0], ids[2]]);
+  const stale = await client.select(parent, ids, ids[0], { mode: "events", timeout: 10 });
+  assert.equal(stale.code, "ALREADY_MERGED");
+});
+
+test("bad input is refused before anything is sent", async () => {
+  await assert.rejects(client.fork(SOURCE, { requestId: "not an id" }), (e) => e instanceof ForkError && e.code === "INVALID_REQUEST");
+  for (const timeout of [-1, Number.NaN, Infinity, 86401, "5"]) {
+    await assert.rejects(client.wait("req-x", timeout), (e) => e instanceof ForkError && e.code === "INVALID_REQUEST");
+  }
+  const huge = client.request(SOURCE, { edits: [{ type: "note", data: "x".repeat(70000) }] });
+  await assert.rejects(client.submit(huge), (e) => e instanceof ForkError && /over the limit of 65536/.test(e.message));
+  assert.throws(() => client.mergeRequest(SOURCE, "c", { mode: "summary" }), ForkError);
+  assert.throws(() => client.selectRequest(SOURCE, ["a"], "b", { mode: "events" }), ForkError);
+  assert.equal(await redis.exists(`rq:job:${huge.requestId}`), 0);
+});
+
+test("a wait ends at its deadline, and a published message is never the answer", async () => {
+  const requestId = unique("never");
+  const spoof = setInterval(() => {
+    redis.publish("sf:replies", JSON.stringify({ type: "fork/result", requestId, ok: true, session: { id: "fake" } }));
+  }, 50);
+  const started = Date.now();
+  try {
+    await assert.rejects(client.wait(requestId, 0.8), (e) => e instanceof TimeoutError);
+  } finally {
+    clearInterval(spoof);
+  }
+  const took = Date.now() - started;
+  assert.ok(took >= 750 && took < 1300 + 500, `waited ${took} ms`);
+});
+
+test("calls to a server that never answers end by their deadlines", async () => {
+  const sockets = [];
+  const silent = createServer((socket) => { sockets.push(socket); });   // accepts, never replies
+  await new Promise((resolve) => silent.listen(0, "127.0.0.1", resolve));
+  const frozen = Client.fromUrl(`redis://127.0.0.1:${silent.address().port}/0`);
+  try {
+    let started = Date.now();
+    await assert.rejects(frozen.fork("s", { timeout: 0.5 }), (e) => e instanceof TimeoutError);
+    let took = Date.now() - started;
+    assert.ok(took < 500 + 500 + 300, `fork took ${took} ms`);
+    started = Date.now();
+    await assert.rejects(frozen.submit(frozen.request("s")), (e) => e instanceof TimeoutError && /not enqueued within 10s/.test(e.message));
+    took = Date.now() - started;
+    assert.ok(took >= 9900 && took < 10500 + 300, `submit took ${took} ms`);
+    assert.ok(sockets.length >= 1, "the client reached the silent server");
+  } finally {
+    await frozen.close();
+    for (const socket of sockets) socket.destroy();
+    silent.close();
+  }
+});
