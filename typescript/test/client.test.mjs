@@ -170,3 +170,19 @@ test("calls to a server that never answers end by their deadlines", async () => 
     silent.close();
   }
 });
+
+test("the TypeScript page's example runs and prints what the page promises", async () => {
+  const { readFileSync, writeFileSync } = await import("node:fs");
+  const { execFileSync } = await import("node:child_process");
+  const page = readFileSync(new URL("../../docs/typescript.md", import.meta.url), "utf8");
+  const blocks = [...page.matchAll(/^```ts\n([\s\S]*?)^```/gm)].map((m) => m[1]);
+  assert.equal(blocks.length, 1);
+  assert.ok(blocks[0].includes("redis://localhost:6379/0"));
+  const example = new URL("../.docs-example.mjs", import.meta.url);   // in the package: "sessionfork" is itself
+  writeFileSync(example, blocks[0].replaceAll("redis://localhost:6379/0", url));
+  const out = execFileSync(process.execPath, [example.pathname], { env: { ...process.env, SOURCE }, timeout: 60000 })
+    .toString();
+  assert.deepEqual(out.trim().split("\n"), ["forked true", "variants true 3", "picked true 2", "refused ALREADY_MERGED",
+    "fan-out 2", "conflict IDEMPOTENCY_CONFLICT"]);
+  for (const line of out.trim().split("\n")) assert.ok(page.includes(`\`${line}\``), line);
+});
