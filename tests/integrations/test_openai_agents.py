@@ -139,6 +139,24 @@ def test_concurrent_pops_never_pop_one_item_twice(registry: Registry) -> None:
     assert [e.type for e in registry.events("chat-race")].count(POP) == 8
 
 
+def test_a_pop_racing_another_pop_pops_the_next_item(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    session = SessionforkSession("chat-race-2", registry)
+    run(session.add_items([{"role": "user", "content": str(i)} for i in range(3)]))
+    real, raced, other = registry.append, threading.Event(), []
+
+    def append(ref: Any, events: Any, **options: Any) -> Any:
+        if not raced.is_set() and any(e.type == POP for e in events):  # between this pop's read and write
+            raced.set()
+            other.append(run(session.pop_item()))             # another writer pops the same newest item
+        return real(ref, events, **options)
+
+    monkeypatch.setattr(registry, "append", append)
+    outer = run(session.pop_item())
+    assert other == [{"role": "user", "content": "2"}]       # the race happened: the other pop came first
+    assert outer == {"role": "user", "content": "1"}          # this pop read again and popped the next
+    assert texts(run(session.get_items())) == ["0"]
+
+
 def test_a_write_is_one_atomic_turn_and_bad_input_writes_nothing(registry: Registry) -> None:
     session = SessionforkSession("chat-bad", registry)
     with pytest.raises(ForkError) as err:
