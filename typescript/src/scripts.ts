@@ -56,7 +56,7 @@ export class Scripts {
   /** The reply JSON stored for `record` (`sf:req:<id>`), null while none is; with `also`, that command's answer too, in the same round trip. */
   async outcome(record: string, also: (string | number)[]): Promise<[string | null, unknown]> {
     const answer = (await this.run(
-      () => ["FCALL_RO", OUTCOME_FUNCTION, 1, record],
+      () => ["FCALL", OUTCOME_FUNCTION, 1, record],  // FCALL: what the sf-scheduler ACL role may run
       () => ["EVALSHA", OUTCOME_SHA, 1, record],
       OUTCOME,
       also,

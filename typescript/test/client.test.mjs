@@ -1,15 +1,18 @@
 // The TypeScript client against a real server and a real sessionfork worker, both started by
-// tests/integrations/test_typescript_client.py: REDIS_URL is the server, SF_SOURCE a session with one
-// completed turn (2 events). Each test forks its own sessions from it, so the tests share nothing else.
+// tests/integrations/test_typescript_client.py: REDIS_URL is the server (its enqueue library loaded),
+// SF_SCHEDULER_URL the same server as the sf-scheduler ACL user, SF_SOURCE a session with one completed
+// turn (2 events). Each test forks its own sessions from it, so the tests share nothing else.
 import assert from "node:assert/strict";
+import { createHash } from "node:crypto";
 import { createServer } from "node:net";
 import { after, before, test } from "node:test";
 import { Redis } from "ioredis";
-import { Client, ForkError, TimeoutError } from "../dist/index.js";
+import { Client, ENQUEUE, ForkError, TimeoutError, VERSIONED } from "../dist/index.js";
 
 const url = process.env.REDIS_URL;
+const schedulerUrl = process.env.SF_SCHEDULER_URL;
 const SOURCE = process.env.SF_SOURCE;
-assert.ok(url && SOURCE, "REDIS_URL and SF_SOURCE are set by the Python test that starts the server and worker");
+assert.ok(url && schedulerUrl && SOURCE, "REDIS_URL, SF_SCHEDULER_URL and SF_SOURCE are set by the Python test");
 
 let client;
 let redis;
@@ -44,6 +47,45 @@ test("fork answers the child's header", async () => {
   assert.equal(reply.session.parentSession, SOURCE);
   assert.equal(reply.session.seedLength, 2);
 });
+
+/** Wait until `check()` holds (polled), at most `seconds`: a condition with a deadline, not a sleep. */
+async function until(check, seconds, what) {
+  const deadline = Date.now() + seconds * 1000;
+  while (!check()) {
+    assert.ok(Date.now() < deadline, `timed out waiting for ${what}`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+const ENQUEUE_SHA = createHash("sha1").update(ENQUEUE, "utf8").digest("hex");
+
+for (const [enqueue, as, used, unused] of [["auto", "the sf-scheduler role", "FCALL", "EVALSHA"],
+  ["fcall", "the sf-scheduler role", "FCALL", "EVALSHA"], ["eval", "the default user", "EVALSHA", "FCALL"]]) {
+  test(`enqueue "${enqueue}" enqueues with ${used} and reads the reply, as ${as}`, async () => {
+    const other = Client.fromUrl(as === "the default user" ? url : schedulerUrl, { enqueue });
+    const base = new Redis(url);
+    const feed = await base.monitor();
+    const sent = [];   // the enqueue script's calls, as the server ran them
+    feed.on("monitor", (_time, args) => {
+      if ((args[0] === "FCALL" && args[1] === VERSIONED) || (args[0] === "EVALSHA" && args[1] === ENQUEUE_SHA)) {
+        sent.push(args);
+      }
+    });
+    try {
+      const sessionId = unique(`route-${enqueue}`);
+      const reply = await other.fork(SOURCE, { sessionId, timeout: 10 });
+      assert.equal(reply.ok, true, JSON.stringify(reply));
+      assert.equal(reply.session.id, sessionId);
+      await until(() => sent.length > 0, 5, "the enqueue in the server's MONITOR feed");
+      assert.deepEqual([...new Set(sent.map((args) => args[0]))], [used], JSON.stringify(sent));  // NOSCRIPT: sent again
+      assert.ok(!sent.some((args) => args[0] === unused));
+    } finally {
+      feed.disconnect();
+      base.disconnect();
+      await other.close();
+    }
+  });
+}
 
 test("a request submitted twice forks once and both answer the first outcome", async () => {
   const childrenOf = `sf:s:{${SOURCE}}:children`;
