@@ -71,6 +71,7 @@ def test_the_build_ships_the_python_packages_scripts_unchanged(installed: Path) 
     assert out.stdout.strip() == VERSIONED, out.stderr
 
 
+@pytest.mark.serial  # the Node tests assert time bounds (a wait's deadline, a frozen server's)
 def test_the_typescript_clients_tests_pass_against_a_real_worker(installed: Path, stack: EmbeddedServer) -> None:
     with stack.client() as redis:
         registry = Registry(redis)

@@ -259,7 +259,7 @@ export class Client {
     const requestId = checkRequestId(typeof request === "string" ? request : request.requestId);
     const channel = asked?.replyTo ?? options.replyTo ?? this.options.replyChannel;
     const deadline = Date.now() + seconds * 1000;
-    return this.bounded(requestId, seconds, deadline, this.answer(requestId, asked, channel, deadline, true, seconds));
+    return this.bounded(requestId, seconds, deadline, this.answer(requestId, asked, channel, deadline, seconds));
   }
 
   /** Submit a fork of `source` and wait for its reply, within `timeout` seconds (default 10). */
@@ -287,12 +287,8 @@ export class Client {
     const [requestId, call] = this.job(request);
     const channel = request.replyTo ?? this.options.replyChannel;
     const deadline = Date.now() + seconds * 1000;
-    const work = (async (): Promise<Outcome> => {
-      await this.listen(channel, deadline);
-      const enqueued = await again(() => this.scripts.enqueue(...call), deadline);
-      if (enqueued === -1) return conflict(requestId, opOf(request));
-      return this.answer(requestId, request, channel, deadline, enqueued !== 1, seconds);
-    })();
+    const enqueue = () => again(() => this.scripts.enqueue(...call), deadline);
+    const work = this.answer(requestId, request, channel, deadline, seconds, enqueue);
     return this.bounded(requestId, seconds, deadline, work) as Promise<ReplyOf<R>>;
   }
 
@@ -337,9 +333,14 @@ export class Client {
     return cut(deadline + HARD_AFTER * 1000, noReply(requestId, seconds), work);
   }
 
-  /** The stored outcome's verdict for `asked` (null: a wait by id alone), read until it answers: after each wake-up, `recheckEvery` seconds without news, and once more at the deadline. */
+  /**
+   * The stored outcome's verdict for `asked` (null: a wait by id alone), read until it answers: once
+   * the subscription is confirmed, after each wake-up, `recheckEvery` seconds without news, and once
+   * more at the deadline. With `enqueue`, it is run once the waiter listens (its -1: a conflict; its
+   * 1, a new request: its reply is announced to the subscription, so no first read).
+   */
   private async answer(requestId: string, asked: AnyRequest | null, channel: string, deadline: number,
-                       readFirst: boolean, seconds: number): Promise<Outcome> {
+                       seconds: number, enqueue?: () => Promise<number>): Promise<Outcome> {
     let woken = false;
     let wake: () => void = () => { woken = true; };
     const waiter: Waiter = { wake: () => wake() };
@@ -347,7 +348,12 @@ export class Client {
     this.waiters.set(requestId, set.add(waiter));
     try {
       await this.listen(channel, deadline);
-      let read = readFirst;
+      let read = true;
+      if (enqueue) {
+        const enqueued = await enqueue();
+        if (enqueued === -1 && asked) return conflict(requestId, opOf(asked));
+        read = enqueued !== 1;
+      }
       for (;;) {
         if (read || woken) {
           woken = false;
