@@ -250,3 +250,39 @@ def test_the_runner_forks_continues_both_branches_and_merges_one_back(registry: 
 
     run(main())
     assert model.remaining_steps == 0
+
+
+def run_sync(agent: Agent[Any], text: str, session: SessionforkSession) -> Any:
+    """``Runner.run_sync`` as the SDK's own session tests call it: on a loop of its own, closed after."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        return Runner.run_sync(agent, text, session=session)
+    finally:
+        loop.close()
+        asyncio.set_event_loop(None)
+
+
+@pytest.mark.parametrize("runner_method", ["run", "run_sync", "run_streamed"])
+def test_every_runner_method_reads_and_writes_the_history(registry: Registry, runner_method: str) -> None:
+    model = ScriptedModel([[assistant_message("Hello")], [assistant_message("I remember you said hi")]])
+    agent = Agent(name="test", model=model)
+    session = SessionforkSession(f"chat-{runner_method}", registry)
+
+    async def turn(text: str) -> Any:
+        if runner_method == "run":
+            return await Runner.run(agent, text, session=session)
+        if runner_method == "run_sync":  # in a thread of its own, on an event loop closed after it
+            return await asyncio.to_thread(run_sync, agent, text, session)
+        streamed = Runner.run_streamed(agent, text, session=session)
+        async for _ in streamed.stream_events():
+            pass
+        return streamed
+
+    async def main() -> None:
+        assert (await turn("Hi there")).final_output == "Hello"
+        assert (await turn("Do you remember what I said?")).final_output == "I remember you said hi"
+        assert texts(model.calls[1].input) == ["Hi there", "Hello", "Do you remember what I said?"]
+        assert len(await session.get_items()) == 4
+
+    run(main())
