@@ -48,10 +48,10 @@ test("fork answers the child's header", async () => {
   assert.equal(reply.session.seedLength, 2);
 });
 
-/** Wait until `check()` holds (polled), at most `seconds`: a condition with a deadline, not a sleep. */
+/** Wait until `check()` holds (polled; it may be async), at most `seconds`: a condition with a deadline, not a sleep. */
 async function until(check, seconds, what) {
   const deadline = Date.now() + seconds * 1000;
-  while (!check()) {
+  while (!(await check())) {
     assert.ok(Date.now() < deadline, `timed out waiting for ${what}`);
     await new Promise((resolve) => setTimeout(resolve, 20));
   }
@@ -162,6 +162,28 @@ test("select merges the winner and abandons the other candidates", async () => {
   assert.deepEqual(picked.abandoned, [ids[0], ids[2]]);
   const stale = await client.select(parent, ids, ids[0], { mode: "events", timeout: 10 });
   assert.equal(stale.code, "ALREADY_MERGED");
+});
+
+test("a wait reads the stored outcome again once its subscription reconnects", async () => {
+  const name = unique("reconnecting");
+  const waiter = Client.fromUrl(url, { recheckEvery: 60 }, { connectionName: name });
+  try {
+    const channel = unique("ts-replies");
+    const request = waiter.request(SOURCE, { sessionId: unique("reconnected"), replyTo: channel });
+    const started = Date.now();
+    const waiting = waiter.wait(request, 30);     // subscribed to a channel of its own: nothing stored yet
+    await until(async () => (await redis.call("PUBSUB", "NUMSUB", channel))[1] === 1, 5, "the waiter's subscription");
+    // The same request, announced on another channel: the waiter's subscription never hears of it.
+    const reply = await client.runRequest({ ...request, replyTo: unique("elsewhere") }, 10);
+    assert.equal(reply.ok, true, JSON.stringify(reply));
+    const clients = String(await redis.call("CLIENT", "LIST")).split("\n").filter((l) => l.includes(` name=${name} `));
+    assert.equal(clients.length, 2, clients.join("\n"));   // its commands' connection and its subscription
+    for (const line of clients) await redis.call("CLIENT", "KILL", "ID", line.match(/^id=(\d+)/)[1]);
+    assert.deepEqual(await waiting, reply);         // read again on reconnecting, long before its recheck
+    assert.ok(Date.now() - started < 20000, `answered after ${Date.now() - started} ms`);
+  } finally {
+    await waiter.close();
+  }
 });
 
 test("bad input is refused before anything is sent", async () => {
