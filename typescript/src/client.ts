@@ -347,14 +347,19 @@ export class Client {
     const set = this.waiters.get(requestId) ?? new Set<Waiter>();
     this.waiters.set(requestId, set.add(waiter));
     try {
-      await this.listen(channel, deadline);
       let read = true;
-      if (enqueue) {
+      try {
+        await this.listen(channel, deadline);
+      } catch (error) {
+        if (!(error instanceof TimeoutError)) throw error;
+        read = false; // not subscribed by the deadline: nothing enqueued, a last look at the store
+      }
+      if (read && enqueue) {
         const enqueued = await enqueue();
         if (enqueued === -1 && asked) return conflict(requestId, opOf(asked));
         read = enqueued !== 1;
       }
-      for (;;) {
+      for (; Date.now() < deadline;) {
         if (read || woken) {
           woken = false;
           const found = await this.read(requestId, asked, deadline);
