@@ -347,17 +347,18 @@ export class Client {
     const set = this.waiters.get(requestId) ?? new Set<Waiter>();
     this.waiters.set(requestId, set.add(waiter));
     try {
-      let read = true;
+      let listening = true;
       try {
         await this.listen(channel, deadline);
       } catch (error) {
         if (!(error instanceof TimeoutError)) throw error;
-        read = false; // not subscribed by the deadline: nothing enqueued, a last look at the store
+        listening = false; // not subscribed by the deadline: enqueued all the same, then a last look
       }
-      if (read && enqueue) {
+      let read = true;
+      if (enqueue) {
         const enqueued = await enqueue();
         if (enqueued === -1 && asked) return conflict(requestId, opOf(asked));
-        read = enqueued !== 1;
+        read = !listening || enqueued !== 1;
       }
       for (; Date.now() < deadline;) {
         if (read || woken) {
