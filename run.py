@@ -53,11 +53,14 @@ SLOWEST = 25  # each pytest phase prints its slowest tests (--durations)
 # The system packages the suite needs, from Debian, each with the commands that show it installed (of
 # each tuple, one name on PATH): chromium, the headless browser of the lineage page test
 # (tests/support/browser.py looks for either name); prometheus, the server and its promtool, for the
-# shipped alert rules and dashboard (tests/support/prometheus.py). One apt-get installs what is missing.
+# shipped alert rules and dashboard (tests/support/prometheus.py); nodejs and npm, which build and test
+# the TypeScript client (tests/integrations/test_typescript_client.py). One apt-get installs what is missing.
 BROWSERS = ("chromium", "chromium-browser")
 SYSTEM_PACKAGES: dict[str, tuple[tuple[str, ...], ...]] = {
     "chromium": (BROWSERS,),
     "prometheus": (("prometheus",), ("promtool",)),
+    "nodejs": (("node", "nodejs"),),
+    "npm": (("npm",),),
 }
 APT_UPDATE = ("apt-get", "update", "-qq")
 APT_INSTALL = ("apt-get", "install", "-y", "-qq")
@@ -73,7 +76,8 @@ def install_hint(packages: list[str]) -> str:
     """The one-line instruction printed when ``packages`` are missing and cannot be installed here."""
     names = " ".join(packages)
     return (f"error: the test suite needs Debian's {', '.join(packages)} (chromium: the lineage page test's "
-            "headless browser; prometheus: the server and promtool that check the shipped alert rules); install "
+            "headless browser; prometheus: the server and promtool that check the shipped alert rules; nodejs "
+            "and npm: the TypeScript client's build and tests); install "
             f"with `apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {names}` (as root), "
             "then run python3 run.py test again")
 
@@ -94,7 +98,7 @@ def ensure_system_packages(which: Callable[[str], str | None] = shutil.which, is
         is_root = hasattr(os, "geteuid") and os.geteuid() == 0
     if not is_root or which("apt-get") is None:
         return install_hint(missing)
-    print(f"installing Debian's {', '.join(missing)} (the suite's browser and Prometheus) ...", flush=True)
+    print(f"installing Debian's {', '.join(missing)} (the suite's browser, Prometheus, Node.js) ...", flush=True)
     for cmd in (APT_UPDATE, (*APT_INSTALL, *missing)):  # dpkg's progress is noise unless it fails
         done = sh(list(cmd), env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, stdout=subprocess.PIPE,
                   stderr=subprocess.STDOUT, text=True)
