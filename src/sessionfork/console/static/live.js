@@ -39,6 +39,9 @@
     fault.textContent = JSON.parse(event.data);
     fault.hidden = false;
   });
+  source.addEventListener("restored", function () {
+    fault.hidden = true;
+  });
   source.addEventListener("outcome", function (event) {
     var r = JSON.parse(event.data);
     var row = document.createElement("tr");
