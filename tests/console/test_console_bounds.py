@@ -301,3 +301,14 @@ def test_hundreds_of_open_live_views_leave_healthz_and_the_pages_prompt(redis: R
     assert answers["/healthz"][1] < 0.5, answers  # the compose healthcheck allows 3 s
     assert max(took for _, took in answers.values()) < 1.0, answers
     assert statuses == [200] * 100 + [503] * 300  # at most 100 open at once
+
+
+@pytest.mark.parametrize("index", ["1", "7", "-1", "x"])
+def test_an_action_on_a_shard_past_the_last_is_not_found(redis: Redis, index: str) -> None:
+    console = Console(shards=[redis], registry=Registry(redis), settings=Settings(), token="t")
+    with serving(console) as url:
+        status, body = fetch(f"{url}/shards/{index}/pause", b"token=t")
+
+    assert status == 404
+    assert "no such shard or action" in body
+    assert not pauses.is_paused(redis)

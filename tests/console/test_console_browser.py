@@ -33,20 +33,51 @@ from sessionfork.core.wire import ForkFailure, ForkResult, NewEvent, SelectResul
 from sessionfork.ops import acl, pauses
 
 
-def test_search_finds_a_request_by_id(deployment: Deployment, page: Page) -> None:
+def test_a_request_page_shows_when_where_and_what_it_answered(deployment: Deployment, page: Page) -> None:
+    before = time.time()
     reply = fork(deployment, "root", "root-a")
+    after = time.time()
 
     page.goto(f"{deployment.url}/search?q={reply.request_id}")
 
     section = page.locator("#request")
     assert reply.request_id in section.locator("h2").inner_text()
-    assert section.locator("dd.code").inner_text() == "OK"
-    assert '"parentSession": "root"' in section.locator("pre.outcome").inner_text()
-    assert '"sessionId": "root-a"' in section.locator("pre.request").inner_text()  # as the scheduler sent it
-    assert "root-a" in section.locator("pre.identity").inner_text()
+    assert section.locator("h2 .pill.code").inner_text() == "OK"
+    assert section.locator("h2 .pill.status-answered").inner_text() == "answered"
+    times = [_utc(section.locator(f"dd.{name}").inner_text()) for name in ("enqueued", "started", "answered")]
+    assert before - 0.01 <= times[0] <= times[1] <= times[2] <= after + 0.01, (before, times, after)
+    assert section.locator("dd.worker").inner_text() == deployment.worker
+    assert section.locator("dd.attempts").inner_text() == "1"
+    assert section.locator("dd.op").inner_text() == "fork"
+    run = float(section.locator("dd.run").inner_text().removesuffix(" ms"))
+    assert 0 < run <= (times[2] - times[1]) * 1000 + 1
+    asked = dict(zip(section.locator("table.asked th").all_inner_texts(),
+                     section.locator("table.asked td").all_inner_texts(), strict=True))
+    assert asked == {"source": '"root"', "sessionId": '"root-a"'}  # as the scheduler sent it
+    assert "identity" not in section.inner_text().lower() and "digest" not in section.inner_text().lower()
+    assert '"parentSession": "root"' in section.locator("details.reply pre").text_content()
     shot(page, "search-request")
-    section.get_by_role("link", name="root-a").click()  # the child, one click away
+    section.locator("dd.children").get_by_role("link", name="root-a").click()  # the child, one click away
     assert page.locator("#session h2").inner_text() == "Session root-a"
+
+
+def test_a_failed_requests_page_shows_its_code_and_message(deployment: Deployment, page: Page) -> None:
+    missing = deployment.client.fork("no-such-source", timeout=10)
+    assert isinstance(missing, ForkFailure)
+
+    page.goto(f"{deployment.url}/search?q={missing.request_id}")
+
+    error = page.locator("#request p.error")
+    assert error.locator(".code").inner_text() == "SESSION_NOT_FOUND"
+    assert error.locator(".message").inner_text() == missing.message
+    assert page.locator("#request dd.children").inner_text() == "none"
+    shot(page, "search-failed-request")
+    page.locator("#request h2 a.code").click()  # the code: its outcomes, one click away
+    assert urllib.parse.urlparse(page.url).query == "code=SESSION_NOT_FOUND"
+
+
+def _utc(text: str) -> float:
+    return datetime.fromisoformat(text + "+00:00").timestamp()
 
 
 def test_search_finds_a_session_with_its_state_length_and_lineage(deployment: Deployment, page: Page) -> None:
@@ -108,6 +139,20 @@ def test_the_live_view_filters_by_code(deployment: Deployment, page: Page) -> No
     page.wait_for_selector(f'#live tbody tr[data-request="{missing.request_id}"]')
 
     assert page.locator(f'#live tbody tr[data-request="{ok.request_id}"]').count() == 0
+
+
+def test_the_outcomes_table_keeps_only_the_source_asked(deployment: Deployment, page: Page) -> None:
+    registry = deployment.registry
+    for source in ("src-a", "src-b"):
+        registry.append(registry.create(source, cwd="/work"), turn(1))
+    from_a = [fork(deployment, "src-a", f"src-a-{i}").request_id for i in range(2)]
+    from_b = [fork(deployment, "src-b", f"src-b-{i}").request_id for i in range(2)]
+
+    page.goto(f"{deployment.url}/?source=src-b")
+
+    shown = page.locator("#live tbody tr").evaluate_all("rows => rows.map(r => r.dataset.request)")
+    assert sorted(shown) == sorted(from_b), (shown, from_a)
+    assert page.locator("form.filter input[name=source]").input_value() == "src-b"
 
 
 def test_pause_stops_the_shards_worker_and_resume_restarts_it(deployment: Deployment, page: Page) -> None:

@@ -102,7 +102,7 @@ def create_app(console: Console) -> Starlette:
         q = request.query_params.get("q", "").strip()
         found_request = found_session = None
         if q:
-            found_request = read(lambda: reads.find_request(console.shards, q))
+            found_request = read(lambda: reads.find_request(console.shards, q, console.settings))
             found_session = read(lambda: reads.find_session(console.registry, q))
         return page(request, "search.html", {"q": q, "request_view": found_request, "session_view": found_session},
                     200 if not q or found_request or found_session else 404)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -160,60 +161,150 @@ def _percentiles(values: list[float]) -> dict[str, float | None]:
 
 
 class RequestView(msgspec.Struct, kw_only=True):
-    """A request found by id: where it is, what it asked, its outcome and children."""
+    """A request found by id, as an operator reads it: where it is, what it asked, when it was
+    enqueued, started and answered, by which worker, in how many attempts, and what it answered.
+
+    Times are epoch milliseconds (0: not known, or not yet). RQ's job (kept ``result_ttl`` after
+    its end) gives the times and the worker; once it is gone, the request's outcome stream entry
+    (among each shard's newest ``SCAN_OUTCOMES``) gives the answer's time, run time and latency."""
 
     request_id: str
     shard: int
     routed_shard: int
     status: str
-    request: str
-    """The request JSON the scheduler sent ("" once RQ's job is gone: only its identity stays)."""
-    identity: str
-    """The identity the worker keeps in the record (what a retried request is compared by)."""
-    digest: str
-    outcome: str
-    code: str
-    children: list[str]
+    """``queued``, ``running`` (claimed, not answered) or ``answered``."""
+    op: str
+    """``fork``, ``merge`` or ``select`` ("": not known)."""
+    asked: list[tuple[str, str]]
+    """The request's fields as the scheduler sent them, each value as compact JSON ([]: RQ's job is gone)."""
+    enqueued: int = 0
+    started: int = 0
+    answered: int = 0
+    worker: str = ""
+    attempts: int = 0
+    """Runs of the job so far (0: not known or not started)."""
+    run_ms: float | None = None
+    """The last run's time, start to outcome."""
+    latency_ms: float | None = None
+    """Enqueue to outcome."""
+    code: str = ""
+    message: str = ""
+    """A failure's error message."""
+    children: list[str] = msgspec.field(default_factory=list)
+    """The sessions a fork made (planned, while it runs); a merge's or select's parent and merged child."""
+    merged: str = ""
+    """A merge's or select's range, in words."""
+    abandoned: list[str] = msgspec.field(default_factory=list)
+    reply: str = ""
+    """The reply JSON, for reading as it is."""
 
 
-def find_request(shards: Sequence[Any], request_id: str) -> RequestView | None:
+SCAN_OUTCOMES = 2000
+"""How many of a shard's newest outcome entries a request page looks through for the request's."""
+
+_JOB_FIELDS = ("status", "enqueued_at", "started_at", "ended_at", "worker_name", "retries_left")
+
+
+def find_request(shards: Sequence[Any], request_id: str, settings: Any) -> RequestView | None:
     """The request ``request_id`` on whichever shard holds it (its record, else its queued job)."""
+    from ..protocol import rq_layout
+
+    if not rules.is_valid_id(request_id):
+        return None
     routed = shard_of(request_id, len(shards))
     for index in [routed, *(i for i in range(len(shards)) if i != routed)]:
         redis = shards[index]
         record = {wire.text(k): v for k, v in redis.hgetall(keys.request(request_id)).items()}
-        queued = queued_request(redis, request_id)
-        if record:
-            return _request_view(request_id, index, routed, record, "" if queued is None else queued[1])
+        job = dict(zip(_JOB_FIELDS, (None if v is None else wire.text(v) for v in
+                                     redis.hmget(rq_layout.job_key(request_id), _JOB_FIELDS)), strict=True))
+        queued = queued_request(redis, request_id) if job["status"] is not None else None
+        if not record and queued is None:
+            continue
+        view = RequestView(request_id=request_id, shard=index, routed_shard=routed,
+                           status="queued" if not record else "running", op="", asked=[])
         if queued is not None:
-            status, payload = queued
-            return RequestView(request_id=request_id, shard=index, routed_shard=routed, status=f"job {status}",
-                               request=pretty(payload), identity="", digest="", outcome="", code="", children=[])
+            view.asked, view.op = _asked(queued[1])
+        _timeline(view, job, settings)
+        if record:
+            _answer(view, record)
+        if view.status == "answered" and not view.answered:  # RQ's job is gone
+            _from_stream(view, redis)
+        return view
     return None
 
 
-def _request_view(request_id: str, shard: int, routed: int, record: dict[str, Any], payload: str) -> RequestView:
+def _asked(payload: str) -> tuple[list[tuple[str, str]], str]:
+    try:
+        fields = _pretty.decode(payload)
+    except msgspec.DecodeError:
+        return [("request", payload)], ""
+    if not isinstance(fields, dict):
+        return [("request", payload)], ""
+    op = str(fields.get("op", "fork"))
+    return [(str(k), wire.text(msgspec.json.encode(v))) for k, v in fields.items() if k != "requestId"], op
+
+
+def _timeline(view: RequestView, job: dict[str, str | None], settings: Any) -> None:
+    view.enqueued, view.started, ended = (_rq_time(job[f]) for f in ("enqueued_at", "started_at", "ended_at"))
+    view.worker = job["worker_name"] or ""
+    if view.started:
+        left = job["retries_left"]
+        view.attempts = max(1, int(settings.retries) - int(left) + 1) if left and left.isdigit() else 1
+    if job["status"] == "started":
+        view.status = "running"
+    if ended and view.started:
+        view.answered = ended
+        view.run_ms = float(ended - view.started)
+    if ended and view.enqueued:
+        view.latency_ms = float(ended - view.enqueued)
+
+
+def _rq_time(text: str | None) -> int:
+    """An RQ timestamp (``2026-01-02T03:04:05.123456Z``) as epoch ms (0: none)."""
+    if not text:
+        return 0
+    try:
+        return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        return 0
+
+
+def _answer(view: RequestView, record: dict[str, Any]) -> None:
     from ..core import records
 
     def field(name: str) -> bytes | None:
         value = record.get(name)
         return value if value is None or isinstance(value, bytes) else str(value).encode()
 
-    reply = records.decode_outcome(request_id, [field(n) for n in records.STORED_OUTCOME])
-    children: list[str] = []
-    if isinstance(reply, ForkResult):
-        children = [reply.session.id] if reply.session is not UNSET else [s.id for s in reply.sessions or []]
-    elif isinstance(reply, MergeResult | SelectResult):
-        children = [reply.parent, reply.merged_from.session]  # the sessions it joined
-    elif field("children") is not None:
+    reply = records.decode_outcome(view.request_id, [field(n) for n in records.STORED_OUTCOME])
+    if reply is None:
         planned = _pretty.decode(field("children") or b"[]")
-        children = [str(c) for c in planned] if isinstance(planned, list) else []
-    code = "" if reply is None else ("OK" if isinstance(reply, ForkResult | MergeResult | SelectResult) else reply.code)
-    return RequestView(request_id=request_id, shard=shard, routed_shard=routed,
-                       status="answered" if reply is not None else "claimed, running",
-                       request=pretty(payload) if payload else "", identity=pretty(field("request") or b""),
-                       digest=wire.text(field("digest") or b""),
-                       outcome="" if reply is None else pretty(wire.encode(reply)), code=code, children=children)
+        view.children = [str(c) for c in planned] if isinstance(planned, list) else []
+        return
+    view.status, view.op, view.reply = "answered", op_of(reply), pretty(wire.encode(reply))
+    if isinstance(reply, ForkResult):
+        view.code = "OK"
+        view.children = [reply.session.id] if reply.session is not UNSET else [s.id for s in reply.sessions or []]
+    elif isinstance(reply, MergeResult | SelectResult):
+        view.code, merged = "OK", reply.merged_from
+        view.children = [reply.parent, merged.session]
+        view.merged = (f"{merged.session} [{merged.from_seq}-{merged.to_seq}] into {reply.parent} "
+                       f"at seq {reply.from_seq}")
+        view.abandoned = list(reply.abandoned) if isinstance(reply, SelectResult) else []
+    else:
+        view.code, view.message = reply.code, reply.message
+
+
+def _from_stream(view: RequestView, redis: Any) -> None:
+    for entry_id, fields in redis.xrevrange(keys.OUTCOME_STREAM, count=SCAN_OUTCOMES):
+        if wire.text(fields.get(b"requestId", fields.get("requestId", b""))) == view.request_id:
+            outcome = outcome_of(wire.text(entry_id), fields)
+            view.answered = view.answered or outcome.time
+            view.run_ms = outcome.duration_us / 1000
+            view.latency_ms = outcome.latency_us / 1000 if outcome.latency_us else view.latency_ms
+            if view.latency_ms is not None and not view.enqueued:
+                view.enqueued = view.answered - int(view.latency_ms)
+            return
 
 
 def pretty(raw: bytes | str) -> str:
