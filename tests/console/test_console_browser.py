@@ -5,6 +5,7 @@ is test_console_live.py (serial)."""
 
 from __future__ import annotations
 
+import html
 import subprocess
 import time
 import urllib.parse
@@ -232,6 +233,29 @@ def test_hostile_ids_and_event_data_render_escaped(deployment: Deployment, page:
     page.goto(deployment.url)  # the server-side rows too
 
     assert page.locator("main img").count() == 0
+    assert page.evaluate("window.__pwned") is None
+
+
+def test_every_page_escapes_hostile_ids_messages_reasons_and_event_data(deployment: Deployment, page: Page) -> None:
+    registry, client, quoted = deployment.registry, deployment.client, urllib.parse.quote(HOSTILE)
+    if not registry.exists("hostile-page"):
+        registry.append(registry.create("hostile-page", cwd=HOSTILE), turn(1))  # event data
+    made = fork(deployment, "hostile-page", "hostile-page-child")
+    refused = client.fork(HOSTILE, timeout=10)  # an error message quoting it
+    assert isinstance(refused, ForkFailure) and HOSTILE in refused.message
+    for action in ("pause", "resume"):  # an audit reason
+        assert answer(f"{deployment.url}/shards/0/{action}", f"token={TOKEN}&reason={quoted}".encode())[0] == 303
+    pages = {"outcomes": "/", "outcomes of a failed code": f"/?code={refused.code}",
+             "filter echoed": f"/?code={quoted}&op={quoted}&source={quoted}",
+             "failed request": f"/search?q={refused.request_id}", "request": f"/search?q={made.request_id}",
+             "session": "/search?q=hostile-page-child", "not found": f"/search?q={quoted}", "workers": "/workers"}
+
+    raw = {name: answer(deployment.url + path)[1] for name, path in pages.items()}
+    assert {name: HOSTILE in text for name, text in raw.items()} == dict.fromkeys(pages, False)
+    assert {name: html.escape(HOSTILE, quote=False) in text for name, text in raw.items()} == dict.fromkeys(pages, True)
+    for name, path in pages.items():  # and a browser makes no element of it
+        page.goto(deployment.url + path)
+        assert page.locator("img").count() == 0, name
     assert page.evaluate("window.__pwned") is None
 
 

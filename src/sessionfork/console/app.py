@@ -113,13 +113,13 @@ def create_app(console: Console) -> Starlette:
         return page(request, "workers.html", {"views": views, "audit": audit,
                                               "message": request.query_params.get("done", "")})
 
-    def allowed(given: str) -> bool:
-        return console.token is not None and hmac.compare_digest(given.encode(), console.token.encode())
-
     def refused(request: Request) -> Response:
         reason = "actions are disabled: no console token is set" if console.token is None \
             else "refused: a valid console token is needed for this action"
         return page(request, "refused.html", {"reason": reason}, 403)
+
+    def allowed(given: str) -> bool:
+        return console.token is not None and hmac.compare_digest(given.encode(), console.token.encode())
 
     async def act(request: Request) -> Response:
         # The token before the body: without a token set, or with a wrong bearer token, nothing of
