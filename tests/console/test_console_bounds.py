@@ -70,7 +70,7 @@ class LiveView:
         """The data of the next event called ``name`` (others skipped); fail the test at the deadline."""
         deadline = time.monotonic() + timeout
         while True:
-            block = self._until(b"\n\n", deadline - time.monotonic(), f"an event {name!r} on the live view")
+            block = self._until(b"\n\n", deadline - time.monotonic(), f"event {name!r} on the live view")
             lines = dict(line.split(": ", 1) for line in block.decode().splitlines() if ": " in line)
             if lines.get("event") == name:
                 return lines.get("data", "")

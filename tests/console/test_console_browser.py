@@ -25,11 +25,12 @@ from console_fixtures import (
     user_url,
 )
 from helpers import clean_environ, cli_args, turn
-from playwright.sync_api import Page
+from playwright.sync_api import Browser, Page, expect
 from redis import Redis
 from redis.exceptions import NoPermissionError
 from waits import wait_until
 
+from sessionfork.core.errors import ErrorCode
 from sessionfork.core.wire import ForkFailure, ForkResult, NewEvent, SelectResult
 from sessionfork.ops import acl, pauses
 
@@ -154,6 +155,93 @@ def test_the_outcomes_table_keeps_only_the_source_asked(deployment: Deployment, 
     shown = page.locator("#live tbody tr").evaluate_all("rows => rows.map(r => r.dataset.request)")
     assert sorted(shown) == sorted(from_b), (shown, from_a)
     assert page.locator("form.filter input[name=source]").input_value() == "src-b"
+
+
+def _stat(page: Page, code: str, column: str) -> str:
+    cells = page.locator(f'#stats tr[data-code="{code}"] td.{column}')
+    return cells.inner_text() if cells.count() else ""
+
+
+def test_the_overview_counts_and_charts_each_outcome_live(deployment: Deployment, page: Page) -> None:
+    page.goto(deployment.url)
+    page.wait_for_selector("body[data-live=on]")
+    page.evaluate("window.__loaded = true")  # gone if the page reloads
+    total, errors = int(page.inner_text("#total")), int(page.inner_text("#errors"))
+    ok = int(_stat(page, "OK", "count") or 0)
+    missing = int(_stat(page, "SESSION_NOT_FOUND", "count") or 0)
+
+    fork(deployment, "root", "root-counted")
+    failed = deployment.client.fork("no-such-source", timeout=10)
+    assert isinstance(failed, ForkFailure)
+    expect(page.locator("#total")).to_have_text(str(total + 2))  # live: no reload
+
+    assert page.evaluate("window.__loaded") is True
+    assert int(_stat(page, "OK", "count")) == ok + 1
+    assert int(_stat(page, "SESSION_NOT_FOUND", "count")) == missing + 1
+    assert int(page.inner_text("#errors")) == errors + 1
+    share = float(page.inner_text("#error-share"))
+    assert abs(share - 100 * (errors + 1) / (total + 2)) < 0.06, share
+    assert float(_stat(page, "OK", "rate")) == pytest.approx((ok + 1) / 300, abs=0.001)
+    bars = page.locator("#chart rect.bar:not(.err)")
+    assert bars.count() == 60
+    assert sum(int(c) for c in bars.evaluate_all("bars => bars.map(b => b.dataset.count)")) == total + 2
+    assert int(bars.nth(59).get_attribute("data-count") or 0) >= 2  # the newest bar holds them
+    assert page.locator("#chart rect.bar.err").count() >= 1
+    assert page.locator("#chart polyline.pct").count() == 1
+    shot(page, "overview")
+
+
+def test_the_filters_are_lists_and_errors_only_keeps_the_failures(deployment: Deployment, page: Page) -> None:
+    page.goto(deployment.url)
+    codes = page.locator("form.filter select[name=code] option").all_inner_texts()
+    assert codes == ["any", "OK", *sorted(code.value for code in ErrorCode)]
+    assert page.locator("form.filter select[name=op] option").all_inner_texts() == ["any", "fork", "merge", "select"]
+    fork(deployment, "root", "root-before-errors")
+    page.check("form.filter input[name=errors]")
+    page.click("form.filter button")
+    page.wait_for_selector("body[data-live=on]")
+    assert "errors=1" in page.url
+
+    served = page.locator("#live tbody td a.code").all_inner_texts()
+    assert served and "OK" not in served
+    ok = fork(deployment, "root", "root-errors-only")
+    failed = deployment.client.fork("no-such-source", timeout=10)
+    assert isinstance(failed, ForkFailure)
+    page.wait_for_selector(f'#live tbody tr[data-request="{failed.request_id}"]')
+    assert page.locator(f'#live tbody tr[data-request="{ok.request_id}"]').count() == 0
+    expect(page.locator('#stats tr[data-code="OK"] td.count')).to_have_count(1)  # counted still
+
+
+def test_a_code_is_a_link_to_its_outcomes(deployment: Deployment, page: Page) -> None:
+    failed = deployment.client.fork("no-such-source", timeout=10)
+    assert isinstance(failed, ForkFailure)
+    page.goto(deployment.url)
+
+    page.locator('#stats tr[data-code="SESSION_NOT_FOUND"] a.code').click()
+
+    assert urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)["code"] == ["SESSION_NOT_FOUND"]
+    assert page.locator("form.filter select[name=code]").input_value() == "SESSION_NOT_FOUND"
+    assert set(page.locator("#live tbody td a.code").all_inner_texts()) == {"SESSION_NOT_FOUND"}
+    assert page.locator('#stats tr.picked').get_attribute("data-code") == "SESSION_NOT_FOUND"
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_every_page_fits_the_screens_width(deployment: Deployment, browser: Browser, width: int) -> None:
+    reply = fork(deployment, "root", f"root-w{width}")
+    failed = deployment.client.fork("no-such-source", timeout=10)
+    assert isinstance(failed, ForkFailure)
+    context = browser.new_context(viewport={"width": width, "height": 844})
+    page = context.new_page()
+    try:
+        for name, path in (("outcomes", "/"), ("request", f"/search?q={reply.request_id}"),
+                           ("failed-request", f"/search?q={failed.request_id}"), ("session", "/search?q=root"),
+                           ("workers", "/workers")):
+            page.goto(deployment.url + path)
+            overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 0, f"{name} at {width} px is {overflow} px too wide"
+            shot(page, f"{name}-{width}")
+    finally:
+        context.close()
 
 
 def test_pause_stops_the_shards_worker_and_resume_restarts_it(deployment: Deployment, page: Page) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 import jinja2
 from redis.exceptions import RedisError
@@ -34,7 +34,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response, S
 from starlette.routing import Route
 from starlette.templating import Jinja2Templates
 
-from ..core import wire
+from ..core import errors, wire
 from ..core.config import Settings
 from ..core.connections import retries_until
 from ..core.registry import Registry
@@ -49,6 +49,9 @@ WINDOWS = (60, 300, 900, 3600)
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 STATIC = {"console.css": "text/css", "live.js": "text/javascript"}
+CODES = ("OK", *sorted(code.value for code in errors.ErrorCode))
+"""The outcome codes the filter lists."""
+OPS = ("fork", "merge", "select")
 FORM_BYTES = 16 * 1024
 """The most of an action's body the console reads (a token and a reason); a longer one is refused (413)."""
 IDLE = 10.0
@@ -76,6 +79,7 @@ def create_app(console: Console) -> Starlette:
     templates = Jinja2Templates(env=jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
                                                        autoescape=True))
     templates.env.filters["when"] = _when
+    templates.env.filters["rate"] = _rate
 
     def read(work: Callable[[], T]) -> T:
         with retries_until(time.monotonic() + console.bound):
@@ -91,12 +95,14 @@ def create_app(console: Console) -> Starlette:
 
     def outcomes(request: Request) -> Response:
         keep = _filter(request)
-        window = _int(request.query_params.get("window"), 300)
-        window = window if window in WINDOWS else 300
+        seconds = _int(request.query_params.get("window"), 300)
+        seconds = seconds if seconds in WINDOWS else 300
         rows = read(lambda: reads.recent(console.shards, keep))
-        stats = read(lambda: reads.window_stats(console.shards, window, int(time.time() * 1000)))
-        return page(request, "outcomes.html", {"rows": rows, "stats": stats, "filter": keep, "window": window,
-                                               "windows": WINDOWS, "query": request.url.query})
+        shown = read(lambda: reads.window(console.shards, seconds, int(time.time() * 1000), keep.scope()))
+        scope = urlencode({k: v for k, v in (("op", keep.op), ("source", keep.source)) if v})
+        return page(request, "outcomes.html", {"rows": rows, "window": shown, "filter": keep, "windows": WINDOWS,
+                                               "codes": CODES, "ops": OPS, "events": f"/events?{scope}",
+                                               "window_data": wire.encode(shown).decode()})
 
     def search(request: Request) -> Response:
         q = request.query_params.get("q", "").strip()
@@ -198,7 +204,8 @@ async def _stream(feed: Feed, view: Subscription) -> AsyncIterator[str]:
 
 def _filter(request: Request) -> reads.Filter:
     q = request.query_params
-    return reads.Filter(code=q.get("code", "").strip(), op=q.get("op", "").strip(), source=q.get("source", "").strip())
+    return reads.Filter(code=q.get("code", "").strip(), op=q.get("op", "").strip(), source=q.get("source", "").strip(),
+                        errors=q.get("errors", "") not in ("", "0"))
 
 
 def _bearer(request: Request) -> str:
@@ -232,3 +239,8 @@ async def _bounded_body(request: Request, most: int) -> bytes | None:
         if len(body) > most:
             return None
     return bytes(body)
+
+
+def _rate(per_second: float) -> str:
+    """A rate as the page's script shows it: three decimals under one a second, else one."""
+    return f"{per_second:.3f}" if per_second < 1 else f"{per_second:.1f}"

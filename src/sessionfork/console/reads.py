@@ -85,15 +85,22 @@ def row_of(outcome: Outcome, shard: int) -> Row:
 
 
 class Filter(msgspec.Struct, kw_only=True):
-    """The live view's filter: each field empty (anything) or the exact value a row must carry."""
+    """The live view's filter: each field empty (anything) or the exact value a row must carry;
+    ``errors``: only the rows whose code is not ``OK``."""
 
     code: str = ""
     op: str = ""
     source: str = ""
+    errors: bool = False
 
     def keeps(self, row: Row) -> bool:
-        return all(not want or want == got for want, got in
-                   ((self.code, row.code), (self.op, row.op), (self.source, row.source)))
+        return (not (self.errors and row.code == "OK")
+                and all(not want or want == got for want, got in
+                        ((self.code, row.code), (self.op, row.op), (self.source, row.source))))
+
+    def scope(self) -> Filter:
+        """What the window's counts and chart cover: this filter's op and source, every code."""
+        return Filter(op=self.op, source=self.source)
 
 
 def recent(shards: Sequence[Any], keep: Filter, count: int = 50) -> list[Row]:
@@ -131,25 +138,65 @@ def following(shards: Sequence[Any], last: list[str], block_ms: int) -> list[Row
 
 
 class CodeStats(msgspec.Struct, rename="camel", kw_only=True):
-    """Per outcome code over the window: how many, and enqueue-to-outcome latency percentiles (ms)."""
+    """Per outcome code over the window: how many, their rate (per second) and share of every
+    outcome (percent), and enqueue-to-outcome latency percentiles (ms)."""
 
     code: str
     count: int
+    rate: float
+    share: float
     p50_ms: float | None
     p90_ms: float | None
     p99_ms: float | None
 
 
-def window_stats(shards: Sequence[Any], window_seconds: int, now_ms: int) -> list[CodeStats]:
-    """Counts and latency percentiles per code over the last ``window_seconds``, every shard."""
+BUCKETS = 60
+"""How many bars the live overview's chart draws over its window."""
+
+
+class Window(msgspec.Struct, rename="camel", kw_only=True):
+    """The outcomes of the last ``seconds`` (those ``Filter.scope`` keeps), for the live overview:
+    per code, and per code and bucket of ``step`` ms from ``start`` (epoch ms; ``BUCKETS``
+    buckets, the last one holding ``now``), which the page's script carries on live."""
+
+    seconds: int
+    now: int
+    start: int
+    step: int
+    buckets: int
+    total: int
+    errors: int
+    codes: list[CodeStats]
+    series: dict[str, list[int]]
+    """Per code, the outcomes of each bucket, oldest first."""
+
+    @property
+    def error_share(self) -> float:
+        """Errors (every code but ``OK``) as a percent of every outcome (0: none)."""
+        return 100.0 * self.errors / self.total if self.total else 0.0
+
+
+def window(shards: Sequence[Any], seconds: int, now_ms: int, keep: Filter | None = None) -> Window:
+    """The window of the last ``seconds`` to ``now_ms``, every shard, the outcomes ``keep`` keeps."""
+    step = seconds * 1000 // BUCKETS
+    start = (now_ms // step + 1) * step - BUCKETS * step
+    keep = keep or Filter()
     samples: dict[str, list[float]] = defaultdict(list)
-    counts: dict[str, int] = defaultdict(int)
-    for redis in shards:
-        for outcome in read_outcomes(redis, start=f"{now_ms - window_seconds * 1000}-0"):
-            counts[outcome.code] += 1
+    series: dict[str, list[int]] = {}
+    for index, redis in enumerate(shards):
+        for outcome in read_outcomes(redis, start=f"{start}-0"):
+            if keep != Filter() and not keep.keeps(row_of(outcome, index)):
+                continue
+            bucket = min(max((outcome.time - start) // step, 0), BUCKETS - 1)
+            series.setdefault(outcome.code, [0] * BUCKETS)[bucket] += 1
             if outcome.latency_us:
                 samples[outcome.code].append(outcome.latency_us / 1000)
-    return [CodeStats(code=code, count=counts[code], **_percentiles(samples[code])) for code in sorted(counts)]
+    counts = {code: sum(per) for code, per in series.items()}
+    total = sum(counts.values())
+    codes = [CodeStats(code=code, count=counts[code], rate=counts[code] / seconds, share=100.0 * counts[code] / total,
+                       **_percentiles(samples[code])) for code in sorted(counts)]
+    return Window(seconds=seconds, now=now_ms, start=start, step=step, buckets=BUCKETS, total=total,
+                  errors=total - counts.get("OK", 0), codes=codes, series=series)
 
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:
