@@ -22,12 +22,14 @@ import uvicorn
 import yaml
 from redis import Redis
 
-from sessionfork.console import Console, create_app
-from sessionfork.core import connections
+from sessionfork.console import Console, create_app, reads
+from sessionfork.core import connections, keys, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
+from sessionfork.core.wire import ForkFailure, ForkResult, Header
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import pauses
+from sessionfork.protocol.outcomes import STREAM_FIELDS
 
 BOUND = 1.0
 
@@ -312,3 +314,38 @@ def test_an_action_on_a_shard_past_the_last_is_not_found(redis: Redis, index: st
     assert status == 404
     assert "no such shard or action" in body
     assert not pauses.is_paused(redis)
+
+
+def _outcomes(redis: Redis, count: int, now_ms: int, span_ms: int) -> None:
+    """``count`` outcome entries as the worker writes them, evenly over the ``span_ms`` before
+    ``now_ms``: every tenth a ``SESSION_NOT_FOUND``, the others a fork's ``OK``."""
+    ok = wire.encode(ForkResult(request_id="r", session=Header(version=0, id="c", created_at=1, parent_session="root",
+                                                                   seed_length=4)))
+    failed = wire.encode(ForkFailure(request_id="r", code="SESSION_NOT_FOUND", message='session "x" not found'))
+    pipe = redis.pipeline(transaction=False)
+    for i in range(count):
+        bad = i % 10 == 0
+        pipe.xadd(keys.OUTCOME_STREAM, dict(zip(STREAM_FIELDS, (f"req-{i}", "SESSION_NOT_FOUND" if bad else "OK",
+                                                                   "900", "2000", failed if bad else ok), strict=True)),
+                  id=f"{now_ms - span_ms + i * span_ms // count}-0")
+        if i % 5000 == 4999:
+            pipe.execute()
+    pipe.execute()
+
+
+@pytest.mark.serial  # asserts a time bound
+def test_a_window_of_a_hundred_thousand_outcomes_is_a_page_within_the_bound(redis: Redis) -> None:
+    now_ms = int(time.time() * 1000)
+    _outcomes(redis, 100_000, now_ms, 3_500_000)
+    console = Console(shards=[redis], registry=Registry(redis), settings=Settings(), token=None, bound=BOUND)
+    with serving(console) as url:
+        started = time.monotonic()
+        status, body = fetch(f"{url}/?window=3600")
+        took = time.monotonic() - started
+        op_status, _ = fetch(f"{url}/?window=3600&op=fork")
+
+    assert (status, op_status) == (200, 200)
+    assert took < BOUND, took
+    assert f'<strong id="total">{reads.WINDOW_MOST}</strong>' in body
+    assert "each shard's newest 20,000, since" in body
+    assert '<tr data-request="req-99999">' in body  # the newest first

@@ -102,6 +102,7 @@ def create_app(console: Console) -> Starlette:
         scope = urlencode({k: v for k, v in (("op", keep.op), ("source", keep.source)) if v})
         return page(request, "outcomes.html", {"rows": rows, "window": shown, "filter": keep, "windows": WINDOWS,
                                                "codes": CODES, "ops": OPS, "events": f"/events?{scope}",
+                                               "most": f"{reads.WINDOW_MOST:,}",
                                                "window_data": wire.encode(shown).decode()})
 
     def search(request: Request) -> Response:

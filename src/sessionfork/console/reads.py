@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -21,7 +21,8 @@ from ..core import errors, keys, rules, wire
 from ..core.registry import Registry
 from ..core.wire import ForkResult, MergeFailure, MergeResult, SelectFailure, SelectResult
 from ..ops import lineage, pauses
-from ..ops.stats import Outcome, outcome_of, read_outcomes
+from ..ops.stats import Outcome, outcome_of
+from ..protocol.outcomes import stream_entry
 from ..protocol.shards import shard_of
 from ..worker.jobs import WorkerRow, queued_request, worker_rows
 
@@ -169,6 +170,9 @@ class Window(msgspec.Struct, rename="camel", kw_only=True):
     codes: list[CodeStats]
     series: dict[str, list[int]]
     """Per code, the outcomes of each bucket, oldest first."""
+    since: int = 0
+    """When a shard had more than ``WINDOW_MOST`` outcomes in the window: the time (epoch ms) from
+    which every shard's were counted (0: the whole window was)."""
 
     @property
     def error_share(self) -> float:
@@ -176,27 +180,69 @@ class Window(msgspec.Struct, rename="camel", kw_only=True):
         return 100.0 * self.errors / self.total if self.total else 0.0
 
 
-def window(shards: Sequence[Any], seconds: int, now_ms: int, keep: Filter | None = None) -> Window:
-    """The window of the last ``seconds`` to ``now_ms``, every shard, the outcomes ``keep`` keeps."""
+WINDOW_MOST = 20_000
+"""The most outcomes of one shard a window counts (its newest): a page's reads stay within its bound."""
+
+
+def window(shards: Sequence[Any], seconds: int, now_ms: int, keep: Filter | None = None,
+           most: int = WINDOW_MOST) -> Window:
+    """The window of the last ``seconds`` to ``now_ms``, every shard, the outcomes ``keep`` keeps
+    (its op and source: ``Filter.scope``), at most each shard's newest ``most`` (``Window.since``
+    then says from when it counted). A reply is decoded only for a source to compare."""
     step = seconds * 1000 // BUCKETS
     start = (now_ms // step + 1) * step - BUCKETS * step
     keep = keep or Filter()
     samples: dict[str, list[float]] = defaultdict(list)
     series: dict[str, list[int]] = {}
-    for index, redis in enumerate(shards):
-        for outcome in read_outcomes(redis, start=f"{start}-0"):
-            if keep != Filter() and not keep.keeps(row_of(outcome, index)):
+    since = 0
+    for redis in shards:
+        read = 0
+        for entry_id, fields in _newest(redis, f"{start}-0", most):
+            read += 1
+            when = int(wire.text(entry_id).split("-")[0])
+            if read == most:
+                since = max(since, when)
+            f: dict[bytes, Any] = fields if b"latencyUs" in fields else \
+                {name.encode(): value for name, value in stream_entry(fields).items()}  # older names, or text
+            code, reply = wire.text(f[b"code"]), f[b"reply"]
+            if keep.op and _op(reply) != keep.op:
                 continue
-            bucket = min(max((outcome.time - start) // step, 0), BUCKETS - 1)
-            series.setdefault(outcome.code, [0] * BUCKETS)[bucket] += 1
-            if outcome.latency_us:
-                samples[outcome.code].append(outcome.latency_us / 1000)
+            if keep.source and source_of(wire.decode_reply(reply)) != keep.source:
+                continue
+            series.setdefault(code, [0] * BUCKETS)[min(max((when - start) // step, 0), BUCKETS - 1)] += 1
+            latency = int(f[b"latencyUs"])
+            if latency:
+                samples[code].append(latency / 1000)
     counts = {code: sum(per) for code, per in series.items()}
     total = sum(counts.values())
     codes = [CodeStats(code=code, count=counts[code], rate=counts[code] / seconds, share=100.0 * counts[code] / total,
                        **_percentiles(samples[code])) for code in sorted(counts)]
     return Window(seconds=seconds, now=now_ms, start=start, step=step, buckets=BUCKETS, total=total,
-                  errors=total - counts.get("OK", 0), codes=codes, series=series)
+                  errors=total - counts.get("OK", 0), codes=codes, series=series, since=since)
+
+
+def _newest(redis: Any, start: str, most: int, batch: int = 2000) -> Iterator[tuple[Any, Any]]:
+    """The outcome stream's entries from the newest back to ``start``, at most ``most``."""
+    high, left = "+", most
+    while left > 0:
+        entries = redis.xrevrange(keys.OUTCOME_STREAM, max=high, min=start, count=min(batch, left))
+        yield from entries
+        left -= len(entries)
+        if len(entries) < batch:
+            return
+        high = f"({wire.text(entries[-1][0])}"
+
+
+_OP_OF_TYPE = {b"fork/": "fork", b"merge": "merge", b"selec": "select"}
+
+
+def _op(reply: bytes) -> str:
+    """The operation of an encoded reply, read from its leading ``type`` (decoded when it is not there)."""
+    if reply.startswith(b'{"type":"'):
+        found = _OP_OF_TYPE.get(reply[9:14])
+        if found:
+            return found
+    return op_of(wire.decode_reply(reply))
 
 
 def _percentiles(values: list[float]) -> dict[str, float | None]:
