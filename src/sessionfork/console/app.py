@@ -1,11 +1,14 @@
 """The console's web app (Starlette): server-side HTML from Jinja2 templates, autoescaped, and
-one small static script for the live view's server-sent events (no build step).
+one small static script for the live overview's server-sent events and chart (no build step).
 
-Pages: ``/`` live outcomes (filter by code, op, source; counts and latency percentiles per code
-over a window), ``/search?q=<id>`` a request or a session by id, ``/workers`` workers, queue depth
-and pause state per shard with the audit trail; ``/events`` the event stream, ``/healthz`` for a
-container's healthcheck. The one action, ``POST /shards/<index>/pause`` or ``.../resume``, needs
-the token (``Console.token``; none: the console is read-only and refuses every action).
+Pages: ``/`` the live overview (a window's counts, rates, error share and latency percentiles per
+code, a chart of its rate and error percentage, the outcomes; filter by code, op, source, errors
+only), ``/search?q=<id>`` a request or a session by id, ``/workers`` workers, queue depth and pause
+state per shard with the audit trail; ``/events`` the event stream (``feed.Feed``: one reader for
+every open view, at most ``Console.live_limit`` of them), ``/healthz`` for a container's
+healthcheck (answered on the event loop). The one action, ``POST /shards/<index>/pause`` or
+``.../resume``, needs the token (``Console.token``; none: the console is read-only and refuses
+every action), checked before the body is read; a body is read up to ``FORM_BYTES``.
 
 Every Redis call is bounded (``Console.bound`` seconds, its clients' time-outs and
 ``retries_until``): an unreachable server is a page with an error banner (status 503), never a

@@ -15,7 +15,12 @@
   var SVG = "http://www.w3.org/2000/svg";
 
   var overview = document.getElementById("overview");
-  var win = overview ? JSON.parse(overview.getAttribute("data-window")) : null;
+  var win = null;
+  try {
+    win = overview ? JSON.parse(overview.getAttribute("data-window")) : null;
+  } catch (e) {
+    win = null;  // no window to carry on: the live rows still come
+  }
   var skew = win ? win.now - Date.now() : 0;  // the server's clock minus this one's
   var BUCKETS = win ? win.buckets : 0;
 
