@@ -197,13 +197,15 @@ def test_the_filters_are_lists_and_errors_only_keeps_the_failures(deployment: De
     assert codes == ["any", "OK", *sorted(code.value for code in ErrorCode)]
     assert page.locator("form.filter select[name=op] option").all_inner_texts() == ["any", "fork", "merge", "select"]
     fork(deployment, "root", "root-before-errors")
+    before = deployment.client.fork("no-such-source", timeout=10)
+    assert isinstance(before, ForkFailure)
     page.check("form.filter input[name=errors]")
     page.click("form.filter button")
     page.wait_for_selector("body[data-live=on]")
     assert "errors=1" in page.url
 
     served = page.locator("#live tbody td a.code").all_inner_texts()
-    assert served and "OK" not in served
+    assert "SESSION_NOT_FOUND" in served and "OK" not in served
     ok = fork(deployment, "root", "root-errors-only")
     failed = deployment.client.fork("no-such-source", timeout=10)
     assert isinstance(failed, ForkFailure)
@@ -279,6 +281,38 @@ def test_pause_stops_the_shards_worker_and_resume_restarts_it(deployment: Deploy
     assert isinstance(reply, ForkResult) and reply.ok
     actions = [row.split("\t")[2] for row in page.locator("#audit tbody tr").all_inner_texts()[:2]]
     assert actions == ["resume", "pause"]
+
+
+def test_the_workers_page_refreshes_its_state_queue_and_audit_in_place(deployment: Deployment, page: Page) -> None:
+    admin, client = deployment.admin, deployment.client
+    page.goto(f"{deployment.url}/workers")
+    page.evaluate("window.__loaded = true")  # gone if the page reloads
+    page.fill("#shard-0 input[name=token]", "typed, not sent")
+    pauses.pause(admin, "tests", "refresh")  # from elsewhere: rq suspend, another console
+    try:
+        wait_until(lambda: admin.hget(f"rq:worker:{deployment.worker}", "state") == b"suspended", 10,
+                   "the worker to see the pause")
+        requests = [client.request("root", session_id=f"root-queued-{i}") for i in range(2)]
+        for request in requests:
+            client.submit(request)
+
+        expect(page.locator("#shard-0 .pill")).to_have_text("paused", timeout=15_000)
+        expect(page.locator("#shard-0 table.queued tbody tr")).to_have_count(2, timeout=15_000)
+        queued = page.locator("#shard-0 table.queued tbody tr").evaluate_all("rows => rows.map(r => r.dataset.request)")
+        assert queued == [r.request_id for r in requests]  # the next to run first
+        assert all(age.endswith(" s") for age in page.locator("#shard-0 td.age").all_inner_texts())
+        assert page.locator("#shard-0 .depth").inner_text() == "2"
+        assert "refresh" in page.locator("#audit tbody tr").first.inner_text()
+        shot(page, "workers-queued")
+    finally:
+        pauses.resume(admin, "tests", "refresh")
+    for request in requests:
+        assert isinstance(client.wait(request, 10), ForkResult)
+    expect(page.locator("#shard-0 .pill")).to_have_text("running", timeout=15_000)
+    expect(page.locator("#shard-0 table.queued")).to_have_count(0, timeout=15_000)
+
+    assert page.evaluate("window.__loaded") is True
+    assert page.input_value("#shard-0 input[name=token]") == "typed, not sent"
 
 
 def _text(value: object) -> str:

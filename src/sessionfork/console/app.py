@@ -51,7 +51,7 @@ WINDOWS = (60, 300, 900, 3600)
 """The windows (seconds) the stats of the live page may cover."""
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-STATIC = {"console.css": "text/css", "live.js": "text/javascript"}
+STATIC = {"console.css": "text/css", "live.js": "text/javascript", "workers.js": "text/javascript"}
 CODES = ("OK", *sorted(code.value for code in errors.ErrorCode))
 """The outcome codes the filter lists."""
 OPS = ("fork", "merge", "select")
@@ -120,7 +120,7 @@ def create_app(console: Console) -> Starlette:
     def workers(request: Request) -> Response:
         views = read(lambda: reads.shard_views(console.shards, console.settings))
         audit = read(lambda: reads.audit_entries(console.shards))
-        return page(request, "workers.html", {"views": views, "audit": audit,
+        return page(request, "workers.html", {"views": views, "audit": audit, "now": int(time.time() * 1000),
                                               "message": request.query_params.get("done", "")})
 
     def refused(request: Request) -> Response:

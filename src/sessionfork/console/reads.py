@@ -466,21 +466,43 @@ def find_session(registry: Registry, session_id: str, max_nodes: int = 500) -> S
                        length=registry.length(session_id), tree=lines)
 
 
+class QueuedRow(msgspec.Struct, kw_only=True):
+    """A request waiting in a shard's queue: its id and when it was enqueued (epoch ms; 0: not known)."""
+
+    request_id: str
+    enqueued: int
+
+
 class ShardView(msgspec.Struct, kw_only=True):
-    """One shard: its queue's depth, whether it is paused, its workers."""
+    """One shard: its queue's depth and next requests (the oldest first), whether it is paused, its workers."""
 
     index: int
     depth: int
     paused: bool
     workers: list[WorkerRow]
+    queued: list[QueuedRow] = msgspec.field(default_factory=list)
+
+
+QUEUED_SHOWN = 20
+"""How many of a shard's waiting requests the Workers page lists (the next to run)."""
 
 
 def shard_views(shards: Sequence[Any], settings: Any) -> list[ShardView]:
     from ..protocol import rq_layout
 
-    return [ShardView(index=i, depth=int(redis.llen(rq_layout.queue_key(settings.queue))),
-                      paused=pauses.is_paused(redis), workers=worker_rows(redis, settings))
-            for i, redis in enumerate(shards)]
+    views = []
+    for i, redis in enumerate(shards):
+        queue = rq_layout.queue_key(settings.queue)
+        ids = [wire.text(raw) for raw in redis.lrange(queue, 0, QUEUED_SHOWN - 1)]
+        pipe = redis.pipeline(transaction=False)
+        for request_id in ids:
+            pipe.hget(rq_layout.job_key(request_id), "enqueued_at")
+        times = pipe.execute() if ids else []
+        views.append(ShardView(index=i, depth=int(redis.llen(queue)), paused=pauses.is_paused(redis),
+                               workers=worker_rows(redis, settings),
+                               queued=[QueuedRow(request_id=r, enqueued=_rq_time(None if t is None else wire.text(t)))
+                                       for r, t in zip(ids, times, strict=True)]))
+    return views
 
 
 def audit_entries(shards: Sequence[Any], count: int = 50) -> list[pauses.AuditEntry]:
