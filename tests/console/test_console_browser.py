@@ -317,6 +317,20 @@ def test_the_workers_page_refreshes_its_state_queue_and_audit_in_place(deploymen
     assert page.input_value("#shard-0 input[name=token]") == "typed, not sent"
 
 
+def test_the_workers_page_counts_what_each_worker_answered(deployment: Deployment, page: Page) -> None:
+    page.goto(f"{deployment.url}/workers")
+    cell = page.locator(f'#shard-0 tr[data-worker="{deployment.worker}"] td.answered')
+    before = int(cell.inner_text())
+
+    for i in range(3):
+        fork(deployment, "root", f"root-counted-{i}")
+    failed = deployment.client.fork("no-such-source", timeout=10)  # a refusal is answered too
+    assert isinstance(failed, ForkFailure)
+    page.goto(f"{deployment.url}/workers")
+
+    assert int(cell.inner_text()) == before + 4
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 

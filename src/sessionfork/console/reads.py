@@ -481,10 +481,16 @@ class ShardView(msgspec.Struct, kw_only=True):
     paused: bool
     workers: list[WorkerRow]
     queued: list[QueuedRow] = msgspec.field(default_factory=list)
+    answered: dict[str, int] = msgspec.field(default_factory=dict)
+    """Per worker name, how many of the shard's newest ``FINISHED_LOOKED_AT`` finished jobs it ran."""
+    looked_at: int = 0
+    """How many finished jobs ``answered`` counts (RQ keeps each ``result_ttl`` after its end)."""
 
 
 QUEUED_SHOWN = 20
 """How many of a shard's waiting requests the Workers page lists (the next to run)."""
+FINISHED_LOOKED_AT = 2000
+"""How many of a shard's newest finished jobs the Workers page counts per worker."""
 
 
 def shard_views(shards: Sequence[Any], settings: Any) -> list[ShardView]:
@@ -498,11 +504,28 @@ def shard_views(shards: Sequence[Any], settings: Any) -> list[ShardView]:
         for request_id in ids:
             pipe.hget(rq_layout.job_key(request_id), "enqueued_at")
         times = pipe.execute() if ids else []
+        answered, looked_at = _answered_by(redis, settings.queue)
         views.append(ShardView(index=i, depth=int(redis.llen(queue)), paused=pauses.is_paused(redis),
                                workers=worker_rows(redis, settings),
                                queued=[QueuedRow(request_id=r, enqueued=_rq_time(None if t is None else wire.text(t)))
-                                       for r, t in zip(ids, times, strict=True)]))
+                                       for r, t in zip(ids, times, strict=True)],
+                               answered=answered, looked_at=looked_at))
     return views
+
+
+def _answered_by(redis: Any, queue: str) -> tuple[dict[str, int], int]:
+    """Per worker, the shard's newest finished jobs it ran, and how many were looked at."""
+    from ..protocol import rq_layout
+
+    finished = redis.zrange(rq_layout.finished_key(queue), -FINISHED_LOOKED_AT, -1)
+    pipe = redis.pipeline(transaction=False)
+    for job_id in finished:
+        pipe.hget(rq_layout.job_key(wire.text(job_id)), "worker_name")
+    counts: dict[str, int] = defaultdict(int)
+    for name in pipe.execute() if finished else []:
+        if name:
+            counts[wire.text(name)] += 1
+    return dict(counts), len(finished)
 
 
 def audit_entries(shards: Sequence[Any], count: int = 50) -> list[pauses.AuditEntry]:
