@@ -202,8 +202,9 @@ def test_the_filters_are_lists_and_errors_only_keeps_the_failures(deployment: De
     before = deployment.client.fork("no-such-source", timeout=10)
     assert isinstance(before, ForkFailure)
     page.check("form.filter input[name=errors]")
-    page.click("form.filter button")
-    page.wait_for_selector("body[data-live=on]")
+    with page.expect_navigation():
+        page.click("form.filter button")
+    page.wait_for_selector("body[data-live=on]")  # this page's stream is open
     assert "errors=1" in page.url
 
     served = page.locator("#live tbody td a.code").all_inner_texts()
