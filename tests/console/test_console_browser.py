@@ -187,7 +187,8 @@ def test_the_overview_counts_and_charts_each_outcome_live(deployment: Deployment
     bars = page.locator("#chart rect.bar:not(.err)")
     assert bars.count() == 60
     assert sum(int(c) for c in bars.evaluate_all("bars => bars.map(b => b.dataset.count)")) == total + 2
-    assert int(bars.nth(59).get_attribute("data-count") or 0) >= 2  # the newest bar holds them
+    newest = bars.evaluate_all("bars => bars.slice(-2).map(b => Number(b.dataset.count))")
+    assert sum(newest) >= 2, newest  # the newest bars hold them (the two may straddle a bar's edge)
     assert page.locator("#chart rect.bar.err").count() >= 1
     assert page.locator("#chart polyline.pct").count() == 1
     shot(page, "overview")

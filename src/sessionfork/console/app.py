@@ -185,11 +185,12 @@ def create_app(console: Console) -> Starlette:
 
 
 async def _stream(feed: Feed, view: Subscription) -> AsyncIterator[str]:
-    """A live view's server-sent events: ``outcome`` (a row, JSON) as each is stored, ``fault``
-    while Redis fails, ``restored`` when it answers again, a comment line every ``IDLE`` seconds
-    without one (keeps proxies from closing it). The view is closed when the browser goes."""
+    """A live view's server-sent events: ``ready`` once every outcome stored from then on will
+    come, ``outcome`` (a row, JSON) as each is stored, ``fault`` while Redis fails, ``restored``
+    when it answers again, a comment line every ``IDLE`` seconds without one (keeps proxies from
+    closing it). The view is closed when the browser goes."""
     try:
-        yield "event: ready\ndata: {}\n\n"
+        yield ": open\n\n"  # the headers and a first line at once; ``ready`` follows from the reader
         while True:
             try:
                 kind, data = await asyncio.wait_for(view.queue.get(), IDLE)
@@ -200,8 +201,8 @@ async def _stream(feed: Feed, view: Subscription) -> AsyncIterator[str]:
                 yield f"event: outcome\ndata: {wire.encode(data).decode()}\n\n"
             elif kind == "fault":
                 yield f"event: fault\ndata: {json.dumps(data)}\n\n"
-            else:
-                yield "event: restored\ndata: {}\n\n"
+            else:  # ready, restored
+                yield f"event: {kind}\ndata: {{}}\n\n"
     finally:
         feed.leave(view)
 

@@ -4,8 +4,9 @@ new row to every open live view, however many are open.
 A live view is a ``Subscription``: a bounded queue on the app's event loop, no thread of its own.
 The reader runs while at least one view is open (started by the first, ended after the last) and
 is the only code that blocks on Redis for them: a hung server holds that one thread, never the
-threads the pages are served from, and a thousand open views cost a thousand queues. While a read
-fails, each view is told once (``fault``) and again when the reads answer (``restored``).
+threads the pages are served from, and a thousand open views cost a thousand queues. A view is
+told ``ready`` once the reader stands where every outcome stored from then on will reach it; while
+a read fails, each view is told once (``fault``) and again when the reads answer (``restored``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from redis.exceptions import RedisError
 from . import reads
 
 Message = tuple[str, Any]
-"""What a view is handed: ``("outcome", Row)``, ``("fault", text)`` or ``("restored", None)``."""
+"""What a view is handed: ``("ready", None)`` once every outcome stored from then on will come to
+it, then ``("outcome", Row)``, ``("fault", text)`` or ``("restored", None)``."""
 
 QUEUED = 1000
 """The messages a view may have waiting; a view that falls further behind loses the oldest."""
@@ -40,6 +42,8 @@ class Subscription:
     keep: reads.Filter
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[Message] = field(default_factory=lambda: asyncio.Queue(QUEUED))
+    ready: bool = False
+    """Handed ``ready``: every outcome stored from then on comes to this view."""
 
     def offer(self, message: Message) -> None:
         """Queue ``message`` (on the view's loop); a full queue drops its oldest first."""
@@ -98,23 +102,33 @@ class Feed:
                 if not self._views:
                     self._reader, self.fault = None, None
                     return
-                views = list(self._views)
             try:
-                if last is None:
+                if last is None:  # where the streams stand: every view is handed what comes after
                     last = self.read(lambda: reads.newest_ids(self.shards))
-                rows: list[reads.Row] = self.read(partial(reads.following, self.shards, last, self.block_ms))
+                    rows: list[reads.Row] = []
+                else:
+                    rows = self.read(partial(reads.following, self.shards, last, self.block_ms))
             except (RedisError, TimeoutError) as exc:
                 text = f"Redis unreachable or failing: {type(exc).__name__}"
                 if self.fault is None:
                     self.fault = text
-                    self._hand(views, None, ("fault", text))
+                    self._hand(self._open(), None, ("fault", text))
                 time.sleep(BACK_OFF)  # the servers are away: read again shortly
                 continue
+            views = self._open()  # after the read: a view that joined while it blocked gets its rows
             if self.fault is not None:
                 self.fault = None
                 self._hand(views, None, ("restored", None))
+            fresh = [view for view in views if not view.ready]
+            for view in fresh:
+                view.ready = True
+            self._hand(fresh, None, ("ready", None))
             for row in rows:
                 self._hand(views, row, ("outcome", row))
+
+    def _open(self) -> list[Subscription]:
+        with self._lock:
+            return list(self._views)
 
     @staticmethod
     def _hand(views: list[Subscription], row: reads.Row | None, message: Message) -> None:
