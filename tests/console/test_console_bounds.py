@@ -5,6 +5,7 @@ The app runs in-process (uvicorn in a thread); a live view is a raw socket readi
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -349,3 +350,20 @@ def test_a_window_of_a_hundred_thousand_outcomes_is_a_page_within_the_bound(redi
     assert f'<strong id="total">{reads.WINDOW_MOST}</strong>' in body
     assert "each shard's newest 20,000, since" in body
     assert '<tr data-request="req-99999">' in body  # the newest first
+
+
+def test_a_live_view_told_ready_gets_every_outcome_stored_after(redis: Redis) -> None:
+    console = Console(shards=[redis], registry=Registry(redis), settings=Settings(), token=None)
+    with serving(console) as url:
+        views = [LiveView(url), LiveView(url, "/events?code=SESSION_NOT_FOUND")]
+        for view in views:
+            assert view.status() == 200
+            view.wait_event("ready", 5)
+        _outcomes(redis, 10, int(time.time() * 1000), 10)  # straight after: req-0 fails, the rest are OK
+        first = [json.loads(views[0].wait_event("outcome", 5))["requestId"] for _ in range(10)]
+        kept = json.loads(views[1].wait_event("outcome", 5))
+        for view in views:
+            view.close()
+
+    assert first == [f"req-{i}" for i in range(10)]  # each view its filter's, in order
+    assert (kept["requestId"], kept["code"]) == ("req-0", "SESSION_NOT_FOUND")
