@@ -105,8 +105,9 @@ def ensure_system_packages(which: Callable[[str], str | None] = shutil.which, is
     return install_hint(still) if still else None
 
 
-TEST_EXTRAS = "test,docs,console"
-"""What the test command (and bench, mutations) installs: the suite's tools, the docs site's and the console's."""
+TEST_EXTRAS = "test,docs,console,langgraph"
+"""What the test command (and bench, mutations) installs: the suite's tools, the docs site's, the console's
+and the LangGraph integration's."""
 DEMO_EXTRAS = "embedded"
 """What ``demo`` and ``worker`` install: the embedded server, none of the test or docs tools."""
 
