@@ -5,7 +5,10 @@ real ``StateGraph`` over it: interrupted, resumed and time-travelled."""
 from __future__ import annotations
 
 import asyncio
+import operator
+import uuid
 from collections.abc import AsyncIterator
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
@@ -14,8 +17,10 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their 
     cluster_fixture,
     cluster_registry_fixture,
 )
+from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES, Capability
+from langgraph.checkpoint.conformance.report import CapabilityReport
 from langgraph.checkpoint.conformance.spec import (
     test_copy_thread,
     test_delete_for_runs,
@@ -26,8 +31,12 @@ from langgraph.checkpoint.conformance.spec import (
     test_put,
     test_put_writes,
 )
-from langgraph.checkpoint.conformance.report import CapabilityReport
+from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import Command, interrupt
 
+from sessionfork.core import keys
+from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedCluster
 from sessionfork.integrations.langgraph import SessionforkSaver
@@ -74,3 +83,230 @@ def test_the_whole_conformance_suite_passes_on_one_server(registry: Registry) ->
 def test_the_whole_conformance_suite_passes_on_a_cluster(cluster: EmbeddedCluster, cluster_registry: Registry) -> None:
     assert_whole_suite_passed(conformance(cluster_registry))
     assert_no_crossslot(cluster)
+
+
+# -- a real graph over the saver ----------------------------------------------------------------
+
+
+class Plan(TypedDict):
+    steps: Annotated[list[str], operator.add]
+    answer: str
+
+
+def plan(state: Plan) -> dict[str, Any]:
+    return {"steps": ["plan"]}
+
+
+def ask(state: Plan) -> dict[str, Any]:
+    answer = interrupt({"question": "approve the plan?"})
+    return {"steps": ["ask"], "answer": answer}
+
+
+def act(state: Plan) -> dict[str, Any]:
+    return {"steps": [f"act:{state['answer']}"]}
+
+
+def planner(saver: SessionforkSaver) -> Any:
+    builder = StateGraph(Plan)
+    builder.add_node("plan", plan)
+    builder.add_node("ask", ask)
+    builder.add_node("act", act)
+    builder.add_edge(START, "plan")
+    builder.add_edge("plan", "ask")
+    builder.add_edge("ask", "act")
+    builder.add_edge("act", END)
+    return builder.compile(checkpointer=saver)
+
+
+def thread(name: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": f"{name}-{uuid.uuid4()}"}}
+
+
+def test_a_graph_is_interrupted_then_resumed_by_another_saver(registry: Registry) -> None:
+    config = thread("approve")
+    first = planner(SessionforkSaver(registry)).invoke({"steps": []}, config)
+    assert [i.value for i in first["__interrupt__"]] == [{"question": "approve the plan?"}]
+
+    later = planner(SessionforkSaver(registry))   # another process's saver: nothing cached
+    assert later.get_state(config).next == ("ask",)
+    done = later.invoke(Command(resume="yes"), config)
+    assert done["steps"] == ["plan", "ask", "act:yes"]
+    assert later.get_state(config).next == ()
+
+
+def test_a_graph_travels_back_to_an_earlier_checkpoint_and_continues_from_it(registry: Registry) -> None:
+    graph, config = planner(SessionforkSaver(registry)), thread("travel")
+    graph.invoke({"steps": []}, config)
+    graph.invoke(Command(resume="yes"), config)
+    history = list(graph.get_state_history(config))
+    before_act = next(s for s in history if s.next == ("act",))
+    assert before_act.values["answer"] == "yes"
+
+    edited = graph.update_state(before_act.config, {"answer": "no"})
+    done = graph.invoke(None, edited)
+    assert done["steps"] == ["plan", "ask", "act:no"]
+    assert graph.get_state(config).values["steps"] == ["plan", "ask", "act:no"]
+    original_end = history[0]                      # the first run's final checkpoint is still there
+    assert graph.get_state(original_end.config).values["steps"] == ["plan", "ask", "act:yes"]
+    assert len(list(graph.get_state_history(config))) == len(history) + 2   # the edit and the act
+
+
+def test_a_copied_thread_resumes_apart_from_its_source(registry: Registry) -> None:
+    saver = SessionforkSaver(registry)
+    graph, source, copy = planner(saver), thread("source"), thread("copy")
+    graph.invoke({"steps": []}, source)
+    saver.copy_thread(source["configurable"]["thread_id"], copy["configurable"]["thread_id"])
+
+    assert graph.invoke(Command(resume="yes"), source)["steps"] == ["plan", "ask", "act:yes"]
+    assert graph.invoke(Command(resume="no"), copy)["steps"] == ["plan", "ask", "act:no"]
+    assert graph.get_state(source).values["answer"] == "yes"
+
+
+async def run_async(saver: SessionforkSaver, config: RunnableConfig) -> list[str]:
+    graph = planner(saver)
+    await graph.ainvoke({"steps": []}, config)
+    assert (await graph.aget_state(config)).next == ("ask",)
+    done = await graph.ainvoke(Command(resume="later"), config)
+    steps: list[str] = done["steps"]
+    return steps
+
+
+def test_a_graph_runs_on_the_async_methods(registry: Registry) -> None:
+    assert asyncio.run(run_async(SessionforkSaver(registry), thread("async"))) == ["plan", "ask", "act:later"]
+
+
+# -- the saver's own promises ---------------------------------------------------------------------
+
+
+def put_steps(saver: SessionforkSaver, thread_id: str, n: int, ns: str = "") -> list[RunnableConfig]:
+    """``n`` checkpoints on one thread and namespace, each the child of the one before, each with a
+    pending write."""
+    stored: list[RunnableConfig] = []
+    parent: str | None = None
+    for step in range(n):
+        config = generate_config(thread_id, checkpoint_ns=ns, checkpoint_id=parent)
+        checkpoint = generate_checkpoint(channel_values={"step": step}, channel_versions={"step": step + 1})
+        stored.append(saver.put(config, checkpoint, generate_metadata(step=step), {"step": step + 1}))
+        saver.put_writes(stored[-1], [("note", f"after {step}")], f"task-{step}")
+        parent = stored[-1]["configurable"]["checkpoint_id"]
+    return stored
+
+
+def test_copy_thread_forks_the_session_by_reference(registry: Registry) -> None:
+    saver = SessionforkSaver(registry)
+    source, target = f"long-{uuid.uuid4()}", f"copy-{uuid.uuid4()}"
+    put_steps(saver, source, 50)
+    saver.copy_thread(source, target)
+
+    src, dst = saver.session_of(source), saver.session_of(target)
+    assert src is not None and dst is not None and src != dst
+    header = registry.header(dst)
+    assert (header.parent_session, header.seed_length) == (src, registry.length(src))
+    assert registry.redis.llen(keys.session_log(dst)) == 0          # not one event copied
+    copied = list(SessionforkSaver(registry).list(generate_config(target)))
+    assert [t.checkpoint["channel_values"]["step"] for t in copied] == list(range(49, -1, -1))
+    assert copied[0].pending_writes == [("task-49", "note", "after 49")]
+
+
+def test_a_copy_keeps_every_checkpoint_when_its_source_is_pruned_or_deleted(registry: Registry) -> None:
+    saver = SessionforkSaver(registry)
+    source, target = f"src-{uuid.uuid4()}", f"copy-{uuid.uuid4()}"
+    put_steps(saver, source, 5)
+    saver.copy_thread(source, target)
+    saver.prune([source], strategy="keep_latest")
+    assert len(list(saver.list(generate_config(source)))) == 1
+    saver.delete_thread(source)
+    assert saver.session_of(source) is None
+    assert len(list(SessionforkSaver(registry).list(generate_config(target)))) == 5
+
+
+def test_namespaces_of_one_thread_never_mix(registry: Registry) -> None:
+    saver, thread_id = SessionforkSaver(registry), f"ns-{uuid.uuid4()}"
+    root = put_steps(saver, thread_id, 3)
+    child = put_steps(saver, thread_id, 2, ns="child:1")
+    reader = SessionforkSaver(registry)
+    assert [t.config for t in reader.list(generate_config(thread_id))] == root[::-1]
+    assert [t.config for t in reader.list(generate_config(thread_id, checkpoint_ns="child:1"))] == child[::-1]
+    latest = reader.get_tuple(generate_config(thread_id, checkpoint_ns="child:1"))
+    assert latest is not None and latest.checkpoint["channel_values"] == {"step": 1}
+    assert latest.pending_writes == [("task-1", "note", "after 1")]
+
+
+def test_list_is_newest_first_whatever_order_the_puts_came_in(registry: Registry) -> None:
+    saver, thread_id = SessionforkSaver(registry), f"order-{uuid.uuid4()}"
+    checkpoints = [generate_checkpoint() for _ in range(4)]          # ids ascending in creation order
+    for checkpoint in [checkpoints[2], checkpoints[0], checkpoints[3], checkpoints[1]]:
+        saver.put(generate_config(thread_id), checkpoint, generate_metadata(), {})
+    listed = [t.checkpoint["id"] for t in SessionforkSaver(registry).list(generate_config(thread_id))]
+    assert listed == [c["id"] for c in reversed(checkpoints)]
+
+
+def test_prune_keeps_the_latest_checkpoint_with_its_writes_and_values(registry: Registry) -> None:
+    saver, thread_id = SessionforkSaver(registry), f"prune-{uuid.uuid4()}"
+    stored = put_steps(saver, thread_id, 4)
+    before = saver.session_of(thread_id)
+    saver.prune([thread_id])
+    after = saver.session_of(thread_id)
+    assert after is not None and after != before and not registry.exists(before or "")
+    (kept,) = SessionforkSaver(registry).list(generate_config(thread_id))
+    assert kept.config == stored[-1]
+    assert kept.checkpoint["channel_values"] == {"step": 3}
+    assert kept.pending_writes == [("task-3", "note", "after 3")]
+    assert kept.parent_config is None                                # its parent is gone
+
+
+def test_a_put_landing_during_a_prune_is_kept(registry: Registry) -> None:
+    saver, writer, thread_id = SessionforkSaver(registry), SessionforkSaver(registry), f"race-{uuid.uuid4()}"
+    stored = put_steps(saver, thread_id, 3)
+    old = saver.session_of(thread_id)
+    late = generate_checkpoint(channel_values={"step": 99}, channel_versions={"step": 99})
+    compact = saver._compacted
+    landed: list[int] = []
+
+    def write_then_compact(*args: Any) -> Any:
+        # the prune has read the old session; a writer that knows only the old one puts meanwhile
+        writer.put(stored[-1], late, generate_metadata(step=3), {"step": 99})
+        landed.append(registry.length(old or ""))
+        return compact(*args)
+
+    saver._compacted = write_then_compact  # type: ignore[method-assign]
+    saver.prune([thread_id])
+    assert landed == [7]           # 3 puts and their 3 writes, then the late put: in the old session
+    assert saver.session_of(thread_id) != old and not registry.exists(old or "")
+    listed = list(SessionforkSaver(registry).list(generate_config(thread_id)))
+    assert [t.checkpoint["id"] for t in listed] == [late["id"], stored[-1]["configurable"]["checkpoint_id"]]
+    assert listed[0].checkpoint["channel_values"] == {"step": 99}
+
+
+def test_delete_for_runs_removes_only_those_runs_in_every_thread_copies_included(registry: Registry) -> None:
+    saver = SessionforkSaver(registry)
+    first, second, copy = (f"{n}-{uuid.uuid4()}" for n in ("first", "second", "copy"))
+    doomed, kept = f"run-{uuid.uuid4()}", f"run-{uuid.uuid4()}"
+    for thread_id in (first, second):
+        saver.put(generate_config(thread_id), generate_checkpoint(), generate_metadata(run_id=doomed), {})
+        saver.put(generate_config(thread_id), generate_checkpoint(), generate_metadata(run_id=kept), {})
+    saver.copy_thread(first, copy)
+    saver.delete_for_runs([doomed])
+    reader = SessionforkSaver(registry)
+    for thread_id in (first, second, copy):
+        assert [t.metadata["run_id"] for t in reader.list(generate_config(thread_id))] == [kept]
+
+
+def test_bad_input_is_a_typed_error_and_writes_nothing(registry: Registry) -> None:
+    saver, thread_id = SessionforkSaver(registry), f"bad-{uuid.uuid4()}"
+    put_steps(saver, thread_id, 2)
+    length = registry.length(saver.session_of(thread_id) or "")
+    with pytest.raises(ForkError) as raised:
+        saver.prune([thread_id], strategy="keep_some")
+    assert raised.value.code is ErrorCode.INVALID_REQUEST
+    with pytest.raises(ForkError) as raised:
+        saver.prune(thread_id)
+    assert raised.value.code is ErrorCode.INVALID_REQUEST
+    other = f"other-{uuid.uuid4()}"
+    put_steps(saver, other, 1)
+    with pytest.raises(ForkError) as raised:
+        saver.copy_thread(thread_id, other)
+    assert raised.value.code is ErrorCode.INVALID_REQUEST
+    assert "has checkpoints already" in raised.value.message
+    assert registry.length(saver.session_of(thread_id) or "") == length
+    assert len(list(saver.list(generate_config(other)))) == 1
