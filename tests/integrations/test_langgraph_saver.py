@@ -162,6 +162,28 @@ def test_a_copied_thread_resumes_apart_from_its_source(registry: Registry) -> No
     assert graph.get_state(source).values["answer"] == "yes"
 
 
+def test_a_copied_thread_merges_back_and_its_source_continues_from_it(registry: Registry) -> None:
+    saver = SessionforkSaver(registry)
+    graph, source, copy = planner(saver), thread("main"), thread("branch")
+    main, branch = source["configurable"]["thread_id"], copy["configurable"]["thread_id"]
+    graph.invoke({"steps": []}, source)
+    saver.copy_thread(main, branch)
+    graph.invoke(Command(resume="yes"), source)
+    graph.invoke(Command(resume="with edits"), copy)
+    copied = saver.session_of(branch) or ""
+    gained = registry.length(copied) - (registry.header(copied).seed_length or 0)
+
+    merged = saver.merge_thread(branch, main)
+    assert (merged.parent, merged.child) == (saver.session_of(main), saver.session_of(branch))
+    assert merged.to_seq - merged.from_seq + 1 == gained
+    assert registry.state_of(merged.child).merged_into is not None
+    assert graph.get_state(source).values == {"steps": ["plan", "ask", "act:with edits"], "answer": "with edits"}
+    assert graph.get_state(copy).values["answer"] == "with edits"
+    with pytest.raises(ForkError) as raised:
+        saver.merge_thread(branch, main)
+    assert raised.value.code is ErrorCode.ALREADY_MERGED
+
+
 async def run_async(saver: SessionforkSaver, config: RunnableConfig) -> list[str]:
     graph = planner(saver)
     await graph.ainvoke({"steps": []}, config)

@@ -53,7 +53,10 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from ..core import errors, keys, lua
 from ..core.errors import ErrorCode, ForkError
 from ..core.forks import fork
+from ..core.merge_steps import Merged
+from ..core.merges import merge
 from ..core.registry import Registry
+from ..core.store import LengthMoved
 from ..core.wire import Event, NewEvent
 
 __all__ = ["CHECKPOINT_EVENT", "STRATEGIES", "WRITES_EVENT", "SessionforkSaver"]
@@ -62,6 +65,9 @@ CHECKPOINT_EVENT = "langgraph/checkpoint"
 """The type of the event one ``put`` appends."""
 WRITES_EVENT = "langgraph/writes"
 """The type of the event one ``put_writes`` appends."""
+MERGE_MARK = "turn/end"
+"""The type of the event ``merge_thread`` appends to the thread merged into, closing its history so
+far as a completed turn (data ``{"reason": {"kind": "langgraph/merge"}}``) when it ends otherwise."""
 STRATEGIES = ("keep_latest", "delete")
 """The strategies of ``prune``."""
 _CHUNK = 256
@@ -165,6 +171,38 @@ class SessionforkSaver(BaseCheckpointSaver[Any]):
         """The id of the session holding ``thread_id``'s checkpoints (``None``: it has none): fork,
         merge or inspect it with sessionfork's own operations."""
         return _text(self.registry.redis.get(keys.langgraph_thread(str(thread_id))))
+
+    def merge_thread(self, branch_thread_id: str, into_thread_id: str) -> Merged:
+        """Merge a copy back: the checkpoints and writes ``branch_thread_id`` gained since it was
+        copied (``copy_thread``, at any depth) from ``into_thread_id`` join that thread's history
+        (a sessionfork merge of mode ``events``: one atomic step, recorded in both sessions'
+        lineage). The branch keeps its own. Returns the merge (``Merged``). A thread without a
+        session is ``SESSION_NOT_FOUND``; a branch not copied from it, ``NOT_DESCENDANT``; a branch
+        with nothing new, or merged before, ``INVALID_REQUEST`` / ``ALREADY_MERGED``.
+        """
+        branch, into = str(branch_thread_id), str(into_thread_id)
+        for _attempt in range(_ATTEMPTS):
+            child, parent = self.session_of(branch), self.session_of(into)
+            if child is None or parent is None:
+                raise ForkError(ErrorCode.SESSION_NOT_FOUND, f'thread "{into if child else branch}" has no checkpoints')
+            length, seed = self.registry.length(child), self.registry.header(child).seed_length
+            first = seed if isinstance(seed, int) else 0
+            if length <= first:
+                raise errors.invalid(f'thread "{branch}" has nothing new since it was copied: nothing to merge')
+            ends = self.registry.length(parent)
+            if ends and self.registry.last_turn_end(parent) != ends - 1:
+                try:
+                    self.registry.append(parent, [NewEvent(MERGE_MARK, {"reason": {"kind": "langgraph/merge"}})],
+                                         expect_length=ends)
+                except LengthMoved:
+                    continue
+            try:
+                return merge(self.registry, parent, child, mode="events", range=(first, length - 1),
+                             if_child_length=length)
+            except ForkError as err:
+                if err.code not in (ErrorCode.PRECONDITION_FAILED, ErrorCode.OPEN_TURN):
+                    raise
+        raise _moved(into, "merge")
 
     def _writable(self, thread: str) -> str:
         """The thread's session, created (and named by its pointer) when it has none."""
