@@ -59,7 +59,7 @@ from ..core.registry import Registry
 from ..core.store import LengthMoved
 from ..core.wire import Event, NewEvent
 
-__all__ = ["CHECKPOINT_EVENT", "STRATEGIES", "WRITES_EVENT", "SessionforkSaver"]
+__all__ = ["CHECKPOINT_EVENT", "MERGE_MARK", "STRATEGIES", "WRITES_EVENT", "SessionforkSaver"]
 
 CHECKPOINT_EVENT = "langgraph/checkpoint"
 """The type of the event one ``put`` appends."""
