@@ -32,6 +32,7 @@ from langgraph.checkpoint.conformance.spec import (
     test_put_writes,
 )
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+from langgraph.checkpoint.serde.types import INTERRUPT
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
@@ -202,12 +203,13 @@ def test_a_graph_runs_on_the_async_methods(registry: Registry) -> None:
 
 def put_steps(saver: SessionforkSaver, thread_id: str, n: int, ns: str = "") -> list[RunnableConfig]:
     """``n`` checkpoints on one thread and namespace, each the child of the one before, each with a
-    pending write."""
+    pending write; step ``i``'s channel ``step`` is ``"<ns or root>/<i>"`` at version ``i + 1``."""
     stored: list[RunnableConfig] = []
     parent: str | None = None
     for step in range(n):
         config = generate_config(thread_id, checkpoint_ns=ns, checkpoint_id=parent)
-        checkpoint = generate_checkpoint(channel_values={"step": step}, channel_versions={"step": step + 1})
+        value = f"{ns or 'root'}/{step}"
+        checkpoint = generate_checkpoint(channel_values={"step": value}, channel_versions={"step": step + 1})
         stored.append(saver.put(config, checkpoint, generate_metadata(step=step), {"step": step + 1}))
         saver.put_writes(stored[-1], [("note", f"after {step}")], f"task-{step}")
         parent = stored[-1]["configurable"]["checkpoint_id"]
@@ -226,7 +228,7 @@ def test_copy_thread_forks_the_session_by_reference(registry: Registry) -> None:
     assert (header.parent_session, header.seed_length) == (src, registry.length(src))
     assert registry.redis.llen(keys.session_log(dst)) == 0          # not one event copied
     copied = list(SessionforkSaver(registry).list(generate_config(target)))
-    assert [t.checkpoint["channel_values"]["step"] for t in copied] == list(range(49, -1, -1))
+    assert [t.checkpoint["channel_values"]["step"] for t in copied] == [f"root/{i}" for i in range(49, -1, -1)]
     assert copied[0].pending_writes == [("task-49", "note", "after 49")]
 
 
@@ -250,8 +252,22 @@ def test_namespaces_of_one_thread_never_mix(registry: Registry) -> None:
     assert [t.config for t in reader.list(generate_config(thread_id))] == root[::-1]
     assert [t.config for t in reader.list(generate_config(thread_id, checkpoint_ns="child:1"))] == child[::-1]
     latest = reader.get_tuple(generate_config(thread_id, checkpoint_ns="child:1"))
-    assert latest is not None and latest.checkpoint["channel_values"] == {"step": 1}
+    assert latest is not None and latest.checkpoint["channel_values"] == {"step": "child:1/1"}
     assert latest.pending_writes == [("task-1", "note", "after 1")]
+    first = reader.get_tuple(root[0])                               # version 1 in both namespaces
+    assert first is not None and first.checkpoint["channel_values"] == {"step": "root/0"}
+    newest_root = reader.get_tuple(generate_config(thread_id))
+    assert newest_root is not None and newest_root.config == root[-1]
+
+
+def test_a_task_write_stored_once_is_kept_and_a_special_write_replaced(registry: Registry) -> None:
+    saver, thread_id = SessionforkSaver(registry), f"writes-{uuid.uuid4()}"
+    stored = saver.put(generate_config(thread_id), generate_checkpoint(), generate_metadata(), {})
+    saver.put_writes(stored, [("ch", "first"), (INTERRUPT, "asked")], "task")
+    saver.put_writes(stored, [("ch", "again"), (INTERRUPT, "asked again")], "task")   # a retried task
+    read = SessionforkSaver(registry).get_tuple(stored)
+    assert read is not None
+    assert sorted(read.pending_writes or []) == [("task", INTERRUPT, "asked again"), ("task", "ch", "first")]
 
 
 def test_list_is_newest_first_whatever_order_the_puts_came_in(registry: Registry) -> None:
@@ -272,7 +288,7 @@ def test_prune_keeps_the_latest_checkpoint_with_its_writes_and_values(registry: 
     assert after is not None and after != before and not registry.exists(before or "")
     (kept,) = SessionforkSaver(registry).list(generate_config(thread_id))
     assert kept.config == stored[-1]
-    assert kept.checkpoint["channel_values"] == {"step": 3}
+    assert kept.checkpoint["channel_values"] == {"step": "root/3"}
     assert kept.pending_writes == [("task-3", "note", "after 3")]
     assert kept.parent_config is None                                # its parent is gone
 
