@@ -11,9 +11,9 @@ each through its sync methods, in this one process, one after the other:
 * **get/s**: ``gets`` ``get_tuple`` calls of that thread's newest checkpoint, by the saver that
   wrote it; **first get**: one by a new saver (a new connection; sessionfork's reads the log once);
 * **copy_thread**: a copy of a 10-step and of a ``long``-step thread (each step with one pending
-  write) into a new thread, the fastest of ``COPIES``. Neither peer implements ``copy_thread`` (``BaseCheckpointSaver``'s
-  raises ``NotImplementedError``): theirs is the copy a user writes, ``list`` oldest first and one
-  ``put`` and ``put_writes`` per checkpoint;
+  write) into a new thread, the fastest of ``COPIES``. Neither peer implements ``copy_thread``
+  (``BaseCheckpointSaver``'s raises ``NotImplementedError``): theirs is the copy a user writes,
+  ``list`` oldest first and one ``put`` and ``put_writes`` per checkpoint;
 * **bytes per checkpoint**: what the ``long``-step thread holds, over its checkpoints: Redis
   ``MEMORY USAGE`` of the session's keys, SQLite's pages, Postgres's ``pg_total_relation_size`` of
   its tables, each grown by that thread alone.
