@@ -64,7 +64,7 @@ def checkpoint(step: int) -> tuple[Checkpoint, ChannelVersions]:
     versions: ChannelVersions = {"step": step + 1, "text": step + 1}
     return Checkpoint(v=4, id=str(uuid6(clock_seq=step)), ts=datetime.now(UTC).isoformat(),
                       channel_values={"step": step, "text": f"{step}{TEXT}"}, channel_versions=versions,
-                      versions_seen={"node": {"step": step}}, pending_sends=[], updated_channels=None), versions
+                      versions_seen={"node": {"step": step}}, updated_channels=None), versions
 
 
 def build(saver: BaseCheckpointSaver[Any], thread_id: str, steps: int, *, writes: bool) -> RunnableConfig:
