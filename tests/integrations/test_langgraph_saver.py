@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import threading
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -314,6 +316,28 @@ def test_a_put_landing_during_a_prune_is_kept(registry: Registry) -> None:
     listed = list(SessionforkSaver(registry).list(generate_config(thread_id)))
     assert [t.checkpoint["id"] for t in listed] == [late["id"], stored[-1]["configurable"]["checkpoint_id"]]
     assert listed[0].checkpoint["channel_values"] == {"step": 99}
+
+
+def test_the_first_puts_of_one_thread_from_many_savers_share_one_session(registry: Registry) -> None:
+    savers, thread_id = [SessionforkSaver(registry) for _ in range(4)], f"first-{uuid.uuid4()}"
+    together, created, create = threading.Barrier(len(savers)), [], registry.create
+
+    def create_together(*args: Any, **kwargs: Any) -> Any:
+        together.wait(timeout=30)                                   # every saver creates before any names it
+        handle = create(*args, **kwargs)
+        created.append(handle.id)
+        return handle
+
+    registry.create = create_together  # type: ignore[method-assign]
+    checkpoints = [generate_checkpoint() for _ in savers]
+    with ThreadPoolExecutor(len(savers)) as pool:
+        list(pool.map(lambda i: savers[i].put(generate_config(thread_id), checkpoints[i], generate_metadata(), {}),
+                      range(len(savers))))
+    assert len(created) == len(savers)                              # the race happened: four sessions made
+    sid = savers[0].session_of(thread_id)
+    assert [c for c in created if registry.exists(c)] == [sid]      # one names the thread, the others deleted
+    listed = [t.checkpoint["id"] for t in SessionforkSaver(registry).list(generate_config(thread_id))]
+    assert sorted(listed) == sorted(c["id"] for c in checkpoints)
 
 
 def test_delete_for_runs_removes_only_those_runs_in_every_thread_copies_included(registry: Registry) -> None:
