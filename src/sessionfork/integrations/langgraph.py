@@ -105,6 +105,8 @@ class _Log:
     """(namespace, checkpoint id) -> (task id, idx) -> (task id, channel, value, task path)."""
     blobs: dict[tuple[str, str, str], list[str]] = field(default_factory=dict)
     """(namespace, channel, version) -> value."""
+    newest: dict[str, str] = field(default_factory=dict)
+    """namespace -> its greatest checkpoint id (a session's checkpoints are only ever added)."""
 
     def fold(self, events: Sequence[Event]) -> None:
         for event in events:
@@ -114,6 +116,8 @@ class _Log:
             if event.type == CHECKPOINT_EVENT:
                 ns = data["ns"]
                 self.checkpoints.setdefault(ns, {})[data["id"]] = data
+                if data["id"] > self.newest.get(ns, ""):
+                    self.newest[ns] = data["id"]
                 for channel, version, kind, value in data["blobs"]:
                     self.blobs[(ns, channel, str(version))] = [kind, value]
             elif event.type == WRITES_EVENT:
@@ -314,7 +318,7 @@ class SessionforkSaver(BaseCheckpointSaver[Any]):
             return None
         with self._lock:
             saved = log.checkpoints.get(ns, {})
-            wanted = get_checkpoint_id(config) or (max(saved) if saved else None)
+            wanted = get_checkpoint_id(config) or log.newest.get(ns)
             data = saved.get(wanted) if wanted else None
         if data is None:
             return None
@@ -619,7 +623,7 @@ def _taken(thread: str) -> ForkError:
 
 
 def _latest(log: _Log) -> set[tuple[str, str]]:
-    return {(ns, max(saved)) for ns, saved in log.checkpoints.items() if saved}
+    return {(ns, newest) for ns, newest in log.newest.items()}
 
 
 def _without(log: _Log, runs: set[str]) -> set[tuple[str, str]]:
