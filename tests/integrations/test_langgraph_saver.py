@@ -37,6 +37,7 @@ from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, gen
 from langgraph.checkpoint.serde.types import INTERRUPT
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
+from redis import Redis
 
 from sessionfork.core import keys
 from sessionfork.core.errors import ErrorCode, ForkError
@@ -372,3 +373,13 @@ def test_bad_input_is_a_typed_error_and_writes_nothing(registry: Registry) -> No
     assert "has checkpoints already" in raised.value.message
     assert registry.length(saver.session_of(thread_id) or "") == length
     assert len(list(saver.list(generate_config(other)))) == 1
+
+
+def test_a_put_over_the_event_size_limit_is_a_typed_error_and_stores_no_checkpoint(redis: Redis) -> None:
+    saver, thread_id = SessionforkSaver(Registry(redis, max_event_bytes=4096)), f"big-{uuid.uuid4()}"
+    small = saver.put(generate_config(thread_id), generate_checkpoint(), generate_metadata(step=0), {})
+    big = generate_checkpoint(channel_values={"text": "x" * 8192}, channel_versions={"text": 1})
+    with pytest.raises(ForkError) as raised:
+        saver.put(small, big, generate_metadata(step=1), {"text": 1})
+    assert raised.value.code is ErrorCode.INVALID_REQUEST
+    assert [t.config for t in SessionforkSaver(Registry(redis)).list(generate_config(thread_id))] == [small]

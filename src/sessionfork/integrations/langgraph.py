@@ -156,7 +156,8 @@ class SessionforkSaver(BaseCheckpointSaver[Any]):
     (``prune``, ``delete_for_runs``) loses none of them. Values are encoded by ``serde`` (LangGraph's
     ``JsonPlusSerializer`` by default); one event holds at most the registry's ``max_event_bytes``
     (1 MiB by default): a ``put`` whose new channel values exceed it is ``INVALID_REQUEST``, nothing
-    written. Errors are ``ForkError``.
+    written. The saver keeps, in memory, what it read of the 1,024 sessions it read
+    last. Errors are ``ForkError``.
     """
 
     def __init__(self, registry: Registry, *, serde: SerializerProtocol | None = None) -> None:
