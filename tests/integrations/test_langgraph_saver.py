@@ -20,6 +20,7 @@ from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their 
     cluster_registry_fixture,
 )
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES, Capability
 from langgraph.checkpoint.conformance.report import CapabilityReport
@@ -34,6 +35,7 @@ from langgraph.checkpoint.conformance.spec import (
     test_put_writes,
 )
 from langgraph.checkpoint.conformance.test_utils import generate_checkpoint, generate_config, generate_metadata
+from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.checkpoint.serde.types import INTERRUPT
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
@@ -186,6 +188,45 @@ def test_a_copied_thread_merges_back_and_its_source_continues_from_it(registry: 
     with pytest.raises(ForkError) as raised:
         saver.merge_thread(branch, main)
     assert raised.value.code is ErrorCode.ALREADY_MERGED
+
+
+def nested(checkpointer: BaseCheckpointSaver[Any]) -> Any:
+    """``planner`` with its question asked inside a subgraph (its checkpoints: a namespace of its own)."""
+    inner = StateGraph(Plan)
+    inner.add_node("ask", ask)
+    inner.add_edge(START, "ask")
+    inner.add_edge("ask", END)
+    outer = StateGraph(Plan)
+    outer.add_node("plan", plan)
+    outer.add_node("review", inner.compile())
+    outer.add_node("act", act)
+    outer.add_edge(START, "plan")
+    outer.add_edge("plan", "review")
+    outer.add_edge("review", "act")
+    outer.add_edge("act", END)
+    return outer.compile(checkpointer=checkpointer)
+
+
+def nested_run(first: BaseCheckpointSaver[Any], second: BaseCheckpointSaver[Any]) -> tuple[set[str], list[str]]:
+    """Run ``nested`` to its question on ``first``, resume it on ``second``: the namespaces stored
+    while it waited (the subgraph's id-free prefix) and the final steps."""
+    config = thread("nested")
+    nested(first).invoke({"steps": []}, config)
+    (task,) = nested(first).get_state(config, subgraphs=True).tasks
+    assert task.name == "review" and task.state is not None
+    stored = {t.config["configurable"]["checkpoint_ns"].split(":")[0] for t in first.list(
+        {"configurable": {"thread_id": config["configurable"]["thread_id"]}})}
+    done = nested(second).invoke(Command(resume="nested yes"), config)
+    return stored, done["steps"]
+
+
+def test_a_subgraph_interrupted_inside_resumes_from_its_namespace_as_over_langgraphs_own_saver(
+        registry: Registry) -> None:
+    memory = InMemorySaver()
+    ours = nested_run(SessionforkSaver(registry), SessionforkSaver(registry))
+    assert ours == nested_run(memory, memory)
+    assert ours[0] == {"", "review"}
+    assert ours[1][-1] == "act:nested yes"
 
 
 async def run_async(saver: SessionforkSaver, config: RunnableConfig) -> list[str]:
