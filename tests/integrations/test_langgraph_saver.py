@@ -302,6 +302,8 @@ def test_namespaces_of_one_thread_never_mix(registry: Registry) -> None:
     assert first is not None and first.checkpoint["channel_values"] == {"step": "root/0"}
     newest_root = reader.get_tuple(generate_config(thread_id))
     assert newest_root is not None and newest_root.config == root[-1]
+    root_id = root[0]["configurable"]["checkpoint_id"]              # a root checkpoint, asked of the child's
+    assert reader.get_tuple(generate_config(thread_id, checkpoint_ns="child:1", checkpoint_id=root_id)) is None
 
 
 def test_a_task_write_stored_once_is_kept_and_a_special_write_replaced(registry: Registry) -> None:
