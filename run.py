@@ -6,7 +6,8 @@
                                              (current RQ), then mypy and the worker, fault and hostile tests
                                              on RQ 2.12; installs Debian's chromium and prometheus first when missing
     python3 run.py bench [--quick] [--publish]  the benchmark (table on stdout, JSON in bench-results/), then
-                                             its RQ-dependent figures again on RQ 2.12; --publish: into the
+                                             its RQ-dependent figures again on RQ 2.12, then the LangGraph
+                                             checkpointers' (bench.langgraph); --publish: into the
                                              docs (docs/data/bench.json and the Performance page's table)
     python3 run.py worker [ARGS]             a worker (settings from REDIS_URL, SESSIONFORK_*)
     python3 run.py mutations [-j N] [--baseline] [--file F] [ID ...]
@@ -109,8 +110,9 @@ def ensure_system_packages(which: Callable[[str], str | None] = shutil.which, is
     return install_hint(still) if still else None
 
 
-TEST_EXTRAS = "test,docs,console"
-"""What the test command (and bench, mutations) installs: the suite's tools, the docs site's and the console's."""
+TEST_EXTRAS = "test,docs,console,langgraph"
+"""What the test command (and bench, mutations) installs: the suite's tools, the docs site's, the console's
+and the LangGraph integration's."""
 DEMO_EXTRAS = "embedded"
 """What ``demo`` and ``worker`` install: the embedded server, none of the test or docs tools."""
 
@@ -463,6 +465,10 @@ def main(argv: list[str]) -> int:
         rq2 = ensure_env(".venv-rq2", RQ2)
         quick = ["--quick"] if "--quick" in rest else []
         code = run(str(rq2 / "python"), "-m", "bench.main", "--queue-only", *quick, "--out", "bench-results/rq2")
+        if code:
+            return code
+        print("\n== LangGraph's checkpointers ==", flush=True)
+        code = run(py, "-m", "bench.langgraph", *quick)
         if code or not publish:
             return code
         return run(py, "-m", "bench.publish", "--results", "bench-results")

@@ -105,3 +105,10 @@ def test_rq_names_written_without_rq() -> None:
     assert rq_layout.job_key("r-1") == "rq:job:r-1"
     assert rq_layout.queue_key("sessionfork") == "rq:queue:sessionfork"
     assert rq_layout.QUEUES == "rq:queues"
+
+
+def test_langgraph_keys() -> None:
+    assert keys.langgraph_thread("t-1") == "sf:lg:t:t-1"
+    assert keys.langgraph_run("r-1") == "sf:lg:run:r-1"
+    assert keys.langgraph_thread_runs("t-1") == "sf:lg:truns:t-1"
+    assert keys.LANGGRAPH_THREADS == "sf:lg:threads"

@@ -179,7 +179,8 @@ def test_every_error_code_is_documented() -> None:
         assert f"| `{code.value}` |" in codes
 
 
-PUBLIC_MODULES = ["sessionfork", "sessionfork.client", "sessionfork.aio", "sessionfork.embedded"]
+PUBLIC_MODULES = ["sessionfork", "sessionfork.client", "sessionfork.aio", "sessionfork.embedded",
+                  "sessionfork.integrations.langgraph"]
 
 
 def test_the_api_reference_documents_the_public_names_and_nothing_else() -> None:

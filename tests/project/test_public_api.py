@@ -37,6 +37,9 @@ PUBLIC = {
         "EmbeddedCluster", "EmbeddedSentinel", "EmbeddedServer", "ServerNotAvailable", "find_server_binary",
         "free_cluster_port", "free_port", "wait_until",
     ],
+    "sessionfork.integrations.langgraph": [
+        "CHECKPOINT_EVENT", "MERGE_MARK", "STRATEGIES", "WRITES_EVENT", "SessionforkSaver",
+    ],
 }
 
 

@@ -208,7 +208,7 @@ def test_the_demo_installs_only_the_embedded_server_and_the_test_command_the_tes
     run.ensure_env(".venv", extras=run.DEMO_EXTRAS)
     assert installed[-1] == f"{tmp_path}[embedded]"
     run.ensure_env(".venv")
-    assert installed[-1] == f"{tmp_path}[test,docs,console]"
+    assert installed[-1] == f"{tmp_path}[test,docs,console,langgraph]"
     count = len(installed)
     run.ensure_env(".venv", extras=run.DEMO_EXTRAS)
     run.ensure_env(".venv")

@@ -88,6 +88,14 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
     sf:disposed            zset   retention index: disposed session ids, scored by disposal time
                                   (epoch ms); one key (on a cluster, written right after dispose)
 
+LangGraph checkpointer (``integrations.langgraph``; on the registry's connection, each key a slot of
+its own on a cluster)::
+
+    sf:lg:t:<thread id>    string the id of the session holding the thread's checkpoints (absent: none)
+    sf:lg:threads          set    every thread id given a session (entries of deleted threads removed)
+    sf:lg:run:<run id>     set    the thread ids with a checkpoint of that run (delete_for_runs)
+    sf:lg:truns:<thread id> set   the run ids of the thread's checkpoints (a copy joins their sets)
+
 Queue side (one Redis primary, the one RQ uses; never a cluster; a sharded queue: every shard's
 server holds these for the request ids routed to it)::
 
@@ -119,6 +127,7 @@ DISPOSED_INDEX = f"{PREFIX}:disposed"
 ENDED_INDEX = f"{PREFIX}:ended"
 SHARD_MARKER = f"{PREFIX}:shard"
 AUDIT_STREAM = f"{PREFIX}:audit"
+LANGGRAPH_THREADS = f"{PREFIX}:lg:threads"
 
 
 def session(session_id: str) -> str:
@@ -166,6 +175,21 @@ def session_merge_requests(session_id: str) -> str:
 def session_turns(session_id: str) -> str:
     """Turn index of the session's own events (list of ``2 * seq + (1 for turn/end)``)."""
     return f"{session(session_id)}:turns"
+
+
+def langgraph_thread(thread_id: str) -> str:
+    """The id of the session holding a LangGraph thread's checkpoints (string)."""
+    return f"{PREFIX}:lg:t:{thread_id}"
+
+
+def langgraph_run(run_id: str) -> str:
+    """The LangGraph threads holding a checkpoint of one run (set)."""
+    return f"{PREFIX}:lg:run:{run_id}"
+
+
+def langgraph_thread_runs(thread_id: str) -> str:
+    """The run ids of a LangGraph thread's checkpoints (set)."""
+    return f"{PREFIX}:lg:truns:{thread_id}"
 
 
 def request(request_id: str) -> str:
