@@ -29,6 +29,7 @@ class ErrorCode(StrEnum):
     WRONG_SHARD = "WRONG_SHARD"
     NOT_DESCENDANT = "NOT_DESCENDANT"
     ALREADY_MERGED = "ALREADY_MERGED"
+    INVALID_BUNDLE = "INVALID_BUNDLE"
 
 
 class ForkError(Exception):

@@ -33,6 +33,9 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                               retry merges the same range)
                                     batch     id of the last append call, batchseq its first seq
                                               (a retried append is recognised, never doubled)
+                                    imported  an imported session: the digest of its bundle
+                                              (``ops.bundles``); importedfrom its id in the bundle
+                                              when imported under a new id
                                   once deleted, a tombstone (the id is never reused):
                                     deleted   when (epoch ms)
                                     parent, seed, seedlen, lastend, seedend, summary  kept
@@ -78,6 +81,10 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                   the mark)
     sf:disposed            zset   retention index: disposed session ids, scored by disposal time
                                   (epoch ms); one key (on a cluster, written right after dispose)
+    sf:bundle:<digest>     hash   an import of a bundle (``ops.bundles``): state ("started", then
+                                  "done"), ids (JSON: each bundle id's id here), under (the parent
+                                  given, or ""): a second import of the same bundle is a no-op, a
+                                  killed one resumes with the same ids
 
 Queue side (one Redis primary, the one RQ uses; never a cluster; a sharded queue: every shard's
 server holds these for the request ids routed to it)::
@@ -152,6 +159,11 @@ def session_merges(session_id: str) -> str:
 def session_turns(session_id: str) -> str:
     """Turn index of the session's own events (list of ``2 * seq + (1 for turn/end)``)."""
     return f"{session(session_id)}:turns"
+
+
+def bundle_import(digest: str) -> str:
+    """The record of an import of the bundle whose digest is ``digest`` (hash)."""
+    return f"{PREFIX}:bundle:{digest}"
 
 
 def request(request_id: str) -> str:
