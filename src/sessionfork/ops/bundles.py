@@ -45,8 +45,8 @@ FORMAT: Final = 1
 PAGE: Final = 1000
 """Events read (export) or written (import) per round trip."""
 Mode = Literal["subtree", "lineage"]
-Progress = Callable[[int], None]
-"""Called with the number of events just exported or imported."""
+Progress = Callable[[int, int], None]
+"""Called with the number of events just exported or imported, and the bundle's total."""
 
 SCRIPTS = lua.table(lua.Spec("restore", ("record",), ("digest", "fields*"), __package__))
 
@@ -214,7 +214,7 @@ def export_bundle(registry: Registry, session_id: str, out: IO[bytes], *, mode: 
             for e in events:
                 put(wire.encode_event(e) + b"\n")
             if progress:
-                progress(len(events))
+                progress(len(events), manifest.events)
     for f in found:
         entry = f.entry
         assert entry is not None
@@ -226,10 +226,11 @@ def export_bundle(registry: Registry, session_id: str, out: IO[bytes], *, mode: 
             if len(raws) != min(page, f.own - start):
                 raise errors.not_found(f.sid)  # deleted meanwhile: its log freed
             for i, raw in enumerate(raws):
-                put(b"null\n" if raw == b"" else
-                    wire.encode_event(wire.decode_stored_event(raw if isinstance(raw, bytes) else raw.encode(), first + start + i)) + b"\n")
+                stored = raw if isinstance(raw, bytes) else raw.encode()
+                put(b"null\n" if stored == b"" else
+                    wire.encode_event(wire.decode_stored_event(stored, first + start + i)) + b"\n")
             if progress:
-                progress(len(raws))
+                progress(len(raws), manifest.events)
     out.write(_line.encode({"digest": digest.hexdigest()}) + b"\n")
     return manifest
 
@@ -521,7 +522,7 @@ def _write(registry: Registry, source: IO[bytes], checked: _Checked, ids: dict[s
         base = (next(lines) for _ in range(manifest.base))
         if inline and not root_done:
             redis.delete(keys.session_log(root_id), keys.session_turns(root_id), keys.session_merges(root_id))
-            seq = _push(redis, root_id, base, 0, True, progress)
+            seq = _push(redis, root_id, base, 0, True, progress, manifest.events)
         else:
             for _ in base:
                 pass
@@ -538,7 +539,7 @@ def _write(registry: Registry, source: IO[bytes], checked: _Checked, ids: dict[s
         if not (root and inline):
             redis.delete(keys.session_log(new), keys.session_turns(new), keys.session_merges(new))
             seq = entry.seed_length if isinstance(entry, Tombstone) else _seed_length(entry.header)
-        _push(redis, new, events, seq, isinstance(entry, Entry), progress)
+        _push(redis, new, events, seq, isinstance(entry, Entry), progress, manifest.events)
         if isinstance(entry, Tombstone):
             for at in range(0, len(entry.turns), PAGE):
                 redis.rpush(keys.session_turns(new), *entry.turns[at:at + PAGE])
@@ -569,7 +570,8 @@ def _write(registry: Registry, source: IO[bytes], checked: _Checked, ids: dict[s
     return written
 
 
-def _push(redis: Any, sid: str, stream: Iterator[bytes], seq: int, index: bool, progress: Progress | None) -> int:
+def _push(redis: Any, sid: str, stream: Iterator[bytes], seq: int, index: bool,
+          progress: Progress | None, total: int) -> int:
     """Append the event lines of ``stream`` (from ``seq`` on) to ``sid``'s own log and, with
     ``index``, their turn markers to its turn index: a page per round trip; the next seq."""
     for batch in _pages(stream):
@@ -582,7 +584,7 @@ def _push(redis: Any, sid: str, stream: Iterator[bytes], seq: int, index: bool, 
         pipe.execute()
         seq += len(batch)
         if progress:
-            progress(len(batch))
+            progress(len(batch), total)
     return seq
 
 
