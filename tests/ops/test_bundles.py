@@ -4,6 +4,9 @@ round trip, the refusals (truncated, corrupted, a taken id), a second import, th
 from __future__ import annotations
 
 import io
+import re
+import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,10 +14,12 @@ from typing import Any
 import msgspec
 import pytest
 from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_registry_fixture  # noqa: F401
-from helpers import turn
+from helpers import clean_environ, cli_args, turn
 from redis import Redis
+from waits import wait_until
 
 from sessionfork import ErrorCode, ForkError, NewEvent, Summary, fork, fork_many, merge, select
+from sessionfork.core import keys
 from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import bundles, lineage
@@ -61,7 +66,7 @@ def scenario(registry: Registry) -> str:
 
 def export(registry: Registry, root: str, mode: bundles.Mode = "subtree") -> bytes:
     out = io.BytesIO()
-    bundles.export_bundle(registry, root, out, mode=mode, page=7)
+    bundles.export_bundle(registry, root, out, mode=mode, page=7)  # pages smaller than a log: several per session
     return out.getvalue()
 
 
@@ -69,41 +74,201 @@ def opener(data: bytes) -> Any:
     return lambda: io.BytesIO(data)
 
 
-def logical(data: bytes) -> dict[str, Any]:
-    """A bundle as {id: (entry without ids it names but its own, its events)}: with a map of ids."""
-    lines = data.splitlines()
-    return {"lines": [msgspec.json.decode(line) for line in lines]}
+def readable(registry: Registry, ids: list[str]) -> dict[str, Any]:
+    """What each session reads as: its events, header, state, children."""
+    return {sid: ([msgspec.to_builtins(e) for e in registry.events(sid)], msgspec.to_builtins(registry.header(sid)),
+                  msgspec.to_builtins(registry.state_of(sid)), registry.children(sid))
+            for sid in ids if registry.exists(sid)}
 
 
-def everything(registry: Registry, ids: list[str]) -> dict[str, Any]:
-    """What each session reads as: its events, header, state, children (ids as given)."""
-    out = {}
-    for sid in ids:
-        if registry.exists(sid):
-            out[sid] = ([msgspec.to_builtins(e) for e in registry.events(sid)], msgspec.to_builtins(registry.header(sid)),
-                        msgspec.to_builtins(registry.state_of(sid)), registry.children(sid))
-    return out
+def canonical(data: bytes, back: dict[str, str] | None = None) -> dict[str, Any]:
+    """A bundle with each id mapped by ``back`` (an id here to its id in the bundle), as its manifest
+    (the session order aside), its base and each session's lines: comparable across id orders."""
+    text = data.decode()
+    for new, old in (back or {}).items():
+        text = text.replace(f'"{new}"', f'"{old}"').replace(f'\\"{new}\\"', f'\\"{old}\\"')
+    lines = [msgspec.json.decode(line) for line in text.splitlines()[:-1]]
+    manifest = lines[0]["bundle"]
+    sessions: dict[str, list[Any]] = {}
+    current: list[Any] = []
+    base = lines[1:1 + manifest["base"] + (1 if manifest["base"] else 0)]
+    for line in lines[len(base) + 1:]:
+        if isinstance(line, dict) and ("session" in line or "tombstone" in line):
+            item = line.get("session") or line["tombstone"]
+            current = sessions.setdefault(item["header"]["id"] if "header" in item else item["id"], [])
+        current.append(line)
+    return {"manifest": {**manifest, "sessions": sorted(manifest["sessions"])}, "base": base, "sessions": sessions}
 
 
 def test_a_subtree_round_trips_to_another_server_byte_for_byte(registry: Registry, target: Registry) -> None:
     root = scenario(registry)
     first = export(registry, root)
     manifest = msgspec.json.decode(first.splitlines()[0])["bundle"]
-    assert manifest["root"] == "root" and manifest["base"] == 4
+    assert manifest["root"] == "root" and manifest["base"] == 4  # its ancestor deleted: its seed is the base
     assert set(manifest["sessions"]) == {"root", "fan-0", "fan-1", "fan-2", "sum", "sum-child", "mid", "leaf"}
     done = bundles.import_bundle(target, opener(first))
     assert done.written == 8 and done.ids["leaf"] == "leaf"
     assert export(target, root) == first
     ids = [s for s in manifest["sessions"] if s != "mid"]
-    assert everything(target, ids) == everything(registry, ids) | {
-        "root": everything(target, ["root"])["root"]}  # the root's children hold the same ids
-    assert [msgspec.to_builtins(e) for e in target.events("leaf")] == \
-        [msgspec.to_builtins(e) for e in registry.events("leaf")]
-    assert not target.exists("mid") and target.state_of("mid").state == "deleted"
-    tree = lineage.lineage(target, root)
-    assert sorted(c.id for c in tree.root.children) == sorted(c.id for c in lineage.lineage(registry, root).root.children)
-    # the imported sessions work: fork, append, merge
-    target.append("fan-1", turn(20))
+    assert readable(target, ids) == readable(registry, ids)
+    assert target.state_of("mid").state == "deleted"  # the tombstone its child reads through
+    assert lineage.render_text(lineage.lineage(target, root)).replace(" ", "") == \
+        lineage.render_text(lineage.lineage(registry, root)).replace(" ", "")
+    target.append("fan-1", turn(20))  # the imported sessions are sessions: append, fork, merge
     child = fork(target, "leaf", "leaf-child")
-    assert target.events(child.id)[-1].type == "turn/end"
+    assert [e.type for e in target.events(child.id)] == [e.type for e in registry.events("leaf")]
+    target.append(child.id, turn(21))
+    merged = merge(target, "leaf", child.id, mode="events")
+    assert merged.length == 27
 
+
+def test_a_lineage_export_starts_at_the_oldest_ancestor_still_there(registry: Registry) -> None:
+    scenario(registry)
+    manifest = msgspec.json.decode(export(registry, "leaf", "lineage").splitlines()[0])["bundle"]
+    assert (manifest["root"], manifest["asked"], manifest["mode"]) == ("root", "leaf", "lineage")
+    assert len(manifest["sessions"]) == 8
+    assert msgspec.json.decode(export(registry, "leaf").splitlines()[0])["bundle"]["sessions"] == ["leaf"]
+
+
+def test_new_ids_into_a_cluster_and_back_give_the_same_bundle_modulo_ids(
+        registry: Registry, cluster_registry: Registry, target: Registry) -> None:
+    first = export(registry, scenario(registry))
+    done = bundles.import_bundle(cluster_registry, opener(first), new_ids=True)
+    assert done.written == 8 and set(done.ids) == set(done.ids.values()) ^ set(done.ids.values()) | set(done.ids)
+    assert not set(done.ids) & set(done.ids.values())  # every id is new
+    back = {new: old for old, new in done.ids.items()}
+    for old, new in done.ids.items():  # provenance: each record names its bundle and its id there
+        assert cluster_registry.redis.hmget(keys.session(new), ["imported", "importedfrom"]) == \
+            [done.digest.encode(), old.encode()]
+    second = export(cluster_registry, done.ids["root"])
+    assert canonical(second, back) == canonical(first)
+    leaf = done.ids["leaf"]
+    assert [msgspec.to_builtins(e) for e in cluster_registry.events(leaf)] == \
+        [msgspec.to_builtins(e) for e in registry.events("leaf")]
+    third = bundles.import_bundle(target, opener(second))  # cluster to a single server, ids kept
+    assert third.written == 8 and export(target, done.ids["root"]) == second
+
+
+def test_a_depth_1000_chain_round_trips(registry: Registry, cluster_registry: Registry) -> None:
+    registry.append(registry.create("c-0"), turn(0))
+    for i in range(1, 1000):
+        fork(registry, f"c-{i - 1}", f"c-{i}")
+        registry.append(f"c-{i}", turn(i))
+    first = export(registry, "c-0")
+    assert msgspec.json.decode(first.splitlines()[0])["bundle"]["events"] == 4000
+    assert bundles.import_bundle(cluster_registry, opener(first)).written == 1000
+    assert export(cluster_registry, "c-0") == first
+    assert [e.data for e in cluster_registry.events("c-999")][-4:] == [e.data for e in registry.events("c-999")][-4:]
+    assert len(cluster_registry.events("c-999")) == 4000
+
+
+def keyspace(registry: Registry) -> list[bytes]:
+    return sorted(registry.redis.keys("*"))
+
+
+def test_a_truncated_or_corrupted_bundle_is_refused_with_nothing_written(registry: Registry,
+                                                                           target: Registry) -> None:
+    first = export(registry, scenario(registry))
+    cuts = [*[m.end() for m in re.finditer(b"\n", first)][:-1], len(first) - 3, 10]
+    for cut in cuts:
+        with pytest.raises(ForkError) as refused:
+            bundles.import_bundle(target, opener(first[:cut]))
+        assert refused.value.code is ErrorCode.INVALID_BUNDLE and "truncated" in refused.value.message, cut
+    corrupted = first.replace(b'"answer 11"', b'"answer 12"', 1)
+    with pytest.raises(ForkError) as refused:
+        bundles.import_bundle(target, opener(corrupted))
+    assert refused.value.code is ErrorCode.INVALID_BUNDLE and "corrupted" in refused.value.message
+    assert keyspace(target) == []
+
+
+def test_a_taken_id_is_refused_before_anything_is_written(registry: Registry, target: Registry) -> None:
+    first = export(registry, scenario(registry))
+    target.create("leaf")  # the last session of the bundle
+    before = keyspace(target)
+    with pytest.raises(ForkError) as refused:
+        bundles.import_bundle(target, opener(first))
+    assert refused.value.code is ErrorCode.SESSION_ALREADY_EXISTS and "leaf" in refused.value.message
+    assert keyspace(target) == before
+
+
+def test_importing_the_same_bundle_again_is_a_no_op(registry: Registry, target: Registry) -> None:
+    first = export(registry, scenario(registry))
+    done = bundles.import_bundle(target, opener(first), new_ids=True)
+    lifecycle = target.redis.xlen(keys.LIFECYCLE_STREAM)
+    again = bundles.import_bundle(target, opener(first), new_ids=True)
+    assert (again.written, again.ids, again.digest) == (0, done.ids, done.digest)
+    assert target.redis.xlen(keys.LIFECYCLE_STREAM) == lifecycle
+
+
+def test_under_a_parent_the_root_references_its_events(registry: Registry) -> None:
+    scenario(registry)
+    data = export(registry, "fan-1")  # base: root's first 8 events
+    done = bundles.import_bundle(registry, opener(data), new_ids=True, under="root")
+    copy = done.ids["fan-1"]
+    assert registry.events(copy) == registry.events("fan-1")
+    assert copy in registry.children("root") and registry.header(copy).parent_session == "root"
+    seed = registry.redis.hget(keys.session(copy), "seed")
+    assert msgspec.json.decode(seed) == [["anc", 0, 4], ["root", 0, 4]]  # root's slices, not a copy of them
+    assert registry.redis.llen(keys.session_log(copy)) == 4  # its own turn only
+    before = keyspace(registry)
+    with pytest.raises(ForkError) as refused:
+        bundles.import_bundle(registry, opener(export(registry, "sum")), new_ids=True, under="fan-0")
+    assert refused.value.code is ErrorCode.INVALID_BUNDLE and "base" in refused.value.message
+    assert keyspace(registry) == before
+
+
+def chain(registry: Registry, n: int) -> None:
+    registry.append(registry.create("k-0"), turn(0))
+    for i in range(1, n):
+        fork(registry, f"k-{i - 1}", f"k-{i}")
+        registry.append(f"k-{i}", turn(i))
+
+
+def test_an_import_killed_midway_resumes_when_run_again(registry: Registry, target: Registry,
+                                                        other_server: EmbeddedServer, tmp_path: Path) -> None:
+    chain(registry, 1500)
+    path = tmp_path / "chain.bundle"
+    path.write_bytes(export(registry, "k-0"))
+    url = f"redis://127.0.0.1:{other_server.port}/0"
+    proc = subprocess.Popen(cli_args(url, "import", str(path)), env=clean_environ(), stdout=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: target.redis.xlen(keys.LIFECYCLE_STREAM) >= 100, 60, "100 sessions imported")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    landed = target.redis.xlen(keys.LIFECYCLE_STREAM)
+    assert proc.returncode == -signal.SIGKILL and 100 <= landed < 1500, landed  # killed midway
+    digest = msgspec.json.decode(path.read_bytes().splitlines()[-1])["digest"]
+    assert target.redis.hget(keys.bundle_import(digest), "state") == b"started"
+    again = subprocess.run(cli_args(url, "import", str(path)), env=clean_environ(), capture_output=True, check=True)
+    done = msgspec.json.decode(again.stdout)
+    assert done["written"] == 1500 - landed or done["written"] == 1500 - landed + 1, (done["written"], landed)
+    assert target.redis.hget(keys.bundle_import(digest), "state") == b"done"
+    assert export(target, "k-0") == path.read_bytes()
+
+
+def test_the_commands_export_and_import_and_answer_errors_in_one_line(registry: Registry, target: Registry,
+                                                                      other_server: EmbeddedServer,
+                                                                      server: EmbeddedServer,
+                                                                      tmp_path: Path) -> None:
+    scenario(registry)
+    path = tmp_path / "root.bundle"
+    source, there = f"redis://127.0.0.1:{server.port}/0", f"redis://127.0.0.1:{other_server.port}/0"
+    out = subprocess.run(cli_args(source, "export", "root", "-o", str(path)), env=clean_environ(),
+                         capture_output=True, check=True)
+    assert msgspec.json.decode(out.stdout) == {"file": str(path), "root": "root", "sessions": 8, "events": 44,
+                                               "base": 4}
+    assert path.read_bytes() == export(registry, "root")
+    out = subprocess.run(cli_args(there, "import", str(path), "--new-ids"), env=clean_environ(),
+                         capture_output=True, check=True)
+    assert msgspec.json.decode(out.stdout)["written"] == 8
+    path.write_bytes(path.read_bytes()[:-20])
+    bad = subprocess.run(cli_args(there, "import", str(path)), env=clean_environ(), capture_output=True)
+    assert bad.returncode == 1 and bad.stderr.decode().startswith("error: INVALID_BUNDLE: the bundle is truncated")
+    assert bad.stderr.count(b"\n") == 1
+    missing = subprocess.run(cli_args(source, "export", "nope", "-o", str(tmp_path / "x")), env=clean_environ(),
+                             capture_output=True)
+    assert missing.returncode == 1 and missing.stderr == b'error: SESSION_NOT_FOUND: session "nope" not found\n'
+    assert not (tmp_path / "x").exists() and [p.name for p in tmp_path.iterdir()] == ["root.bundle"]

@@ -12,7 +12,8 @@ from . import admin, bundle_commands, merge_commands, queue_commands
 from .app import cli
 
 __all__ = ["cli", "main"]
-_COMMANDS = (admin, bundle_commands, merge_commands, queue_commands)  # importing them registers their commands on ``cli``
+# Importing them registers their commands on ``cli``.
+_COMMANDS = (admin, bundle_commands, merge_commands, queue_commands)
 
 
 def main() -> None:

@@ -240,18 +240,21 @@ def _seed_length(header: Header) -> int:
 
 
 def _top(registry: Registry, sid: str) -> str:
-    """The oldest ancestor of ``sid`` still there (``sid`` itself when its parent is gone)."""
+    """The oldest ancestor of ``sid`` that is not deleted (``sid`` itself when it has none): the
+    walk goes up through deleted ancestors that descendants still read (their tombstones keep their
+    parent), and ends where a record is gone."""
     top = sid
     header, parent = registry.redis.hmget(keys.session(sid), ["header", "parent"])
     if header is None:
         raise errors.not_found(sid)
     seen = {sid}
     while (up := records.parent_of(header, parent)) is not None and up not in seen:
-        header, parent = registry.redis.hmget(keys.session(up), ["header", "parent"])
-        if header is None:  # deleted (a tombstone has no header) or gone
-            break
-        top = up
         seen.add(up)
+        header, parent, deleted = registry.redis.hmget(keys.session(up), ["header", "parent", "deleted"])
+        if header is None and deleted is None:
+            break
+        if header is not None:
+            top = up
     return top
 
 
@@ -274,14 +277,18 @@ def _walk(registry: Registry, top: str) -> list[_Found]:
         needs = redis.pipeline(transaction=False)
         for parent, cid in frontier:
             needs.zscore(keys.session_needs(parent or cid), cid)
-            needs.lrange(keys.session_turns(cid), 0, -1)
         need_replies = needs.execute()
+        # A tombstone's turn index (its markers may point into its freed prefix): read only for those.
+        tombstones = [cid for i, (_, cid) in enumerate(frontier) if replies[6 * i][4] is not None]
+        turns = redis.pipeline(transaction=False)
+        for cid in tombstones:
+            turns.lrange(keys.session_turns(cid), 0, -1)
+        turn_lists = dict(zip(tombstones, turns.execute() if tombstones else [], strict=True))
         next_frontier: list[tuple[str | None, str]] = []
         for i, (parent, cid) in enumerate(frontier):
             fields, merges, disposed, ended, llen, children = replies[6 * i: 6 * i + 6]
-            need, turns = need_replies[2 * i: 2 * i + 2]
-            found = _Found(cid, fields, merges, disposed, ended, None if parent is None else need)
-            found.entry = _entry_of(found, int(llen), [int(t) for t in turns])
+            found = _Found(cid, fields, merges, disposed, ended, None if parent is None else need_replies[i])
+            found.entry = _entry_of(found, int(llen), [int(t) for t in turn_lists.get(cid, [])])
             if found.entry is None:
                 if parent is None:
                     raise errors.not_found(cid)
@@ -471,6 +478,9 @@ def import_bundle(registry: Registry, open_bundle: Callable[[], IO[bytes]], *, n
         raise invalid(f"this bundle was imported under {rules.echo(wire.text(stored_under or b'')) or 'no parent'}")
     if stored_ids is not None:
         ids: dict[str, str] = msgspec.json.decode(stored_ids)
+        if state == b"started" and new_ids == all(k == v for k, v in ids.items()):
+            kept = "--new-ids" if new_ids else "--keep-ids"
+            raise invalid(f"an import of this bundle with other ids is under way: run it again without {kept}")
     else:
         ids = {sid: registry.state.new_id() if new_ids else sid for sid in manifest.sessions}
     done = Imported(digest=checked.digest, ids=ids, sessions=len(ids), events=manifest.events, written=0)
@@ -550,7 +560,7 @@ def _write(registry: Registry, source: IO[bytes], checked: _Checked, ids: dict[s
         owner = under if root else ids[_parent_of(entry)]
         if owner is not None:
             redis.sadd(keys.session_children(owner), new)
-            if not isinstance(entry.need, UnsetType):
+            if not isinstance(entry.need, UnsetType) and not root:
                 redis.zadd(keys.session_needs(owner), {new: entry.need})
         if isinstance(entry, Entry):
             if not isinstance(entry.disposed_at, UnsetType):
@@ -647,8 +657,8 @@ def _record_fields(registry: Registry, entry: Entry | Tombstone, ids: dict[str, 
         return fields
     header = entry.header
     new = ids[header.id]
-    if under is not None:
-        header = msgspec.structs.replace(header, id=new, parent_session=under, seed_length=base)
+    if under is not None:  # a plain child of ``under``: its seed is under's first events
+        header = msgspec.structs.replace(header, id=new, parent_session=under, seed_length=base, kept_from=UNSET)
     elif header.parent_session is not UNSET and header.parent_session in ids:
         header = msgspec.structs.replace(header, id=new, parent_session=ids[header.parent_session])
     else:
@@ -675,7 +685,7 @@ def _record_fields(registry: Registry, entry: Entry | Tombstone, ids: dict[str, 
         fields["abandoned"] = entry.abandoned_by
     if not isinstance(entry.edits, UnsetType):
         fields["edits"] = entry.edits
-    if entry.summary is not UNSET:
+    if entry.summary is not UNSET and under is None:
         fields["summary"] = _line.encode(entry.summary)
     if not isinstance(entry.last_end, UnsetType):
         fields["lastend"] = entry.last_end
