@@ -8,7 +8,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import click
 import msgspec
@@ -92,10 +92,6 @@ def import_command(obj: Context, file: Path, keep_ids: bool, parent: str | None)
     whole (INVALID_BUNDLE) or an id taken (SESSION_ALREADY_EXISTS), nothing written; a killed
     import resumes when run again."""
     registry = obj.registry()
-
-    def opened() -> IO[bytes]:
-        return open(file, "rb")
-
     with _progress("import") as progress:
-        done = bundles.import_bundle(registry, opened, new_ids=not keep_ids, under=parent, progress=progress)
+        done = bundles.import_bundle(registry, file, new_ids=not keep_ids, under=parent, progress=progress)
     click.echo(msgspec.json.encode(done).decode())

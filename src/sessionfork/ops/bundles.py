@@ -3,7 +3,7 @@ into any store (``export_bundle``, ``import_bundle``).
 
 A bundle is JSON lines, read and written in order, never whole:
 
-1. ``{"bundle": Manifest}``: the format version, the root, the session ids (parents before
+1. ``{"bundle": BundleManifest}``: the format version, the root, the session ids (parents before
    children), the counts;
 2. ``{"base": {"session": <root>, "events": S}}`` and S event lines (seqs ``0..S-1``): the root's
    seed, materialised once (its ancestors are outside the bundle); absent when the root has none;
@@ -26,7 +26,9 @@ one resume, with the same ids, when run again.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any, Final, Literal
@@ -51,7 +53,7 @@ Progress = Callable[[int, int], None]
 SCRIPTS = lua.table(lua.Spec("restore", ("record",), ("digest", "fields*"), __package__))
 
 
-class Manifest(msgspec.Struct, rename="camel", kw_only=True):
+class BundleManifest(msgspec.Struct, rename="camel", kw_only=True):
     """A bundle's first line: what it holds."""
 
     format: int
@@ -120,20 +122,24 @@ class Base(msgspec.Struct, kw_only=True):
 
 
 class Imported(msgspec.Struct, rename="camel", kw_only=True):
-    """What ``import_bundle`` did: the bundle's ``digest``; ``ids`` maps each session of the bundle
-    to its id in the store (the same with ``keep_ids``); ``sessions`` and ``events`` the bundle's
-    counts; ``written`` the sessions this call wrote (0: imported before, a no-op)."""
+    """What ``import_bundle`` did (``sessionfork import`` prints it as JSON)."""
 
     digest: str
+    """The bundle's digest (sha256 of its content, hex): its identity in the store."""
     ids: dict[str, str]
+    """Each session of the bundle and its id in the store (itself, unless imported with new ids)."""
     sessions: int
+    """The bundle's sessions."""
     events: int
+    """The bundle's events (its base's and every session's own)."""
     written: int
+    """The sessions this call wrote: all of them, fewer for a resumed import, 0 when the bundle was
+    imported before (a no-op)."""
 
 
 _line = msgspec.json.Encoder()
 _any = msgspec.json.Decoder()
-_manifest = msgspec.json.Decoder(dict[Literal["bundle"], Manifest])
+_manifest = msgspec.json.Decoder(dict[Literal["bundle"], BundleManifest])
 
 
 class _Item(msgspec.Struct, forbid_unknown_fields=True):
@@ -183,7 +189,7 @@ class _Found:
 
 
 def export_bundle(registry: Registry, session_id: str, out: IO[bytes], *, mode: Mode = "subtree",
-                  progress: Progress | None = None, page: int = PAGE) -> Manifest:
+                  progress: Progress | None = None, page: int = PAGE) -> BundleManifest:
     """Write the bundle of ``session_id``'s subtree (``mode="subtree"``: it and every descendant) or
     of its whole lineage (``"lineage"``: from its oldest ancestor still there) to ``out``; returns
     its manifest. Events appended to a session after the walk read its record are left out (each
@@ -198,7 +204,7 @@ def export_bundle(registry: Registry, session_id: str, out: IO[bytes], *, mode: 
         raise errors.not_found(sid)
     root = found[0].entry
     base = 0 if root.header.seed_length is UNSET else root.header.seed_length
-    manifest = Manifest(format=FORMAT, root=top, asked=sid, mode=mode, sessions=[f.sid for f in found],
+    manifest = BundleManifest(format=FORMAT, root=top, asked=sid, mode=mode, sessions=[f.sid for f in found],
                         events=base + sum(f.own for f in found), base=base)
     digest = hashlib.sha256()
 
@@ -227,6 +233,8 @@ def export_bundle(registry: Registry, session_id: str, out: IO[bytes], *, mode: 
                 raise errors.not_found(f.sid)  # deleted meanwhile: its log freed
             for i, raw in enumerate(raws):
                 stored = raw if isinstance(raw, bytes) else raw.encode()
+                if stored == b"" and isinstance(entry, Entry):
+                    raise errors.not_found(f.sid)  # deleted meanwhile: its log freed
                 put(b"null\n" if stored == b"" else
                     wire.encode_event(wire.decode_stored_event(stored, first + start + i)) + b"\n")
             if progress:
@@ -342,7 +350,7 @@ class _Checked:
     """What the check of a whole bundle found (no events kept)."""
 
     digest: str
-    manifest: Manifest
+    manifest: BundleManifest
     parents: set[str] = field(default_factory=set)
 
 
@@ -353,10 +361,12 @@ def _lines(source: IO[bytes]) -> Iterator[bytes]:
         yield line
 
 
-def check_bundle(source: IO[bytes], *, compare_base: Callable[[int, list[bytes]], None] | None = None) -> _Checked:
-    """Read the whole bundle once and check it: its shape and its digest (``INVALID_BUNDLE`` for a
-    truncated, corrupted or foreign file). ``compare_base`` is given each page of base events (the
-    first seq, their lines)."""
+def check_bundle(source: IO[bytes], *, max_event_bytes: int = 1024 * 1024,
+                 compare_base: Callable[[int, list[bytes]], None] | None = None) -> _Checked:
+    """Read the whole bundle once and check it: its shape, each event (``type`` text, ``seq`` in
+    order, ``time`` an integer, at most ``max_event_bytes`` stored), each seed within its parent's
+    log, and its digest (``INVALID_BUNDLE`` for a truncated, corrupted or foreign file).
+    ``compare_base`` is given each page of base events (the first seq, their lines)."""
     digest = hashlib.sha256()
     lines = _lines(source)
 
@@ -392,8 +402,11 @@ def check_bundle(source: IO[bytes], *, compare_base: Callable[[int, list[bytes]]
                 raise invalid(f"event {first + i} of {what} is not JSON") from None
             if value is None and holes:
                 continue
-            if not isinstance(value, dict) or value.get("seq") != first + i or not isinstance(value.get("type"), str):
+            if not isinstance(value, dict) or value.get("seq") != first + i or not isinstance(value.get("type"), str) \
+                    or not value["type"] or type(value.get("time")) is not int:
                 raise invalid(f"line of event {first + i} of {what} is not that event")
+            if len(_stored(line)) > max_event_bytes:
+                raise invalid(f"event {first + i} of {what} is over the limit of {max_event_bytes} bytes")
             if compare_base is not None and what == "the base":
                 page.append(line)
                 if len(page) == PAGE:
@@ -408,21 +421,27 @@ def check_bundle(source: IO[bytes], *, compare_base: Callable[[int, list[bytes]]
         if base.session != manifest.root or base.events != manifest.base:
             raise invalid("the base is not the root's seed the manifest names")
         events(0, base.events, False, "the base")
-    seen: set[str] = set()
+    lengths: dict[str, int] = {}  # each session's length (seed included): what its children may read
     for i, sid in enumerate(manifest.sessions):
         entry = _decode(_entry, take(f"session {sid}"), f"session {sid}").one()
         own_id = entry.id if isinstance(entry, Tombstone) else entry.header.id
         if own_id != sid:
             raise invalid(f"session {rules.echo(own_id)} is not {rules.echo(sid)}, the manifest's next")
         parent = entry.parent if isinstance(entry, Tombstone) else entry.header.parent_session
-        if i and (not isinstance(parent, str) or parent not in seen):
-            raise invalid(f"session {rules.echo(sid)}'s parent is not before it in the bundle")
-        if i and isinstance(parent, str):
-            checked.parents.add(parent)
         if i == 0 and isinstance(entry, Tombstone):
             raise invalid("the bundle's root is a tombstone")
-        seen.add(sid)
         first = entry.seed_length if isinstance(entry, Tombstone) else _seed_length(entry.header)
+        kept = entry.kept_from if isinstance(entry, Tombstone) else entry.header.kept_from
+        if i == 0 and first != manifest.base:
+            raise invalid(f"the root's seed is {first} events, not the base's {manifest.base}")
+        if i:
+            if not isinstance(parent, str) or parent not in lengths:
+                raise invalid(f"session {rules.echo(sid)}'s parent is not before it in the bundle")
+            end = first if isinstance(kept, UnsetType) else kept + first - 1
+            if first < 0 or end > lengths[parent] or (not isinstance(kept, UnsetType) and (kept < 1 or first < 1)):
+                raise invalid(f"session {rules.echo(sid)}'s seed is not within its parent's {lengths[parent]} events")
+            checked.parents.add(parent)
+        lengths[sid] = first + entry.events
         events(first, entry.events, isinstance(entry, Tombstone), f"session {sid}")
     if count != manifest.events:
         raise invalid(f"the bundle holds {count} events, not the {manifest.events} its manifest counts")
@@ -446,10 +465,10 @@ def _decode(decoder: msgspec.json.Decoder[Any], line: bytes, what: str) -> Any:
         raise invalid(f"{what}: not the line the bundle's format has there ({exc})") from None
 
 
-def import_bundle(registry: Registry, open_bundle: Callable[[], IO[bytes]], *, new_ids: bool = False,
-                  under: str | None = None, progress: Progress | None = None) -> Imported:
-    """Import the bundle that ``open_bundle()`` opens (it is read twice: checked whole, then
-    written) into ``registry``'s store, a single server or a cluster.
+def import_bundle(registry: Registry, source: str | os.PathLike[str] | Callable[[], IO[bytes]], *,
+                  new_ids: bool = False, under: str | None = None, progress: Progress | None = None) -> Imported:
+    """Import the bundle file at ``source`` (or that ``source()`` opens: it is read twice, checked
+    whole, then written) into ``registry``'s store, a single server or a cluster.
 
     ``new_ids``: every session gets a new id (``Imported.ids``; each record keeps its bundle id,
     field ``importedfrom``); else each keeps its own. ``under``: the root becomes a child of that
@@ -461,14 +480,15 @@ def import_bundle(registry: Registry, open_bundle: Callable[[], IO[bytes]], *, n
     digest: ``written`` 0); an import killed midway resumes, with the same ids, when run again.
     """
     redis = registry.redis
+    open_bundle: Callable[[], IO[bytes]] = source if callable(source) else functools.partial(_open, source)
     parent = None if under is None else rules.check_id(under)
     compare = None
     if parent is not None:
         if not registry.exists(parent):
             raise errors.not_found(parent)
         compare = _base_comparer(registry, parent)
-    with open_bundle() as source:
-        checked = check_bundle(source, compare_base=compare)
+    with open_bundle() as stream:
+        checked = check_bundle(stream, max_event_bytes=registry.state.max_event_bytes, compare_base=compare)
     manifest = checked.manifest
     if parent is not None and registry.length(parent) < manifest.base:
         raise invalid(f"session {rules.echo(parent)} has fewer events than the bundle's base ({manifest.base})")
@@ -489,10 +509,14 @@ def import_bundle(registry: Registry, open_bundle: Callable[[], IO[bytes]], *, n
     _check_free(registry, checked.digest, [ids[s] for s in manifest.sessions])
     if state is None:
         redis.hset(mark, mapping={"state": "started", "ids": _line.encode(ids), "under": parent or ""})
-    with open_bundle() as source:
-        done.written = _write(registry, source, checked, ids, parent, progress)
+    with open_bundle() as stream:
+        done.written = _write(registry, stream, checked, ids, parent, progress)
     redis.hset(mark, "state", "done")
     return done
+
+
+def _open(path: str | os.PathLike[str]) -> IO[bytes]:
+    return open(path, "rb")
 
 
 def _base_comparer(registry: Registry, parent: str) -> Callable[[int, list[bytes]], None]:
