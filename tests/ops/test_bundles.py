@@ -3,6 +3,7 @@ round trip, the refusals (truncated, corrupted, a taken id), a second import, th
 
 from __future__ import annotations
 
+import hashlib
 import io
 import re
 import signal
@@ -95,6 +96,7 @@ def canonical(data: bytes, back: dict[str, str] | None = None) -> dict[str, Any]
     for line in lines[len(base) + 1:]:
         if isinstance(line, dict) and ("session" in line or "tombstone" in line):
             item = line.get("session") or line["tombstone"]
+            item["merges"] = sorted(item.get("merges", []))  # sorted by the ids of the store it came from
             current = sessions.setdefault(item["header"]["id"] if "header" in item else item["id"], [])
         current.append(line)
     return {"manifest": {**manifest, "sessions": sorted(manifest["sessions"])}, "base": base, "sessions": sessions}
@@ -160,6 +162,9 @@ def test_a_depth_1000_chain_round_trips(registry: Registry, cluster_registry: Re
     assert export(cluster_registry, "c-0") == first
     assert [e.data for e in cluster_registry.events("c-999")][-4:] == [e.data for e in registry.events("c-999")][-4:]
     assert len(cluster_registry.events("c-999")) == 4000
+    for sid in ("c-999", "c-500", "c-1"):  # each seed stored as the fork stored it: the leaf's as references
+        assert cluster_registry.redis.hget(keys.session(sid), "seed") == registry.redis.hget(keys.session(sid), "seed")
+    assert len(msgspec.json.decode(cluster_registry.redis.hget(keys.session("c-999"), "seed"))) == 2
 
 
 def keyspace(registry: Registry) -> list[bytes]:
@@ -178,6 +183,29 @@ def test_a_truncated_or_corrupted_bundle_is_refused_with_nothing_written(registr
     with pytest.raises(ForkError) as refused:
         bundles.import_bundle(target, opener(corrupted))
     assert refused.value.code is ErrorCode.INVALID_BUNDLE and "corrupted" in refused.value.message
+    assert keyspace(target) == []
+
+
+def resigned(data: bytes) -> bytes:
+    """``data`` with its digest line made again: a bundle edited by hand, whole and consistent."""
+    body = data[:data.rstrip(b"\n").rfind(b"\n") + 1]
+    return body + msgspec.json.encode({"digest": hashlib.sha256(body).hexdigest()}) + b"\n"
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    (b'"parentSession":"mid","seedLength":16', b'"parentSession":"mid","seedLength":99', "seed is not within"),
+    (b'"seq":17,"time":', b'"seq":17,"clock":', "is not that event"),
+    (b'"type":"turn/start","seq":16', b'"type":"turn/start","seq":15', "is not that event"),
+    (b'"parent":"fan-0"', b'"parent":"leaf"', "parent is not before it"),
+])
+def test_a_bundle_edited_by_hand_is_checked_whole_before_anything_is_written(
+        registry: Registry, target: Registry, old: bytes, new: bytes, message: str) -> None:
+    first = export(registry, scenario(registry))
+    edited = first.replace(old, new, 1)
+    assert edited != first
+    with pytest.raises(ForkError) as refused:
+        bundles.import_bundle(target, opener(resigned(edited)))
+    assert refused.value.code is ErrorCode.INVALID_BUNDLE and message in refused.value.message, refused.value
     assert keyspace(target) == []
 
 
@@ -212,7 +240,7 @@ def test_under_a_parent_the_root_references_its_events(registry: Registry) -> No
     assert registry.redis.llen(keys.session_log(copy)) == 4  # its own turn only
     before = keyspace(registry)
     with pytest.raises(ForkError) as refused:
-        bundles.import_bundle(registry, opener(export(registry, "sum")), new_ids=True, under="fan-0")
+        bundles.import_bundle(registry, opener(export(registry, "sum")), new_ids=True, under="root")  # long enough
     assert refused.value.code is ErrorCode.INVALID_BUNDLE and "base" in refused.value.message
     assert keyspace(registry) == before
 
