@@ -197,7 +197,7 @@ def resigned(data: bytes) -> bytes:
     (b'"seq":17,"time":', b'"seq":17,"clock":', "is not that event"),
     (b'"type":"turn/start","seq":16', b'"type":"turn/start","seq":15', "is not that event"),
     (b'"parent":"fan-0"', b'"parent":"leaf"', "parent is not before it"),
-])
+], ids=["seed", "time", "seq", "parent"])
 def test_a_bundle_edited_by_hand_is_checked_whole_before_anything_is_written(
         registry: Registry, target: Registry, old: bytes, new: bytes, message: str) -> None:
     first = export(registry, scenario(registry))
