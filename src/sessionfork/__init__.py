@@ -3,7 +3,8 @@
 The public API is what ``__all__`` lists here and in ``sessionfork.client``, ``sessionfork.aio``
 and ``sessionfork.embedded`` (each pinned by a test, each name in the API reference); everything
 else is private and may change. This module is the agent host's side (the registry, forks,
-merges and selects, snapshots, branch diff, bundles) and the types a fork's request and reply are made of; it imports no RQ.
+merges and selects, snapshots, branch diff, bundles) and the types a fork's request and reply are
+made of; it imports no RQ.
 """
 
 from importlib.metadata import PackageNotFoundError as _NotInstalled

@@ -194,7 +194,9 @@ def export_bundle(registry: Registry, session_id: str, out: IO[bytes], *, mode: 
     of its whole lineage (``"lineage"``: from its oldest ancestor still there) to ``out``; returns
     its manifest. Events appended to a session after the walk read its record are left out (each
     session's log is read as of then: logs only grow). ``SESSION_NOT_FOUND`` for a session never
-    created or deleted, before anything is written; ``progress`` is called with each page's count.
+    created or deleted, before anything is written (one deleted during the export raises it too:
+    what ``out`` holds then has no digest line, so no import takes it). ``progress`` is called with
+    each page's event count and the bundle's total; ``page``: events per round trip.
     """
     sid = rules.check_id(session_id)
     redis = registry.redis
@@ -205,7 +207,7 @@ def export_bundle(registry: Registry, session_id: str, out: IO[bytes], *, mode: 
     root = found[0].entry
     base = 0 if root.header.seed_length is UNSET else root.header.seed_length
     manifest = BundleManifest(format=FORMAT, root=top, asked=sid, mode=mode, sessions=[f.sid for f in found],
-                        events=base + sum(f.own for f in found), base=base)
+                              events=base + sum(f.own for f in found), base=base)
     digest = hashlib.sha256()
 
     def put(line: bytes) -> None:
@@ -478,6 +480,7 @@ def import_bundle(registry: Registry, source: str | os.PathLike[str] | Callable[
     every id it takes is free (``SESSION_ALREADY_EXISTS``) and ``under`` exists and starts with the
     base (``SESSION_NOT_FOUND``, ``INVALID_BUNDLE``). A bundle imported before is a no-op (by its
     digest: ``written`` 0); an import killed midway resumes, with the same ids, when run again.
+    The file must not change between the two reads (it is checked whole before the second).
     """
     redis = registry.redis
     open_bundle: Callable[[], IO[bytes]] = source if callable(source) else functools.partial(_open, source)
@@ -494,8 +497,10 @@ def import_bundle(registry: Registry, source: str | os.PathLike[str] | Callable[
         raise invalid(f"session {rules.echo(parent)} has fewer events than the bundle's base ({manifest.base})")
     mark = keys.bundle_import(checked.digest)
     state, stored_ids, stored_under = redis.hmget(mark, ["state", "ids", "under"])
-    if state is not None and wire.text(stored_under or b"") != (parent or ""):
-        raise invalid(f"this bundle was imported under {rules.echo(wire.text(stored_under or b'')) or 'no parent'}")
+    first_under = wire.text(stored_under or b"")
+    if state is not None and first_under != (parent or ""):
+        was = f"under {rules.echo(first_under)}" if first_under else "with no parent"
+        raise invalid(f"this bundle was imported {was} before, not under {rules.echo(parent) if parent else 'none'}")
     if stored_ids is not None:
         ids: dict[str, str] = msgspec.json.decode(stored_ids)
         if state == b"started" and new_ids == all(k == v for k, v in ids.items()):
@@ -529,6 +534,8 @@ def _base_comparer(registry: Registry, parent: str) -> Callable[[int, list[bytes
 
 
 def _check_free(registry: Registry, digest: str, targets: list[str]) -> None:
+    """``SESSION_ALREADY_EXISTS`` for the first of ``targets`` that is taken, but by this bundle's
+    import (a resumed one): one pipelined round trip."""
     pipe = registry.redis.pipeline(transaction=False)
     for sid in targets:
         pipe.exists(keys.session(sid))
@@ -549,7 +556,7 @@ def _write(registry: Registry, source: IO[bytes], checked: _Checked, ids: dict[s
     next(lines)  # the manifest
     root_id = ids[manifest.root]
     inline = under is None and manifest.base > 0  # the root's log holds its seed: its ancestors are not here
-    root_done = bool(redis.exists(keys.session(root_id)))
+    root_done = _written(redis, root_id, checked.digest)
     seq = 0
     if manifest.base:
         next(lines)  # the base's line
@@ -566,7 +573,7 @@ def _write(registry: Registry, source: IO[bytes], checked: _Checked, ids: dict[s
         new = ids[sid]
         events = (next(lines) for _ in range(entry.events))
         root = i == 0
-        if (root_done if root else redis.exists(keys.session(new))):  # written by the run this one resumes
+        if root_done if root else _written(redis, new, checked.digest):  # by the run this one resumes
             for _ in events:
                 pass
             continue
@@ -602,6 +609,16 @@ def _write(registry: Registry, source: IO[bytes], checked: _Checked, ids: dict[s
             state.emit(redis, "session/created", new, int(fields["len"]))
         written += 1
     return written
+
+
+def _written(redis: Any, sid: str, digest: str) -> bool:
+    """Whether this bundle's import wrote ``sid`` already; ``SESSION_ALREADY_EXISTS`` when another
+    session (or tombstone) took the id since the check."""
+    if not redis.exists(keys.session(sid)):
+        return False
+    if redis.hget(keys.session(sid), "imported") != digest.encode():
+        raise errors.already_exists(sid)
+    return True
 
 
 def _push(redis: Any, sid: str, stream: Iterator[bytes], seq: int, index: bool,
