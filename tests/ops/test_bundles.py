@@ -8,6 +8,7 @@ import io
 import re
 import signal
 import subprocess
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -302,3 +303,32 @@ def test_the_commands_export_and_import_and_answer_errors_in_one_line(registry: 
                              capture_output=True)
     assert missing.returncode == 1 and missing.stderr == b'error: SESSION_NOT_FOUND: session "nope" not found\n'
     assert not (tmp_path / "x").exists() and [p.name for p in tmp_path.iterdir()] == ["root.bundle"]
+
+
+class Sink(io.RawIOBase):
+    """A binary file that keeps only how many bytes it was given."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.size += len(data)
+        return len(data)
+
+
+def test_an_export_holds_a_page_of_events_never_a_log(registry: Registry) -> None:
+    registry.create("big")
+    for t in range(0, 20_000, 1000):
+        registry.append("big", [NewEvent("user/message", {"text": "x" * 200, "n": t + i}) for i in range(1000)])
+    sink = Sink()
+    tracemalloc.start()
+    try:
+        bundles.export_bundle(registry, "big", sink)  # type: ignore[arg-type]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert sink.size > 4_000_000  # the bundle: 20,000 events of ~240 bytes
+    assert peak < sink.size / 4, (peak, sink.size)  # a page of 1,000 events and their decoded form
