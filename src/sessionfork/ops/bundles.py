@@ -407,7 +407,7 @@ def check_bundle(source: IO[bytes], *, max_event_bytes: int = 1024 * 1024,
             if not isinstance(value, dict) or value.get("seq") != first + i or not isinstance(value.get("type"), str) \
                     or not value["type"] or type(value.get("time")) is not int:
                 raise invalid(f"line of event {first + i} of {what} is not that event")
-            if len(_stored(line)) > max_event_bytes:
+            if len(_stored(value)[0]) > max_event_bytes:
                 raise invalid(f"event {first + i} of {what} is over the limit of {max_event_bytes} bytes")
             if compare_base is not None and what == "the base":
                 page.append(line)
@@ -627,9 +627,10 @@ def _push(redis: Any, sid: str, stream: Iterator[bytes], seq: int, index: bool,
     ``index``, their turn markers to its turn index: a page per round trip; the next seq."""
     for batch in _pages(stream):
         pipe = redis.pipeline(transaction=False)
-        pipe.rpush(keys.session_log(sid), *[_stored(line) for line in batch])
-        marks = [2 * (seq + j) + (t == rules.TURN_END) for j, line in enumerate(batch)
-                 if (t := _type(line)) is not None and rules.is_marker(t)] if index else []
+        stored = [_stored(_any.decode(line)) for line in batch]
+        pipe.rpush(keys.session_log(sid), *[raw for raw, _ in stored])
+        marks = [2 * (seq + j) + (t == rules.TURN_END) for j, (_, t) in enumerate(stored)
+                 if rules.is_marker(t)] if index else []
         if marks:
             pipe.rpush(keys.session_turns(sid), *marks)
         pipe.execute()
@@ -650,19 +651,15 @@ def _pages(stream: Iterator[bytes]) -> Iterator[list[bytes]]:
         yield batch
 
 
-def _stored(line: bytes) -> bytes:
-    """An event line as the log stores it (without ``seq``; a freed position: ``""``)."""
-    value = _any.decode(line)
+def _stored(value: dict[str, Any] | None) -> tuple[bytes, str]:
+    """An event line's value as the log stores it (without ``seq``; a freed position: ``""``) and
+    its type (``""`` for a freed position)."""
     if value is None:
-        return b""
-    value.pop("seq")
-    kind, time_ms, data = value.pop("type"), value.pop("time"), value.pop("data", None)
-    return _line.encode({"type": kind, "time": time_ms, "data": data, **value})
-
-
-def _type(line: bytes) -> str | None:
-    value = _any.decode(line)
-    return None if value is None else str(value["type"])
+        return b"", ""
+    body = dict(value)
+    body.pop("seq")
+    kind, time_ms, data = body.pop("type"), body.pop("time"), body.pop("data", None)
+    return _line.encode({"type": kind, "time": time_ms, "data": data, **body}), str(kind)
 
 
 def _parent_of(entry: Entry | Tombstone) -> str:
