@@ -294,6 +294,11 @@ def test_the_commands_export_and_import_and_answer_errors_in_one_line(registry: 
     assert msgspec.json.decode(out.stdout) == {"file": str(path), "root": "root", "sessions": 8, "events": 44,
                                                "base": 4}
     assert path.read_bytes() == export(registry, "root")
+    whole = subprocess.run(cli_args(source, "export", "leaf", "--lineage", "-o", str(tmp_path / "l.bundle")),
+                           env=clean_environ(), capture_output=True, check=True)
+    assert msgspec.json.decode(whole.stdout)["root"] == "root" and (tmp_path / "l.bundle").read_bytes() == \
+        export(registry, "leaf", "lineage")
+    (tmp_path / "l.bundle").unlink()
     out = subprocess.run(cli_args(there, "import", str(path), "--new-ids"), env=clean_environ(),
                          capture_output=True, check=True)
     assert msgspec.json.decode(out.stdout)["written"] == 8
