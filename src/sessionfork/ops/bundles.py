@@ -669,11 +669,13 @@ def _parent_of(entry: Entry | Tombstone) -> str:
 
 
 def _ids_in(text: str, ids: dict[str, str]) -> str:
-    """A merges index field or value with each bundle id in it mapped (JSON array fields; values
-    name request ids and seqs only)."""
+    """A merges index field (a JSON array naming a session) with its bundle id mapped; a value, or
+    a field whose id keeps its id, as it is."""
     if not text.startswith("["):
         return text
     items = _any.decode(text)
+    if not any(isinstance(x, str) and ids.get(x, x) != x for x in items):
+        return text
     return wire.text(_line.encode([ids.get(x, x) if isinstance(x, str) else x for x in items]))
 
 
