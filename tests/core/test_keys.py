@@ -37,6 +37,7 @@ def test_session_needs_key() -> None:
 
 def test_request_key_has_no_hash_tag() -> None:
     assert keys.request("r1") == "sf:req:r1"
+    assert keys.bundle_import("ab12") == "sf:bundle:ab12"
 
 
 def test_default_queue_name() -> None:
