@@ -242,10 +242,12 @@ REPORT_ENV = "SESSIONFORK_MUTATION_REPORT"
 LUA_CHECK = """
 from sessionfork.core import lua
 from sessionfork.embedded import EmbeddedServer
+from sessionfork.ops import bundles
 from sessionfork.protocol import enqueue
 from sessionfork.worker import outcomes
 with EmbeddedServer() as server, server.client() as redis:
-    for spec in [*lua.SCRIPTS.values(), *outcomes.SCRIPTS.values(), enqueue.SPEC, enqueue.OUTCOME_SPEC]:
+    for spec in [*lua.SCRIPTS.values(), *outcomes.SCRIPTS.values(), enqueue.SPEC, enqueue.OUTCOME_SPEC,
+                 *bundles.SCRIPTS.values()]:
         redis.script_load(lua.source(f"{spec.name}.lua", spec.package))
     enqueue.load_library(redis)
 """

@@ -39,6 +39,10 @@ def test_request_key_has_no_hash_tag() -> None:
     assert keys.request("r1") == "sf:req:r1"
 
 
+def test_a_bundle_import_record_is_named_by_the_bundles_digest() -> None:
+    assert keys.bundle_import("ab12") == "sf:bundle:ab12"
+
+
 def test_default_queue_name() -> None:
     assert keys.DEFAULT_QUEUE == "sessionfork"
 

@@ -38,6 +38,9 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                               of its candidates (dropped and ignored as a plan)
                                     batch     id of the last append call, batchseq its first seq
                                               (a retried append is recognised, never doubled)
+                                    imported  an imported session: the digest of its bundle
+                                              (``ops.bundles``); importedfrom its id in the bundle
+                                              when imported under a new id
                                   once deleted, a tombstone (the id is never reused):
                                     deleted   when (epoch ms)
                                     parent, seed, seedlen, lastend, seedend, summary  kept
@@ -87,6 +90,10 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                   the mark)
     sf:disposed            zset   retention index: disposed session ids, scored by disposal time
                                   (epoch ms); one key (on a cluster, written right after dispose)
+    sf:bundle:<digest>     hash   an import of a bundle (``ops.bundles``): state ("started", then
+                                  "done"), ids (JSON: each bundle id's id here), under (the parent
+                                  given, or ""): a second import of the same bundle is a no-op, a
+                                  killed one resumes with the same ids
 
 LangGraph checkpointer (``integrations.langgraph``; on the registry's connection, each key a slot of
 its own on a cluster)::
@@ -190,6 +197,11 @@ def langgraph_run(run_id: str) -> str:
 def langgraph_thread_runs(thread_id: str) -> str:
     """The run ids of a LangGraph thread's checkpoints (set)."""
     return f"{PREFIX}:lg:truns:{thread_id}"
+
+
+def bundle_import(digest: str) -> str:
+    """The record of an import of the bundle whose digest is ``digest`` (hash)."""
+    return f"{PREFIX}:bundle:{digest}"
 
 
 def request(request_id: str) -> str:
