@@ -78,6 +78,8 @@ _CACHED = 1024
 """Sessions whose folded log a saver keeps (least recently read dropped first)."""
 _MOVED = (ErrorCode.SESSION_NOT_FOUND, ErrorCode.SESSION_NOT_LIVE)
 _PACKAGE = __name__.rpartition(".")[0]
+SCRIPTS = lua.table(lua.Spec("swap", ("pointer",), ("held", "moved"), _PACKAGE))
+"""The saver's one script: ``swap`` moves a thread's pointer only if it still names the session it held."""
 
 Typed = tuple[str, bytes]
 
@@ -164,7 +166,7 @@ class SessionforkSaver(BaseCheckpointSaver[Any]):
         super().__init__(serde=serde)
         self.registry = registry
         """The registry holding the threads' sessions."""
-        self._swap = lua.register(registry.redis, "swap.lua", _PACKAGE)
+        self._scripts = lua.Scripts(registry.redis, SCRIPTS)
         self._lock = threading.Lock()
         self._logs: OrderedDict[str, _Log] = OrderedDict()
         self._pointers: dict[str, str] = {}
@@ -412,7 +414,7 @@ class SessionforkSaver(BaseCheckpointSaver[Any]):
             sid = self.session_of(thread)
             if sid is None:
                 break
-            if self._swap(keys=[keys.langgraph_thread(thread)], args=[sid, ""]):
+            if self._scripts("swap", pointer=keys.langgraph_thread(thread), held=sid, moved=""):
                 self._drop(sid)
                 break
         self._pointers.pop(thread, None)
@@ -512,7 +514,7 @@ class SessionforkSaver(BaseCheckpointSaver[Any]):
             handle = self.registry.create()
             for start in range(0, len(events), _CHUNK):
                 self.registry.append(handle, events[start:start + _CHUNK])
-            if not self._swap(keys=[pointer], args=[sid, handle.id]):
+            if not self._scripts("swap", pointer=pointer, held=sid, moved=handle.id):
                 self._drop(handle.id)
                 continue
             self._pointers[thread] = handle.id
