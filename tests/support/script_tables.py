@@ -1,5 +1,6 @@
 """Every Lua script of the project, by name: the session core's table, the worker's, the enqueue
-script's, the bundles' and the LangGraph saver's (each layer owns its own; the tests and ``run.py``'s Lua check see them all)."""
+script's, the bundles' and the LangGraph saver's (each layer owns its own; the tests and
+``run.py``'s Lua check see them all)."""
 
 from __future__ import annotations
 
