@@ -6,7 +6,8 @@
                                              (current RQ), then mypy and the worker, fault and hostile tests
                                              on RQ 2.12; installs Debian's chromium and prometheus first when missing
     python3 run.py bench [--quick] [--publish]  the benchmark (table on stdout, JSON in bench-results/), then
-                                             its RQ-dependent figures again on RQ 2.12; --publish: into the
+                                             its RQ-dependent figures again on RQ 2.12, then the LangGraph
+                                             checkpointers' (bench.langgraph); --publish: into the
                                              docs (docs/data/bench.json and the Performance page's table)
     python3 run.py worker [ARGS]             a worker (settings from REDIS_URL, SESSIONFORK_*)
     python3 run.py mutations [-j N] [--baseline] [--file F] [ID ...]
@@ -53,11 +54,14 @@ SLOWEST = 25  # each pytest phase prints its slowest tests (--durations)
 # The system packages the suite needs, from Debian, each with the commands that show it installed (of
 # each tuple, one name on PATH): chromium, the headless browser of the lineage page test
 # (tests/support/browser.py looks for either name); prometheus, the server and its promtool, for the
-# shipped alert rules and dashboard (tests/support/prometheus.py). One apt-get installs what is missing.
+# shipped alert rules and dashboard (tests/support/prometheus.py); nodejs and npm, which build and test
+# the TypeScript client (tests/integrations/test_typescript_client.py). One apt-get installs what is missing.
 BROWSERS = ("chromium", "chromium-browser")
 SYSTEM_PACKAGES: dict[str, tuple[tuple[str, ...], ...]] = {
     "chromium": (BROWSERS,),
     "prometheus": (("prometheus",), ("promtool",)),
+    "nodejs": (("node", "nodejs"),),
+    "npm": (("npm",),),
 }
 APT_UPDATE = ("apt-get", "update", "-qq")
 APT_INSTALL = ("apt-get", "install", "-y", "-qq")
@@ -73,7 +77,8 @@ def install_hint(packages: list[str]) -> str:
     """The one-line instruction printed when ``packages`` are missing and cannot be installed here."""
     names = " ".join(packages)
     return (f"error: the test suite needs Debian's {', '.join(packages)} (chromium: the lineage page test's "
-            "headless browser; prometheus: the server and promtool that check the shipped alert rules); install "
+            "headless browser; prometheus: the server and promtool that check the shipped alert rules; nodejs "
+            "and npm: the TypeScript client's build and tests); install "
             f"with `apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {names}` (as root), "
             "then run python3 run.py test again")
 
@@ -94,7 +99,7 @@ def ensure_system_packages(which: Callable[[str], str | None] = shutil.which, is
         is_root = hasattr(os, "geteuid") and os.geteuid() == 0
     if not is_root or which("apt-get") is None:
         return install_hint(missing)
-    print(f"installing Debian's {', '.join(missing)} (the suite's browser and Prometheus) ...", flush=True)
+    print(f"installing Debian's {', '.join(missing)} (the suite's browser, Prometheus, Node.js) ...", flush=True)
     for cmd in (APT_UPDATE, (*APT_INSTALL, *missing)):  # dpkg's progress is noise unless it fails
         done = sh(list(cmd), env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}, stdout=subprocess.PIPE,
                   stderr=subprocess.STDOUT, text=True)
@@ -105,8 +110,9 @@ def ensure_system_packages(which: Callable[[str], str | None] = shutil.which, is
     return install_hint(still) if still else None
 
 
-TEST_EXTRAS = "test,docs,console"
-"""What the test command (and bench, mutations) installs: the suite's tools, the docs site's and the console's."""
+TEST_EXTRAS = "test,docs,console,langgraph"
+"""What the test command (and bench, mutations) installs: the suite's tools, the docs site's, the console's
+and the LangGraph integration's."""
 DEMO_EXTRAS = "embedded"
 """What ``demo`` and ``worker`` install: the embedded server, none of the test or docs tools."""
 
@@ -236,10 +242,12 @@ REPORT_ENV = "SESSIONFORK_MUTATION_REPORT"
 LUA_CHECK = """
 from sessionfork.core import lua
 from sessionfork.embedded import EmbeddedServer
+from sessionfork.ops import bundles
 from sessionfork.protocol import enqueue
 from sessionfork.worker import outcomes
 with EmbeddedServer() as server, server.client() as redis:
-    for spec in [*lua.SCRIPTS.values(), *outcomes.SCRIPTS.values(), enqueue.SPEC, enqueue.OUTCOME_SPEC]:
+    for spec in [*lua.SCRIPTS.values(), *outcomes.SCRIPTS.values(), enqueue.SPEC, enqueue.OUTCOME_SPEC,
+                 *bundles.SCRIPTS.values()]:
         redis.script_load(lua.source(f"{spec.name}.lua", spec.package))
     enqueue.load_library(redis)
 """
@@ -459,6 +467,10 @@ def main(argv: list[str]) -> int:
         rq2 = ensure_env(".venv-rq2", RQ2)
         quick = ["--quick"] if "--quick" in rest else []
         code = run(str(rq2 / "python"), "-m", "bench.main", "--queue-only", *quick, "--out", "bench-results/rq2")
+        if code:
+            return code
+        print("\n== LangGraph's checkpointers ==", flush=True)
+        code = run(py, "-m", "bench.langgraph", *quick)
         if code or not publish:
             return code
         return run(py, "-m", "bench.publish", "--results", "bench-results")

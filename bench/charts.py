@@ -25,7 +25,12 @@ FORK_US: Final = "fork µs, {}-event parent"
 FORK_BYTES: Final = "Redis bytes/child, {}-event parent"
 DEPTHS: Final = (1, 100, 1000)
 DEPTH_BYTES: Final = "Redis bytes/child, lineage depth {}"
-SINGLE_FORK: Final = "single-fork requests/s (1 worker, median of rounds)"
+QUEUED: Final = "forks/s, one worker process, requests queued first (median of rounds)"
+"""The headline figure: one worker process draining a queued backlog (the README and the page quote it)."""
+PEERS: Final = (("Huey\nno-op jobs", "Huey no-op (8 threads, no results) jobs/s"),
+                 ("Dramatiq\nno-op jobs", "Dramatiq no-op (8 threads) jobs/s"),
+                 ("RQ Simple-\nWorker no-op", "RQ SimpleWorker no-op jobs/s"))
+"""The peers measured beside it in the same rounds, each a baseline of the headline's rows."""
 FILES: Final = ("fork-time.svg", "fork-bytes.svg", "throughput.svg", "lineage-depth.svg")
 
 
@@ -114,20 +119,25 @@ def _figures(snapshot: dict[str, Any]) -> dict[tuple[str, str], float]:
     return out
 
 
+def _baselines(snapshot: dict[str, Any]) -> dict[tuple[str, str], float]:
+    """Each baseline's value by (figure, baseline) name: one baseline name may carry another value
+    under another figure (RQ's no-op jobs/s of the single-fork rounds and of the per-process ones)."""
+    return {(f["figure"], f["baseline"]): f["baselineValue"] for f in snapshot["runs"][0]["figures"]}
+
+
 def charts(snapshot: dict[str, Any]) -> dict[str, str]:
     """Each chart's file name (``FILES``) and SVG text, from the snapshot's first run (the current RQ)."""
     figures = _figures(snapshot)
+    baselines = _baselines(snapshot)
     sizes = [f"{n:,} events" for n in PARENT_SIZES]
-    rq = snapshot["runs"][0]["rq"]
     return {
         "fork-time.svg": line_chart("Fork time by the parent's length", "µs per fork", sizes,
                                     [figures[(FORK_US.format(n), "")] for n in PARENT_SIZES]),
         "fork-bytes.svg": line_chart("Redis memory per child by the parent's length", "bytes per child", sizes,
                                      [figures[(FORK_BYTES.format(n), "")] for n in PARENT_SIZES]),
-        "throughput.svg": bar_chart(f"One worker's forks/s, RQ {rq}'s no-op jobs/s", "per second", [
-            ("sessionfork\nforks", figures[(SINGLE_FORK, "")]),
-            ("RQ SimpleWorker\nno-op jobs", figures[("RQ SimpleWorker no-op jobs/s", "")]),
-            ("RQ Worker\nno-op jobs", figures[("RQ Worker no-op jobs/s", "")])]),
+        "throughput.svg": bar_chart("One worker process, its jobs queued first", "jobs per second", [
+            ("sessionfork\nforks", figures[(QUEUED, "")]),
+            *((label, baselines[(QUEUED, baseline)]) for label, baseline in PEERS)]),
         "lineage-depth.svg": line_chart("Redis memory per child by lineage depth", "bytes per child",
                                         [f"depth {d:,}" for d in DEPTHS],
                                         [figures[(DEPTH_BYTES.format(d), "")] for d in DEPTHS]),
@@ -146,6 +156,6 @@ def markdown(snapshot: dict[str, Any]) -> str:
         "",
         "![Fork time by the parent's length: flat from 10 to 100,000 events](charts/fork-time.svg)",
         "![Redis memory per child by the parent's length: flat](charts/fork-bytes.svg)",
-        "![One worker's forks/s against RQ's no-op jobs/s](charts/throughput.svg)",
+        "![One worker process's forks/s against Huey's, Dramatiq's and RQ's no-op jobs/s](charts/throughput.svg)",
         "![Redis memory per child by lineage depth: flat](charts/lineage-depth.svg)",
     ])

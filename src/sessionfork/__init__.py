@@ -3,7 +3,8 @@
 The public API is what ``__all__`` lists here and in ``sessionfork.client``, ``sessionfork.aio``
 and ``sessionfork.embedded`` (each pinned by a test, each name in the API reference); everything
 else is private and may change. This module is the agent host's side (the registry, forks,
-merges and selects, snapshots, branch diff) and the types a fork's request and reply are made of; it imports no RQ.
+merges and selects, snapshots, branch diff, bundles) and the types a fork's request and reply are
+made of; it imports no RQ.
 """
 
 from importlib.metadata import PackageNotFoundError as _NotInstalled
@@ -36,6 +37,7 @@ from .core.wire import (
     SessionState,
     Summary,
 )
+from .ops.bundles import BundleManifest, Imported, export_bundle, import_bundle
 from .ops.diff import Diff, diff
 
 try:
@@ -45,6 +47,7 @@ except _NotInstalled:  # a source tree run without installing it
     __version__ = "0+unknown"
 
 __all__ = [
+    "BundleManifest",
     "ChildError",
     "Diff",
     "ErrorCode",
@@ -54,6 +57,7 @@ __all__ = [
     "ForkFailure",
     "ForkResult",
     "Header",
+    "Imported",
     "LiveHandle",
     "MergeFailure",
     "MergeOptions",
@@ -73,8 +77,10 @@ __all__ = [
     "Snapshot",
     "Summary",
     "diff",
+    "export_bundle",
     "fork",
     "fork_many",
+    "import_bundle",
     "merge",
     "select",
     "snapshot",

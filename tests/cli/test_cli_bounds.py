@@ -230,3 +230,38 @@ def test_health_behind_hung_sentinels_fails_within_the_time_given(frozen: Embedd
     assert_one_error_line(stderr)
     assert "within 2s" in stderr
     assert took < start + 2 + 1.0, (took, start)
+
+
+def slow_start(url: str, seconds: float, *args: str) -> list[str]:
+    """``sessionfork --redis-url URL ARGS...`` in a process whose start takes ``seconds`` more
+    before the CLI is imported: a loaded machine's slow interpreter start, made certain."""
+    code = (f"import runpy, sys, time; time.sleep({seconds}); sys.argv = ['sessionfork', *sys.argv[1:]]; "
+            "runpy.run_module('sessionfork', run_name='__main__')")
+    return [sys.executable, "-c", code, "--redis-url", url, *args]
+
+
+@pytest.mark.serial
+def test_health_answers_within_its_timeout_counted_from_its_start(frozen: EmbeddedServer) -> None:
+    """``health --timeout 3`` ends 3 s after the process started, the interpreter's start counted,
+    not 3 s after the start: within 3 s, or a second (``MIN_WORK``) past a start that took
+    longer (the start: a run that touches no server, measured first, and the 1.5 s added)."""
+    from sessionfork.cli.queue_commands import MIN_WORK
+
+    _, _, start = run(None, "--help")
+    began = time.monotonic()
+    out = subprocess.run(slow_start(frozen.url, 1.5, "health", "--timeout", "3"), env=clean_environ(),
+                         capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    took = time.monotonic() - began
+    assert out.returncode == UNREACHABLE, out.stderr
+    assert_one_error_line(out.stderr.decode())  # the cut's, or a command's time-out at the same deadline
+    assert took < max(3, start + 1.5 + MIN_WORK) + 1.0, (took, start)  # 1 s: a start's spread, the exit
+
+
+@pytest.mark.serial
+def test_health_still_asks_the_server_when_its_start_took_the_whole_timeout(server: EmbeddedServer) -> None:
+    """A start longer than ``--timeout`` leaves the Redis work a second: a reachable server
+    answers (no worker: unhealthy, 1), rather than a time-out that would call it unreachable (3)."""
+    out = subprocess.run(slow_start(server.url, 1.5, "health", "--timeout", "1"), env=clean_environ(),
+                         capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == ERROR_CODE, out.stderr
+    assert out.stderr.decode().startswith("unhealthy: no worker with a fresh heartbeat"), out.stderr

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from importlib.metadata import version
+from pathlib import Path
 
 import click
 import pytest
@@ -17,7 +19,7 @@ from redis import Redis
 from worker_fixtures import client_fixture, source_fixture, worker_fixture  # noqa: F401
 
 import sessionfork
-from sessionfork.cli import cli
+from sessionfork.cli import cli, merge_commands
 from sessionfork.clients.client import Client
 from sessionfork.core import config, wire
 from sessionfork.core.wire import ForkResult, Header
@@ -80,6 +82,49 @@ def test_tree_json_is_format_json(server: EmbeddedServer, redis: Redis) -> None:
         invoke("--redis-url", server.url, "tree", "t-a", "--format", "json").stdout
 
 
+def test_select_takes_its_arguments_in_the_python_clients_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sessionfork select PARENT CANDIDATES... WINNER`` is ``Client.select(parent, candidates,
+    winner)``; the deprecated PARENT WINNER CANDIDATES... still selects the same, with a warning."""
+    sent: list[bytes] = []
+    monkeypatch.setattr(merge_commands, "send", lambda client, request, wait_s: sent.append(wire.encode(request)))
+    expected = wire.encode(Client(Redis()).select_request("p", ["k0", "k1", "k2"], "k1", mode="events",
+                                                          request_id="r-order"))
+    done = invoke("select", "p", "k0", "k1", "k2", "k1", "--mode", "events", "--request-id", "r-order")
+    assert (done.exit_code, done.stderr, sent) == (0, "", [expected]), done.output
+    old = invoke("select", "p", "k1", "k0", "k1", "k2", "--mode", "events", "--request-id", "r-order")
+    assert old.exit_code == 0 and sent[1:] == [expected], old.output
+    assert old.stderr == ("warning: `sessionfork select PARENT WINNER CANDIDATES...` is deprecated: give "
+                          "`sessionfork select PARENT CANDIDATES... WINNER` (k0 k1 k2 k1)\n")
+    both = invoke("select", "p", "k1", "k2", "k1", "--mode", "events", "--request-id", "r-both")
+    assert both.exit_code == 0 and both.stderr == "" and json.loads(sent[2])["candidates"] == ["k1", "k2"]
+    wrong = invoke("select", "p", "k0", "k1", "k9", "--mode", "events")
+    assert wrong.exit_code == 1 and "not one of the candidates" in wrong.stderr and len(sent) == 3
+
+
+def test_gc_exits_as_its_row_of_the_exit_status_table_says(server: EmbeddedServer, redis: Redis) -> None:
+    """Retention off and the branch TTL on (the defaults) is a run (0), not "retention off" (2):
+    status 2 only when both are off and no ``--older-than`` is given."""
+    table = (Path(__file__).parents[2] / "docs" / "cli.md").read_text()
+    row = next(line for line in table.splitlines() if line.startswith("| `gc` |"))
+    assert row == ("| `gc` | 0 (the branch TTL's disposals, then retention's deletions, each when on); 2 both off "
+                   "(`SESSIONFORK_BRANCH_TTL=0`, and `SESSIONFORK_RETENTION=0` without `--older-than`) |")
+    defaults = run_cli(server.url, "gc", "--dry-run")
+    assert defaults.returncode == 0 and "ended branch(es) would be disposed" in defaults.stderr + defaults.stdout
+    both_off = run_cli(server.url, "gc", SESSIONFORK_BRANCH_TTL=0)
+    assert both_off.returncode == 2 and "retention is off" in both_off.stderr
+    older_than = run_cli(server.url, "gc", "--dry-run", "--older-than", "60", SESSIONFORK_BRANCH_TTL=0)
+    assert older_than.returncode == 0 and "session(s) would be deleted" in older_than.stdout, older_than.stderr
+
+
+def test_the_consoles_missing_extra_says_how_to_install_it_from_a_checkout_not_pypi(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if the [console] extra were not installed
+    done = invoke("console")
+    assert done.exit_code == 2, done.output
+    assert "pip install 'sessionfork[console]'" not in done.stderr and "not on PyPI" in done.stderr
+    assert "pip install '/path/to/sessionfork[console]'" in " ".join(done.stderr.split())
+
+
 def test_wait_prints_the_reply_of_a_request_enqueued_before(server: EmbeddedServer, client: Client,
                                                             source: str) -> None:
     queued = run_cli(server.url, "fork", source, "--session-id", "w-child", "--wait", "0")
@@ -115,10 +160,20 @@ def test_a_timed_out_fork_stays_queued_and_says_how_to_wait_for_it(server: Embed
 
 
 def test_a_timed_out_wait_says_how_to_wait_again(server: EmbeddedServer, redis: Redis) -> None:
-    done = run_cli(server.url, "wait", "r-never", "--timeout", "0.3")
+    queued = run_cli(server.url, "--queue", IDLE, "fork", "src", "--request-id", "r-queued", "--wait", "0")
+    assert queued.returncode == 0, queued.stderr
+    done = run_cli(server.url, "wait", "r-queued", "--timeout", "0.3")
     assert done.returncode == 4, done.stderr
-    assert done.stderr == ("error: no reply to request r-never within 0.3s: it may still be queued; wait again "
-                           "with: sessionfork wait r-never\n")
+    assert done.stderr == ("error: no reply to request r-queued within 0.3s: it is queued or running; wait again "
+                           "with: sessionfork wait r-queued\n")
+
+
+def test_wait_for_an_unknown_request_id_says_so_at_once(server: EmbeddedServer, redis: Redis) -> None:
+    """Not a time-out at the deadline, as for a queued request: status 1, ``REQUEST_NOT_FOUND``, at once."""
+    done = run_cli(server.url, "wait", "r-never", "--timeout", "600", timeout=30)
+    assert (done.returncode, done.stdout) == (1, ""), done.stderr
+    assert done.stderr == ('error: REQUEST_NOT_FOUND: request "r-never" is not known: not queued, running nor '
+                           "answered (never enqueued on this queue server, or its outcome expired)\n")
 
 
 @pytest.mark.parametrize(("args", "env", "named"), [

@@ -98,3 +98,18 @@ def test_demo_walks_through_every_outcome() -> None:
                      "0:session/summary, 1:turn/start"):
         assert expected in done.stdout, expected
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_the_demo_names_its_requests_and_its_sessions_apart() -> None:
+    """No string is both a request id and a session id of the walkthrough, and its stale handle's
+    refusal says what is stale."""
+    done = run_cli("demo", url=None, timeout=120)
+    assert done.returncode == 0, done.stderr
+    replies = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    request_ids = {r["requestId"] for r in replies}
+    session_ids = {s["id"] for r in replies for s in [r.get("session"), *r.get("sessions", [])] if s}
+    session_ids |= {line.split()[-1] for line in done.stdout.splitlines() if "── " in line}  # the lineage tree
+    assert len(request_ids) == len(replies) and session_ids, done.stdout
+    assert request_ids & session_ids == set()
+    stale = next(r for r in replies if r.get("code") == "SESSION_NOT_LIVE")
+    assert stale["message"].endswith("is stale: its instance is not the live one"), stale

@@ -30,9 +30,10 @@ from helpers import (
     worker_name,
 )
 from redis import Redis
-from waits import araised, raised, wait_until
+from waits import araised, outcome_of, raised, wait_until
 
 from sessionfork.aio import AsyncClient
+from sessionfork.client import Client
 from sessionfork.clients.waiting import wait_for_reply
 from sessionfork.core import wire
 from sessionfork.core.errors import ErrorCode, ForkError
@@ -168,6 +169,55 @@ def test_both_clients_refuse_a_request_that_cannot_be_sent_as_json(server: Embed
 
     asyncio.run(main())
     assert redis.keys("*enc-*") == []  # nothing sent
+
+
+def test_both_clients_are_made_from_one_url(server: EmbeddedServer, redis: Redis) -> None:
+    """``Client.from_url`` as ``AsyncClient.from_url``: a client of the server at the URL, each
+    command bounded by the settings' socket time-out, enqueuing there."""
+    settings = msgspec.structs.replace(SETTINGS, socket_timeout=1.5, queue="from-url")
+    sync = Client.from_url(server.url, settings)
+    assert sync.settings is settings and len(sync.shards) == 1
+    assert sync.redis.connection_pool.connection_kwargs["socket_timeout"] == 1.5
+    assert sync.submit(sync.request("s", request_id="url-sync")) == "url-sync"
+
+    async def main() -> None:
+        async with AsyncClient.from_url(server.url, settings) as client:
+            assert client.redis.connection_pool.connection_kwargs["socket_timeout"] == 1.5
+            assert await client.submit(await client.request("s", request_id="url-aio")) == "url-aio"
+
+    asyncio.run(main())
+    sync.close()
+    assert sorted(redis.lrange("rq:queue:from-url", 0, -1)) == [b"url-aio", b"url-sync"]
+
+
+def test_both_clients_tell_an_unknown_request_id_from_a_queued_one(server: EmbeddedServer, redis: Redis) -> None:
+    """A wait for an id its queue server does not know answers ``REQUEST_NOT_FOUND`` at once; one
+    for a request queued (no worker serves its queue) times out: the two are told apart."""
+    settings = msgspec.structs.replace(SETTINGS, queue="unserved")
+    sync = make_client(redis, queue="unserved")
+    queued = sync.submit(sync.request("s", request_id="known-1"))
+    began = time.monotonic()
+    unknown = raised(lambda: sync.wait("never-sent", 20))
+    assert isinstance(unknown, ForkError) and unknown.code is ErrorCode.REQUEST_NOT_FOUND, repr(unknown)
+    assert unknown.message == ('request "never-sent" is not known: not queued, running nor answered (never '
+                               "enqueued on this queue server, or its outcome expired)")
+    assert time.monotonic() - began < 10  # at once, not at the deadline
+    assert isinstance(raised(lambda: sync.wait(queued, 0.3)), TimeoutError)
+    sync.close()
+
+    async def main() -> None:
+        async with AsyncClient.from_url(server.url, settings) as client:
+            began = time.monotonic()
+            missing = await araised(lambda: client.wait("never-sent", 20))
+            assert isinstance(missing, ForkError) and missing.code is ErrorCode.REQUEST_NOT_FOUND, repr(missing)
+            assert time.monotonic() - began < 10
+            assert isinstance(await araised(lambda: client.wait(queued, 0.3)), TimeoutError)
+
+    asyncio.run(main())
+    reply = ForkResult(request_id="known-1", session=Header(version=0, id="late", created_at=1))
+    Outcomes(redis, ttl=60, stream_maxlen=10).record(reply, "sf:replies")
+    redis.delete("rq:job:known-1")  # its job gone (expired): the stored outcome still answers
+    assert outcome_of(lambda: make_client(redis).wait("known-1", 5)) == reply
 
 
 def test_one_reply_channel_rule_for_clients_and_worker(monkeypatch: pytest.MonkeyPatch, redis: Redis) -> None:

@@ -139,7 +139,8 @@ def test_error_order(registry: Registry) -> None:
     make(registry, "taken")
     with fork_error(ErrorCode.SESSION_NOT_FOUND, 'session "nope" not found'):
         forks.fork(registry, "nope", "taken", boundary=99)
-    with fork_error(ErrorCode.SESSION_NOT_LIVE, 'session "a" is not the live store instance'):
+    with fork_error(ErrorCode.SESSION_NOT_LIVE,
+                    'live handle of session "a" is stale: its instance is not the live one'):
         forks.fork(registry, LiveHandle("a", "stale"), "taken", boundary=99)
     with fork_error(ErrorCode.SESSION_ALREADY_EXISTS, 'session "taken" already exists'):
         forks.fork(registry, "a", "taken", boundary=99)

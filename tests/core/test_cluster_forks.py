@@ -60,7 +60,8 @@ def test_fork_of_a_disposed_session_is_session_not_found(cluster_registry: Regis
 
 def test_fork_by_a_stale_handle_is_session_not_live(cluster_registry: Registry) -> None:
     completed_source(cluster_registry, "src")
-    with fork_error(ErrorCode.SESSION_NOT_LIVE, 'session "src" is not the live store instance'):
+    with fork_error(ErrorCode.SESSION_NOT_LIVE,
+                    'live handle of session "src" is stale: its instance is not the live one'):
         forks.fork(cluster_registry, LiveHandle("src", "stale-token"), "child")
     assert not cluster_registry.exists("child")
 

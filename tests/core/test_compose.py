@@ -52,7 +52,8 @@ def test_guard_error_order(registry: Registry, src: str) -> None:
     with fork_error(ErrorCode.SESSION_NOT_FOUND, 'session "nope" not found'):
         forks.fork(registry, "nope", "taken", if_length=3, boundary=99)
     stale = wire.LiveHandle("src", "not-the-token")
-    with fork_error(ErrorCode.SESSION_NOT_LIVE, 'session "src" is not the live store instance'):
+    with fork_error(ErrorCode.SESSION_NOT_LIVE,
+                    'live handle of session "src" is stale: its instance is not the live one'):
         forks.fork(registry, stale, "taken", if_length=3)
     with fork_error(ErrorCode.PRECONDITION_FAILED, 'session "src" has 8 events, not 3'):
         forks.fork(registry, src, "taken", if_length=3, boundary=99)

@@ -39,6 +39,10 @@ def test_request_key_has_no_hash_tag() -> None:
     assert keys.request("r1") == "sf:req:r1"
 
 
+def test_a_bundle_import_record_is_named_by_the_bundles_digest() -> None:
+    assert keys.bundle_import("ab12") == "sf:bundle:ab12"
+
+
 def test_default_queue_name() -> None:
     assert keys.DEFAULT_QUEUE == "sessionfork"
 
@@ -105,3 +109,10 @@ def test_rq_names_written_without_rq() -> None:
     assert rq_layout.job_key("r-1") == "rq:job:r-1"
     assert rq_layout.queue_key("sessionfork") == "rq:queue:sessionfork"
     assert rq_layout.QUEUES == "rq:queues"
+
+
+def test_langgraph_keys() -> None:
+    assert keys.langgraph_thread("t-1") == "sf:lg:t:t-1"
+    assert keys.langgraph_run("r-1") == "sf:lg:run:r-1"
+    assert keys.langgraph_thread_runs("t-1") == "sf:lg:truns:t-1"
+    assert keys.LANGGRAPH_THREADS == "sf:lg:threads"

@@ -18,7 +18,8 @@ SRC = Path(__file__).parents[2] / "src" / "sessionfork"
 
 
 def test_every_script_file_is_in_a_table_of_its_own_package() -> None:
-    files = {(pkg, p.name[:-4]) for pkg in ("sessionfork.core", "sessionfork.protocol", "sessionfork.worker")
+    files = {(pkg, p.name[:-4]) for pkg in ("sessionfork.core", "sessionfork.protocol", "sessionfork.worker",
+                                                "sessionfork.ops", "sessionfork.integrations")
              for p in resources.files(pkg).joinpath("scripts").iterdir() if p.name.endswith(".lua")}
     table = {(spec.package or "sessionfork.core", name) for name, spec in ALL.items()}
     assert table == files

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
@@ -146,7 +147,8 @@ def test_a_merge_that_died_between_the_parent_step_and_the_marks_is_marked_by_it
     assert again == first and cluster_registry.length("dp") == 11
     assert [e.seq for e in cluster_registry.events("dp") if e.data == {"trigger": "merge"}] == [4]
     index = cluster_client.hgetall(keys.session_merges("dp"))
-    assert {wire.text(k): wire.text(v) for k, v in index.items()} == {merge_key(child, 4, 7): "died-1 4 11"}
+    assert {wire.text(k): wire.text(v) for k, v in index.items() if k.startswith(b'["m"')} == {
+        merge_key(child, 4, 7): "died-1 4 11"}
     assert json.loads(cluster_client.hget(keys.session(child), "mergedinto") or "") == ["dp", 4, "died-1"]
     assert cluster_client.zscore(keys.ENDED_INDEX, child) is not None
 
@@ -192,6 +194,70 @@ def test_a_select_that_died_between_the_parent_step_and_the_marks_is_marked_by_i
     again = outcome_of(lambda: merges.select(cluster_registry, "ds", kids, kids[0], mode="events", request_id="died-2"))
     assert isinstance(again, Merged) and again.abandoned == (kids[1], kids[2]) and cluster_registry.length("ds") == 11
     assert [cluster_registry.state_of(k).state for k in kids] == ["merged", "abandoned", "abandoned"]
+
+
+def between_child_and_parent_step(steps: MergeSteps, action: Callable[[], object]) -> list[str]:
+    """Run ``action`` once after ``steps``' next run took its children's steps (its holds), before
+    its parent's step: its code and message (or "OK"). Two requests in flight at once, pinned."""
+    ran: list[str] = []
+    original = steps._write_op
+
+    def hooked(*args: Any) -> Any:
+        if not ran:
+            try:
+                action()
+                ran.append("OK")
+            except ForkError as exc:
+                ran.append(f"{exc.code.value}: {exc.message}")
+        return original(*args)
+
+    steps._write_op = hooked  # type: ignore[method-assign]  # this instance's only
+    return ran
+
+
+def test_a_merge_and_a_select_of_one_branch_in_flight_at_once_one_wins_across_slots(
+        cluster_registry: Registry, cluster_client: RedisCluster) -> None:
+    """Each candidate on a node of its own: the select's holds are taken slot by slot, and a
+    refused one lets go of those it took (the other candidate stays free)."""
+    kids = elsewhere(cluster_client, "hp", "hk", 4)
+    family(cluster_registry, "hp", kids)
+    a, b, c, d = kids
+    other = Registry(cluster_client)
+    during = between_child_and_parent_step(cluster_registry.merges, lambda: merges.select(
+        other, "hp", [a, b], a, mode="events", request_id="h-sel"))
+    merged = outcome_of(lambda: merges.merge(cluster_registry, "hp", b, mode="events", request_id="h-mrg"))
+    assert during == [f'ALREADY_MERGED: session "{b}" is being merged or selected by request "h-mrg" '
+                      "(one request at a time changes a session's state)"]
+    assert isinstance(merged, Merged) and [cluster_registry.state_of(k).state for k in (a, b)] == ["live", "merged"]
+    assert [k for k in cluster_client.hkeys(keys.session(a)) if k.startswith((b"plan:", b"hold"))] == []
+
+    during = between_child_and_parent_step(cluster_registry.merges, lambda: merges.merge(
+        other, "hp", d, mode="events", request_id="h-mrg-2"))
+    selected = outcome_of(lambda: merges.select(cluster_registry, "hp", [c, d], c, mode="events", request_id="h-sel-2"))
+    assert len(during) == 1 and during[0].startswith("ALREADY_MERGED: ") and 'request "h-sel-2"' in during[0]
+    assert isinstance(selected, Merged) and selected.abandoned == (d,)
+    assert [cluster_registry.state_of(k).state for k in (c, d)] == ["merged", "abandoned"]
+    for kid in kids:
+        assert [k for k in cluster_client.hkeys(keys.session(kid)) if k.startswith((b"plan:", b"hold"))] == []
+
+
+def test_a_select_into_the_grandparent_won_by_a_candidate_another_select_abandons_is_refused_across_slots(
+        cluster_registry: Registry, cluster_client: RedisCluster) -> None:
+    p, q = elsewhere(cluster_client, "hg", "hgp", 2)
+    family(cluster_registry, "hg", [p, q])
+    a, b = elsewhere(cluster_client, p, "hgk", 2)
+    forks.fork(cluster_registry, p, a)
+    forks.fork(cluster_registry, p, b)
+    for cid in (a, b):
+        cluster_registry.append(cid, turn(20))
+    other = Registry(cluster_client)
+    during = between_child_and_parent_step(cluster_registry.merges, lambda: merges.select(
+        other, "hg", [b, q], b, mode="summary", summary="b", request_id="g-up"))
+    below = outcome_of(lambda: merges.select(cluster_registry, p, [a, b], a, mode="events", request_id="g-down"))
+    assert len(during) == 1 and during[0].startswith("ALREADY_MERGED: ") and 'request "g-down"' in during[0]
+    assert isinstance(below, Merged)
+    assert [cluster_registry.state_of(k).state for k in (a, b, q)] == ["merged", "abandoned", "live"]
+    assert cluster_registry.length("hg") == 4
 
 
 def test_no_node_answered_crossslot(cluster: EmbeddedCluster) -> None:

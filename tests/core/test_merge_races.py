@@ -18,6 +18,7 @@ from multiprocessing.context import SpawnProcess
 from typing import Any
 
 import pytest
+from clocks import Clock
 from helpers import family
 from racing import report_on, run, succeeded
 from waits import outcome_of, wait_until
@@ -120,18 +121,19 @@ def _selector(port: int, winner: int, gate: Any, results: Any) -> None:
 # -- helpers ---------------------------------------------------------------------------------------
 
 
-def child_step(registry: Registry, spec: MergeSpec) -> tuple[int, int, list[bytes]]:
-    """A merge's child step alone (``merge_read``), as ``MergeSteps.run_many`` runs it."""
+def child_step(registry: Registry, spec: MergeSpec | SelectSpec) -> tuple[Any, tuple[int, int, list[bytes]]]:
+    """A merge's (a select's) child step alone (``merge_read``, its holds), as ``MergeSteps.run_many``
+    runs it: the run and what it read."""
     steps = registry.merges
-    return merge_steps._read_result(spec, steps._many([steps._read_op(spec)])[0])
+    run = steps._run_of(spec)
+    return run, merge_steps._read_result(run.merge, steps._many(steps._hold_ops(run))[0])
 
 
-def parent_step(registry: Registry, spec: MergeSpec, read: tuple[int, int, list[bytes]], forked_at: int,
-                others: tuple[str, ...]) -> Merged:
+def parent_step(registry: Registry, run: Any, read: tuple[int, int, list[bytes]], forked_at: int) -> Merged:
     """A merge's parent step alone (``merge``), from its child step's ``read``."""
     steps = registry.merges
-    reply = steps._many([steps._write_op(spec, read, forked_at, others)])[0]
-    return steps._write_result(spec, read[:2], others, reply)
+    reply = steps._many([steps._write_op(run, read, forked_at)])[0]
+    return steps._write_result(run, read[:2], reply)
 
 
 def segments(log: list[Event]) -> list[tuple[str, Any]]:
@@ -247,13 +249,18 @@ def test_two_selects_over_the_same_candidates_one_wins_the_other_is_already_merg
 
 
 def test_a_select_that_ran_whole_between_anothers_reads_and_its_parent_step_makes_it_already_merged(
-        registry: Registry) -> None:
+        redis: Any, clock: Clock) -> None:
+    """The parent's step notes a select's candidates: a select whose holds on them lapsed (its
+    run stalled past the request window) while another select ran whole over them is refused
+    there, nothing written. (Within the window the holds decide: ``test_merge_holds``.)"""
+    registry = Registry(redis, clock=clock, request_ttl=60)
     family(registry, "q", ["a", "b", "c"])
     late = merges.select_spec("q", ["a", "b", "c"], "a", {"mode": "events", "request_id": "late"})
-    read = child_step(registry, late.merge)  # the late select read its winner: all candidates live
+    run, read = child_step(registry, late)  # the late select read its winner, held all candidates
+    clock.now += 61_000
     merges.select(registry, "q", ["a", "b", "c"], "b", mode="events", request_id="early")
     with pytest.raises(ForkError) as info:
-        parent_step(registry, late.merge, read, 4, late.losers)
+        parent_step(registry, run, read, 4)
     assert info.value.code is ErrorCode.ALREADY_MERGED
     assert 'by request "early"' in info.value.message
     assert registry.length("q") == 11 and [registry.state_of(s).state for s in "abc"] == [
@@ -267,9 +274,9 @@ def test_a_merge_into_the_same_parent_between_a_selects_reads_and_its_step_leave
     family(registry, "q", ["a", "b", "other"])
     spec = merges.select_spec("q", ["a", "b"], "a", {"mode": "events", "request_id": "sel"})
     assert isinstance(spec, SelectSpec)
-    read = child_step(registry, spec.merge)
+    run, read = child_step(registry, spec)
     merges.merge(registry, "q", "other", mode="events")
-    done = outcome_of(lambda: parent_step(registry, spec.merge, read, 4, spec.losers))
+    done = outcome_of(lambda: parent_step(registry, run, read, 4))
     assert isinstance(done, Merged) and (done.first, done.length) == (11, 18)
     assert [kind for kind, _ in segments(registry.events("q"))] == ["merge", "merge"]
 
@@ -280,9 +287,9 @@ def test_a_retry_that_ran_whole_between_the_first_runs_reads_and_its_parent_step
     same request whole (the job deemed abandoned): its parent step answers that merge, writes nothing."""
     family(registry, "p", ["c"])
     spec = merges.merge_spec("p", "c", {"mode": "events", "request_id": "twice"})
-    read = child_step(registry, spec)  # the first run's child step: nothing merged yet
+    run, read = child_step(registry, spec)  # the first run's child step: nothing merged yet
     first = merges.merge(registry, "p", "c", mode="events", request_id="twice")
-    assert outcome_of(lambda: parent_step(registry, spec, read, 4, ())) == first
+    assert outcome_of(lambda: parent_step(registry, run, read, 4)) == first
     assert registry.length("p") == 11 and [kind for kind, _ in segments(registry.events("p"))] == ["merge"]
 
 

@@ -192,7 +192,7 @@ def test_a_select_marks_its_other_candidates_in_one_call_on_one_server(registry:
     redis.delete(keys.session("gone"))
     replies = registry.forks.state.scripts("mark_many", ended=keys.ENDED_INDEX,
                                            records=[keys.session("gone"), keys.session("kept")], kind="abandoned",
-                                           value="r-x", now=5, session_ids=["gone", "kept"])
+                                           value="r-x", now=5, holder="r-x", session_ids=["gone", "kept"])
     assert replies == [0, 1]
     assert redis.exists(keys.session("gone")) == 0 and redis.zscore(keys.ENDED_INDEX, "gone") is None
     assert redis.hget(keys.session("kept"), "abandoned") == b"r-x" and redis.zscore(keys.ENDED_INDEX, "kept") == 5
@@ -206,8 +206,14 @@ def test_select_winner_must_be_a_candidate(registry: Registry) -> None:
 def test_the_merges_index_and_records_hold_what_the_key_schema_says(tree: Registry) -> None:
     merges.merge(tree, "p", "c", mode="events", request_id="m1")
     index = {wire.text(k): wire.text(v) for k, v in tree.redis.hgetall(keys.session_merges("p")).items()}
-    assert index == {'["m","c",8,15]': "m1 8 19"}  # one entry per merge in the parent
-    assert wire.text(tree.redis.hget(keys.session("c"), "plan:m1") or "") == "8 15"  # the range, kept in the child
+    now = tree.state.clock()
+    when = int(index['["r","m1"]'].split()[4])
+    assert now - 60_000 < when <= now
+    # One entry per merge in the parent, and its request id's for the request window.
+    assert index == {'["m","c",8,15]': "m1 8 19", '["r","m1"]': f"8 19 8 15 {when}"}
+    assert [wire.text(m) for m in tree.redis.zrange(keys.session_merge_requests("p"), 0, -1)] == ["m1"]
+    # The plan the child's step kept in the child (the range, its hold on it) is let go by the mark.
+    assert not [k for k in tree.redis.hkeys(keys.session("c")) if wire.text(k).startswith(("plan:", "hold"))]
     assert json.loads(tree.redis.hget(keys.session("c"), "mergedinto") or "") == ["p", 8, "m1"]
     assert tree.redis.zscore(keys.ENDED_INDEX, "c") is not None
 
@@ -216,7 +222,10 @@ def test_the_merges_index_and_records_hold_what_the_key_schema_says(tree: Regist
                                                        ("MAX_MERGE_BYTES", 400, "over 400 bytes")])
 def test_an_events_merge_over_the_limits_is_refused_and_writes_nothing(tree: Registry, monkeypatch: pytest.MonkeyPatch,
                                                                         limit: str, value: int, words: str) -> None:
-    monkeypatch.setattr(merge_steps, limit, value)
+    if limit == "MAX_MERGE_BYTES":  # the registry's (SESSIONFORK_MAX_REQUEST_WRITE_BYTES)
+        monkeypatch.setattr(tree.state, "max_merge_bytes", value)
+    else:
+        monkeypatch.setattr(merge_steps, limit, value)
     code, message = code_of(lambda: merges.merge(tree, "p", "c", mode="events"))
     assert code is ErrorCode.INVALID_BOUNDARY and words in message, message
     assert tree.length("p") == 8
@@ -228,8 +237,8 @@ def test_a_retry_answers_its_first_merge_whatever_the_parent_and_child_hold_now(
     tree.append("c", turn(8))  # the default range would now end later
     tree.dispose("p")  # and the parent is no longer live
     assert outcome_of(lambda: merges.merge(tree, "p", "c", mode="events", request_id="r2")) == first
-    assert code_of(lambda: merges.merge(tree, "p", "c", mode="events", request_id="r3"))[0] is \
-        ErrorCode.SESSION_NOT_LIVE
+    assert code_of(lambda: merges.merge(tree, "p", "c", mode="events", request_id="r3")) == \
+        (ErrorCode.SESSION_NOT_LIVE, 'session "p" is disposed: nothing merges into it')
 
 
 def test_a_select_retried_after_its_marks_answers_its_first_merge(registry: Registry) -> None:

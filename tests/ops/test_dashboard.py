@@ -91,11 +91,35 @@ def test_metrics_count_outcomes_by_code(redis: Redis, registry: Registry) -> Non
     port = free_port()
     observer.serve(port, addr="127.0.0.1")
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    assert 'sessionfork_forks_total{code="OK"} 1.0' in text
-    assert 'sessionfork_forks_total{code="SESSION_NOT_FOUND"} 1.0' in text
+    assert 'sessionfork_forks_total{code="OK",op="fork"} 1.0' in text
+    assert 'sessionfork_forks_total{code="SESSION_NOT_FOUND",op="fork"} 1.0' in text
     assert "sessionfork_queue_depth 7.0" in text
-    assert "sessionfork_fork_duration_seconds_count 4.0" in text
-    assert "sessionfork_children_per_request_sum 1.0" in text
+    assert 'sessionfork_fork_duration_seconds_count{op="fork"} 4.0' in text
+    assert 'sessionfork_children_per_request_sum{op="fork"} 1.0' in text
+
+
+def test_every_per_request_metric_carries_the_requests_op(redis: Redis, registry: Registry) -> None:
+    """A merge's and a select's run time, latency and children are theirs, not counted as a fork's."""
+    registry.append(registry.create("p"), [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
+    svc = service(redis, registry)
+    observer = Observer()
+    requests = [('{"source":"p","sessionId":"k"}', 0.001),
+                ('{"op":"merge","parent":"p","child":"k","mode":"events"}', 0.01),
+                ('{"op":"select","parent":"p","candidates":["nobody"],"winner":"nobody","mode":"events"}', 0.1)]
+    for i, (payload, seconds) in enumerate(requests):
+        observer(f"o{i}", payload, svc.handle(payload, f"o{i}"), seconds, seconds * 2)
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in observer.registry.collect() for s in family.samples}
+    for op, seconds in zip(("fork", "merge", "select"), (0.001, 0.01, 0.1), strict=True):
+        for name, value in (("sessionfork_fork_duration_seconds_sum", seconds),
+                            ("sessionfork_fork_latency_seconds_sum", seconds * 2),
+                            ("sessionfork_children_per_request_count", 1)):
+            assert samples[(name, (("op", op),))] == pytest.approx(value), (name, op)
+    assert samples[("sessionfork_forks_total", (("code", "OK"), ("op", "fork")))] == 1
+    merges = [(dict(labels)["op"], value) for (name, labels), value in samples.items()
+              if name == "sessionfork_merges_total"]
+    assert sorted(merges) == [("merge", 1), ("select", 1)]  # whatever their codes
+    assert samples[("sessionfork_seed_length_count", (("op", "merge"),))] == 0
 
 
 def test_an_unserved_observer_updates_no_prometheus_metric_and_still_logs_each_outcome(
@@ -107,9 +131,9 @@ def test_an_unserved_observer_updates_no_prometheus_metric_and_still_logs_each_o
         for i, reply in enumerate(outcomes(redis, registry)):
             served(f"r{i}", '{"source":"src"}', reply, 0.002)
             unserved(f"r{i}", '{"source":"src"}', reply, 0.002)
-    assert "sessionfork_fork_duration_seconds_count 4.0" in generate_latest(served.registry).decode()
+    assert 'sessionfork_fork_duration_seconds_count{op="fork"} 4.0' in generate_latest(served.registry).decode()
     text = generate_latest(unserved.registry).decode()
-    assert "sessionfork_fork_duration_seconds_count 0.0" in text and "sessionfork_forks_total{" not in text
+    assert 'sessionfork_fork_duration_seconds_count{op="fork"} 0.0' in text and "sessionfork_forks_total{" not in text
     assert [r.getMessage() for r in caplog.records].count("fork OK") == 2
 
 
@@ -118,11 +142,11 @@ def test_a_shard_workers_metrics_carry_its_shard_label(redis: Redis, registry: R
     for i, reply in enumerate(outcomes(redis, registry)):
         observer(f"r{i}", '{"source":"src"}', reply, 0.002)
     text = generate_latest(observer.registry).decode()
-    assert 'sessionfork_forks_total{code="OK",shard="2"} 1.0' in text
+    assert 'sessionfork_forks_total{code="OK",op="fork",shard="2"} 1.0' in text
     assert 'sessionfork_queue_depth{shard="2"} 3.0' in text
-    assert 'sessionfork_fork_duration_seconds_count{shard="2"} 4.0' in text
-    assert 'sessionfork_children_per_request_sum{shard="2"} 1.0' in text
-    assert 'sessionfork_seed_length_count{shard="2"} 1.0' in text
+    assert 'sessionfork_fork_duration_seconds_count{op="fork",shard="2"} 4.0' in text
+    assert 'sessionfork_children_per_request_sum{op="fork",shard="2"} 1.0' in text
+    assert 'sessionfork_seed_length_count{op="fork",shard="2"} 1.0' in text
 
 
 def test_outcome_log_line_is_json_with_fields(redis: Redis, registry: Registry,

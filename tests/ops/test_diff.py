@@ -79,6 +79,19 @@ def test_ancestor_against_descendant_and_cousins(registry: Registry) -> None:
     assert (same.ancestor, same.shared, same.a.events, same.b.events) == ("a", 16, [], [])
 
 
+def test_the_ancestors_side_is_named_the_common_ancestor_not_as_leaving_itself(registry: Registry) -> None:
+    history(registry, turns=3)
+    fork(registry, "root", "a")
+    registry.append("a", turn(10))
+    up = render_text(diff(registry, "root", "a")).splitlines()
+    assert "A root (live): the common ancestor; length 12; 0 event(s) after the shared prefix" in up
+    assert "B a (live): left root at seq 12; length 16; 4 event(s) after the shared prefix" in up
+    down = render_text(diff(registry, "a", "root"))
+    assert "B root (live): the common ancestor; length 12" in down and "left root" not in down.split("B root")[1]
+    same = render_text(diff(registry, "a", "a"))
+    assert "left a" not in same and same.count("(live): the common ancestor; length 16") == 2
+
+
 def test_boundary_fork_point_comes_from_the_seed_references(registry: Registry) -> None:
     """A child forked at an earlier seq than its parent's length (a boundary fork) is placed by its
     own seedLength and seed references, not by the parent's length."""

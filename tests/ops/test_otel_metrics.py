@@ -83,9 +83,10 @@ def test_the_counts_sums_and_buckets_match_prometheus(redis: Redis, registry: Re
     observer = observed(redis, registry, meter)
     prom = prometheus_samples(observer.registry)
     read = meter.read()
-    forks = {dict(p.attributes)["code"]: p.value for p in read[metrics.FORKS].data.data_points}
-    assert forks == {"OK": 2, "SESSION_NOT_FOUND": 1, "INVALID_REQUEST": 1}
-    assert forks == {dict(labels)["code"]: value for (name, labels), value in prom.items()
+    forks = {(dict(p.attributes)["op"], dict(p.attributes)["code"]): p.value
+             for p in read[metrics.FORKS].data.data_points}
+    assert forks == {("fork", "OK"): 2, ("fork", "SESSION_NOT_FOUND"): 1, ("fork", "INVALID_REQUEST"): 1}
+    assert forks == {(dict(labels)["op"], dict(labels)["code"]): value for (name, labels), value in prom.items()
                      if name == "sessionfork_forks_total"}
     merges = {(dict(p.attributes)["op"], dict(p.attributes)["code"]): p.value
               for p in read[metrics.MERGES].data.data_points}
@@ -93,16 +94,20 @@ def test_the_counts_sums_and_buckets_match_prometheus(redis: Redis, registry: Re
     assert merges == {(dict(labels)["op"], dict(labels)["code"]): value for (name, labels), value in prom.items()
                       if name == "sessionfork_merges_total"}
     for name, (_, _, buckets) in HISTOGRAMS.items():
-        (point,) = read[name].data.data_points
-        assert tuple(point.explicit_bounds) == tuple(float(b) for b in buckets), name
-        assert point.count == prom[(f"{name}_count", frozenset())], name
-        assert point.sum == pytest.approx(prom[(f"{name}_sum", frozenset())]), name
-        cumulative = [sum(point.bucket_counts[:i + 1]) for i in range(len(buckets))]
-        les = {float(dict(labels)["le"]): value for (sample, labels), value in prom.items()
-               if sample == f"{name}_bucket"}
-        assert cumulative == [les[float(b)] for b in buckets], name
-    assert prom[(f"{metrics.LATENCY}_count", frozenset())] == 4  # the refused one has no enqueue time
-    assert prom[(f"{metrics.SEED_LENGTH}_count", frozenset())] == 3  # one child, then two
+        points = {dict(p.attributes)["op"]: p for p in read[name].data.data_points}
+        assert set(points) <= {"fork", "merge"}, name
+        for op, point in points.items():
+            by_op = frozenset({("op", op)})
+            assert tuple(point.explicit_bounds) == tuple(float(b) for b in buckets), name
+            assert point.count == prom[(f"{name}_count", by_op)], name
+            assert point.sum == pytest.approx(prom[(f"{name}_sum", by_op)]), name
+            cumulative = [sum(point.bucket_counts[:i + 1]) for i in range(len(buckets))]
+            les = {float(dict(labels)["le"]): value for (sample, labels), value in prom.items()
+                   if sample == f"{name}_bucket" and dict(labels)["op"] == op}
+            assert cumulative == [les[float(b)] for b in buckets], name
+    assert prom[(f"{metrics.LATENCY}_count", frozenset({("op", "fork")}))] == 3  # the refused one has no enqueue time
+    assert prom[(f"{metrics.LATENCY}_count", frozenset({("op", "merge")}))] == 1
+    assert prom[(f"{metrics.SEED_LENGTH}_count", frozenset({("op", "fork")}))] == 3  # one child, then two
     (depth,) = read[metrics.QUEUE_DEPTH].data.data_points
     assert depth.value == 7
 
@@ -119,4 +124,5 @@ def test_without_opentelemetry_nothing_is_recorded_and_nothing_fails(
     observer = observed(redis, registry, meter)
     assert observer.otel is None
     assert meter.reader.get_metrics_data() is None or not meter.read()
-    assert prometheus_samples(observer.registry)[("sessionfork_forks_total", frozenset({("code", "OK")}))] == 2
+    assert prometheus_samples(observer.registry)[("sessionfork_forks_total",
+                                                  frozenset({("code", "OK"), ("op", "fork")}))] == 2

@@ -1,8 +1,9 @@
 """The shipped rules and dashboard against a live Prometheus (issue 30 #2): Debian's ``prometheus``
 scrapes a real worker process's metrics port every second and evaluates the shipped rules (their
 ``for`` set to 0 s, expressions as shipped) while real forks run, errors among them. Every recording
-rule and every dashboard expression must then be valid and give data (merges too); the error-ratio alert must
-fire on the error outcomes, and the no-live-worker alert once the worker stops.
+rule and every dashboard expression must then be valid and give data (merges too); the error outcomes
+(expected refusals) must show in their rule and fire no alert, and the no-live-worker alert must fire
+once the worker stops.
 
 The tests share one worker and one Prometheus and run in file order: the last stops the worker.
 """
@@ -24,6 +25,7 @@ from waits import wait_until
 import sessionfork
 from sessionfork.core.registry import Registry
 from sessionfork.embedded import EmbeddedServer, free_port
+from sessionfork.ops import pauses
 
 ROUNDS = 2  # forks in two scrapes' worth of rounds: every rate sees its counters grow
 OK_PER_ROUND, ERRORS_PER_ROUND = 3, 2
@@ -56,6 +58,9 @@ def live() -> Iterator[Live]:
                 with PrometheusServer([f"{ADDRESS}:{port}"], with_for(shipped_rules(), "0s")) as prometheus:
                     wait_until(lambda: prometheus.values(f'up{{job="{JOB}"}} == 1'), 30, "the worker's first scrape")
                     forks(redis, prometheus)
+                    # Then the shard paused: SessionforkQueuePausedTooLong fires (its `for` is 0 s
+                    # here), so the dashboard's alert annotation has an alert to show.
+                    pauses.pause(redis, "test", "the paused-too-long alert")
                     yield Live(prometheus, worker, port)
         finally:
             stop(worker)
@@ -84,19 +89,40 @@ def forks(redis: object, prometheus: PrometheusServer) -> None:
         client.close()
 
 
-def test_the_error_ratio_alert_fires_on_error_outcomes(live: Live) -> None:
-    wait_until(lambda: "SessionforkErrorRatioHigh" in live.prometheus.firing(), 30, "SessionforkErrorRatioHigh firing")
-    # 3 of 7 outcomes are errors; rate()'s extrapolation differs per series (each starts at its first
-    # scrape), so the recorded ratio is near 0.43, not exactly it: well above the alert's 0.05.
-    (ratio,) = live.prometheus.values("sessionfork:fork_errors:ratio_rate5m")
+def test_refusals_show_on_the_dashboard_and_page_no_one(live: Live) -> None:
+    """SESSION_NOT_FOUND outcomes are expected refusals: the refusals' rule shows them, and no alert
+    fires but the pause's (every alert's ``for`` is 0 s here: one that read them would fire at once)."""
+    wait_until(lambda: live.prometheus.values("sessionfork:refusals:ratio_rate5m > 0"), 30, "refusals recorded")
+    # 3 of 7 outcomes are refusals; rate()'s extrapolation differs per series (each starts at its first
+    # scrape), so the recorded ratio is near 0.43, not exactly it.
+    (ratio,) = live.prometheus.values("sessionfork:refusals:ratio_rate5m")
     assert 0.2 < ratio < 0.7, ratio
-    assert "SessionforkNoLiveWorker" not in live.prometheus.firing()
+    assert live.prometheus.values("sessionfork:fork_errors:ratio_rate5m") == [ratio]  # no INTERNAL among them
+    assert live.prometheus.values("sessionfork:internal_errors:rate5m") == [0]
+    wait_until(lambda: "SessionforkQueuePausedTooLong" in live.prometheus.firing(), 30, "the pause's alert firing")
+    assert list(live.prometheus.firing()) == ["SessionforkQueuePausedTooLong"]
+
+
+def test_a_paused_shard_fires_the_paused_alert_and_shows_on_the_pause_panel(live: Live) -> None:
+    wait_until(lambda: "SessionforkQueuePausedTooLong" in live.prometheus.firing(), 30,
+               "SessionforkQueuePausedTooLong firing")
+    (labels,) = live.prometheus.firing()["SessionforkQueuePausedTooLong"]
+    assert labels["severity"] == "warning"
+    assert live.prometheus.values("sessionfork:queue_paused:max") == [1]
+
+
+def test_a_real_workers_histograms_carry_the_requests_op(live: Live) -> None:
+    for histogram in ("sessionfork_fork_duration_seconds", "sessionfork_fork_latency_seconds"):
+        counts = live.prometheus.query(f"sum by (op) ({histogram}_count)")
+        assert {labels["op"]: value for labels, value in counts} == {
+            "fork": ROUNDS * (OK_PER_ROUND + ERRORS_PER_ROUND), "merge": ROUNDS * 2, "select": 0}, histogram
 
 
 @pytest.mark.parametrize("record", recording_rules())
 def test_every_recording_rule_gives_data_after_real_traffic(live: Live, record: str) -> None:
     wait_until(lambda: live.prometheus.values(record), 30, f"{record} evaluated with a finite value")
     if record in {"sessionfork:forks:rate5m", "sessionfork:merges:rate5m", "sessionfork:fork_errors:ratio_rate5m",
+                  "sessionfork:refusals:ratio_rate5m",
                   "sessionfork:fork_latency_seconds:p95_5m", "sessionfork:fork_duration_seconds:p95_5m",
                   "sessionfork:workers_up:sum", "sessionfork:worker_saturation:ratio_rate5m"}:
         assert all(value > 0 for value in live.prometheus.values(record)), record

@@ -5,12 +5,13 @@ configs are valid with the rules they load."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from prometheus import ROOT, RULE_TESTS, RULES, shipped_rules, tool, with_for
+from prometheus import DASHBOARD, ROOT, RULE_TESTS, RULES, shipped_rules, tool, with_for
 
 CONFIGS = sorted((ROOT / "deploy" / "prometheus").glob("prometheus*.yml"))
 
@@ -31,9 +32,37 @@ def test_the_rules_are_valid() -> None:
         "check", "rules", RULES)
 
 
-def test_the_alerts_are_the_five_operators_asked_for() -> None:
-    assert alerts() == {"SessionforkQueueDepthGrowing", "SessionforkErrorRatioHigh", "SessionforkLatencyHigh",
-                        "SessionforkNoLiveWorker", "SessionforkWorkersSaturated"}
+def test_the_alerts_are_the_six_operators_asked_for() -> None:
+    assert alerts() == {"SessionforkQueueDepthGrowing", "SessionforkInternalErrors", "SessionforkLatencyHigh",
+                        "SessionforkNoLiveWorker", "SessionforkWorkersSaturated", "SessionforkQueuePausedTooLong"}
+
+
+def test_internal_errors_and_time_outs_page_and_expected_refusals_do_not() -> None:
+    """Critical (a page): INTERNAL outcomes, answers too late for the schedulers' waits, no worker.
+    Every other alert is a warning, and no alert reads the refusals (a dashboard panel)."""
+    rules = [rule for group in shipped_rules()["groups"] for rule in group["rules"] if "alert" in rule]
+    paging = {rule["alert"] for rule in rules if rule["labels"]["severity"] == "critical"}
+    assert paging == {"SessionforkInternalErrors", "SessionforkLatencyHigh", "SessionforkNoLiveWorker"}
+    assert {rule["labels"]["severity"] for rule in rules} == {"critical", "warning"}
+    assert [rule["alert"] for rule in rules if "refusals" in rule["expr"] or "fork_errors" in rule["expr"]] == []
+    assert any("code=\"INTERNAL\"" in rule.get("expr", "") for group in shipped_rules()["groups"]
+               for rule in group["rules"] if rule.get("record") == "sessionfork:internal_errors:rate5m")
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors MkDocs gives a page's headings (Python-Markdown's ``toc`` slugs)."""
+    from markdown.extensions.toc import slugify
+
+    return {slugify(line.lstrip("#").strip(), "-") for line in page.read_text().splitlines()
+            if line.startswith("#") and not line.startswith("#!")}
+
+
+def test_every_alert_links_its_runbook_a_docs_section_that_exists() -> None:
+    rules = [rule for group in shipped_rules()["groups"] for rule in group["rules"] if "alert" in rule]
+    for rule in rules:
+        page, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        assert page.startswith("docs/") and (ROOT / page).is_file(), rule["alert"]
+        assert anchor == rule["alert"].lower() and anchor in anchors(ROOT / page), rule["alert"]
 
 
 @pytest.mark.parametrize("path", RULE_TESTS, ids=lambda p: p.name)
@@ -67,3 +96,13 @@ def test_the_compose_prometheus_configs_are_valid_and_load_the_rules(path: Path)
     assert f"SUCCESS: {path} is valid" in out and "SUCCESS: 1 rule files found" in out, out
     config = yaml.safe_load(path.read_text())
     assert [job["job_name"] for job in config["scrape_configs"]] == ["sessionfork"]  # the rules read its `up`
+
+
+def test_the_dashboard_filters_every_panel_by_its_shard_variable_and_shows_the_pauses() -> None:
+    board = json.loads(DASHBOARD.read_text())
+    (shard,) = [v for v in board["templating"]["list"] if v["name"] == "shard"]
+    assert (shard["type"], shard["includeAll"], shard["multi"], shard["allValue"]) == ("query", True, True, ".*")
+    targets = [(panel["title"], target["expr"]) for panel in board["panels"] for target in panel["targets"]]
+    assert [title for title, expr in targets if 'shard=~"$shard"' not in expr] == []
+    assert any(expr.startswith("sessionfork:queue_paused:max") for _, expr in targets)
+    assert any("sessionfork:refusals:ratio_rate5m" in expr for _, expr in targets)

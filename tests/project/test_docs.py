@@ -14,13 +14,16 @@ examples).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import run
 from click.testing import CliRunner
 from redis import Redis
@@ -176,7 +179,8 @@ def test_every_error_code_is_documented() -> None:
         assert f"| `{code.value}` |" in codes
 
 
-PUBLIC_MODULES = ["sessionfork", "sessionfork.client", "sessionfork.aio", "sessionfork.embedded"]
+PUBLIC_MODULES = ["sessionfork", "sessionfork.client", "sessionfork.aio", "sessionfork.embedded",
+                  "sessionfork.integrations.langgraph"]
 
 
 def test_the_api_reference_documents_the_public_names_and_nothing_else() -> None:
@@ -226,10 +230,17 @@ def build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
 
 
-def test_the_site_builds_strictly_and_a_broken_link_anchor_or_reference_fails_it(tmp_path: Path) -> None:
-    done = build(ROOT / "mkdocs.yml", tmp_path / "site")
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site as the test command builds it (strictly), once for the tests that read it."""
+    built = tmp_path_factory.mktemp("built") / "site"
+    done = build(ROOT / "mkdocs.yml", built)
     assert done.returncode == 0, done.stderr
-    reference = (tmp_path / "site" / "reference" / "index.html").read_text()
+    return built
+
+
+def test_the_site_builds_strictly_and_a_broken_link_anchor_or_reference_fails_it(site: Path, tmp_path: Path) -> None:
+    reference = (site / "reference" / "index.html").read_text()
     assert reference.count('id="sessionfork.Registry"') == 1
     assert set(re.findall(r'id="sessionfork\.Registry\.(\w+)"', reference)) == REGISTRY_SURFACE
     for name in ["ForkResult", "ForkResult.child", "ForkFailure", "Reply", "fork_many"]:
@@ -255,3 +266,137 @@ def test_the_site_builds_strictly_and_a_broken_link_anchor_or_reference_fails_it
             (copy / "docs" / page_name).write_text(broken.get(page_name, text))
         done = build(copy / "mkdocs.yml", tmp_path / "broken-site")
         assert done.returncode != 0 and all(e in done.stderr for e in expected), (expected, done.stderr[-2000:])
+
+
+# -- the site reads offline: nothing from another host -------------------------------------------
+
+MERMAID = DOCS / "assets" / "javascripts" / "mermaid-11.17.2.min.js"
+MERMAID_SHA256 = "581ed7d74bd9048d0e3a91363927d72ef22942d7722546b27f7cc29e35390eb8"
+"""npm's ``mermaid@11.17.2``, ``dist/mermaid.min.js`` as published (``npm pack mermaid@11.17.2``)."""
+EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["']?(?:https?:)?//|@import\s+url\(\s*["']?(?:https?:)?//""", re.I)
+"""A page or stylesheet asking the browser for another host: a script, a stylesheet, a font, a picture."""
+
+
+def external_references(site: Path) -> list[str]:
+    """Each reference to another host that a built page, or a stylesheet of the site, makes the browser
+    load: ``<script src>``, ``<link href>`` (stylesheets, fonts, preconnects), ``<img src>``,
+    ``<iframe src>``, ``@import`` (a plain ``<a href>`` to another site is a link, not a load)."""
+    found = []
+    for path in sorted(site.rglob("*.html")):
+        for tag in re.findall(r"<(?:script|link|img|iframe|source)\b[^>]*>", path.read_text()):
+            if EXTERNAL.search(tag):
+                found.append(f"{path.relative_to(site)}: {tag}")
+    for path in sorted(site.rglob("*.css")):
+        found += [f"{path.relative_to(site)}: {m}" for m in re.findall(r"@import[^;]*", path.read_text())
+                  if EXTERNAL.search(m)]
+    return found
+
+
+def test_no_page_of_the_site_loads_anything_from_another_host(site: Path) -> None:
+    """Mermaid ships with the site (pinned, as npm published it) and the theme uses the system's fonts:
+    no page asks a CDN or Google Fonts for a script, a stylesheet or a font."""
+    import hashlib
+
+    assert hashlib.sha256(MERMAID.read_bytes()).hexdigest() == MERMAID_SHA256
+    assert external_references(site) == []
+    for name in ["index", "guarantees", "sharding", "deployment", "wire-format"]:  # the pages with diagrams
+        html = (site / ("index.html" if name == "index" else f"{name}/index.html")).read_text()
+        assert re.search(r'<script src="[./]*assets/javascripts/mermaid-11\.17\.2\.min\.js"', html), name
+    assert external_references_of('<link rel="stylesheet" href="https://fonts.googleapis.com/css?family=Roboto">')
+    assert external_references_of('<script src="//unpkg.com/mermaid@11/dist/mermaid.min.js"></script>')
+    assert not external_references_of('<a href="https://keepachangelog.com/">Keep a Changelog</a>')
+
+
+def external_references_of(html: str) -> list[str]:
+    """``external_references`` of one page holding ``html`` (the check's own check)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        (Path(folder) / "index.html").write_text(html)
+        return external_references(Path(folder))
+
+
+def serve(site: Path) -> tuple[str, Callable[[], None]]:
+    """``site`` served over HTTP on a free local port: its address and how to stop it."""
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(site)))
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+
+    def stop() -> None:
+        httpd.shutdown()
+        httpd.server_close()
+
+    return f"http://127.0.0.1:{httpd.server_address[1]}/", stop
+
+
+OVERLAPS = """() => {
+  const hits = [];
+  for (const nav of document.querySelectorAll('.md-typeset pre > .md-code__nav')) {
+    const button = nav.getBoundingClientRect();
+    const walker = document.createTreeWalker(nav.parentElement.querySelector('code'), NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      if (!node.textContent.trim()) continue;
+      const range = document.createRange();
+      range.selectNodeContents(node);
+      for (const r of range.getClientRects()) {
+        if (r.width > 0 && r.left < button.right && r.right > button.left && r.top < button.bottom
+            && r.bottom > button.top) hits.push(node.textContent.trim().slice(0, 60));
+      }
+    }
+  }
+  return hits;
+}"""
+"""The text of every code block that lies under its copy button, in the page as laid out."""
+DRAWN = """() => !document.querySelector('pre.mermaid')
+  && [...document.querySelectorAll('div.mermaid')].some(d => d.getBoundingClientRect().height > 50)"""
+"""Whether material has swapped the page's Mermaid block for its drawn picture (which it does once
+``mermaid`` is loaded: the block's ``pre`` goes, a ``div`` as tall as the picture stands in its place)."""
+BUTTONS = "() => document.querySelectorAll('.md-code__nav').length > 0"
+
+
+def test_the_diagrams_draw_with_every_other_host_blocked_and_the_copy_button_covers_no_code(site: Path) -> None:
+    """In Chromium, with every request to another host refused: each page's Mermaid block is drawn
+    (material swaps the block for the diagram's picture), nothing asks another host, and no code
+    block's text, its end-of-line comments included, lies under its copy button, at 1,280 and 390 px."""
+    from browser import chromium
+    from playwright.sync_api import Route, sync_playwright
+
+    base, stop = serve(site)
+    asked: list[str] = []
+
+    def only_local(route: Route) -> None:
+        if route.request.url.startswith(base):
+            route.continue_()
+        else:
+            asked.append(route.request.url)
+            route.abort()
+
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium(), args=["--no-sandbox", "--disable-gpu"])
+            try:
+                for width in (1280, 390):
+                    context = browser.new_context(viewport={"width": width, "height": 900})
+                    context.route("**/*", only_local)
+                    page = context.new_page()
+                    for name in ["", "guarantees/", "sharding/", "deployment/", "wire-format/"]:
+                        page.goto(base + name)
+                        wait_until(functools.partial(page.evaluate, DRAWN), 30,
+                                   f"the diagram of /{name} drawn at {width} px", interval=0.1)
+                    for name in ["getting-started/", "operating/", "sharding/", "any-language/"]:
+                        page.goto(base + name)
+                        wait_until(functools.partial(page.evaluate, BUTTONS), 30,
+                                   f"/{name}'s copy buttons at {width} px", interval=0.1)
+                        assert page.evaluate(OVERLAPS) == [], (name, width)
+                    context.close()
+            finally:
+                browser.close()
+    finally:
+        stop()
+    assert asked == []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,7 @@ def test_the_capacity_table_divides_each_rate_by_one_core_and_multiplies_bytes_b
     assert "one queue primary carries 2,000 forks/s, one registry core 5,000" in table[-2]
 
 
-# -- issue 29 #6: the charts, generated from the same snapshot ---------------------------------------
+# -- the charts, generated from the same snapshot --------------------------------------------------
 
 
 def test_the_charts_and_their_block_are_what_the_generator_makes_of_the_snapshot() -> None:
@@ -122,3 +123,26 @@ def test_the_chart_scale_starts_at_zero_and_ends_on_a_round_number() -> None:
     bars = charts.bar_chart("t", "u", [("a", 10.0), ("b", 5.0)])
     assert bars.count("<rect ") == 3 and "<title>a: 10.0 u</title>" in bars  # background + two bars
     assert [charts.number(v) for v in (3.456, 571.36, 13_973_592.0)] == ["3.5", "571", "13,973,592"]
+
+
+def test_the_headline_figure_is_the_snapshots_in_the_readme_the_page_and_the_chart() -> None:
+    """One figure heads the README and the page, the per-process forks/s with requests queued first,
+    rounded to the hundred, with its ratio to Dramatiq of the same run; the chart's first bar is it."""
+    import xml.etree.ElementTree as ET
+
+    from bench import charts
+
+    rows = {(f["figure"], f["baseline"]): f for f in snapshot()["runs"][0]["figures"]}  # type: ignore[index]
+    dramatiq = rows[(charts.QUEUED, "Dramatiq no-op (8 threads) jobs/s")]
+    about = f"forks about {round(dramatiq['value'], -2):,.0f} queued requests"
+    ratio = f"{dramatiq['ratio']:.2f}\u00d7 a Dramatiq process's no-op jobs"
+    readme, page = publish.README.read_text(), publish.PAGE.read_text()
+    assert about in readme and ratio in readme
+    assert f"One worker process {about}" in page and f"{dramatiq['ratio']:.2f}\u00d7 the no-op jobs a Dramatiq" in page
+    for text in (readme, page):  # no other headline beside it
+        assert set(re.findall(r"forks about ([\d,]+) queued", text)) == {f"{round(dramatiq['value'], -2):,.0f}"}
+    svg = ET.fromstring(publish.charts(snapshot())["throughput.svg"])
+    first = svg.find("{http://www.w3.org/2000/svg}rect[2]")  # the first bar (the background is the first rect)
+    assert first is not None
+    assert first.findtext("{http://www.w3.org/2000/svg}title") == (
+        f"sessionfork\nforks: {charts.number(dramatiq['value'])} jobs per second")

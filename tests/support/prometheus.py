@@ -62,11 +62,14 @@ def recording_rules() -> list[str]:
 
 def dashboard_expressions() -> list[tuple[str, str]]:
     """Every PromQL expression of the shipped Grafana dashboard: (where, expr), the panels' targets
-    and the annotations."""
+    and the annotations, each dashboard variable replaced by its "All" value (``allValue``)."""
     board = json.loads(DASHBOARD.read_text())
     found = [(f"panel {panel['title']!r} {target['refId']}", target["expr"])
              for panel in board["panels"] for target in panel["targets"]]
     found += [(f"annotation {a['name']!r}", a["expr"]) for a in board["annotations"]["list"] if "expr" in a]
+    every = {v["name"]: v["allValue"] for v in board["templating"]["list"] if v.get("includeAll")}
+    for name, value in every.items():  # each variable as Grafana's "All" gives it
+        found = [(where, expr.replace(f"${name}", value)) for where, expr in found]
     return found
 
 

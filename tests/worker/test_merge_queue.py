@@ -146,7 +146,7 @@ def test_cli_merge_and_select(server: EmbeddedServer, client: Client, fam: Regis
     assert json.loads(done.stdout)["type"] == "merge/result"
     assert fam.events("p")[6].data == {"summary": {"text": "k0 did it"},
                                        "summarizes": {"session": "k0", "fromSeq": 4, "toSeq": 7}}
-    picked = run_cli(server.url, "select", "p", "k1", "k1", "k2", "--mode", "events")
+    picked = run_cli(server.url, "select", "p", "k1", "k2", "k1", "--mode", "events")
     assert picked.returncode == 0, picked.stderr
     assert json.loads(picked.stdout)["abandoned"] == ["k2"]
     stale = run_cli(server.url, "merge", "p", "k2", "--mode", "events")

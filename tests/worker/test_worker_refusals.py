@@ -210,3 +210,22 @@ def test_text_that_is_not_utf8_is_refused_naming_the_field(redis: Redis, registr
         assert not isinstance(reply, str), reply  # an outcome, never an exception out of the parser
         assert failure(reply) == ("INVALID_REQUEST", message)
     assert registry.children(source) == []
+
+
+def test_a_lone_surrogate_in_a_merges_summary_is_refused_naming_the_summary(redis: Redis, registry: Registry) -> None:
+    """A merge (and a select) whose summary holds a lone surrogate escape: ``INVALID_REQUEST``
+    naming ``summary``'s path, as a fork's edits are named, never the ``op`` field."""
+    service = RequestService(registry, Outcomes(redis, ttl=60, stream_maxlen=100), reply_channel="sf:replies")
+    cases = {
+        b'{"op": "merge", "parent": "p", "child": "c", "mode": "summary", "summary": {"text": "hi \\ud83d"}}':
+            "invalid request: summary.text holds a lone surrogate ('\\ud83d'): text must be valid UTF-8",
+        b'{"op": "select", "parent": "p", "candidates": ["a"], "winner": "a", "mode": "summary", '
+        b'"summary": ["ok", "\\udc00"]}':
+            "invalid request: summary[1] holds a lone surrogate ('\\udc00'): text must be valid UTF-8",
+    }
+    for i, (payload, message) in enumerate(cases.items()):
+        reply = outcome_of(lambda p=payload, i=i: service.handle(p, f"surrogate-{i}"))
+        assert not isinstance(reply, str), reply
+        assert (getattr(reply, "code", None), getattr(reply, "message", "")[:len(message)]) == (
+            "INVALID_REQUEST", message), reply
+    assert count_session_keys(redis) == 0

@@ -75,7 +75,8 @@ def test_live_handle_with_a_wrong_instance_is_session_not_live(client: Client, r
                                                                source: str) -> None:
     reply = client.fork(LiveHandle(source, "wrong-instance"), session_id="c", timeout=TIMEOUT)
 
-    assert failure(reply) == ("SESSION_NOT_LIVE", 'session "a" is not the live store instance')
+    assert failure(reply) == ("SESSION_NOT_LIVE",
+                              'live handle of session "a" is stale: its instance is not the live one')
     assert not registry.exists("c")
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import logging
 import os
 
-from . import admin, merge_commands, queue_commands
+from . import admin, bundle_commands, merge_commands, queue_commands
 from .app import cli
 
 __all__ = ["cli", "main"]
-_COMMANDS = (admin, merge_commands, queue_commands)  # importing them registers their commands on ``cli``
+# Importing them registers their commands on ``cli``.
+_COMMANDS = (admin, bundle_commands, merge_commands, queue_commands)
 
 
 def main() -> None:

@@ -274,8 +274,10 @@ def console(obj: Context, host: str, port: int, bound: float) -> None:
 
         from ..console import Console, create_app
     except ImportError as exc:
-        raise click.UsageError(f"the console needs the [console] extra (pip install 'sessionfork[console]'): "
-                               f"{exc}") from None
+        raise click.UsageError(f"the console needs the [console] extra ({exc}): sessionfork is not on PyPI, so "
+                               "install the extra from your checkout or wheel: "
+                               "pip install '/path/to/sessionfork[console]' or "
+                               "pip install '/path/to/sessionfork-<version>-py3-none-any.whl[console]'") from None
     obj.bound_by(bound)
     app = create_app(Console(shards=obj.shard_redis(), registry=obj.registry(), settings=obj.settings,
                              token=obj.console_token, bound=bound))

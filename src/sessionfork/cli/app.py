@@ -8,6 +8,7 @@ stderr and a non-zero exit status, never a traceback. Exit status: 0 ok, 1 an er
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -22,7 +23,6 @@ from .. import __version__
 from ..core import config, connections
 from ..core.errors import ForkError
 from ..core.registry import Registry
-from ..protocol.requests import HARD_AFTER
 from ..worker.service import RequestService
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -94,15 +94,31 @@ class Context:
         return RequestService.from_settings(self.registry(), self.queue_redis(), self.settings)
 
 
-def within(seconds: float, what: str, work: Callable[[], T]) -> T:
-    """``work()``'s value, or a Redis ``TimeoutError`` naming ``what`` (status 3) once ``seconds``
-    (and the clients' ``HARD_AFTER``) have passed, whatever the servers do: the bound of a command
-    given a time, where a connection's own time-outs and retries are not enough (hung sentinels:
-    each lookup waits its socket time-out per sentinel, then is retried). The work runs in a thread
-    the cut leaves behind, as a sync client's call does (``connections.cut_at``)."""
+_IMPORTED = time.monotonic()
+
+
+def started_at() -> float:
+    """The ``time.monotonic()`` of this process's start, the interpreter's own start and imports
+    included: on Linux from ``/proc/self/stat`` (to the kernel's clock tick, 10 ms), elsewhere (or
+    when that is unreadable) this module's import."""
     try:
-        return connections.cut_at(time.monotonic() + seconds + HARD_AFTER, work,
-                                  f"no answer from {what} within {seconds:g}s")
+        with open("/proc/self/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError, AttributeError):  # no /proc, no CLOCK_BOOTTIME
+        return _IMPORTED
+    now = time.monotonic()
+    return now - age if 0 <= age <= now - _IMPORTED + 60 else _IMPORTED  # a clock that disagrees: not read
+
+
+def within(deadline: float, what: str, seconds: float, work: Callable[[], T]) -> T:
+    """``work()``'s value, or a Redis ``TimeoutError`` naming ``what`` and the ``seconds`` given
+    (status 3) at ``deadline`` (``time.monotonic()``), whatever the servers do: the bound of a
+    command given a time, where a connection's own time-outs and retries are not enough (hung
+    sentinels: each lookup waits its socket time-out per sentinel, then is retried). The work runs
+    in a thread the cut leaves behind, as a sync client's call does (``connections.cut_at``)."""
+    try:
+        return connections.cut_at(deadline, work, f"no answer from {what} within {seconds:g}s")
     except TimeoutError as exc:
         raise RedisTimeoutError(str(exc)) from None
 

@@ -115,9 +115,9 @@ def run_demo(settings: Settings, *, echo: Echo) -> None:
             show("fork into an existing id", "SESSION_ALREADY_EXISTS",
                  client.fork(sid("parent"), session_id=sid("child")))
             show("invalid child id", "INVALID_REQUEST", client.fork(sid("parent"), session_id="not valid!"))
-            first = client.fork(sid("parent"), request_id=f"demo-{tag}-retry")
-            again = show("idempotent retry (same request id)", "ok",
-                         client.fork(sid("parent"), request_id=f"demo-{tag}-retry"))
+            retry_id = f"req-{tag}-retry"  # a request id, named apart from every session id
+            first = client.fork(sid("parent"), request_id=retry_id)
+            again = show("idempotent retry (same request id)", "ok", client.fork(sid("parent"), request_id=retry_id))
             if again != first:
                 raise DemoFailed("idempotent retry returned a different outcome")
             echo("  (same child as the first attempt: nothing new was created)")

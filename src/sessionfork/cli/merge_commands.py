@@ -76,19 +76,39 @@ def merge(obj: Context, parent: str, child: str, mode: str, summary_file: IO[byt
 
 @cli.command()
 @click.argument("parent")
-@click.argument("winner")
 @click.argument("candidates", nargs=-1, required=True)
+@click.argument("winner")
 @_options
 @click.pass_obj
 @clean_errors
-def select(obj: Context, parent: str, winner: str, candidates: tuple[str, ...], mode: str,
+def select(obj: Context, parent: str, candidates: tuple[str, ...], winner: str, mode: str,
            summary_file: IO[bytes] | None, span: tuple[int, int] | None, if_parent_length: int | None,
            if_child_length: int | None, instance: str | None, request_id: str | None, reply_to: str | None,
            wait_s: float) -> None:
-    """Best of N: enqueue a select of WINNER among CANDIDATES (WINNER among them) under PARENT: the
-    winner merged as `merge` merges it, every other candidate abandoned; print the reply event as
-    JSON (exit 1 on an error code, 4 when no reply within --wait)."""
+    """Best of N: enqueue a select of WINNER among CANDIDATES (WINNER among them) under PARENT, in
+    the order of the Python clients' `select(parent, candidates, winner)`: the winner merged as
+    `merge` merges it, every other candidate abandoned; print the reply event as JSON (exit 1 on an
+    error code, 4 when no reply within --wait). The deprecated order PARENT WINNER CANDIDATES... is
+    still taken, with a warning on stderr, where it cannot be read in the new one."""
+    listed, winner = _in_order(list(candidates), winner)
     client = Client(obj.shard_redis(), obj.settings)
     target: str | wire.LiveHandle = wire.LiveHandle(parent, instance) if instance else parent
     options = _merge_options(mode, summary_file, span, if_parent_length, if_child_length, request_id, reply_to)
-    send(client, client.select_request(target, list(candidates), winner, **options), wait_s)
+    send(client, client.select_request(target, listed, winner, **options), wait_s)
+
+
+def _in_order(candidates: list[str], winner: str) -> tuple[list[str], str]:
+    """The candidates and the winner of ``select``'s arguments. Read as PARENT CANDIDATES... WINNER
+    they must be distinct ids with the winner among them; where they are not, and the deprecated
+    order PARENT WINNER CANDIDATES... is (its winner first, among the distinct others), that order
+    is taken and stderr says so. Both readings valid only when the first and last ids are the same
+    winner: then they name the same select."""
+    given = [*candidates, winner]
+    if len(set(candidates)) == len(candidates) and winner in candidates:
+        return candidates, winner
+    first, rest = given[0], given[1:]
+    if len(set(rest)) == len(rest) and first in rest:
+        click.echo("warning: `sessionfork select PARENT WINNER CANDIDATES...` is deprecated: give "
+                   f"`sessionfork select PARENT CANDIDATES... WINNER` ({' '.join(rest)} {first})", err=True)
+        return rest, first
+    return candidates, winner  # neither reading valid: the select's own checks name the error

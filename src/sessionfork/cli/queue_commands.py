@@ -14,7 +14,7 @@ from ..clients.client import Client
 from ..core import config, rules, wire
 from ..protocol.requests import MAX_WAIT, ForkOptions
 from ..worker import jobs
-from .app import LOG_LEVELS, Context, clean_errors, cli, env_help, within
+from .app import LOG_LEVELS, Context, clean_errors, cli, env_help, started_at, within
 from .files import read_edits, read_summary, read_variants
 
 log = logging.getLogger("sessionfork.worker")
@@ -157,7 +157,8 @@ def print_reply(reply: wire.Outcome) -> None:
 def wait(obj: Context, request_id: str, timeout_s: float, reply_to: str | None) -> None:
     """Wait for the outcome of a request enqueued before (`fork --wait 0`, a scheduler, a timed-out
     `fork`) and print its reply event as JSON, as `fork` does (exit 1 on an error code, 4 when
-    no reply comes within --timeout: it may still be queued)."""
+    no reply comes within --timeout: it is queued or running). An id the queue server does not
+    know (not queued, running nor answered) is exit 1 at once: REQUEST_NOT_FOUND on stderr."""
     from ..core.connections import retries_until
 
     obj.bound_by(timeout_s)
@@ -168,15 +169,22 @@ def wait(obj: Context, request_id: str, timeout_s: float, reply_to: str | None) 
     try:
         reply = client.wait(request_id, max(deadline - time.monotonic(), 0.0), reply_to=reply_to)
     except TimeoutError:
-        raise TimeoutError(f"no reply to request {request_id} within {timeout_s}s: it may still be queued; "
+        raise TimeoutError(f"no reply to request {request_id} within {timeout_s}s: it is queued or running; "
                            f"wait again with: sessionfork wait {request_id}") from None
     print_reply(reply)
+
+
+EXIT_TIME = 0.25
+"""Seconds of ``health --timeout`` kept for printing its answer and the interpreter's exit."""
+MIN_WORK = 1.0
+"""Seconds ``health`` gives its Redis work at least, when the interpreter's start took its time."""
 
 
 @cli.command()
 @click.option("--timeout", "timeout_s", type=click.FloatRange(0.1, 3600), default=3.0, show_default=True,
               metavar="SECONDS",
-              help="Seconds within which it answers: an unreachable server is exit 3 by then (each "
+              help="Seconds within which it answers, counted from the command's start (the "
+                   "interpreter's start included): an unreachable server is exit 3 by then (each "
                    "connection and command bounded by it, no retry past it).")
 @click.option("--json", "as_json", is_flag=True,
               help='One JSON object: {"ok", "queue", "shards": [{"shard", "ok", "workers", "paused"}]}.')
@@ -191,8 +199,10 @@ def health(obj: Context, timeout_s: float, as_json: bool) -> None:
     from ..worker.jobs import fresh_workers
 
     s = obj.settings
-    obj.bound_by(timeout_s)
-    deadline = time.monotonic() + timeout_s
+    # The interpreter's start counts: the answer comes within --timeout of the command's start
+    # (EXIT_TIME kept for printing it and exiting), the Redis work given MIN_WORK at least.
+    deadline = max(started_at() + timeout_s - EXIT_TIME, time.monotonic() + MIN_WORK)
+    obj.bound_by(deadline - time.monotonic())
 
     def look() -> tuple[list[Any], dict[int, list[str]], set[int]]:
         with retries_until(deadline):
@@ -203,7 +213,7 @@ def health(obj: Context, timeout_s: float, as_json: bool) -> None:
                     {index for index, redis in asked if is_paused(redis)})
 
     # Bounded as a whole too: a hung sentinel answers no connection or command time-out.
-    shards, found, paused = within(timeout_s, "the queue server", look)
+    shards, found, paused = within(deadline, "the queue server", timeout_s, look)
     if as_json:
         click.echo(wire.encode({"ok": all(found.values()), "queue": s.queue, "shards": [
             {"shard": index, "ok": bool(names), "workers": names, "paused": index in paused}

@@ -52,7 +52,7 @@ from typing import Any, TypeVar, Unpack, cast, overload
 
 from redis.asyncio import Redis
 
-from ..core import connections, keys, wire
+from ..core import connections, errors, keys, wire
 from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
 from ..core.outages import is_lost
@@ -67,7 +67,7 @@ from ..core.wire import (
     SelectReply,
     SelectRequest,
 )
-from ..protocol import merge_requests, requests, shards, tracing
+from ..protocol import merge_requests, outcomes, requests, shards, tracing
 from ..protocol.enqueue import AsyncEnqueuer, job_call
 from ..protocol.merge_requests import ClientMergeOptions
 from ..protocol.outcomes import OUTCOME_FIELDS, verdict
@@ -214,16 +214,24 @@ class AsyncClient:
         ``request`` may be a request id alone (a request submitted elsewhere), as for
         ``Client.wait``: its outcome, whatever request it was (no conflict to tell), woken on
         ``reply_to`` (default: the settings' reply channel). ``INVALID_REQUEST`` for an id outside
-        ``[A-Za-z0-9_-]{1,128}``.
+        ``[A-Za-z0-9_-]{1,128}``. A request id alone that its queue server does not know when the
+        wait starts answers ``REQUEST_NOT_FOUND`` at once, as ``Client.wait`` does.
         """
         waited, digest = requests.waited(request, reply_to)
         timeout = requests.wait_bound(timeout)
-        assert isinstance(waited.request_id, str)
+        rid = waited.request_id
+        assert isinstance(rid, str)
         deadline = asyncio.get_running_loop().time() + timeout
-        router = self.routers[self.shard_of(waited.request_id)]
-        async with router.expect(waited.request_id, self._channel(waited), deadline) as woken:
-            answer = self._answer(waited, digest, woken, None, deadline, timeout)
-            return await _cut(deadline + requests.HARD_AFTER, _no_reply(waited.request_id, timeout), answer)
+        router = self.routers[self.shard_of(rid)]
+        redis, by_id = self.shards[self.shard_of(rid)], isinstance(request, str)
+
+        async def work(woken: asyncio.Event) -> Outcome:
+            if by_id and not int(await _again(lambda: redis.exists(*outcomes.known_keys(rid)), deadline)):
+                raise errors.request_not_found(rid)
+            return await self._answer(waited, digest, woken, None, deadline, timeout)
+
+        async with router.expect(rid, self._channel(waited), deadline) as woken:
+            return await _cut(deadline + requests.HARD_AFTER, _no_reply(rid, timeout), work(woken))
 
     async def fork(self, source: str | LiveHandle, *, timeout: float = 10.0,
                    **options: Unpack[ForkOptions]) -> Reply:

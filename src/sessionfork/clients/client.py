@@ -1,6 +1,6 @@
 """What a scheduler imports: submit fork requests, and wait for their replies.
 
-    client = Client(Redis.from_url("redis://localhost:6379/0"))
+    client = Client.from_url("redis://localhost:6379/0")
     reply = client.fork("sess-a", session_id="child-1", timeout=5)
     if reply.ok: print(reply.child.id)   # a ForkResult (a ForkFailure's ok is Literal[False])
     merged = client.merge("sess-a", "child-1", mode="summary", summary={"text": "done"}, timeout=5)
@@ -30,7 +30,7 @@ from typing import TypeVar, Unpack, cast, overload
 
 from redis import Redis
 
-from ..core import connections, wire
+from ..core import connections, errors, wire
 from ..core.config import Settings, split_urls
 from ..core.factories import new_request_id
 from ..core.wire import (
@@ -44,7 +44,7 @@ from ..core.wire import (
     SelectReply,
     SelectRequest,
 )
-from ..protocol import merge_requests, requests, shards, tracing
+from ..protocol import merge_requests, outcomes, requests, shards, tracing
 from ..protocol.enqueue import Enqueuer, job_call
 from ..protocol.merge_requests import ClientMergeOptions
 from ..protocol.requests import ForkOptions
@@ -71,6 +71,15 @@ class Client:
         self._new_id = new_id
         self._enqueuers = [Enqueuer(shard, self.settings) for shard in self.shards]
         self._local = threading.local()  # each thread's reply listeners, by shard
+
+    @classmethod
+    def from_url(cls, url: str, settings: Settings | None = None, *,
+                 new_id: Callable[[], str] = new_request_id) -> Client:
+        """A client of the queue server at ``url``, any form ``SESSIONFORK_QUEUE_URL`` takes (a
+        ``redis+sentinel://`` URL follows its primary's promotions), its connections bounded by the
+        settings' time-outs; ``AsyncClient.from_url``'s counterpart."""
+        settings = settings or Settings()
+        return cls(connections.queue_client(settings, url), settings, new_id=new_id)
 
     @classmethod
     def from_urls(cls, urls: str | Sequence[str], settings: Settings | None = None, *,
@@ -164,11 +173,24 @@ class Client:
         ID``): its outcome, whatever request it was (no conflict to tell), woken on ``reply_to``
         (default: the settings' reply channel; one announced elsewhere is read within
         ``recheck_every``). ``INVALID_REQUEST`` for an id outside ``[A-Za-z0-9_-]{1,128}``.
+
+        A request id alone that its queue server does not know when the wait starts (no job:
+        neither queued nor running; no stored outcome) answers ``ForkError`` ``REQUEST_NOT_FOUND``
+        at once, not a ``TimeoutError`` at the deadline: a wait by id that times out is for a
+        request queued or running.
         """
         waited, digest = requests.waited(request, reply_to)
         timeout = requests.wait_bound(timeout)
-        return self._bounded(waited, timeout, lambda listener, deadline: self._wait(listener, waited, deadline,
-                                                                                   timeout, digest))
+        by_id = isinstance(request, str)
+
+        def work(listener: ReplyListener, deadline: float) -> Outcome:
+            assert isinstance(waited.request_id, str)
+            with connections.retries_until(deadline):
+                if by_id and not outcomes.is_known(self.shards[self.shard_of(waited.request_id)], waited.request_id):
+                    raise errors.request_not_found(waited.request_id)
+            return self._wait(listener, waited, deadline, timeout, digest)
+
+        return self._bounded(waited, timeout, work)
 
     def _wait(self, listener: ReplyListener, request: AnyRequest, deadline: float, timeout: float,
               digest: str | None, *, announced_after_ready: bool = False) -> Outcome:

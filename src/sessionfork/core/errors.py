@@ -29,6 +29,8 @@ class ErrorCode(StrEnum):
     WRONG_SHARD = "WRONG_SHARD"
     NOT_DESCENDANT = "NOT_DESCENDANT"
     ALREADY_MERGED = "ALREADY_MERGED"
+    REQUEST_NOT_FOUND = "REQUEST_NOT_FOUND"
+    INVALID_BUNDLE = "INVALID_BUNDLE"
 
 
 class ForkError(Exception):
@@ -52,7 +54,14 @@ def not_found(session_id: str) -> ForkError:
 
 
 def not_live(session_id: str) -> ForkError:
-    return ForkError(ErrorCode.SESSION_NOT_LIVE, f'session "{session_id}" is not the live store instance')
+    """A live handle whose instance token is not the session's live one (a stale handle)."""
+    return ForkError(ErrorCode.SESSION_NOT_LIVE,
+                     f'live handle of session "{session_id}" is stale: its instance is not the live one')
+
+
+def disposed(session_id: str) -> ForkError:
+    """A merge or select into a parent that exists but is disposed (no live instance)."""
+    return ForkError(ErrorCode.SESSION_NOT_LIVE, f'session "{session_id}" is disposed: nothing merges into it')
 
 
 def already_exists(session_id: str) -> ForkError:
@@ -106,6 +115,14 @@ def wrong_shard(request_id: str, owner: int, served: int, count: int) -> ForkErr
                      f"worker serves: enqueue it on shard {owner}'s queue server (protocol.shards.shard_of)")
 
 
+def request_not_found(request_id: str) -> ForkError:
+    """A client's wait for a request id no request on its queue server has: neither queued nor
+    running (no job) nor answered (no stored outcome). A client's answer, never an outcome."""
+    return ForkError(ErrorCode.REQUEST_NOT_FOUND,
+                     f'request "{request_id}" is not known: not queued, running nor answered (never enqueued on '
+                     "this queue server, or its outcome expired)")
+
+
 def not_descendant(child: str, parent: str) -> ForkError:
     """A merge whose child's ``parentSession`` chain does not reach the parent it names."""
     return ForkError(ErrorCode.NOT_DESCENDANT, f'session "{child}" does not descend from session "{parent}" '
@@ -124,6 +141,13 @@ def abandoned(child: str, request_id: str) -> ForkError:
     """A merge or select of a session that a select abandoned (a stale selection)."""
     return ForkError(ErrorCode.ALREADY_MERGED, f'session "{child}" was abandoned by request "{request_id}" '
                      "(a select that chose another candidate)")
+
+
+def held(session_id: str, request_id: str) -> ForkError:
+    """A merge or select of a session that another merge or select still running holds: of two
+    requests that would change one session's state, one wins (``lib/hold.lua``)."""
+    return ForkError(ErrorCode.ALREADY_MERGED, f'session "{session_id}" is being merged or selected by request '
+                     f'"{request_id}" (one request at a time changes a session\'s state)')
 
 
 def open_merge_turn(session_id: str, last_type: str) -> ForkError:

@@ -28,11 +28,19 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                     mergedinto  its latest merge into an ancestor: JSON [parent id,
                                               the merge's first seq there, request id]
                                     abandoned the request id of the select that abandoned it
-                                    plan:<request id>  "<fromSeq> <toSeq>": the range a request's
-                                              merge of this session resolved (merge_read.lua; a
-                                              retry merges the same range)
+                                    plan:<holder>  "<fromSeq> <toSeq> <ms>": while a merge of this
+                                              session runs, the range it resolved (merge_read.lua;
+                                              a retry merges the same range) and its hold on it;
+                                              the holder is the request id (a call without one: a
+                                              token of its own, ".<hex>"); dropped when the request
+                                              ends, ignored past the request window (lib/hold.lua)
+                                    hold      "<holder> <ms>": while a select runs, its hold on each
+                                              of its candidates (dropped and ignored as a plan)
                                     batch     id of the last append call, batchseq its first seq
                                               (a retried append is recognised, never doubled)
+                                    imported  an imported session: the digest of its bundle
+                                              (``ops.bundles``); importedfrom its id in the bundle
+                                              when imported under a new id
                                   once deleted, a tombstone (the id is never reused):
                                     deleted   when (epoch ms)
                                     parent, seed, seedlen, lastend, seedend, summary  kept
@@ -63,7 +71,11 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                   "<request id> <first seq> <length after>" (one merge of one range,
                                   under any request id: ALREADY_MERGED; request id "-": none); a
                                   select's candidates ["c",<id>] -> "m <request id> <first seq>" (its
-                                  winner) or "a <request id>"
+                                  winner) or "a <request id>"; for the request window, each request
+                                  id that merged here ["r",<request id>] -> "<first seq> <length
+                                  after> <fromSeq> <toSeq> <ms>" (its retry answers this merge)
+    sf:s:{<id>}:mergereqs  zset   the request ids of ``merges``' ["r",...] entries, scored by when
+                                  (epoch ms): each merge drops a few past the request window
     sf:s:{<id>}:turns      list   turn index of the session's own events: 2*seq + 1 for each
                                   turn/end, 2*seq for each turn/start, ascending (append-only), so
                                   the newest marker at or before a seq is a binary search
@@ -78,6 +90,18 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                   the mark)
     sf:disposed            zset   retention index: disposed session ids, scored by disposal time
                                   (epoch ms); one key (on a cluster, written right after dispose)
+    sf:bundle:<digest>     hash   an import of a bundle (``ops.bundles``): state ("started", then
+                                  "done"), ids (JSON: each bundle id's id here), under (the parent
+                                  given, or ""): a second import of the same bundle is a no-op, a
+                                  killed one resumes with the same ids
+
+LangGraph checkpointer (``integrations.langgraph``; on the registry's connection, each key a slot of
+its own on a cluster)::
+
+    sf:lg:t:<thread id>    string the id of the session holding the thread's checkpoints (absent: none)
+    sf:lg:threads          set    every thread id given a session (entries of deleted threads removed)
+    sf:lg:run:<run id>     set    the thread ids with a checkpoint of that run (delete_for_runs)
+    sf:lg:truns:<thread id> set   the run ids of the thread's checkpoints (a copy joins their sets)
 
 Queue side (one Redis primary, the one RQ uses; never a cluster; a sharded queue: every shard's
 server holds these for the request ids routed to it)::
@@ -110,6 +134,7 @@ DISPOSED_INDEX = f"{PREFIX}:disposed"
 ENDED_INDEX = f"{PREFIX}:ended"
 SHARD_MARKER = f"{PREFIX}:shard"
 AUDIT_STREAM = f"{PREFIX}:audit"
+LANGGRAPH_THREADS = f"{PREFIX}:lg:threads"
 
 
 def session(session_id: str) -> str:
@@ -149,9 +174,34 @@ def session_merges(session_id: str) -> str:
     return f"{session(session_id)}:merges"
 
 
+def session_merge_requests(session_id: str) -> str:
+    """The request ids that merged into this session within the request window, by when (zset)."""
+    return f"{session(session_id)}:mergereqs"
+
+
 def session_turns(session_id: str) -> str:
     """Turn index of the session's own events (list of ``2 * seq + (1 for turn/end)``)."""
     return f"{session(session_id)}:turns"
+
+
+def langgraph_thread(thread_id: str) -> str:
+    """The id of the session holding a LangGraph thread's checkpoints (string)."""
+    return f"{PREFIX}:lg:t:{thread_id}"
+
+
+def langgraph_run(run_id: str) -> str:
+    """The LangGraph threads holding a checkpoint of one run (set)."""
+    return f"{PREFIX}:lg:run:{run_id}"
+
+
+def langgraph_thread_runs(thread_id: str) -> str:
+    """The run ids of a LangGraph thread's checkpoints (set)."""
+    return f"{PREFIX}:lg:truns:{thread_id}"
+
+
+def bundle_import(digest: str) -> str:
+    """The record of an import of the bundle whose digest is ``digest`` (hash)."""
+    return f"{PREFIX}:bundle:{digest}"
 
 
 def request(request_id: str) -> str:

@@ -10,11 +10,13 @@ select, by the spec's type).
 The error order, each checked before anything is written: ``INVALID_REQUEST`` (the request's
 shape), ``SESSION_NOT_FOUND`` (the parent, then the child or each candidate), ``SESSION_NOT_LIVE``
 (the parent), ``NOT_DESCENDANT``, ``ALREADY_MERGED`` (a child a select abandoned; for a select, a
-candidate merged before), ``PRECONDITION_FAILED`` (``ifChildLength``), ``INVALID_BOUNDARY`` (the
-range), then in the parent's atomic step ``ALREADY_MERGED`` (the same range of the same child
-merged into this parent before, under any request id; a select's candidate noted there),
-``PRECONDITION_FAILED`` (``ifParentLength``) and ``OPEN_TURN``. A request id that merged already
-answers its first merge before any of these (a retry after a crash, whatever the sessions' state).
+candidate merged before; then a session another merge or select still running holds),
+``PRECONDITION_FAILED`` (``ifChildLength``), ``INVALID_BOUNDARY`` (the range), then in the
+parent's atomic step ``ALREADY_MERGED`` (the same range of the same child merged into this parent
+before, under any request id; a select's candidate noted there), ``PRECONDITION_FAILED``
+(``ifParentLength``) and ``OPEN_TURN``. A request id that merged already answers its first merge
+before any of these (a retry after a crash, whatever the sessions' state), for the request window
+(the registry's ``request_ttl``); after it, the id is a new request.
 """
 
 from __future__ import annotations

@@ -48,7 +48,10 @@ class Registry:
     ``lifecycle_maxlen`` (1,000,000) trims the lifecycle stream; ``wait_replicas`` (0) and
     ``wait_timeout_ms`` (1000): a fork's children are acknowledged by that many replicas;
     ``compact_records`` (True): write records in the compact layout (``records``), False the old
-    one, for readers of an earlier version still running (``SESSIONFORK_COMPACT_RECORDS=0``).
+    one, for readers of an earlier version still running (``SESSIONFORK_COMPACT_RECORDS=0``);
+    ``request_ttl`` (86,400 s): how long a merge's request id is remembered, the request window
+    (``SESSIONFORK_OUTCOME_TTL``); ``max_merge_bytes`` (16 MiB): most bytes of events one merge
+    brings back (``SESSIONFORK_MAX_REQUEST_WRITE_BYTES``).
     """
 
     def __init__(self, redis: Redis | RedisCluster, **options: Unpack[RegistryOptions]) -> None:
@@ -74,7 +77,8 @@ class Registry:
     def from_settings(cls, redis: Any, settings: Settings) -> Registry:
         """A registry on ``redis`` with the limits and replication wait of ``settings``."""
         return cls(redis, max_event_bytes=settings.max_event_bytes, wait_replicas=settings.wait_replicas,
-                   wait_timeout_ms=settings.wait_timeout_ms, compact_records=settings.compact_records)
+                   wait_timeout_ms=settings.wait_timeout_ms, compact_records=settings.compact_records,
+                   request_ttl=settings.outcome_ttl, max_merge_bytes=settings.max_request_write_bytes)
 
     # -- sessions (``store.SessionStore``) -------------------------------------------------------
 

@@ -56,10 +56,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True):
     before any work. A request is at most ``max_request_bytes``, but a fan-out writes its edits
     once per child: 1024 children of 54 KB of edits would add 64 MB. 16 MiB lets the largest
     fan-out (1024) carry 16 KiB of edits per child (a long prompt), and every child a 64 KiB
-    request can carry when it has 256 children or fewer."""
+    request can carry when it has 256 children or fewer. It also bounds the stored events one
+    merge of mode ``events`` brings back (``INVALID_BOUNDARY``: merge the range in parts)."""
     outcome_ttl: int = 24 * 3600
     """Seconds an outcome (and so the idempotency of its request id) is kept: 24 h by default, the
-    window payment APIs keep idempotency keys (Stripe), longer than any client's retry schedule."""
+    window payment APIs keep idempotency keys (Stripe), longer than any client's retry schedule.
+    Also the request window of merges and selects (``Registry``'s ``request_ttl``)."""
     outcome_stream_maxlen: int = 100_000
     """Approximate cap of the outcome stream (XADD MAXLEN ~)."""
     job_ttl: int = 600

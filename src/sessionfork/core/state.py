@@ -34,6 +34,8 @@ class RegistryOptions(TypedDict, total=False):
     wait_replicas: int
     wait_timeout_ms: int
     compact_records: bool
+    request_ttl: int
+    max_merge_bytes: int
 
 
 @dataclass(slots=True, eq=False)
@@ -56,6 +58,13 @@ class RegistryState:
     compact_records: bool = True
     """Write records in the compact layout (``records``); False: the old one, for readers of an
     earlier version still running (``SESSIONFORK_COMPACT_RECORDS=0``)."""
+    request_ttl: int = 24 * 3600
+    """Seconds a merge's or a select's request id is remembered (its retry answers its first
+    merge), and longest a request that died holds its sessions: the request window,
+    ``SESSIONFORK_OUTCOME_TTL``. Past it, the same request id is a new request."""
+    max_merge_bytes: int = 16 * 1024 * 1024
+    """Most bytes of stored events one merge of mode ``events`` brings back
+    (``SESSIONFORK_MAX_REQUEST_WRITE_BYTES``; ``INVALID_BOUNDARY`` beyond: merge in parts)."""
     scripts: lua.Scripts = field(init=False)
     cluster: bool = field(init=False)
     """On a single server the scripts append lifecycle events atomically with their change; on a

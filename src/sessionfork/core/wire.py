@@ -550,13 +550,17 @@ _reply_decoder: msgspec.json.Decoder[Outcome] = msgspec.json.Decoder(Outcome)
 
 def request_op(raw: bytes | str) -> str:
     """The ``op`` of a request's JSON: ``"fork"`` when absent (every request before merges),
-    ``"merge"`` or ``"select"``; ``INVALID_REQUEST`` for any other value. A request that is not a
-    JSON object answers ``"fork"`` (its decoding says what is wrong)."""
+    ``"merge"`` or ``"select"``; ``INVALID_REQUEST`` for any other value, and for text that is not
+    valid UTF-8 in any field (naming that field: a merge's ``summary`` too). A request that is not
+    a JSON object answers ``"fork"`` (its decoding says what is wrong)."""
     if (b'"op"' not in raw) if isinstance(raw, bytes) else ('"op"' not in raw):
         return "fork"  # the common case: no field, no second decode
     try:
         op = _op_decoder.decode(raw).op
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        bad = _bad_text(raw)  # text that is not UTF-8 anywhere in it: named here, whatever the op
+        if bad is not None:
+            raise errors.invalid(bad) from None
         return "fork"
     if op is UNSET or op == "fork":
         return "fork"

@@ -36,7 +36,8 @@ class Side(msgspec.Struct, rename="camel", kw_only=True):
     id: str
     length: int
     left_at: int
-    """Events it shares with the common ancestor: the ancestor's seq where it branched off."""
+    """Events it shares with the common ancestor: the ancestor's seq where it branched off (the
+    ancestor's own side: the events it shares with the other side)."""
     events: list[dict[str, Any]]
     """Its events with ``seq >= shared``, in the harness's JSON shape."""
     state: SessionStateName
@@ -174,7 +175,9 @@ def _side(registry: Registry, sid: str, length: int, left_at: int, shared: int, 
 
 
 def render_text(found: Diff, width: int = 160) -> str:
-    """Readable diff: the shared prefix summarised, then each side's events after it."""
+    """Readable diff: the shared prefix summarised, then each side's events after it; a side that
+    is the common ancestor itself (a session against its descendant, or against itself) is named
+    so, not as having left itself."""
     lines = [f"common ancestor: {found.ancestor}"]
     lines.append(f"shared prefix: {found.shared} event(s)" + (f" (seq 0-{found.shared - 1}), not shown"
                                                            if found.shared else ""))
@@ -185,7 +188,9 @@ def render_text(found: Diff, width: int = 160) -> str:
     for label, side in (("A", found.a), ("B", found.b)):
         lines.append("")
         state = describe(side.state, side.merged_into, side.abandoned_by)
-        lines.append(f"{label} {side.id} ({state}): left {found.ancestor} at seq {side.left_at}; "
+        where = "the common ancestor" if side.id == found.ancestor else \
+            f"left {found.ancestor} at seq {side.left_at}"
+        lines.append(f"{label} {side.id} ({state}): {where}; "
                      f"length {side.length}; {len(side.events)} event(s) after the shared prefix")
         for event in side.events:
             rest = {k: v for k, v in event.items() if k not in ("type", "seq", "time")}

@@ -17,7 +17,7 @@ import functools
 import logging
 from collections.abc import Callable, Iterator
 from importlib.metadata import PackageNotFoundError, version
-from typing import IO, Any, Final
+from typing import IO, Any, Final, NamedTuple
 
 import msgspec
 import structlog
@@ -42,13 +42,13 @@ log = logging.getLogger("sessionfork.outcome")
 _request_source = msgspec.json.Decoder(dict[str, Any])
 
 DURATION: Final = "sessionfork_fork_duration_seconds"
-"""Histogram: a request's run time, from its dequeue to its outcome (what a worker is busy for)."""
+"""Histogram by ``op``: a request's run time, from its dequeue to its outcome (what a worker is busy for)."""
 LATENCY: Final = "sessionfork_fork_latency_seconds"
-"""Histogram: a request's enqueue-to-outcome latency (queue wait and run time)."""
+"""Histogram by ``op``: a request's enqueue-to-outcome latency (queue wait and run time)."""
 SEED_LENGTH: Final = "sessionfork_seed_length"
-"""Histogram: events each child inherits."""
+"""Histogram by ``op``: events each child inherits (a fork's children: merges and selects make none)."""
 CHILDREN: Final = "sessionfork_children_per_request"
-"""Histogram: children created per request."""
+"""Histogram by ``op``: children created per request (0 for merges and selects)."""
 QUEUE_DEPTH: Final = "sessionfork_queue_depth"
 """Gauge: requests waiting in the served queue, read when scraped."""
 QUEUE_PAUSED: Final = "sessionfork_queue_paused"
@@ -96,12 +96,19 @@ class Observer:
         self.registry = CollectorRegistry()
         self.shard = shard
         labels = {} if shard is None else {"shard": str(shard)}
-        self.forks = Counter(FORKS, "Fork requests by outcome code", ["code", *labels], registry=self.registry)
+        self.forks = Counter(FORKS, "Fork requests by op and outcome code", ["op", "code", *labels],
+                             registry=self.registry)
         self.merges = Counter(MERGES, "Merge and select requests by op and outcome code", ["op", "code", *labels],
                               registry=self.registry)
         self.duration, self.latency, self.seed_length, self.children = (
-            Histogram(name, help_, list(labels), registry=self.registry, buckets=buckets)
+            Histogram(name, help_, ["op", *labels], registry=self.registry, buckets=buckets)
             for name, (help_, _, buckets) in HISTOGRAMS.items())
+        # Each op's series bound once (the shard's too): the hot path below looks one up by op.
+        counters = {FORKS: self.forks, MERGES: self.merges}
+        self._by_op = {op: _OpSeries(_Bound(counters[entry.metric], {"op": op, **labels}),
+                                     *(h.labels(op=op, **labels) for h in (self.duration, self.latency,
+                                                                           self.seed_length, self.children)))
+                       for op, entry in operations.OPERATIONS.items()}
         self.depth = Gauge(QUEUE_DEPTH, "Requests waiting in the queue", list(labels), registry=self.registry)
         self.paused = Gauge(QUEUE_PAUSED, "1 while the queue is paused (workers take no job)", list(labels),
                             registry=self.registry)
@@ -109,16 +116,9 @@ class Observer:
               [*build_labels(), *labels], registry=self.registry).labels(**build_labels(), **labels).set(1)
         ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
         PlatformCollector(registry=self.registry)  # python_info
-        if labels:  # the children bound once: the hot path below stays as without shards
-            self.forks = _Bound(self.forks, labels)  # type: ignore[assignment]
-            self.merges = _Bound(self.merges, labels)  # type: ignore[assignment]
-            self.duration = self.duration.labels(**labels)
-            self.latency = self.latency.labels(**labels)
-            self.seed_length = self.seed_length.labels(**labels)
-            self.children = self.children.labels(**labels)
+        if labels:  # the gauges' children bound once
             self.depth = self.depth.labels(**labels)
             self.paused = self.paused.labels(**labels)
-        self.counters: dict[str, Any] = {FORKS: self.forks, MERGES: self.merges}  # by an operation's ``metric``
         if queue_depth is not None:
             self.depth.set_function(queue_depth)
         if paused is not None:
@@ -134,13 +134,14 @@ class Observer:
         made = _children(reply)
         seeds = [0 if child.seed_length is msgspec.UNSET else child.seed_length for child in made]
         if self.prometheus:
-            self.counters[op.metric].labels(**op.labels(code)).inc()
-            self.duration.observe(seconds)
+            series = self._by_op[op.name]
+            series.outcomes.labels(code=code).inc()
+            series.duration.observe(seconds)
             if latency is not None:
-                self.latency.observe(latency)
-            self.children.observe(len(made))
+                series.latency.observe(latency)
+            series.children.observe(len(made))
             for seed in seeds:
-                self.seed_length.observe(seed)
+                series.seed_length.observe(seed)
         if self.otel is not None:
             self.otel.record(op, code, seconds, latency, len(made), seeds)
         if log.isEnabledFor(logging.INFO):  # the line's fields (the payload read again) only when logged
@@ -153,8 +154,18 @@ class Observer:
         start_http_server(port, addr=addr, registry=self.registry)
 
 
+class _OpSeries(NamedTuple):
+    """One op's outcome counter (``code`` still to give) and its histograms' series."""
+
+    outcomes: _Bound
+    duration: Any
+    latency: Any
+    seed_length: Any
+    children: Any
+
+
 class _Bound:
-    """``Counter.labels(code=...)`` with the shard label filled in."""
+    """``Counter.labels(code=...)`` with the op's and the shard's labels filled in."""
 
     def __init__(self, counter: Counter, fixed: dict[str, str]) -> None:
         self._counter, self._fixed = counter, fixed
@@ -178,7 +189,7 @@ class _OtelMetrics:
 
     def __init__(self, meter: Any, labels: dict[str, str], queue_depth: Callable[[], int] | None) -> None:
         self.labels = labels
-        self.forks = meter.create_counter(FORKS, unit="", description="Fork requests by outcome code")
+        self.forks = meter.create_counter(FORKS, unit="", description="Fork requests by op and outcome code")
         self.merges = meter.create_counter(MERGES, unit="",
                                            description="Merge and select requests by op and outcome code")
         self.counters = {FORKS: self.forks, MERGES: self.merges}  # by an operation's ``metric``
@@ -200,13 +211,14 @@ class _OtelMetrics:
 
     def record(self, op: operations.Operation, code: str, seconds: float, latency: float | None, children: int,
                seeds: list[int]) -> None:
+        attributes = {"op": op.name, **self.labels}
         self.counters[op.metric].add(1, {**op.labels(code), **self.labels})
-        self.duration.record(seconds, self.labels)
+        self.duration.record(seconds, attributes)
         if latency is not None:
-            self.latency.record(latency, self.labels)
-        self.children.record(children, self.labels)
+            self.latency.record(latency, attributes)
+        self.children.record(children, attributes)
         for seed in seeds:
-            self.seed_length.record(seed, self.labels)
+            self.seed_length.record(seed, attributes)
 
 
 def _children(reply: Outcome) -> list[Any]:

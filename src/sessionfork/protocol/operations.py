@@ -68,9 +68,8 @@ class Operation:
         return tuple(name for name in wire.IDENTITY_FIELDS if name in names)
 
     def labels(self, code: str) -> dict[str, str]:
-        """The labels of one outcome on its counter (``metric``): its code, and the operation on the
-        counter that several share."""
-        return {"code": code} if self.metric == FORKS else {"op": self.name, "code": code}
+        """The labels of one outcome on its counter (``metric``): the operation and its code."""
+        return {"op": self.name, "code": code}
 
     def failed(self, request_id: str, code: str, message: str) -> Failure:
         """The operation's failure reply."""

@@ -19,7 +19,7 @@ from redis import Redis
 from ..core import keys, records, wire
 from ..core.errors import ErrorCode
 from ..core.wire import Outcome
-from . import operations
+from . import operations, rq_layout
 
 DIGEST_CHARS = 32
 """A request digest is kept as its first 32 hex digits (128 bits): enough to tell two requests
@@ -124,6 +124,19 @@ def addressee(data: Any) -> str | None:
 def read_outcome(redis: Redis, request_id: str, digest: str | None, op: str = "fork") -> Outcome | None:
     """``verdict`` on the record read now (sync I/O; the asyncio client reads the same fields)."""
     return verdict(request_id, redis.hmget(keys.request(request_id), list(OUTCOME_FIELDS)), digest, op)
+
+
+def known_keys(request_id: str) -> tuple[str, str]:
+    """The keys one of which exists while the queue server knows ``request_id``: its RQ job hash
+    (queued or running) and its record (answered, or claimed). One ``EXISTS`` of both reads them
+    at one instant: the worker stores the outcome before, or in the transaction where, the job
+    goes."""
+    return rq_layout.job_key(request_id), keys.request(request_id)
+
+
+def is_known(redis: Redis, request_id: str) -> bool:
+    """Whether ``request_id`` is queued, running or answered on ``redis`` now (``known_keys``)."""
+    return int(redis.exists(*known_keys(request_id))) > 0
 
 
 def conflict(request_id: str, op: str = "fork") -> wire.Failure:

@@ -46,6 +46,12 @@ def queue_key(queue: str) -> str:
     return f"rq:queue:{queue}"
 
 
+def finished_key(queue: str) -> str:
+    """RQ's finished job registry of a queue (``rq:finished:<name>``): job ids scored by when each
+    expires (its end plus its ``result_ttl``)."""
+    return f"rq:finished:{queue}"
+
+
 def key_patterns(queue: str) -> dict[str, str]:
     """RQ's key names a role's ACL rules need (``queue`` already glob-escaped)."""
     return {"jobs": "rq:job:*", "queue": f"rq:queue:{queue}", "queues": QUEUES, "all": "rq:*",

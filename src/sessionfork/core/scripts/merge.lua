@@ -1,26 +1,34 @@
 -- The parent's step of a merge or a select: its whole turn written at once, or nothing.
 -- KEYS[1] = sf:s:{<parent>}, KEYS[2] = sf:s:{<parent>}:log, KEYS[3] = sf:s:{<parent>}:turns,
--- KEYS[4] = sf:s:{<parent>}:merges   (one slot)
--- KEYS[5] = sf:lifecycle   (optional: given only when it shares the server, i.e. not on a cluster)
+-- KEYS[4] = sf:s:{<parent>}:merges, KEYS[5] = sf:s:{<parent>}:mergereqs   (one slot)
+-- KEYS[6] = sf:lifecycle   (optional: given only when it shares the server, i.e. not on a cluster)
 -- ARGV    = instance token ("" = any live instance), ifParentLength ("" = any), request id ("" =
 --           none), the merge's key in the index (["m",child,fromSeq,toSeq]), the child merged, the
 --           select's other candidates (space-separated; "" for a merge), lifecycle stream MAXLEN, the
---           parent's id, then the events' stored JSON in order: turn/start, session/merge (written
---           with its data's last member added here: ,"parentLength":<length>), the merged content,
---           turn/end
+--           parent's id, the request's key in the index (["r",request id]; "" = none), fromSeq,
+--           toSeq, now (epoch ms), the request window (ms), then the events' stored JSON in order:
+--           turn/start, session/merge (written with its data's last member added here:
+--           ,"parentLength":<length>), the merged content, turn/end
 -- The merges index (KEYS[4], a hash; core/keys.py) holds per merge its key -> "<request id> <first
--- seq> <length after>" (request id "-": none); a select also notes each candidate, ["c",id] ->
+-- seq> <length after>" (request id "-": none); per request id, for the request window, ["r",id] ->
+-- "<first seq> <length after> <fromSeq> <toSeq> <ms>" (KEYS[5] scores those ids by that time: each
+-- merge drops a few that are past the window); a select also notes each candidate, ["c",id] ->
 -- "m <request id> <first seq>" for its winner, "a <request id>" for the others.
--- Returns {"REPLAY", first seq, length after} (this request id merged this range already: nothing
--- written, whatever the parent's state now) / {"NOT_FOUND"} / {"NOT_LIVE"} / {"ALREADY", session,
--- request id, seq or ""} (merged, or for a select abandoned, under another request id) /
+-- Returns {"REPLAY", first seq, length after, fromSeq, toSeq} (this request id merged within the
+-- window: nothing written, whatever the parent's state now) / {"NOT_FOUND"} / {"NOT_LIVE"} /
+-- {"ALREADY", session, request id, seq or ""} (merged, or for a select abandoned, before) /
 -- {"PRECONDITION", len} / {"OPEN_TURN", last type} / {"OK", first seq, length after}
-local done = redis.call('HGET', KEYS[4], ARGV[4])
-local by, at, after
-if done then
-  by, at, after = string.match(done, '^(%S+) (%S+) (%S+)$')
-  if ARGV[3] ~= '' and by == ARGV[3] then return {'REPLAY', at, after} end
+local now, window = tonumber(ARGV[12]), tonumber(ARGV[13])
+if ARGV[9] ~= '' then
+  local got = redis.call('HGET', KEYS[4], ARGV[9])
+  if got then
+    local at, after, from, to, ms = string.match(got, '^(%S+) (%S+) (%S+) (%S+) (%S+)$')
+    if now - tonumber(ms) < window then return {'REPLAY', at, after, from, to} end
+  end
 end
+local done = redis.call('HGET', KEYS[4], ARGV[4])
+local by, at
+if done then by, at = string.match(done, '^(%S+) (%S+)') end
 local r = redis.call('HMGET', KEYS[1], 'header', 'instance', 'len', 'last', 'lastend', 'seedlen', 'seedend')
 if not r[1] then return {'NOT_FOUND'} end
 if not r[2] or (ARGV[1] ~= '' and r[2] ~= ARGV[1]) then return {'NOT_LIVE'} end
@@ -43,7 +51,7 @@ end
 if ARGV[2] ~= '' and r[3] ~= ARGV[2] then return {'PRECONDITION', r[3]} end
 if r[3] ~= '0' and r[4] ~= 'turn/end' then return {'OPEN_TURN', r[4]} end
 local base = tonumber(r[3])
-local first = 9
+local first = 14
 local n = #ARGV - first + 1
 -- session/merge's parentLength is known only here, where the length is read and moved at once.
 local meta = ARGV[first + 1]
@@ -61,15 +69,24 @@ if r[5] then
   if not r[7] then redis.call('HSET', KEYS[1], 'seedend', r[5]) end
   redis.call('HSET', KEYS[1], 'lastend', len - 1)
 end
-local marks = {ARGV[4], (ARGV[3] ~= '' and ARGV[3] or '-') .. ' ' .. base .. ' ' .. len}
+local rid = ARGV[3] ~= '' and ARGV[3] or '-'
+local marks = {ARGV[4], rid .. ' ' .. base .. ' ' .. len}
 if #others > 0 then
-  marks[#marks + 1] = seen_key(ARGV[5]); marks[#marks + 1] = 'm ' .. ARGV[3] .. ' ' .. base
+  marks[#marks + 1] = seen_key(ARGV[5]); marks[#marks + 1] = 'm ' .. rid .. ' ' .. base
   for _, id in ipairs(others) do
-    marks[#marks + 1] = seen_key(id); marks[#marks + 1] = 'a ' .. ARGV[3]
+    marks[#marks + 1] = seen_key(id); marks[#marks + 1] = 'a ' .. rid
+  end
+end
+if ARGV[9] ~= '' then
+  marks[#marks + 1] = ARGV[9]; marks[#marks + 1] = base .. ' ' .. len .. ' ' .. ARGV[10] .. ' ' .. ARGV[11] .. ' ' .. ARGV[12]
+  redis.call('ZADD', KEYS[5], now, ARGV[3])
+  for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now - window, 'LIMIT', 0, 8)) do
+    redis.call('HDEL', KEYS[4], '["r",' .. cjson.encode(id) .. ']')
+    redis.call('ZREM', KEYS[5], id)
   end
 end
 redis.call('HSET', KEYS[4], unpack(marks))
-if KEYS[5] then
-  redis.call('XADD', KEYS[5], 'MAXLEN', '~', ARGV[7], '*', 'type', 'session/flush', 'id', ARGV[8], 'len', len)
+if KEYS[6] then
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', ARGV[7], '*', 'type', 'session/flush', 'id', ARGV[8], 'len', len)
 end
 return {'OK', base, len}
