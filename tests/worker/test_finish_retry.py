@@ -178,3 +178,48 @@ def test_rq_keeps_the_outcome_stored_first_as_the_jobs_result(redis: Redis, regi
     job = Job.fetch(request_id, connection=redis, serializer=jobs.JSONSerializer)
     assert job.get_status() == "finished"
     assert job.return_value() == msgspec.to_builtins(stored)  # not this attempt's reply
+
+
+class StartReplyLost(ForkWorker):
+    """The first pipeline that carries a start runs on the server, and its reply is lost (the
+    connection dropped as the server answered): the worker sends the whole trip again."""
+
+    lost_replies = 0
+
+    def start_many(self, jobs: Any, queue: Any, pipe: Any, again: Any = ()) -> Any:
+        executions = super().start_many(jobs, queue, pipe, again)
+        if self.lost_replies:
+            return executions
+        real = pipe.execute
+
+        def reply_lost(*args: Any, **kwargs: Any) -> Any:
+            real(*args, **kwargs)
+            self.lost_replies += 1
+            raise RedisConnectionError("the connection dropped as the server answered")
+
+        pipe.execute = reply_lost
+        return executions
+
+
+@pytest.mark.parametrize("batch", [1, 32], ids=["one-at-a-time", "batches"])
+def test_a_start_sent_again_after_its_reply_was_lost_leaves_one_execution(redis: Redis, registry: Registry,
+                                                                         batch: int) -> None:
+    """A trip run again after an outage sends RQ's start again: the same execution is written
+    again, so the job's finish cleans up all it started (a second execution would be left in RQ's
+    started registry, and one worker cannot clear two at the finish)."""
+    registry.append(registry.create("src"), [NewEvent("turn/start", {"turn": 1}), NewEvent("turn/end", {"turn": 1})])
+    client = Client(redis)
+    ids = [client.submit(client.request("src", session_id=f"again-{batch}-{i}")) for i in range(2)]
+    service = ForkService(registry, Outcomes(redis, ttl=600, stream_maxlen=1000), reply_channel="sf:replies",
+                          limits=Limits(max_fanout=16))
+    queue = jobs.make_queue(redis, Settings())
+    worker = StartReplyLost([queue], service=service, connection=redis, abandoned_after=30, batch=batch)
+    assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
+    assert worker.lost_replies == 1  # the reply was lost after the start ran
+    assert [Job.fetch(r, connection=redis, serializer=jobs.JSONSerializer).get_status() for r in ids] == \
+        ["finished", "finished"]
+    assert [service.outcomes.get(r).ok for r in ids] == [True, True]  # type: ignore[union-attr]
+    assert [e.request for e in outcome_entries(redis)] == ids
+    assert queue.started_job_registry.get_job_ids(cleanup=False) == []  # nothing left started
+    if hasattr(worker, "executions_key"):  # RQ 3's index of the worker's executions
+        assert redis.smembers(worker.executions_key) == set()

@@ -83,7 +83,8 @@ class JobsStart:
         self.executions: list[Any] = []  # RQ's execution of each job, in job order
 
     def add(self, pipe: Any) -> None:
-        self.executions = self.worker.start_many(self.jobs, self.queue, pipe)
+        # Sent again (its trip failed: it may have run): the same executions again.
+        self.executions = self.worker.start_many(self.jobs, self.queue, pipe, again=self.executions)
 
     def done(self, replies: list[Any]) -> None:
         _check(replies)

@@ -461,15 +461,19 @@ class SeamWorker(SimpleWorker):
                 self.start(job, queue, own)
                 own.execute()
             return
-        (self.execution,) = self.start_many([job], queue, pipe)
+        # A start sent again (its trip failed: it may have run) writes the same execution again.
+        before = self.execution if RQ_MAJOR >= 3 else None
+        (self.execution,) = self.start_many([job], queue, pipe, again=[] if before is None else [before])
 
-    def start_many(self, jobs: Sequence[Job], queue: Queue, pipe: Any) -> list[Execution]:
+    def start_many(self, jobs: Sequence[Job], queue: Queue, pipe: Any,
+                   again: Sequence[Execution] = ()) -> list[Execution]:
         """``start`` of each of ``jobs`` (a batch), added to ``pipe``: each job's start, written by
         the ``ledger``, then the worker's own state once (busy, with the last job as RQ 2's
         current job, as after starting each in turn); each job's execution, in job order
         (``finish_many`` takes them back; a job twice in a batch, an entry queued twice, has two,
-        each cleaned up by its own finish)."""
-        call, executions = self._ledger(queue).start(jobs, self.get_heartbeat_ttl(jobs[0]))
+        each cleaned up by its own finish). ``again``: the executions of the same start sent
+        before (``Ledger.start``)."""
+        call, executions = self._ledger(queue).start(jobs, self.get_heartbeat_ttl(jobs[0]), again)
         lua.add_loaded(pipe, call)
         self._busy(jobs[-1], pipe)  # after the executions, as RQ's prepare_execution: its heartbeat sets their TTL
         return executions
