@@ -31,6 +31,7 @@ from rq.worker import WorkerStatus
 from ...core import lua
 from ...core.connections import stop_retrying
 from ...core.outages import is_outage
+from ...core.settings import Settings
 from .entries import DequeuedJob, EntryRefused, Taken, entry_of, is_text
 from .ledger import SCRIPTS as LEDGER_SCRIPTS
 from .ledger import Ledger
@@ -38,6 +39,8 @@ from .ledger import Ledger
 T = TypeVar("T")
 log = logging.getLogger("sessionfork.worker")
 RQ_MAJOR = int(VERSION.split(".")[0])
+DEFAULT_BATCH = Settings().batch
+"""Most entries a worker takes at once unless told (``SESSIONFORK_BATCH``'s default)."""
 _HEARTBEAT_EVERY = 1.0
 _IDLE_POLL = 1  # seconds an idle worker blocks waiting for a job before it looks at its stop flag
 SCRIPTS = lua.table(lua.Spec("take", ("queue", "held"), ("count", "prefix"), __package__),
@@ -68,7 +71,7 @@ class SeamWorker(SimpleWorker):
     _unsent_jobs: int = 0
     _unsent_time: float = 0.0
     _flushing: tuple[int, float] = (0, 0.0)  # the counters a pipeline in flight adds
-    batch: int = 1  # entries one dequeue takes at most when more wait (``take``; 1: RQ's dequeue only)
+    batch: int = DEFAULT_BATCH  # entries one dequeue takes at most when more wait (``take``; 1: RQ's dequeue only)
     _jobs_left: int | None = None  # ``work(max_jobs=...)``'s budget not dequeued yet (None: no limit)
 
     # -- hooks: what the subclass implements (no RQ name) ----------------------------------------
@@ -97,8 +100,9 @@ class SeamWorker(SimpleWorker):
         """The Redis clients this worker's steps use (their retries end at a stop request)."""
         return [self.connection]
 
-    def __init__(self, *args: Any, batch: int = 1, **kwargs: Any) -> None:
-        """RQ's worker, taking up to ``batch`` queued entries at once (see ``batch``)."""
+    def __init__(self, *args: Any, batch: int = DEFAULT_BATCH, **kwargs: Any) -> None:
+        """RQ's worker, taking up to ``batch`` queued entries at once (see ``batch``; by default
+        ``SESSIONFORK_BATCH``'s, as ``sessionfork worker`` runs)."""
         super().__init__(*args, **kwargs)
         self.batch = batch
         self._ledgers: dict[str, Ledger] = {}  # by queue name
@@ -462,7 +466,8 @@ class SeamWorker(SimpleWorker):
                 own.execute()
             return
         # A start sent again (its trip failed: it may have run) writes the same execution again.
-        before = self.execution if RQ_MAJOR >= 3 else None
+        # (RQ 3's held executions: its ``execution`` property reads the server when it holds none.)
+        before = next(iter(self.executions.values()), None) if RQ_MAJOR >= 3 else None
         (self.execution,) = self.start_many([job], queue, pipe, again=[] if before is None else [before])
 
     def start_many(self, jobs: Sequence[Job], queue: Queue, pipe: Any,
