@@ -465,9 +465,10 @@ class SeamWorker(SimpleWorker):
                 self.start(job, queue, own)
                 own.execute()
             return
-        # A start sent again (its trip failed: it may have run) writes the same execution again.
-        # (RQ 3's held executions: its ``execution`` property reads the server when it holds none.)
-        before = next(iter(self.executions.values()), None) if RQ_MAJOR >= 3 else None
+        # A start sent again (its trip failed: it may have run) writes the same execution again. RQ 3:
+        # its held executions (its ``execution`` property reads the server when it holds none).
+        held = getattr(self, "executions", None)  # not on RQ 2
+        before = next(iter(held.values()), None) if RQ_MAJOR >= 3 and held is not None else self.execution
         (self.execution,) = self.start_many([job], queue, pipe, again=[] if before is None else [before])
 
     def start_many(self, jobs: Sequence[Job], queue: Queue, pipe: Any,
