@@ -236,7 +236,8 @@ def test_a_cancelled_call_ends_at_once_even_when_its_command_swallows_the_cancel
     of the call's outcome read (``fork``: the enqueue's pipeline; ``wait``: its HMGET) does not end
     and swallows the cancellation that reaches it: the cancelled call still ends with
     ``CancelledError`` at once, its waiter gone (its work runs in a task of its own), and that work
-    is cancelled again until it ends."""
+    is cancelled again until it ends: the client's socket time-out (30 s) is far beyond the 2 s the
+    work is given to end, so only a second cancellation ends it."""
     from redis.asyncio.connection import AbstractConnection
 
     write = AbstractConnection._send_packed_command
@@ -263,7 +264,7 @@ def test_a_cancelled_call_ends_at_once_even_when_its_command_swallows_the_cancel
             part in t.get_coro().__qualname__ for part in ("._answer", ".work"))]  # type: ignore[union-attr]
 
     async def main() -> tuple[str, float, int]:
-        async with AsyncClient.from_url(server.url, SETTINGS) as client:
+        async with AsyncClient.from_url(server.url, SETTINGS, socket_timeout=30) as client:
             request = await client.request("src", request_id=f"r-swallowed-{call}")
             events["in write"] = asyncio.Event()
             work = client.fork("src", timeout=5, request_id=request.request_id) if call == "fork" \

@@ -1,7 +1,8 @@
 """``CallStream`` on a real server: each ``send`` reaches the server before any reply is read (the
 server runs it while the caller builds the next), the results are ``lua.run``'s (NOSCRIPT run
-again, an error reply raised), a dropped connection runs the calls without a reply again, once,
-and a stream closed with replies unread never hands its connection back with them."""
+again, an error reply raised), a dropped connection runs the calls without a reply again, once
+(or, for a client that never resends a command, raises), and a stream closed with replies unread
+never hands its connection back with them."""
 
 from __future__ import annotations
 
@@ -102,6 +103,31 @@ def test_a_dropped_connection_runs_the_calls_without_a_reply_again_once(redis: R
         assert [redis.get(f"d:{i}") for i in (1, 2, 3)] == [b"1", b"1", b"1"]
     finally:
         killer.close()
+
+
+def test_a_dropped_connection_of_a_client_that_never_resends_raises_and_runs_nothing_again(
+        server: EmbeddedServer) -> None:
+    """The worker's client (``resend=False``): the calls answered already may be lost on the server
+    the URL names now (a promoted replica), so the stream raises and its caller runs the whole step
+    again; none of the stream's calls is sent again."""
+    redis = connections.queue_client(Settings(), server.url, resend=False)
+    redis.script_load(INCR)
+    killer = server.client()
+    try:
+        with CallStream(redis) as stream:
+            first = stream.send(_calls(redis, INCR, (["n:1"], [])))
+            assert stream.replies(first) == [1]
+            streaming = [c for c in killer.client_list() if c["cmd"] == "evalsha"]
+            assert len(streaming) == 1 and killer.client_kill_filter(_id=streaming[0]["id"]) == 1
+            second = stream.send(_calls(redis, INCR, (["n:2"], [])))
+            with pytest.raises(RedisConnectionError):
+                stream.replies(second)
+            with pytest.raises(RedisConnectionError):  # a later call's reply is lost too
+                stream.replies(stream.send(_calls(redis, INCR, (["n:3"], []))))
+        assert [redis.get(f"n:{i}") for i in (1, 2, 3)] == [b"1", None, None]
+    finally:
+        killer.close()
+        redis.close()
 
 
 def test_a_stream_closed_with_replies_unread_never_lends_them_to_the_next_command(server: EmbeddedServer) -> None:

@@ -440,3 +440,17 @@ def test_the_script_reads_a_raw_request_and_the_workers_kept_form_alike_at_every
     assert raw(redis, text, rid="deep") == 0  # the identical retry, once the worker holds the request
     other = _json_text(second, not shuffled)
     assert raw(redis, other, rid="deep") == (0 if wire.identity(second) == kept else -1)
+
+
+def test_a_select_with_its_candidates_reordered_is_another_request(redis: Redis) -> None:
+    """docs/guarantees.md: the candidates' order is part of a select's identity, for the enqueue
+    script (a raw producer's ``-1``) and for the clients' digest (their ``IDEMPOTENCY_CONFLICT``)."""
+    first = {"op": "select", "parent": "p", "candidates": ["a", "b"], "winner": "a", "mode": "events"}
+    assert raw(redis, first, rid="sel-1") == 1
+    assert raw(redis, first, rid="sel-1") == 0  # the same request
+    assert raw(redis, {**first, "candidates": ["b", "a"]}, rid="sel-1") == -1
+    assert redis.llen(QUEUE) == 1
+    client = make_client(redis)
+    ordered = client.select_request("p", ["a", "b"], "a", mode="events", request_id="sel-2")
+    reordered = client.select_request("p", ["b", "a"], "a", mode="events", request_id="sel-2")
+    assert wire.digest(ordered) != wire.digest(reordered)

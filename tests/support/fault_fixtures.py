@@ -34,7 +34,9 @@ BIG = 8000
 """Children of the fan-out a fault is injected into (about 0.4 s of work for a worker): a kill
 aimed between its first child and its outcome must land there on a loaded machine (with 4,000, the
 serial phases side by side once saw the fan-out done before the kill landed)."""
-FAULT_ENV = {"SESSIONFORK_MAX_FANOUT": str(BIG), "SESSIONFORK_BATCH": "1"}  # one at a time: batches: test_batch*
+FAULT_ENV = {"SESSIONFORK_MAX_FANOUT": str(BIG)}
+"""The fault tests' workers: the defaults of ``sessionfork worker`` (batches of ``SESSIONFORK_BATCH``;
+the fan-out of ``BIG`` children runs alone, after its take's batch), and fan-outs of ``BIG``."""
 RECOVERY = 60.0
 
 

@@ -36,6 +36,7 @@ from sessionfork.core import merges, wire
 from sessionfork.core.config import Settings, from_environ
 from sessionfork.core.wire import ForkFailure, ForkResult, MergeFailure, MergeResult, SelectResult
 from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
+from sessionfork.ops import pauses
 from sessionfork.protocol.requests import Limits
 from sessionfork.protocol.shards import shard_of
 from sessionfork.worker import jobs
@@ -725,3 +726,124 @@ def test_a_batchs_start_and_finish_write_what_rqs_own_methods_write_for_each_job
     assert after == _rq_state(redis, "alone", alone.name), _differing(after, _rq_state(redis, "alone", alone.name))
     assert any(key.startswith("rq:results:") for key in after) and "rq:finished:q-<side>" in after
     assert redis.ttl("rq:job:batch-0") == -1 and redis.ttl("rq:job:batch-1") > 0
+
+
+class EndFailsOnce(Counting):
+    """The first batch's end fails unexpectedly (a bug): RQ's finish of its jobs raises as the
+    records' transaction is built, so that nothing of the transaction is sent."""
+
+    failed_ends: ClassVar[int]
+
+    def finish(self, jobs: Any, queue: Any, results: Any, executions: Any, pipe: Any, last: bool = True) -> float:
+        if len(jobs) > 1 and not EndFailsOnce.failed_ends:
+            EndFailsOnce.failed_ends += 1
+            raise RuntimeError("the batch's end fails")
+        return super().finish(jobs, queue, results, executions, pipe, last)
+
+
+def test_a_batch_whose_end_fails_runs_each_request_on_its_own_with_one_outcome(redis: Redis,
+                                                                              registry: Registry) -> None:
+    """docs/performance.md#batches: a batch that fails unexpectedly runs each of its requests on its
+    own, as started already (its start was sent): each gets one outcome, one child, its job
+    finished, and no job of the batch is left in RQ's started registry (each run on its own cleans
+    up the execution the batch's start wrote)."""
+    registry.append(registry.create("src"), TURN)
+    client = Client(redis)
+    ids = _submit(client, 3, "fails")
+    EndFailsOnce.failed_ends = 0
+    Counting.takes, Counting.alone, Counting.batches = [], [], []
+    queue = queue_of(client)
+    worker = EndFailsOnce([queue], service=_service(redis, registry), connection=redis, abandoned_after=30)
+    assert worker.work(burst=True, logging_level="CRITICAL") is True
+    assert EndFailsOnce.failed_ends == 1 and Counting.batches == [ids]  # the batch's end failed
+    outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
+    for i, request_id in enumerate(ids):
+        reply = outcomes.get(request_id)
+        assert isinstance(reply, ForkResult) and reply.ok and reply.child.id == f"fails-child-{i}", reply
+    assert sorted(e.request for e in outcome_entries(redis)) == sorted(ids)  # one outcome each
+    assert registry.children("src") == sorted(f"fails-child-{i}" for i in range(3))
+    assert sorted(FinishedJobRegistry(queue=queue).get_job_ids()) == sorted(ids)
+    assert StartedJobRegistry(queue=queue).get_job_ids(cleanup=False) == []  # the batch's executions cleaned up
+    assert redis.llen(queue.intermediate_queue_key) == 0
+
+
+def test_a_request_resumed_inside_a_batch_keeps_its_planned_children(redis: Redis, registry: Registry,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fan-out with generated ids whose first attempt planned its children and made one of them
+    before it died, run again inside a batch: the batch creates the children the first attempt
+    planned (its claim's), never new ids, and the child made first is one of them (no orphan)."""
+    registry.append(registry.create("src"), TURN)
+    client = Client(redis)
+    resumed = client.submit(client.request("src", count=3, request_id="resumed"))
+    other = client.submit(client.request("src", session_id="other-child", request_id="other"))
+    payload = queue_of(client).fetch_job(resumed).args[0]
+    names = iter(f"planned-{i}" for i in range(3))
+    first = RequestService(registry, Outcomes(redis, ttl=600, stream_maxlen=10_000), reply_channel="sf:replies",
+                        limits=Limits(max_fanout=1024), new_id=lambda: next(names))
+    create = registry.forks.create_children
+
+    def dies(snap: Any, spec: Any, ids: Any = None) -> Any:
+        create(snap, spec, list(ids or spec.child_ids)[:1])
+        raise RuntimeError("the first attempt dies after its first child")
+
+    monkeypatch.setattr(registry.forks, "create_children", dies)
+    with pytest.raises(RuntimeError):
+        first.handle(payload, resumed, final_attempt=False)
+    monkeypatch.setattr(registry.forks, "create_children", create)
+    assert registry.children("src") == ["planned-0"]  # where the first attempt died
+    worker = _worker(redis, registry, Settings().batch)
+    assert worker.work(burst=True, logging_level="WARNING") is True
+    assert Counting.batches == [[resumed, other]] and Counting.alone == []  # resumed inside a batch
+    reply = Outcomes(redis, ttl=600, stream_maxlen=10).get(resumed)
+    assert isinstance(reply, ForkResult) and reply.ok, reply
+    assert [h.id for h in reply.sessions or []] == ["planned-0", "planned-1", "planned-2"]
+    assert registry.children("src") == ["other-child", "planned-0", "planned-1", "planned-2"]
+
+
+def test_a_fan_out_that_exactly_fills_what_is_left_of_batch_children_joins_the_batch(
+        redis: Redis, registry: Registry) -> None:
+    """``SESSIONFORK_BATCH_CHILDREN`` of 8: a fan-out of 3, a fork (1), then a fan-out of 4 (what is
+    left: exactly 4) run in one batch; the fork after them starts the next batch."""
+    registry.append(registry.create("src"), TURN)
+    client = Client(redis)
+    a = client.submit(client.request("src", count=3, request_id="fill-a"))
+    b = client.submit(client.request("src", session_id="fill-b-child", request_id="fill-b"))
+    c = client.submit(client.request("src", count=4, request_id="fill-c"))
+    d = client.submit(client.request("src", session_id="fill-d-child", request_id="fill-d"))
+    worker = _worker(redis, registry, Settings().batch, batch_children=8)
+    assert worker.work(burst=True, logging_level="WARNING") is True
+    assert Counting.takes == [4]
+    assert Counting.batches == [[a, b, c], [d]] and Counting.alone == []
+    outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
+    assert [len(getattr(outcomes.get(r), "sessions", None) or []) for r in (a, c)] == [3, 4]
+    assert all(getattr(outcomes.get(r), "ok", False) for r in (a, b, c, d))
+
+
+class PausedDuringTheFirstBatch(Counting):
+    """The shard is paused (``ops.pauses``) while the worker ends its first batch: right before that
+    batch's records and RQ's finish are sent."""
+
+    def finish(self, jobs: Any, queue: Any, results: Any, executions: Any, pipe: Any, last: bool = True) -> float:
+        if len(Counting.batches) == 1:
+            pauses.pause(self.connection, "test")
+        return super().finish(jobs, queue, results, executions, pipe, last)
+
+
+def test_a_busy_worker_sees_a_pause_between_batches(redis: Redis, registry: Registry) -> None:
+    """A worker that always finds requests waiting (never idle) still sees a pause between two
+    takes: the batch's finish reads whether one is in force, and the worker takes nothing after
+    it (in burst mode it stops; a worker in service waits, as an idle one does:
+    tests/worker/test_worker_pause.py)."""
+    registry.append(registry.create("src"), TURN)
+    client = Client(redis)
+    batch = Settings().batch
+    ids = _submit(client, batch + 8, "busy")
+    Counting.takes, Counting.alone, Counting.batches = [], [], []
+    worker = PausedDuringTheFirstBatch([queue_of(client)], service=_service(redis, registry), connection=redis,
+                                       abandoned_after=30)
+    assert worker.work(burst=True, logging_level="WARNING") is True
+    assert Counting.takes == [batch]  # the first take; the pause held before a second
+    outcomes = Outcomes(redis, ttl=600, stream_maxlen=10)
+    assert [outcomes.get(r) is not None for r in ids] == [True] * batch + [False] * 8
+    assert queue_of(client).job_ids == ids[batch:]
+    pauses.resume(redis, "test")

@@ -40,12 +40,15 @@ def _service(redis: Redis, registry: Registry) -> RequestService:
 
 
 def test_a_front_entry_taken_by_another_worker_never_lends_its_hash(redis: Redis, registry: Registry) -> None:
+    """One request at a time (``SESSIONFORK_BATCH=1``): only then does a finish read the entry at
+    the queue's front for the next dequeue to take with its hash (with batches, a finish reads
+    only whether one waits)."""
     registry.append(registry.create("src"), TURN)
     client = Client(redis)
     ids = [client.submit(client.request("src", session_id=f"child-{i}", request_id=f"front-{i}")) for i in range(3)]
     service = _service(redis, registry)
     worker = FrontTakenByAnother([jobs.make_queue(redis, Settings())], service=service, connection=redis,
-                                 abandoned_after=30)
+                                 abandoned_after=30, batch=1)
     assert worker.work(burst=True, logging_level="WARNING", max_idle_time=5) is True
     assert worker.taken == [b"front-1"]  # the race happened: the worker's hint was gone
     redis.rpush(queue_of(client).key, b"front-1")  # the other worker gave it back

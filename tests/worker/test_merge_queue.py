@@ -78,6 +78,19 @@ def test_a_select_through_a_worker(client: Client, fam: Registry) -> None:
     assert isinstance(stale, SelectFailure) and stale.code == "ALREADY_MERGED"
 
 
+def test_a_select_with_its_candidates_reordered_is_another_request(client: Client, fam: Registry) -> None:
+    """docs/guarantees.md: the candidates' order is part of a select's identity. The same select
+    under its request id answers its first outcome; reordered, it is another request: under the
+    same id, ``IDEMPOTENCY_CONFLICT``, nothing written."""
+    reply = client.select("p", ["k0", "k1"], "k0", mode="events", request_id="sel-order", timeout=TIMEOUT)
+    assert isinstance(reply, SelectResult), reply
+    assert client.select("p", ["k0", "k1"], "k0", mode="events", request_id="sel-order", timeout=TIMEOUT) == reply
+    length = fam.length("p")
+    reordered = client.select("p", ["k1", "k0"], "k0", mode="events", request_id="sel-order", timeout=TIMEOUT)
+    assert isinstance(reordered, SelectFailure) and reordered.code == "IDEMPOTENCY_CONFLICT", reordered
+    assert fam.length("p") == length
+
+
 @pytest.mark.parametrize(("payload", "kind", "words"), [
     ({"op": "merge", "parent": "p", "child": "k0"}, "merge/error", "mode"),
     ({"op": "merge", "parent": "p", "child": "k0", "mode": "summary"}, "merge/error", "needs a summary"),

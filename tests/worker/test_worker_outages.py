@@ -204,3 +204,29 @@ def test_an_idle_worker_registers_again_with_its_state(plain_server: EmbeddedSer
     finally:
         kill(proc)
         redis.close()
+
+
+def test_a_dropped_connection_makes_the_worker_run_its_step_again_never_resend_the_command(
+        plain_server: EmbeddedServer, tmp_path: Path) -> None:
+    """docs/guarantees.md, "Failover": the worker's clients never send a command again after its
+    connection dropped (a command sent again after a promotion would reach a server that may lack
+    what the step's earlier commands wrote): the error reaches the worker, which backs off and
+    runs its whole step again. The idle worker's connection is killed in its blocking dequeue."""
+    redis = queue_client(Settings(), plain_server.url)
+    name = worker_name("dropped")
+    log = tmp_path / "worker.log"
+    proc = start_logged_worker(plain_server.url, name, log)
+    try:
+        wait_registered(redis, name, 60)
+        with worker_log_on_failure(proc, log):
+            killed = redis.execute_command("CLIENT", "KILL", "TYPE", "normal")  # every client but this one
+            assert killed >= 1  # where the kill landed: the worker's connection, blocked in its dequeue
+            wait_until(lambda: "Redis unreachable or busy (ConnectionError" in log.read_text(), 30,
+                       "the worker to see the dropped connection itself")
+            registry = Registry(redis)
+            registry.append(registry.create("src"), turn(1))
+            assert make_client(redis).fork("src", timeout=30).ok  # and it serves requests after it
+            assert proc.poll() is None
+    finally:
+        kill(proc)
+        redis.close()

@@ -39,6 +39,7 @@ class Context:
         self._queue: Any = None
         self._registry: Any = None
         self._shards: list[Any] | None = None
+        self.resend = True  # the clients' ``resend`` (connections.queue_client): the worker's are False
 
     def bound_by(self, seconds: float) -> None:
         """Each connection and command of the clients made from now on fails within ``seconds``
@@ -73,7 +74,7 @@ class Context:
         if len(self.queue_urls) == 1:
             return [self.queue_redis()]
         if self._shards is None:
-            self._shards = [connections.queue_client(self.settings, url) for url in self.queue_urls]
+            self._shards = [connections.queue_client(self.settings, url, resend=self.resend) for url in self.queue_urls]
         return self._shards
 
     def registry(self) -> Registry:
@@ -81,13 +82,14 @@ class Context:
             urls, shard = self.queue_urls, self.settings.shard
             served = urls[0] if len(urls) == 1 else (None if shard is None else urls[shard])
             shared = not self.settings.cluster and served == self.registry_url
-            client = self.queue_redis() if shared else connections.registry_client(self.settings, self.registry_url)
+            client = self.queue_redis() if shared else connections.registry_client(
+                self.settings, self.registry_url, resend=self.resend)
             self._registry = Registry.from_settings(client, self.settings)
         return self._registry  # type: ignore[no-any-return]
 
     def queue_redis(self) -> Any:
         if self._queue is None:
-            self._queue = connections.queue_client(self.settings, self.queue_url)
+            self._queue = connections.queue_client(self.settings, self.queue_url, resend=self.resend)
         return self._queue
 
     def service(self) -> RequestService:

@@ -1,6 +1,6 @@
 """The JSON files of ``sessionfork fork``: ``--edits``, ``--variants`` and ``--summary``, in the wire shapes.
 
-A file that is not JSON of the expected shape is a usage error (exit status 2) naming the option;
+A file that is not UTF-8 JSON of the expected shape is a usage error (exit status 2) naming the option;
 the events' own rules (size, JSON values) are the worker's, as for any request.
 """
 
@@ -19,8 +19,11 @@ _json = msgspec.json.Decoder(Any)
 
 
 def load_json(stream: IO[bytes], option: str) -> Any:
+    data = stream.read()
     try:
-        return _json.decode(stream.read())
+        return _json.decode(data)
+    except UnicodeDecodeError as exc:  # msgspec's error for a string that is not UTF-8
+        raise click.BadParameter(f"not UTF-8: {exc.reason}", param_hint=option) from None
     except (msgspec.DecodeError, RecursionError) as exc:
         raise click.BadParameter(f"not JSON: {exc}", param_hint=option) from None
 

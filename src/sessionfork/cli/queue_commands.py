@@ -58,6 +58,7 @@ def worker(obj: Context, burst: bool, name: str | None, max_jobs: int | None, lo
     configure_logging(log_format, log_level.upper())
     obj.settings = s = config.with_shard(obj.settings, shard, "--shard")
     url, count = obj.queue_url, len(obj.queue_urls)
+    obj.resend = False  # a step whose connection dropped runs again whole (connections.queue_client)
     service = obj.service()
     queue_redis = service.outcomes.redis
     queue_redis.ping()

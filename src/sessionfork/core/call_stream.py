@@ -12,7 +12,10 @@ What a caller gets is ``lua.run``'s: each group's results in order, a call that 
 again once its script is loaded (after the calls sent behind it, as in a pipeline), an error reply
 raised. The calls must be idempotent, as a pipeline's are when redis-py re-sends it: when the
 connection drops, the calls with no reply read yet run again, in one pipeline with the client's
-retries (a child step finds the child it created and answers it). A time-out is raised (the
+retries (a child step finds the child it created and answers it), when the client sends a command
+again after a dropped connection; a client that does not (``connections.queue_client``'s
+``resend``: the worker's) gets the connection error, so that its caller runs the whole step again
+(the calls answered already may be lost on the server the URL names now: a promoted replica). A time-out is raised (the
 server is frozen: the caller's step is retried as a whole, as a pipeline's time-out is), and the
 connection is dropped, never handed back to the pool with replies unread.
 """
@@ -72,6 +75,8 @@ class CallStream:
         first, end = ticket
         while len(self._raw) < end:
             if self._dropped:
+                if not self._resends():  # every later call's reply is lost too: each raises
+                    raise RedisConnectionError("the connection dropped with calls unanswered")
                 self._rerun()
                 continue
             try:
@@ -84,6 +89,11 @@ class CallStream:
                 self._drop()
                 raise
         return lua.settle(self.redis, self._calls[first:end], self._raw[first:end])
+
+    def _resends(self) -> bool:
+        """Whether the client sends a command again after a dropped connection (its retries)."""
+        retry = self.redis.get_retry()
+        return retry is None or retry.get_retries() > 0  # None: the connections' own default, which retries
 
     def _rerun(self) -> None:
         """Every call without a reply read, in one pipeline (redis-py's retries on a dropped

@@ -143,10 +143,12 @@ def time_outs(settings: Settings) -> dict[str, Any]:
     return {"socket_timeout": settings.socket_timeout, "socket_connect_timeout": settings.connect_timeout}
 
 
-def _options(url: str, settings: Settings) -> dict[str, Any]:
+def _options(url: str, settings: Settings, resend: bool = True) -> dict[str, Any]:
     options: dict[str, Any] = {
-        # Ride out a dropped connection or a restarting server for a few seconds per command.
-        "retry": _Retry(ExponentialBackoff(cap=1.0, base=0.05), 8, supported_errors=(RedisConnectionError,)),
+        # Ride out a dropped connection or a restarting server for a few seconds per command
+        # (``resend``; else each connection error is raised at once: see ``queue_client``).
+        "retry": _Retry(ExponentialBackoff(cap=1.0, base=0.05), 8 if resend else 0,
+                        supported_errors=(RedisConnectionError,)),
         "retry_on_error": [RedisConnectionError],
         "health_check_interval": 30,
         # Arguments packed by hiredis in C, not encoded one by one in Python first (``packer``).
@@ -190,12 +192,13 @@ class _SentinelRedis(Redis):
             sentinel.close()
 
 
-def sentinel_client(settings: Settings, url: str) -> Redis:
-    """A ``Redis`` on the current primary of the Sentinel ``url``, following its promotions."""
+def sentinel_client(settings: Settings, url: str, *, resend: bool = True) -> Redis:
+    """A ``Redis`` on the current primary of the Sentinel ``url``, following its promotions
+    (``resend``: as ``queue_client``'s)."""
     parsed = parse_sentinel_url(url)
     sentinel = Sentinel(list(parsed.sentinels), sentinel_kwargs=_sentinel_kwargs(settings))
     client: Redis = sentinel.master_for(
-        parsed.service, redis_class=_SentinelRedis, **_options(url, settings), **_node_kwargs(parsed))
+        parsed.service, redis_class=_SentinelRedis, **_options(url, settings, resend), **_node_kwargs(parsed))
     return client
 
 
@@ -228,21 +231,29 @@ def async_pool(url: str, *, max_connections: int, **connection_kwargs: Any) -> A
     return pool
 
 
-def registry_client(settings: Settings, url: str) -> Redis | RedisCluster:
-    """The registry's client: a ``RedisCluster`` when ``settings.cluster``, else a ``Redis``."""
+def registry_client(settings: Settings, url: str, *, resend: bool = True) -> Redis | RedisCluster:
+    """The registry's client: a ``RedisCluster`` when ``settings.cluster`` (which follows its
+    slots' moves whatever ``resend``), else a ``Redis`` (``resend``: as ``queue_client``'s)."""
     if settings.cluster:
         if is_sentinel_url(url):
             raise ConfigError("a Redis Cluster is not reached through Sentinel: give a cluster node's redis:// URL")
         return RedisCluster.from_url(url, **_options(url, settings))
-    return queue_client(settings, url)
+    return queue_client(settings, url, resend=resend)
 
 
-def queue_client(settings: Settings, url: str) -> Redis:
+def queue_client(settings: Settings, url: str, *, resend: bool = True) -> Redis:
     """The queue server's client (RQ, outcomes, replies). RQ needs one primary, never a cluster;
-    a Sentinel URL gives the client of its current primary."""
+    a Sentinel URL gives the client of its current primary.
+
+    ``resend``: a command whose connection dropped is sent again on a new connection (a few
+    times, with back-off). ``False`` is the worker's: a command sent again after a promotion (or
+    a restart that lost data) reaches a server that may lack what the request's earlier steps
+    wrote (a record would name a child the new primary never had), so each connection error is
+    raised at once and the worker runs the whole step again from the claim, on the server it
+    reaches then (``SeamWorker.until_up``)."""
     if is_sentinel_url(url):
-        return sentinel_client(settings, url)
-    return Redis.from_url(url, **_options(url, settings))
+        return sentinel_client(settings, url, resend=resend)
+    return Redis.from_url(url, **_options(url, settings, resend))
 
 
 class CallThread:

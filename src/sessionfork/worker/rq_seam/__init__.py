@@ -66,7 +66,7 @@ RQ names used here, and why:
   is loaded as the dequeue loads one (``DequeuedJob.loaded``: ``Job.restore`` of the hash, the
   worker's resolved serializer set as the job's ``serializer`` attribute, not passed to the
   constructor, which checks it against RQ's runtime Protocol per job), the others refused alone. RQ's
-  start and success bookkeeping of a batch (``start_many``, ``finish_many``) is written by
+  start and success bookkeeping of a batch (``start``, ``finish``) is written by
   ``ledger.Ledger``: per job what ``Execution.create``, ``prepare_for_execution``,
   ``_handle_success`` and ``cleanup_execution`` write (RQ's key names from
   ``Execution.key``, ``composite_key``, RQ 3's ``worker_executions_key``,

@@ -69,15 +69,19 @@ class Ledger:
         # RQ 3's index of a worker's executions (RQ 2 has none).
         self.worker_executions: str = getattr(blank, "worker_executions_key", "")
 
-    def start(self, jobs: Sequence[Job], ttl: int) -> tuple[lua.Call, list[Execution]]:
+    def start(self, jobs: Sequence[Job], ttl: int,
+              again: Sequence[Execution] = ()) -> tuple[lua.Call, list[Execution]]:
         """RQ's start of each of ``jobs`` with the heartbeat TTL ``ttl`` (seconds): the script
-        call, and each job's ``Execution`` (its id and times as written), in job order."""
+        call, and each job's ``Execution`` (its id and times as written), in job order. ``again``:
+        the executions of a start of the same jobs sent before whose reply was lost (it may have
+        run): the same ids are written again, so that no second execution is left started."""
         executions: list[Execution] = []
         right_now, stamp = now(), current_timestamp()
         each: list[Any] = []
-        for job in jobs:
-            execution = Execution(id=uuid4().hex, job_id=job.id, connection=job.connection,
-                                  worker_name=self.worker_name)
+        for i, job in enumerate(jobs):
+            execution = (again[i] if i < len(again) and again[i].job_id == job.id
+                         else Execution(id=uuid4().hex, job_id=job.id, connection=job.connection,
+                                        worker_name=self.worker_name))
             execution.created_at = execution.last_heartbeat = right_now
             job.worker_name, job.last_heartbeat, job.started_at = self.worker_name, right_now, right_now
             job._status = JobStatus.STARTED

@@ -40,7 +40,8 @@ class Started:
         return one
 
     def add(self, pipe: Any) -> None:
-        self.executions = self.worker.start(self.jobs, self.queue, pipe)
+        # Sent again (its trip failed: it may have run): the same executions again.
+        self.executions = self.worker.start(self.jobs, self.queue, pipe, again=self.executions)
 
     def done(self, replies: list[Any]) -> None:
         _check(replies)

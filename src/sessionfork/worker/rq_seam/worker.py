@@ -31,6 +31,7 @@ from rq.worker import WorkerStatus
 from ...core import lua
 from ...core.connections import stop_retrying
 from ...core.outages import is_outage
+from ...core.settings import Settings
 from .entries import DequeuedJob, EntryRefused, Taken, entry_of, is_text
 from .ledger import SCRIPTS as LEDGER_SCRIPTS
 from .ledger import Ledger
@@ -38,6 +39,8 @@ from .ledger import Ledger
 T = TypeVar("T")
 log = logging.getLogger("sessionfork.worker")
 RQ_MAJOR = int(VERSION.split(".")[0])
+DEFAULT_BATCH = Settings().batch
+"""Most entries a worker takes at once unless told (``SESSIONFORK_BATCH``'s default)."""
 _HEARTBEAT_EVERY = 1.0
 _IDLE_POLL = 1  # seconds an idle worker blocks waiting for a job before it looks at its stop flag
 SCRIPTS = lua.table(lua.Spec("take", ("queue", "held"), ("count", "prefix"), __package__),
@@ -66,7 +69,7 @@ class SeamWorker(SimpleWorker):
     _unsent_jobs: int = 0
     _unsent_time: float = 0.0
     _flushing: tuple[int, float] = (0, 0.0)  # the counters a pipeline in flight adds
-    batch: int = 1  # entries one dequeue takes at most when more wait (``take``; 1: RQ's dequeue only)
+    batch: int = DEFAULT_BATCH  # entries one dequeue takes at most when more wait (``take``; 1: RQ's dequeue only)
     _jobs_left: int | None = None  # ``work(max_jobs=...)``'s budget not dequeued yet (None: no limit)
 
     # -- hooks: what the subclass implements (no RQ name) ----------------------------------------
@@ -90,8 +93,9 @@ class SeamWorker(SimpleWorker):
         """The Redis clients this worker's steps use (their retries end at a stop request)."""
         return [self.connection]
 
-    def __init__(self, *args: Any, batch: int = 1, **kwargs: Any) -> None:
-        """RQ's worker, taking up to ``batch`` queued entries at once (see ``batch``)."""
+    def __init__(self, *args: Any, batch: int = DEFAULT_BATCH, **kwargs: Any) -> None:
+        """RQ's worker, taking up to ``batch`` queued entries at once (see ``batch``; by default
+        ``SESSIONFORK_BATCH``'s, as ``sessionfork worker`` runs)."""
         super().__init__(*args, **kwargs)
         self.batch = batch
         self._ledgers: dict[str, Ledger] = {}  # by queue name
@@ -445,14 +449,16 @@ class SeamWorker(SimpleWorker):
         # worker died is then abandoned and recovered by the next maintenance pass.
         return self.abandoned_after
 
-    def start(self, jobs: Sequence[Job], queue: Queue, pipe: Any) -> list[Execution]:
+    def start(self, jobs: Sequence[Job], queue: Queue, pipe: Any,
+              again: Sequence[Execution] = ()) -> list[Execution]:
         """RQ's start of each of ``jobs`` (a batch; a lone job: a batch of one), added to ``pipe``
         (``riders.Started``: ahead of the batch's claims, in their round trip): each job's start, written by
         the ``ledger``, then the worker's own state once (busy, with the last job as RQ 2's
         current job, as after starting each in turn); each job's execution, in job order
         (``finish`` takes them back; a job twice in a batch, an entry queued twice, has two,
-        each cleaned up by its own finish)."""
-        call, executions = self._ledger(queue).start(jobs, self.get_heartbeat_ttl(jobs[0]))
+        each cleaned up by its own finish). ``again``: the executions of the same start sent
+        before, whose reply was lost (``Ledger.start``: the same ids written again)."""
+        call, executions = self._ledger(queue).start(jobs, self.get_heartbeat_ttl(jobs[0]), again)
         lua.add_loaded(pipe, call)
         self._busy(jobs[-1], pipe)  # after the executions, as RQ's prepare_execution: its heartbeat sets their TTL
         return executions
