@@ -780,16 +780,20 @@ def test_a_request_resumed_inside_a_batch_keeps_its_planned_children(redis: Redi
     names = iter(f"planned-{i}" for i in range(3))
     first = RequestService(registry, Outcomes(redis, ttl=600, stream_maxlen=10_000), reply_channel="sf:replies",
                         limits=Limits(max_fanout=1024), new_id=lambda: next(names))
-    create = registry.forks.create_children
+    step = registry.forks.child_step
 
-    def dies(snap: Any, spec: Any, ids: Any = None) -> Any:
-        create(snap, spec, list(ids or spec.child_ids)[:1])
-        raise RuntimeError("the first attempt dies after its first child")
+    def first_child_only(snap: Any, spec: Any, ids: Any = None) -> Any:
+        return step(snap, spec, list(spec.child_ids if ids is None else ids)[:1])
 
-    monkeypatch.setattr(registry.forks, "create_children", dies)
-    with pytest.raises(RuntimeError):
+    def dies(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("the first attempt dies after its first child, before its record")
+
+    monkeypatch.setattr(registry.forks, "child_step", first_child_only)
+    monkeypatch.setattr(first.outcomes, "record_many", dies)
+    with pytest.raises(Exception):  # noqa: B017 - where it dies is asserted below: one child made, no outcome
         first.handle(payload, resumed, final_attempt=False)
-    monkeypatch.setattr(registry.forks, "create_children", create)
+    monkeypatch.setattr(registry.forks, "child_step", step)
+    assert Outcomes(redis, ttl=600, stream_maxlen=10).get(resumed) is None
     assert registry.children("src") == ["planned-0"]  # where the first attempt died
     worker = _worker(redis, registry, Settings().batch)
     assert worker.work(burst=True, logging_level="WARNING") is True
