@@ -8,11 +8,11 @@ from __future__ import annotations
 import logging
 import os
 
-from . import admin, merge_commands, queue_commands
+from . import admin, merge_commands, queue_commands, session_commands
 from .app import cli
 
 __all__ = ["cli", "main"]
-_COMMANDS = (admin, merge_commands, queue_commands)  # importing them registers their commands on ``cli``
+_COMMANDS = (admin, merge_commands, queue_commands, session_commands)  # importing registers their commands
 
 
 def main() -> None:

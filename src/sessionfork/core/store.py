@@ -64,11 +64,16 @@ class SessionStore:
         return LiveHandle(sid, token)
 
     def append(self, session: SessionRef, events: Sequence[NewEvent], *,
-               expect_length: int | None = None, time_ms: int | None = None) -> list[Event]:
+               expect_length: int | None = None, time_ms: int | None = None,
+               usage: wire.Usage | None = None) -> list[Event]:
         """``Registry.append``."""
         sid, instance = split_ref(session)
         if not isinstance(events, Sequence) or isinstance(events, str | bytes):
             raise errors.invalid(f"events must be a sequence of NewEvent, got {type(events).__name__}")
+        if usage is not None and not isinstance(usage, wire.Usage):
+            raise errors.invalid(f"usage must be a Usage, got {type(usage).__name__}")
+        if usage is not None and not events:
+            raise errors.invalid("usage rides on an append of at least one event")
         if not events:
             live = self.instance(sid)
             if live is None:
@@ -85,7 +90,7 @@ class SessionStore:
             lifecycle=self.state.lifecycle_key, instance=instance, last_type=events[-1].type,
             expect_length="" if expect_length is None else expect_length, flush="1" if flush else "0",
             maxlen=self.state.lifecycle_maxlen, session_id=sid, call_id=self.state.new_call_id(), markers=markers,
-            events=payload))
+            usage="" if usage is None else " ".join(map(str, usage.values())), events=payload))
         if first == -3:
             raise LengthMoved(sid)
         self._raise_for(first, sid)
@@ -170,10 +175,47 @@ class SessionStore:
         """``Registry.exists``."""
         return bool(self.redis.hexists(keys.session(rules.check_id(session_id)), "header"))
 
+    def usage(self, session_id: str) -> wire.SessionUsage:
+        """``Registry.usage``: a breadth-first walk of the subtree, one pipelined round trip per
+        level (each node's counters, children and released children)."""
+        sid = rules.check_id(session_id)
+        own = wire.Usage()
+        total, count, level, seen = wire.Usage(), 0, [sid], {sid}
+        while level:
+            pipe = self.redis.pipeline(transaction=False)
+            for node in level:
+                pipe.hmget(keys.session(node), ["header", "deleted", *USAGE_COUNTERS])
+                pipe.smembers(keys.session_children(node))
+                pipe.smembers(keys.session_released(node))
+            replies = pipe.execute()
+            below: set[str] = set()
+            for i, node in enumerate(level):
+                got, children, released = replies[3 * i: 3 * i + 3]
+                if node == sid:
+                    if got[0] is None and got[1] is None:
+                        raise errors.not_found(sid)
+                    own = usage_of(got[2:])
+                total += usage_of(got[2:])
+                below.update(wire.text(c) for c in (*children, *released))
+            count += len(level)
+            level = sorted(below - seen)
+            seen.update(level)
+        return wire.SessionUsage(id=sid, own=own, subtree=total, sessions=count)
+
     def children(self, session_id: str) -> list[str]:
         """``Registry.children``."""
         members = self.redis.smembers(keys.session_children(rules.check_id(session_id)))
         return sorted(wire.text(m) for m in members)
+
+
+USAGE_COUNTERS = ("uin", "uout", "ucr", "ucw", "ucost")
+"""The record's own usage counters, in ``wire.USAGE_FIELDS`` order (``keys``: the record)."""
+
+
+def usage_of(counters: Sequence[bytes | str | None]) -> wire.Usage:
+    """A ``Usage`` from the record's counters (absent: 0)."""
+    return wire.Usage(**{name: min(int(raw or 0), wire.USAGE_MAX)
+                         for name, raw in zip(wire.USAGE_FIELDS, counters, strict=True)})
 
 
 class LengthMoved(Exception):

@@ -5,7 +5,9 @@
 --           expected length ("" = any), flush ("1" when the batch holds a turn/end),
 --           lifecycle stream MAXLEN, session id, batch id (fresh per call),
 --           turn markers of the batch ("2*position + (1 for turn/end)", space-separated; "" = none),
---           event JSON...
+--           usage of the batch ("<inputTokens> <outputTokens> <cacheReadTokens> <cacheWriteTokens>
+--           <costMicros>", non-negative integers; "" = none): added to the record's own usage counters
+--           (uin, uout, ucr, ucw, ucost), event JSON...
 -- Returns the seq of the first new event; -1 not live, -2 stale token, -3 length moved on.
 -- The same batch id again (a client's retry after a lost reply) appends nothing and returns the
 -- first seq it got: an append is never doubled.
@@ -17,7 +19,7 @@ if not rec[1] then return -1 end
 if ARGV[1] ~= '' and rec[1] ~= ARGV[1] then return -2 end
 if rec[3] == ARGV[7] then return tonumber(rec[4]) end
 if ARGV[3] ~= '' and rec[2] ~= ARGV[3] then return -3 end
-local first = 9
+local first = 10
 local n = #ARGV - first + 1
 -- RPUSH in chunks: unpack() of a huge argument list overflows the Lua C stack.
 for i = first, #ARGV, 4000 do
@@ -30,6 +32,14 @@ if not rec[6] then
   redis.call('HSET', KEYS[1], 'seedlen', rec[2])
 end
 redis.call('HSET', KEYS[1], 'len', len, 'last', ARGV[2], 'batch', ARGV[7], 'batchseq', rec[2])
+if ARGV[9] ~= '' then
+  local fields = {'uin', 'uout', 'ucr', 'ucw', 'ucost'}
+  local i = 1
+  for tok in string.gmatch(ARGV[9], '%S+') do
+    if tok ~= '0' then redis.call('HINCRBY', KEYS[1], fields[i], tok) end
+    i = i + 1
+  end
+end
 if rec[5] and ARGV[8] ~= '' then
   local marks = {}
   local lastend = nil
