@@ -34,7 +34,9 @@ from .core.wire import (
     SelectReply,
     SelectResult,
     SessionState,
+    SessionUsage,
     Summary,
+    Usage,
 )
 from .ops.diff import Diff, diff
 
@@ -70,8 +72,10 @@ __all__ = [
     "SelectReply",
     "SelectResult",
     "SessionState",
+    "SessionUsage",
     "Snapshot",
     "Summary",
+    "Usage",
     "diff",
     "fork",
     "fork_many",

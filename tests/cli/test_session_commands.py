@@ -49,7 +49,6 @@ def test_show_json(server: EmbeddedServer, registry: Registry) -> None:
     assert shown["usage"]["own"]["inputTokens"] == 20
     assert shown["usage"]["subtree"] == {"inputTokens": 20, "outputTokens": 7, "cacheReadTokens": 0,
                                          "cacheWriteTokens": 0, "costMicros": 0}
-    assert shown["usage"]["sessions"] == 2
 
 
 def test_show_text_names_the_state_and_usage(server: EmbeddedServer, registry: Registry) -> None:
@@ -59,7 +58,7 @@ def test_show_text_names_the_state_and_usage(server: EmbeddedServer, registry: R
     assert "state      merged (into root at seq 4)" in done.stdout
     assert "length     8 (4 inherited, 4 own)" in done.stdout
     root = invoke(server, "session", "show", "root").stdout
-    assert "subtree (4 sessions): input 31, output 7" in root
+    assert "subtree: input 31, output 7" in root
 
 
 def test_show_unknown_session_is_one_line(server: EmbeddedServer, registry: Registry) -> None:
@@ -118,9 +117,9 @@ def test_usage_command(server: EmbeddedServer, registry: Registry) -> None:
     assert json.loads(own.stdout) == {"id": "mid", "own": {"inputTokens": 20, "outputTokens": 0, "cacheReadTokens": 0,
                                                            "cacheWriteTokens": 0, "costMicros": 0}}
     tree = json.loads(invoke(server, "usage", "root", "--subtree", "--json").stdout)
-    assert tree["subtree"]["inputTokens"] == 31 and tree["subtree"]["costMicros"] == 5 and tree["sessions"] == 4
+    assert tree["subtree"]["inputTokens"] == 31 and tree["subtree"]["costMicros"] == 5
     text = invoke(server, "usage", "root", "--subtree").stdout
-    assert text.splitlines()[1] == ("root  subtree (4 sessions): input 31, output 7, cache read 0, cache write 0, "
+    assert text.splitlines()[1] == ("root  subtree: input 31, output 7, cache read 0, cache write 0, "
                                     "cost 5 micros")
 
 

@@ -35,10 +35,9 @@ def test_own_usage_and_subtree_total(registry: Registry) -> None:
     assert root.own == Usage(input_tokens=1, cost_micros=10)
     assert root.subtree == Usage(input_tokens=15, output_tokens=3, cache_read_tokens=5, cache_write_tokens=6,
                                  cost_micros=110)
-    assert root.sessions == 4
     a = registry.usage("a")
     assert a.own == Usage(input_tokens=2)  # the seed's usage (root's) is not counted again
-    assert (a.subtree, a.sessions) == (Usage(input_tokens=6), 2)
+    assert a.subtree == Usage(input_tokens=6)
     assert registry.usage("a1").subtree == Usage(input_tokens=4)
 
 
@@ -65,7 +64,6 @@ def test_deleted_descendants_stay_in_the_total(registry: Registry) -> None:
     registry.delete("a")   # then its parent
     root = registry.usage("root")
     assert root.subtree.input_tokens == 15
-    assert root.sessions == 4
     registry.delete("b")
     assert registry.usage("root").subtree.cost_micros == 110
     assert registry.usage("a").own == Usage(input_tokens=2)  # a tombstone answers its own
@@ -108,10 +106,14 @@ def test_unknown_session(registry: Registry) -> None:
 
 
 def test_usage_on_a_cluster(cluster_registry: Registry) -> None:
+    """On a cluster every total is the walk: the root's too (its record is in another slot)."""
     _tree(cluster_registry)
-    cluster_registry.delete("a1")
+    assert cluster_registry.usage("root").subtree == Usage(input_tokens=15, output_tokens=3, cache_read_tokens=5,
+                                                           cache_write_tokens=6, cost_micros=110)
+    cluster_registry.delete("a")  # pinned by a1: still walked
     assert cluster_registry.usage("root").subtree.input_tokens == 15
     assert cluster_registry.usage("a").own == Usage(input_tokens=2)
+    assert cluster_registry.usage("a").subtree == Usage(input_tokens=6)
 
 
 def test_the_wire_names(registry: Registry) -> None:
@@ -121,3 +123,51 @@ def test_the_wire_names(registry: Registry) -> None:
     registry.append(h, [NewEvent("turn/start"), NewEvent("turn/end")], usage=Usage(cache_read_tokens=2))
     assert wire.encode(registry.usage("s").own) == (b'{"inputTokens":0,"outputTokens":0,"cacheReadTokens":2,'
                                                     b'"cacheWriteTokens":0,"costMicros":0}')
+
+
+def test_a_root_total_equals_the_sum_of_every_own_usage(registry: Registry) -> None:
+    """The root's totals (summed by each append) and the walk (summed at read) agree, at depth."""
+    root = registry.create("r")
+    registry.append(root, turn(0), usage=Usage(cost_micros=1))
+    parent = "r"
+    for depth in range(1, 30):
+        forks.fork(registry, parent, f"r{depth}")
+        forks.fork(registry, parent, f"r{depth}x")
+        registry.append(f"r{depth}", turn(depth), usage=Usage(cost_micros=depth, input_tokens=2))
+        registry.append(f"r{depth}x", turn(depth), usage=Usage(output_tokens=depth))
+        parent = f"r{depth}"
+    owns = [registry.usage(s).own for s in ["r", *(f"r{d}" for d in range(1, 30)), *(f"r{d}x" for d in range(1, 30))]]
+    total = sum(owns, Usage())
+    assert registry.usage("r").subtree == total == Usage(input_tokens=58, output_tokens=435, cost_micros=436)
+    # r1's subtree: all but r's own and r1x's (walked, not a root)
+    assert registry.usage("r1").subtree == Usage(input_tokens=58, output_tokens=434, cost_micros=435)
+
+
+def test_a_retry_from_another_process_counts_once_in_the_root_total(redis: Redis) -> None:
+    first = Registry(redis)
+    first.create("r")
+    forks.fork(first, "r", "c")
+    again = Registry(redis, new_call_id=lambda: "call-7")  # a fresh process: no root known yet
+    again.append("c", turn(1), usage=Usage(input_tokens=5))
+    Registry(redis, new_call_id=lambda: "call-7").append("c", turn(1), usage=Usage(input_tokens=5))
+    assert first.length("c") == 4
+    assert first.usage("r").subtree == Usage(input_tokens=5)
+    assert first.usage("c").own == Usage(input_tokens=5)
+
+
+def test_a_deleted_root_goes_on_summing(registry: Registry) -> None:
+    _tree(registry)
+    registry.delete("root")
+    registry.append("b", turn(3), usage=Usage(input_tokens=100))
+    assert registry.usage("root").subtree.input_tokens == 115
+    assert registry.usage("root").own == Usage(input_tokens=1, cost_micros=10)
+
+
+def test_a_branch_walk_counts_its_pinned_deleted_descendants(registry: Registry) -> None:
+    _tree(registry)
+    forks.fork(registry, "a1", "a2")
+    registry.append("a2", turn(4), usage=Usage(input_tokens=32))
+    registry.delete("a1")  # pinned by a2: kept in a's children
+    assert registry.usage("a").subtree == Usage(input_tokens=38)
+    registry.delete("a2")  # gone for good, and a1 with it: the root's total keeps them
+    assert registry.usage("root").subtree.input_tokens == 47

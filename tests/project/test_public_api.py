@@ -21,7 +21,8 @@ PUBLIC = {
         "ChildError", "Diff", "ErrorCode", "Event", "FanOut", "ForkError", "ForkFailure", "ForkResult", "Header",
         "LiveHandle", "MergeFailure", "MergeOptions", "MergeReply", "MergeResult", "Merged", "MergedFrom",
         "MergedInto", "NewEvent", "Registry", "Reply", "SeedMeta", "SelectFailure", "SelectReply", "SelectResult",
-        "SessionState", "Snapshot", "Summary", "diff", "fork", "fork_many", "merge", "select", "snapshot",
+        "SessionState", "SessionUsage", "Snapshot", "Summary", "Usage", "diff", "fork", "fork_many", "merge",
+        "select", "snapshot",
     ],
     "sessionfork.client": [
         "ChildError", "Client", "ClientMergeOptions", "ForkFailure", "ForkOptions", "ForkRequest", "ForkResult",

@@ -52,7 +52,7 @@ def show(obj: Context, session_id: str, as_json: bool) -> None:
               f"last turn  {'none' if found.last_turn_end is None else found.last_turn_end}",
               f"children   {len(found.children)}" + (f": {', '.join(found.children)}" if found.children else ""),
               f"usage      own: {render_usage(found.usage.own)}",
-              f"           subtree ({found.usage.sessions} sessions): {render_usage(found.usage.subtree)}"]
+              f"           subtree: {render_usage(found.usage.subtree)}"]
     click.echo("\n".join(lines))
 
 
@@ -116,7 +116,7 @@ def events(obj: Context, session_id: str, first: int, last: int | None, as_json:
 @cli.command()
 @click.argument("session_id")
 @click.option("--subtree", is_flag=True, help="The subtree's total too (itself and every descendant).")
-@click.option("--json", "as_json", is_flag=True, help='One JSON object: {"id", "own", "subtree", "sessions"}.')
+@click.option("--json", "as_json", is_flag=True, help='One JSON object: {"id", "own"} (and "subtree").')
 @click.pass_obj
 @clean_errors
 def usage(obj: Context, session_id: str, subtree: bool, as_json: bool) -> None:
@@ -128,4 +128,4 @@ def usage(obj: Context, session_id: str, subtree: bool, as_json: bool) -> None:
         return
     click.echo(f"{found.id}  own: {render_usage(found.own)}")
     if subtree:
-        click.echo(f"{found.id}  subtree ({found.sessions} sessions): {render_usage(found.subtree)}")
+        click.echo(f"{found.id}  subtree: {render_usage(found.subtree)}")

@@ -95,8 +95,7 @@ class Deleter:
         while parent:
             result = self.state.scripts("release", record=keys.session(parent), log=keys.session_log(parent),
                                         children=keys.session_children(parent), turns=keys.session_turns(parent),
-                                        needs=keys.session_needs(parent), released=keys.session_released(parent),
-                                        child=child, need=need)
+                                        needs=keys.session_needs(parent), child=child, need=need)
             if result is None:
                 return
             parent, child, need = wire.text(result[0]), parent, wire.text(result[1])

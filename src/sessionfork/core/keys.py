@@ -40,8 +40,14 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                               (a retried append is recognised, never doubled)
                                     uin uout ucr ucw ucost  own usage: the sums of its appends'
                                               inputTokens, outputTokens, cacheReadTokens,
-                                              cacheWriteTokens, costMicros (absent: 0); kept by
-                                              the tombstone
+                                              cacheWriteTokens, costMicros (absent: 0)
+                                    root      its tree's root (a child created on one server: its
+                                              parent's root, or its parent when that is a root)
+                                    tree      "1": a root (created without a parent)
+                                    tin tout tcr tcw tcost  a root's tree totals: every append
+                                              with usage in its tree adds to them (one server)
+                                              the tombstone keeps the usage counters it has (and
+                                              "tree" with a root's totals)
                                   once deleted, a tombstone (the id is never reused):
                                     deleted   when (epoch ms)
                                     parent, seed, seedlen, lastend, seedend, summary  kept
@@ -60,9 +66,6 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
     sf:s:{<id>}:children   set    ids of the sessions forked from this one (lineage index); while
                                   it is not empty, the session's log is never freed (it pins it)
                                   but for what no child reads (``needs``)
-    sf:s:{<id>}:released   set    children unpinned from this session's log (gone for good, or
-                                  deleted with descendants reading only their own events): kept with
-                                  the record, so a subtree's usage still counts them
     sf:s:{<id>}:needs      zset   the children of this session that read its log from a later seq
                                   than 0 (summary children), scored by that first seq (keepFrom;
                                   raised for a deleted child whose descendants read less); a
@@ -147,11 +150,6 @@ def session_needs(session_id: str) -> str:
     """The first seq of this session's log that each child reading less than all of it needs
     (zset: child id scored by its ``keepFrom``; a child without an entry needs it all)."""
     return f"{session(session_id)}:needs"
-
-
-def session_released(session_id: str) -> str:
-    """The children unpinned from this session's log, kept for its subtree's usage (set)."""
-    return f"{session(session_id)}:released"
 
 
 def session_persisted(session_id: str) -> str:

@@ -159,10 +159,14 @@ class Registry:
 
     def usage(self, session_id: str) -> wire.SessionUsage:
         """The session's own usage (what its appends carried; the seed's is its ancestors') and its
-        subtree's total (itself and every descendant: live, merged, abandoned, disposed, and deleted
-        ones whose tombstone descendants still pin). Each append adds to its session's counters only
-        (O(1) whatever the lineage depth); the total is summed at read time, one pipelined round
-        trip per level of the subtree (``docs/storage.md``). ``SESSION_NOT_FOUND`` if never created.
+        subtree's total (itself and every descendant: live, merged, abandoned, disposed, deleted).
+
+        Each append with usage adds to its session's counters and, on one server, to its tree
+        root's totals (the same cost at any lineage depth). A root's total on one server is one
+        read, deleted descendants included; any other session's (and every one on a cluster) is
+        summed when read, one round trip per level of its subtree, counting a deleted descendant
+        while a descendant of it pins it (``docs/storage.md``, Usage counters).
+        ``SESSION_NOT_FOUND`` if never created.
         """
         return self.store.usage(session_id)
 

@@ -159,8 +159,6 @@ class SessionUsage(msgspec.Struct, rename="camel", frozen=True, kw_only=True):
     """What the session's own appends carried."""
     subtree: Usage
     """``own`` plus every descendant's own usage."""
-    sessions: int
-    """Sessions counted in ``subtree`` (itself included)."""
 
 
 SessionStateName: TypeAlias = Literal["live", "merged", "abandoned", "disposed", "deleted"]

@@ -7,8 +7,7 @@
 -- empty placeholders (positions never move: descendants' slices index this list; counted in
 -- "freed", never redone), and so are its turn markers but the last (see below).
 -- KEYS[1] = sf:s:{<id>}, KEYS[2] = sf:s:{<id>}:log, KEYS[3] = sf:s:{<id>}:children,
--- KEYS[4] = sf:s:{<id>}:turns, KEYS[5] = sf:s:{<id>}:needs, KEYS[6] = sf:s:{<id>}:released
---           (one slot; a child unpinned here is recorded in KEYS[6], where usage finds it)
+-- KEYS[4] = sf:s:{<id>}:turns, KEYS[5] = sf:s:{<id>}:needs   (one slot)
 -- ARGV[1] = the child ("" = none), ARGV[2] = "" when it is gone or reads nothing of this log any
 --           more (unpin it), else the first seq of this log it reads now (raise its entry to that:
 --           a child's descendants only ever read less)
@@ -19,7 +18,7 @@
 -- its parent's keepFrom - 1 + i).
 if ARGV[1] ~= '' then
   if ARGV[2] == '' then
-    if redis.call('SREM', KEYS[3], ARGV[1]) == 1 then redis.call('SADD', KEYS[6], ARGV[1]) end
+    redis.call('SREM', KEYS[3], ARGV[1])
     redis.call('ZREM', KEYS[5], ARGV[1])
   elseif redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then  -- never an entry without its pin
     local had = tonumber(redis.call('ZSCORE', KEYS[5], ARGV[1]) or '0')
