@@ -2,8 +2,8 @@
 
 Rows: an append with usage at lineage depth 1 and at depth 1,000 (medians of 2,000 appends each,
 alternating, and their ratio: an append adds to its own record and its root's, whatever the depth);
-``Registry.usage`` of a root with 10,000 descendants (one read of its tree totals) against a bare
-``ZRANGE`` of 100 in the same run; and the walk a branch's total is (a non-root with 10,000 children,
+``Registry.usage`` of a root with 20,000 descendants (one read of its tree totals) against a bare
+round trip (a ``ZRANGE``) in the same run; and the walk a branch's total is (a non-root with 10,000 children,
 and the root of a 1,000-deep chain's first child: one round trip per level).
 """
 
@@ -68,7 +68,7 @@ def main() -> None:
         root = median_ms(lambda: registry.usage("fan"), 200)
         print(f"append with usage, depth 1          {a1 * 1e3:8.1f} us")
         print(f"append with usage, depth 1000       {a1000 * 1e3:8.1f} us   ratio {a1000 / a1:.2f}")
-        print(f"usage of a root, 20,001 in its tree {root:8.3f} ms   bare ZRANGE 100 {bare:.3f} ms "
+        print(f"usage of a root, 20,001 in its tree {root:8.3f} ms   a bare round trip (ZRANGE) {bare:.3f} ms "
               f"(ratio {root / bare:.2f})")
         print(f"usage of a branch, 10,000 children  {median_ms(lambda: registry.usage('mid'), 10):8.1f} ms   (walk)")
         print(f"usage of d1, a 999-deep chain       {median_ms(lambda: registry.usage('d1'), 5):8.1f} ms   (walk)")
