@@ -131,6 +131,7 @@ _HOST_COMMANDS = (
     "hexists", "get", "sadd", "srem", "scard", "del", "zadd", "zrem",  # forks, dispose, delete (retention index)
     "llen", "lindex",  # boundary and summary forks: the turn index (snapshot.lua, turn.lua)
     "sismember", "zcard", "zscore", "zrange", "ltrim", "lpush",  # deletion: what a summary child's source frees
+    "hincrby",  # an append's usage (append.lua: its own counters and its root's totals)
 )
 _CONSOLE_COMMANDS = (
     *_CONNECTION, *_TRANSACTIONS,
