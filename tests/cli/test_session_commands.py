@@ -8,6 +8,7 @@ import json
 
 import pytest
 from click.testing import CliRunner, Result
+from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_registry_fixture  # noqa: F401
 from helpers import turn
 from redis import Redis
 
@@ -132,3 +133,20 @@ def test_outcomes_and_the_deprecated_events(server: EmbeddedServer, redis: Redis
     assert [json.loads(line)["requestId"] for line in new.stdout.splitlines()] == ["r-1"]
     assert "deprecated" not in new.stderr
     assert old.stderr.startswith("warning: `sessionfork events` is deprecated: use `sessionfork outcomes`")
+
+
+def test_owners_of_a_summary_child(registry: Registry) -> None:
+    from sessionfork.core.wire import Summary
+
+    registry.append(registry.create("src"), [*turn(1), *turn(2)])
+    forks.fork(registry, "src", "sum", summary=Summary(keep_from=4, data="turn 1"))
+    forks.fork(registry, "sum", "grand")
+    assert registry.owners("sum") == [("sum", 0, 1), ("src", 1, 5)]  # its session/summary is its own
+    assert registry.owners("grand") == [("sum", 0, 1), ("src", 1, 5)]
+    assert registry.owners("src") == []
+
+
+def test_owners_on_a_cluster(cluster_registry: Registry) -> None:
+    _family(cluster_registry)
+    assert cluster_registry.owners("leaf") == [("root", 0, 4), ("mid", 4, 8)]
+    assert [e.seq for e in cluster_registry.events("leaf", 6, 10)] == [6, 7, 8, 9]
