@@ -171,3 +171,13 @@ def test_a_branch_walk_counts_its_pinned_deleted_descendants(registry: Registry)
     assert registry.usage("a").subtree == Usage(input_tokens=38)
     registry.delete("a2")  # gone for good, and a1 with it: the root's total keeps them
     assert registry.usage("root").subtree.input_tokens == 47
+
+
+def test_a_root_deleted_before_any_usage_sums_what_comes_after(registry: Registry) -> None:
+    registry.create("r")
+    forks.fork(registry, "r", "c")
+    forks.fork(registry, "c", "g")
+    registry.delete("r")  # a tombstone without usage: no counters kept
+    registry.append("g", turn(1), usage=Usage(input_tokens=9))
+    registry.delete("g")  # gone for good: out of every walk
+    assert registry.usage("r").subtree == Usage(input_tokens=9)

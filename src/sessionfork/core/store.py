@@ -199,8 +199,11 @@ class SessionStore:
             raise errors.not_found(sid)
         n = len(USAGE_COUNTERS)
         own = usage_of(got[3:3 + n])
-        if got[2] is not None and not self.state.cluster:  # a root on one server: its tree's totals
-            return wire.SessionUsage(id=sid, own=own, subtree=usage_of(got[3 + n:]))
+        totals = got[3 + n:]
+        # A root on one server: its tree's totals (a root's tombstone keeps its "tree" mark with the
+        # totals it has; totals on one without the mark were all added after it was deleted).
+        if not self.state.cluster and (got[2] is not None or any(t is not None for t in totals)):
+            return wire.SessionUsage(id=sid, own=own, subtree=usage_of(totals))
         sums, level, seen = [0] * n, [sid], {sid}
         while level:
             below: set[str] = set()
