@@ -35,7 +35,9 @@ from .core.wire import (
     SelectReply,
     SelectResult,
     SessionState,
+    SessionUsage,
     Summary,
+    Usage,
 )
 from .ops.bundles import BundleManifest, Imported, export_bundle, import_bundle
 from .ops.diff import Diff, diff
@@ -74,8 +76,10 @@ __all__ = [
     "SelectReply",
     "SelectResult",
     "SessionState",
+    "SessionUsage",
     "Snapshot",
     "Summary",
+    "Usage",
     "diff",
     "export_bundle",
     "fork",

@@ -29,7 +29,7 @@ from sessionfork.worker.outcomes import Outcomes
 COMMANDS = sorted(cli.commands)
 IDLE = "idle-queue"
 """A queue no worker serves (the module's worker, once started, serves the default one)."""
-READ_COMMANDS = ["diff", "events", "gc", "health", "stats", "tree"]
+READ_COMMANDS = ["diff", "events", "gc", "health", "outcomes", "stats", "tree", "usage"]
 """The commands that show what is stored, each with ``--json``; the others change it (``fork`` and
 ``wait`` print JSON always)."""
 

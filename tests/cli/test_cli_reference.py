@@ -12,8 +12,9 @@ import msgspec
 import pytest
 
 from sessionfork.cli import cli, reference
+from sessionfork.cli.session_commands import ShownEvent
 from sessionfork.core.retention import Ended, Swept
-from sessionfork.core.wire import ForkFailure, ForkResult
+from sessionfork.core.wire import ForkFailure, ForkResult, SessionUsage, SessionView
 from sessionfork.ops.diff import Diff
 from sessionfork.ops.lineage import Lineage
 from sessionfork.ops.stats import Outcome, Stats
@@ -58,13 +59,18 @@ def shapes() -> list[dict[str, object]]:
     return [json.loads(line) for block in blocks for line in block.splitlines()]
 
 
-# The documented shapes, in page order: fork (a result, a failure), fork --wait 0, events, stats,
-# health, gc (a branch disposed, a session deleted), diff, tree. Optional fields may be left out (shard,
+# The documented shapes, in page order: fork (a result, a failure), fork --wait 0, outcomes,
+# session show, session events (two lines), usage --subtree, stats, health, gc (a branch disposed, a
+# session deleted), diff, tree. Optional fields may be left out (shard,
 # shards, a result's sessions...).
 EXPECTED = [(fields(ForkResult) | {"type"}, {"sessions", "failed"}),
             (fields(ForkFailure) | {"type"}, set()),
             ({"requestId", "queued"}, set()),
             (fields(Outcome), {"shard"}),
+            (fields(SessionView), set()),
+            (fields(ShownEvent), set()),
+            (fields(ShownEvent), set()),
+            (fields(SessionUsage), set()),
             (fields(Stats), {"shards"}),
             ({"ok", "queue", "shards"}, set()),
             (fields(Ended), set()),

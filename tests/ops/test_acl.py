@@ -28,12 +28,12 @@ from helpers import (
 )
 from redis import Redis
 from redis.exceptions import NoPermissionError
-from waits import raised, wait_until
+from waits import outcome_of, raised, wait_until
 
-from sessionfork.core import keys, wire
+from sessionfork.core import forks, keys, wire
 from sessionfork.core.config import Settings
 from sessionfork.core.registry import Registry
-from sessionfork.core.wire import ForkResult, Header, NewEvent, Reply
+from sessionfork.core.wire import ForkResult, Header, NewEvent, Reply, Usage
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.ops import acl
 from sessionfork.ops.persist import JsonlBackend
@@ -224,6 +224,16 @@ def test_the_scheduler_enqueues_with_fcall_never_a_script(flow: Flow, admin: Red
 
 def test_host_reads_back_the_session_it_wrote(flow: Flow, host: Redis) -> None:
     assert [e.type for e in Registry(host).events("a")] == [e.type for e in turn(1)]
+
+
+def test_host_appends_usage_and_reads_a_subtree(flow: Flow, host: Redis) -> None:
+    registry = Registry(host)
+    registry.create("u-root")
+    forks.fork(registry, "u-root", "u-child")
+    appended = outcome_of(lambda: registry.append("u-child", turn(1), usage=Usage(input_tokens=3, cost_micros=2)))
+    assert isinstance(appended, list), appended  # no ACL failure in the script
+    assert registry.usage("u-root").subtree == Usage(input_tokens=3, cost_micros=2)  # the root's totals
+    assert registry.usage("u-child").subtree == Usage(input_tokens=3, cost_micros=2)  # the walk (subtree.lua)
 
 
 def test_scheduler_reads_the_outcome_stream(flow: Flow, scheduler: Redis) -> None:

@@ -69,7 +69,7 @@ def test_stats_window_excludes_older_outcomes(redis: Redis, registry: Registry) 
 
 def test_events_command_json_lines(server: EmbeddedServer, redis: Redis, registry: Registry) -> None:
     outcomes(redis, registry)
-    out = subprocess.run([sys.executable, "-m", "sessionfork", "--redis-url", server.url, "events", "--json"],
+    out = subprocess.run([sys.executable, "-m", "sessionfork", "--redis-url", server.url, "outcomes", "--json"],
                          capture_output=True, text=True, timeout=60, check=True)
     lines = [json.loads(line) for line in out.stdout.splitlines()]
     assert [line["code"] for line in lines] == ["OK", "SESSION_ALREADY_EXISTS", "SESSION_NOT_FOUND", "INVALID_REQUEST"]

@@ -84,7 +84,7 @@ def test_an_entry_with_the_old_names_reads_as_a_new_one(server: EmbeddedServer, 
     old, older = read
     assert (old.request_id, old.code, old.duration_us, old.latency_us, old.reply) == ("r-old", "OK", 1500, 2500, reply)
     assert (older.request_id, older.duration_us, older.latency_us) == ("r-older", 0, 0)
-    first = json.loads(invoke(server, "events", "--json").splitlines()[0])
+    first = json.loads(invoke(server, "outcomes", "--json").splitlines()[0])
     assert (first["requestId"], first["durationUs"], first["latencyUs"]) == ("r-old", 1500, 2500)
     assert stats.compute_stats(redis, 3600, int(old.id.split("-")[0]) + 1000).run_time.p50_ms == 1.5
 
@@ -92,7 +92,7 @@ def test_an_entry_with_the_old_names_reads_as_a_new_one(server: EmbeddedServer, 
 def test_events_and_stats_json_are_camel_case(server: EmbeddedServer, redis: Redis) -> None:
     reply = ForkResult(request_id="r-1", session=Header(version=0, id="c", created_at=1))
     Outcomes(redis, ttl=60, stream_maxlen=100).record(reply, "sf:replies", duration_us=7, latency_us=9)
-    (event,) = [json.loads(line) for line in invoke(server, "events", "--json").splitlines()]
+    (event,) = [json.loads(line) for line in invoke(server, "outcomes", "--json").splitlines()]
     assert {"requestId", "durationUs", "latencyUs", "code", "reply"} <= set(event)
     assert_camel(event)
     report = json.loads(invoke(server, "stats", "--json"))

@@ -21,8 +21,8 @@ PUBLIC = {
         "BundleManifest", "ChildError", "Diff", "ErrorCode", "Event", "FanOut", "ForkError", "ForkFailure",
         "ForkResult", "Header", "Imported", "LiveHandle", "MergeFailure", "MergeOptions", "MergeReply", "MergeResult",
         "Merged", "MergedFrom", "MergedInto", "NewEvent", "Registry", "Reply", "SeedMeta", "SelectFailure",
-        "SelectReply", "SelectResult", "SessionState", "Snapshot", "Summary", "diff", "export_bundle", "fork",
-        "fork_many", "import_bundle", "merge", "select", "snapshot",
+        "SelectReply", "SelectResult", "SessionState", "SessionUsage", "Snapshot", "Summary", "Usage", "diff",
+        "export_bundle", "fork", "fork_many", "import_bundle", "merge", "select", "snapshot",
     ],
     "sessionfork.client": [
         "ChildError", "Client", "ClientMergeOptions", "ForkFailure", "ForkOptions", "ForkRequest", "ForkResult",

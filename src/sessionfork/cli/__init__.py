@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 import os
 
-from . import admin, bundle_commands, merge_commands, queue_commands
+from . import admin, bundle_commands, merge_commands, queue_commands, session_commands
 from .app import cli
 
 __all__ = ["cli", "main"]
 # Importing them registers their commands on ``cli``.
-_COMMANDS = (admin, bundle_commands, merge_commands, queue_commands)
+_COMMANDS = (admin, bundle_commands, merge_commands, queue_commands, session_commands)
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
-"""The operators' commands: tree, diff, repair, delete, gc, events, stats, persist, acl, load-functions
-(on ``cli``)."""
+"""The operators' commands: tree, diff, repair, delete, gc, outcomes (and its deprecated name events),
+stats, persist, acl, load-functions (on ``cli``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -163,14 +164,37 @@ def gc(obj: Context, dry_run: bool, older_than: int | None, as_json: bool) -> No
     click.echo(f"{count} session(s) {'would be ' if dry_run else ''}deleted, {verb} {total} bytes", err=as_json)
 
 
+def _outcome_options(command: Any) -> Any:
+    for option in reversed([
+        click.option("--follow", "-f", is_flag=True, help="Keep printing new outcomes as they come."),
+        click.option("--new", "only_new", is_flag=True, help="Skip the outcomes already in the stream."),
+        click.option("--json", "as_json", is_flag=True, help="One JSON object per line."),
+    ]):
+        command = option(command)
+    return command
+
+
 @cli.command()
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new outcomes as they come.")
-@click.option("--new", "only_new", is_flag=True, help="Skip the outcomes already in the stream.")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+@_outcome_options
 @click.pass_obj
 @clean_errors
-def events(obj: Context, follow: bool, only_new: bool, as_json: bool) -> None:
+def outcomes(obj: Context, follow: bool, only_new: bool, as_json: bool) -> None:
     """Print the outcome stream, one line per outcome (code coloured on a terminal)."""
+    _print_outcomes(obj, follow, only_new, as_json)
+
+
+@cli.command("events")
+@_outcome_options
+@click.pass_obj
+@clean_errors
+def events_alias(obj: Context, follow: bool, only_new: bool, as_json: bool) -> None:
+    """Deprecated: the old name of `outcomes` (a session's own events: `session events ID`)."""
+    click.echo("warning: `sessionfork events` is deprecated: use `sessionfork outcomes` (a session's own "
+               "events: `sessionfork session events ID`)", err=True)
+    _print_outcomes(obj, follow, only_new, as_json)
+
+
+def _print_outcomes(obj: Context, follow: bool, only_new: bool, as_json: bool) -> None:
     from ..ops.stats import format_line, read_sharded
 
     style = click.style if sys.stdout.isatty() and not as_json else None

@@ -41,6 +41,16 @@ Session registry (may live on a Redis Cluster; every key of one session shares t
                                     imported  an imported session: the digest of its bundle
                                               (``ops.bundles``); importedfrom its id in the bundle
                                               when imported under a new id
+                                    uin uout ucr ucw ucost  own usage: the sums of its appends'
+                                              inputTokens, outputTokens, cacheReadTokens,
+                                              cacheWriteTokens, costMicros (absent: 0)
+                                    root      its tree's root (a child created on one server: its
+                                              parent's root, or its parent when that is a root)
+                                    tree      "1": a root (created without a parent)
+                                    tin tout tcr tcw tcost  a root's tree totals: every append
+                                              with usage in its tree adds to them (one server)
+                                              the tombstone keeps the usage counters it has (and
+                                              "tree" with a root's totals)
                                   once deleted, a tombstone (the id is never reused):
                                     deleted   when (epoch ms)
                                     parent, seed, seedlen, lastend, seedend, summary  kept

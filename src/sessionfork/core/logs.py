@@ -45,6 +45,24 @@ class LogReader:
             known = self._remember(sid, record.seed_length, self.resolve(sid, record.segments))
         return self.read(sid, known[1], known[0], max(start, 0), stop)
 
+    def owners(self, session_id: str) -> list[tuple[str, int, int]]:
+        """``Registry.owners``."""
+        sid = rules.check_id(session_id)
+        known = self.state.lineages.get(sid)
+        if known is None:
+            record = self._record(sid)
+            known = self._remember(sid, record.seed_length, self.resolve(sid, record.segments))
+        out: list[tuple[str, int, int]] = []
+        seq = 0
+        for owner, lo, hi in known[1]:
+            name = owner[1:] if owner.startswith(SUMMARY_MARK) else owner
+            if out and out[-1][0] == name and out[-1][2] == seq:
+                out[-1] = (name, out[-1][1], seq + hi - lo)
+            else:
+                out.append((name, seq, seq + hi - lo))
+            seq += hi - lo
+        return out
+
     def _remember(self, sid: str, seed_length: int, segments: Segments) -> Lineage:
         lineages = self.state.lineages
         known = lineages[sid] = (seed_length, segments)

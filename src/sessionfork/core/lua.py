@@ -123,8 +123,9 @@ class _Slot:
 
 
 SCRIPTS: Final[Mapping[str, Spec]] = {spec.name: spec for spec in (
-    Spec("append", ("record", "log", "turns", "lifecycle?"),
-         ("instance", "last_type", "expect_length", "flush", "maxlen", "session_id", "call_id", "markers", "events*")),
+    Spec("append", ("record", "log", "turns", "lifecycle?", "tree?"),
+         ("instance", "last_type", "expect_length", "flush", "maxlen", "session_id", "call_id", "markers", "usage",
+          "root", "events*")),
     Spec("create", ("record", "log", "turns", "lifecycle?", "parent_children?", "parent?", "parent_needs?"),
          ("header", "instance", "length", "seed_length", "seed", "last_type", "request_id", "maxlen", "session_id",
           "seed_end", "parent_header", "last_end", "markers", "summary", "need", "cwd", "parent_id", "parent_stored",
@@ -149,6 +150,7 @@ SCRIPTS: Final[Mapping[str, Spec]] = {spec.name: spec for spec in (
     Spec("pin", ("record", "children", "needs"), ("need", "child_ids*")),
     Spec("release", ("record", "log", "children", "turns", "needs"), ("child", "need")),
     Spec("settle", ("record",), ("seed",)),
+    Spec("subtree", ("level*",), ()),
     Spec("snapshot", ("record", "turns", "log"), ("instance", "boundary", "if_length", "keep", "session_id")),
     Spec("turn", ("record", "turns", "log"), ("index",)),
     Spec("unhold", ("records*",), ("holder",)),

@@ -90,7 +90,8 @@ class Registry:
         return self.store.create(session_id, cwd=cwd)
 
     def append(self, session: SessionRef, events: Sequence[NewEvent], *,
-               expect_length: int | None = None, time_ms: int | None = None) -> list[Event]:
+               expect_length: int | None = None, time_ms: int | None = None,
+               usage: wire.Usage | None = None) -> list[Event]:
         """Append events to a live session; returns them with their ``seq`` and ``time``.
 
         Concurrent appenders never produce a gap or a duplicate seq (the script assigns the
@@ -99,8 +100,12 @@ class Registry:
         (``LengthMoved``). Raises ``SESSION_NOT_FOUND``, ``SESSION_NOT_LIVE``, and
         ``INVALID_REQUEST`` for an event over ``max_event_bytes``, or whose data is not JSON that
         reads back identically (``wire.encode_stored_event``), before any Redis call.
+
+        ``usage`` (a ``wire.Usage``: what producing these events consumed) is added to the
+        session's own usage counters in the same atomic step, once: a retried call adds nothing
+        again. Usage on an empty append, or anything but a ``Usage``, is ``INVALID_REQUEST``.
         """
-        return self.store.append(session, events, expect_length=expect_length, time_ms=time_ms)
+        return self.store.append(session, events, expect_length=expect_length, time_ms=time_ms, usage=usage)
 
     def encode_events(self, events: Sequence[NewEvent], time_ms: int) -> list[bytes]:
         """The stored JSON of ``events`` at ``time_ms``: ``INVALID_REQUEST`` for an event that is
@@ -152,6 +157,19 @@ class Registry:
         """Ids of the sessions forked from this one, sorted."""
         return self.store.children(session_id)
 
+    def usage(self, session_id: str) -> wire.SessionUsage:
+        """The session's own usage (what its appends carried; the seed's is its ancestors') and its
+        subtree's total (itself and every descendant: live, merged, abandoned, disposed, deleted).
+
+        Each append with usage adds to its session's counters and, on one server, to its tree
+        root's totals (the same cost at any lineage depth). A root's total on one server is one
+        read, deleted descendants included; any other session's (and every one on a cluster) is
+        summed when read, one round trip per level of its subtree, counting a deleted descendant
+        while a descendant of it pins it (``docs/storage.md``, Usage counters).
+        ``SESSION_NOT_FOUND`` if never created.
+        """
+        return self.store.usage(session_id)
+
     # -- logs (``logs.LogReader``) ---------------------------------------------------------------
 
     def events(self, session_id: str, start: int = 0, stop: int | None = None) -> list[Event]:
@@ -163,6 +181,13 @@ class Registry:
         meanwhile is ``SESSION_NOT_FOUND``, never a partial log nor an undecodable one.
         """
         return self.logs.events(session_id, start, stop)
+
+    def owners(self, session_id: str) -> list[tuple[str, int, int]]:
+        """Who holds each inherited event of the session's seed: ``(ancestor id, first seq, stop
+        seq)`` runs, oldest first, covering seqs ``[0, seedLength)`` (a summary child's seq 0 is
+        its own); every seq from ``seedLength`` on is the session's own. One read of the record
+        at most (none once its lineage is cached). ``SESSION_NOT_FOUND`` if never created."""
+        return self.logs.owners(session_id)
 
     def resolve(self, sid: str, segments: Segments) -> Segments:
         """``segments`` of ``sid``'s seed with every reference (``[parent, -b, -a]``: events

@@ -74,6 +74,9 @@ class RegistryState:
     lineages: OrderedDict[str, Lineage] = field(init=False, default_factory=OrderedDict)
     """Seed length and resolved segments of the sessions read (at most ``logs.LINEAGE_CACHE``,
     the oldest dropped first)."""
+    roots: OrderedDict[str, str] = field(init=False, default_factory=OrderedDict)
+    """The tree root of the sessions appended to with usage ("": none; a session's root never
+    changes), as the append script last named it (at most ``logs.LINEAGE_CACHE``)."""
 
     def __post_init__(self) -> None:
         self.cluster = isinstance(self.redis, RedisCluster)

@@ -13,7 +13,8 @@ from typing import TypeAlias
 
 from msgspec import UNSET
 
-from ..core import errors, keys, records, rules, wire
+from ..core import errors, keys, lua, records, rules, wire
+from .logs import LINEAGE_CACHE
 from .state import RegistryState
 from .wire import Event, Header, LiveHandle, NewEvent
 
@@ -64,11 +65,16 @@ class SessionStore:
         return LiveHandle(sid, token)
 
     def append(self, session: SessionRef, events: Sequence[NewEvent], *,
-               expect_length: int | None = None, time_ms: int | None = None) -> list[Event]:
+               expect_length: int | None = None, time_ms: int | None = None,
+               usage: wire.Usage | None = None) -> list[Event]:
         """``Registry.append``."""
         sid, instance = split_ref(session)
         if not isinstance(events, Sequence) or isinstance(events, str | bytes):
             raise errors.invalid(f"events must be a sequence of NewEvent, got {type(events).__name__}")
+        if usage is not None and not isinstance(usage, wire.Usage):
+            raise errors.invalid(f"usage must be a Usage, got {type(usage).__name__}")
+        if usage is not None and not events:
+            raise errors.invalid("usage rides on an append of at least one event")
         if not events:
             live = self.instance(sid)
             if live is None:
@@ -80,12 +86,23 @@ class SessionStore:
         payload = self.encode_events(events, ts)
         flush = any(e.type == rules.TURN_END for e in events)
         markers = " ".join(map(str, rules.batch_markers([e.type for e in events])))
-        first = int(self.state.scripts(
-            "append", record=keys.session(sid), log=keys.session_log(sid), turns=keys.session_turns(sid),
-            lifecycle=self.state.lifecycle_key, instance=instance, last_type=events[-1].type,
-            expect_length="" if expect_length is None else expect_length, flush="1" if flush else "0",
-            maxlen=self.state.lifecycle_maxlen, session_id=sid, call_id=self.state.new_call_id(), markers=markers,
-            events=payload))
+        state = self.state
+        call_id, counters = state.new_call_id(), "" if usage is None else " ".join(map(str, usage.values()))
+        root = "-" if state.cluster else state.roots.get(sid, "")
+        while True:  # at most twice: the first append with usage learns the session's root
+            reply = state.scripts(
+                "append", record=keys.session(sid), log=keys.session_log(sid), turns=keys.session_turns(sid),
+                lifecycle=state.lifecycle_key, tree=keys.session(root) if root not in ("", "-") else None,
+                instance=instance, last_type=events[-1].type,
+                expect_length="" if expect_length is None else expect_length, flush="1" if flush else "0",
+                maxlen=state.lifecycle_maxlen, session_id=sid, call_id=call_id, markers=markers, usage=counters,
+                root=root, events=payload)
+            if not isinstance(reply, list):
+                break
+            root = state.roots[sid] = wire.text(reply[1])
+            if len(state.roots) > LINEAGE_CACHE:
+                state.roots.popitem(last=False)
+        first = int(reply)
         if first == -3:
             raise LengthMoved(sid)
         self._raise_for(first, sid)
@@ -170,10 +187,67 @@ class SessionStore:
         """``Registry.exists``."""
         return bool(self.redis.hexists(keys.session(rules.check_id(session_id)), "header"))
 
+    def usage(self, session_id: str) -> wire.SessionUsage:
+        """``Registry.usage``: a root on one server answers from its record (its tree's totals, which
+        every append with usage in the tree adds to); any other session by a breadth-first walk of
+        its subtree, one round trip per level: on one server each level summed by ``subtree.lua``
+        (chunks of ``USAGE_CHUNK`` sessions, in one pipeline), on a cluster, where a level spans
+        slots, each session's counters and children read in one pipeline per level."""
+        sid = rules.check_id(session_id)
+        got = self.redis.hmget(keys.session(sid), ["header", "deleted", "tree", *USAGE_COUNTERS, *TREE_COUNTERS])
+        if got[0] is None and got[1] is None:
+            raise errors.not_found(sid)
+        n = len(USAGE_COUNTERS)
+        own = usage_of(got[3:3 + n])
+        totals = got[3 + n:]
+        # A root on one server: its tree's totals (a root's tombstone keeps its "tree" mark with the
+        # totals it has; totals on one without the mark were all added after it was deleted).
+        if not self.state.cluster and (got[2] is not None or any(t is not None for t in totals)):
+            return wire.SessionUsage(id=sid, own=own, subtree=usage_of(totals))
+        sums, level, seen = [0] * n, [sid], {sid}
+        while level:
+            below: set[str] = set()
+            for part, children in self._level(level):
+                sums = [a + b for a, b in zip(sums, part, strict=True)]
+                below.update(children)
+            level = sorted(below - seen)
+            seen.update(level)
+        return wire.SessionUsage(id=sid, own=own, subtree=usage_of(sums))
+
+    def _level(self, level: Sequence[str]) -> list[tuple[list[int], list[str]]]:
+        """Each chunk's usage sums and the ids below it, for one level of the walk (one round trip)."""
+        if self.state.cluster:
+            pipe = self.redis.pipeline(transaction=False)
+            for node in level:
+                pipe.hmget(keys.session(node), list(USAGE_COUNTERS))
+                pipe.smembers(keys.session_children(node))
+            replies = pipe.execute()
+            return [([int(v or 0) for v in got], [wire.text(c) for c in children])
+                    for got, children in zip(replies[::2], replies[1::2], strict=True)]
+        calls = [self.state.scripts.op("subtree", level=[key for node in level[i:i + USAGE_CHUNK]
+                                                         for key in (keys.session(node), keys.session_children(node))])
+                 for i in range(0, len(level), USAGE_CHUNK)]
+        return [([int(v) for v in reply[:5]], [wire.text(c) for c in reply[5:]])
+                for reply in lua.eval_many(self.redis, calls)]
+
     def children(self, session_id: str) -> list[str]:
         """``Registry.children``."""
         members = self.redis.smembers(keys.session_children(rules.check_id(session_id)))
         return sorted(wire.text(m) for m in members)
+
+
+USAGE_CHUNK = 1000
+"""Sessions one ``subtree.lua`` call sums (a level of more is several calls, in one pipeline)."""
+USAGE_COUNTERS = ("uin", "uout", "ucr", "ucw", "ucost")
+"""The record's own usage counters, in ``wire.USAGE_FIELDS`` order (``keys``: the record)."""
+TREE_COUNTERS = ("tin", "tout", "tcr", "tcw", "tcost")
+"""A root's record: its tree's usage totals, in ``wire.USAGE_FIELDS`` order."""
+
+
+def usage_of(counters: Sequence[bytes | str | int | None]) -> wire.Usage:
+    """A ``Usage`` from the record's counters (absent: 0)."""
+    return wire.Usage(**{name: min(int(raw or 0), wire.USAGE_MAX)
+                         for name, raw in zip(wire.USAGE_FIELDS, counters, strict=True)})
 
 
 class LengthMoved(Exception):

@@ -105,6 +105,62 @@ class MergedInto(msgspec.Struct, rename="camel", frozen=True, kw_only=True):
     """The request that merged it (``""``: a library call without one)."""
 
 
+USAGE_MAX: Final = 2**53 - 1
+"""The largest value of one usage counter an append may carry (JSON's exact integers)."""
+
+
+class Usage(msgspec.Struct, rename="camel", frozen=True, kw_only=True):
+    """What an append (or a session, or a subtree) consumed: token counts and cost, non-negative
+    integers (``costMicros``: millionths of the caller's currency unit). Checked when built:
+    anything but an integer in ``0..USAGE_MAX`` is ``INVALID_REQUEST``."""
+
+    input_tokens: int = 0
+    """Prompt tokens."""
+    output_tokens: int = 0
+    """Completion tokens."""
+    cache_read_tokens: int = 0
+    """Prompt tokens read from a cache."""
+    cache_write_tokens: int = 0
+    """Prompt tokens written to a cache."""
+    cost_micros: int = 0
+    """Cost, in millionths of a currency unit."""
+
+    def __post_init__(self) -> None:
+        for name in USAGE_FIELDS:
+            value = getattr(self, name)
+            if type(value) is not int or not 0 <= value <= USAGE_MAX:
+                raise errors.invalid(f"usage {_camel(name)} must be an integer from 0 to {USAGE_MAX}, "
+                                     f"got {rules.echo(value)}")
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(**{n: min(getattr(self, n) + getattr(other, n), USAGE_MAX) for n in USAGE_FIELDS})
+
+    def values(self) -> tuple[int, ...]:
+        """The counters in ``USAGE_FIELDS`` order."""
+        return tuple(getattr(self, n) for n in USAGE_FIELDS)
+
+
+USAGE_FIELDS: Final = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens", "cost_micros")
+"""``Usage``'s counters, in the order the append script takes and the record keeps them."""
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.title() for w in rest)
+
+
+class SessionUsage(msgspec.Struct, rename="camel", frozen=True, kw_only=True):
+    """A session's usage: its own (what its appends carried; its seed's not counted again) and its
+    subtree's (itself and every descendant, merged, abandoned, disposed and deleted ones included)."""
+
+    id: str
+    """The session's id."""
+    own: Usage
+    """What the session's own appends carried."""
+    subtree: Usage
+    """``own`` plus every descendant's own usage."""
+
+
 SessionStateName: TypeAlias = Literal["live", "merged", "abandoned", "disposed", "deleted"]
 
 
@@ -122,6 +178,27 @@ class SessionState(msgspec.Struct, rename="camel", frozen=True, kw_only=True, om
     """Its latest merge (kept once disposed)."""
     abandoned_by: str | UnsetType = UNSET
     """The select request that abandoned it."""
+
+
+class SessionView(msgspec.Struct, rename="camel", frozen=True, kw_only=True):
+    """What ``sessionfork session show`` prints: a session's header, state, lengths and usage."""
+
+    header: Header
+    """Its header."""
+    state: SessionState
+    """Where it stands."""
+    length: int
+    """Events in its log, seed included."""
+    seed_length: int
+    """Events inherited from its ancestors (0 for a root)."""
+    own_length: int
+    """Its own events (``length - seedLength``)."""
+    last_turn_end: int | None
+    """The seq of its newest ``turn/end``, seed included (``null``: none)."""
+    children: list[str]
+    """The sessions forked from it, sorted."""
+    usage: SessionUsage
+    """Its own and its subtree's usage."""
 
 
 class SeedMeta(msgspec.Struct, rename="camel", frozen=True):

@@ -20,7 +20,7 @@ refused jobs, retries, maintenance, shutdown) under these users until no ACL den
     * replies: ``SUBSCRIBE`` to the reply channel ``<reply>`` and to per-request reply channels
       under the prefix ``<reply>:`` (a request's ``replyTo`` must use that prefix when schedulers
       run under this user); read-only ``HGET``/``HMGET`` of ``sf:req:*``; read-only
-      ``XRANGE``/``XREAD`` of ``sf:outcomes`` (``sessionfork events`` and ``stats``).
+      ``XRANGE``/``XREAD`` of ``sf:outcomes`` (``sessionfork outcomes`` and ``stats``).
     * nothing else: no ``DEL``/``EXPIRE`` (it cannot delete or expire a job), no session key
       (``sf:s:*``), no registry script effect, no admin command.
     * residual (what key patterns cannot separate): it may ``HSET`` or ``HMGET`` any ``rq:job:*``
@@ -131,6 +131,7 @@ _HOST_COMMANDS = (
     "hexists", "get", "sadd", "srem", "scard", "del", "zadd", "zrem",  # forks, dispose, delete (retention index)
     "llen", "lindex",  # boundary and summary forks: the turn index (snapshot.lua, turn.lua)
     "sismember", "zcard", "zscore", "zrange", "ltrim", "lpush",  # deletion: what a summary child's source frees
+    "hincrby",  # an append's usage (append.lua: its own counters and its root's totals)
 )
 _CONSOLE_COMMANDS = (
     *_CONNECTION, *_TRANSACTIONS,

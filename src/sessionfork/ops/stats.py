@@ -30,7 +30,7 @@ _COLOURS = {"OK": "green", "OPEN_TURN": "yellow", "INVALID_BOUNDARY": "yellow", 
 
 
 class Outcome(msgspec.Struct, rename="camel", kw_only=True):
-    """One outcome stream entry (wire shape of ``sessionfork events --json``)."""
+    """One outcome stream entry (wire shape of ``sessionfork outcomes --json``)."""
 
     id: str
     time: int

@@ -13,6 +13,8 @@
 --#include lib/header.lua
 local r = redis.call('HMGET', KEYS[1], 'header', 'instance', 'len', 'seed', 'seedlen', 'lastend', 'seedend',
   'summary', 'cwd', 'parent')
+local names = {'uin', 'uout', 'ucr', 'ucw', 'ucost', 'tin', 'tout', 'tcr', 'tcw', 'tcost', 'tree'}
+local usage = redis.call('HMGET', KEYS[1], unpack(names))
 local persisted = redis.call('GET', KEYS[4])
 if not r[1] then return {-1} end
 r[5] = r[5] or r[3]  -- absent until the first append (create.lua)
@@ -29,6 +31,17 @@ if left == 0 then
   redis.call('DEL', KEYS[2], KEYS[3], KEYS[5])
 end
 redis.call('HSET', KEYS[1], 'deleted', ARGV[1])
+-- usage: the tombstone keeps the counters it has, its own and, a root's, its tree's totals with
+-- its "tree" mark (a root's total counts its deleted descendants, and goes on summing its tree's
+-- appends once it is deleted itself); nothing when it has none
+local totals = false
+for i = 1, 10 do
+  if usage[i] then
+    redis.call('HSET', KEYS[1], names[i], usage[i])
+    if i > 5 then totals = true end
+  end
+end
+if totals and usage[11] then redis.call('HSET', KEYS[1], 'tree', usage[11]) end
 if left > 0 then
   -- Kept while the log is pinned: descendants resolve their reference to this seed, check a
   -- boundary in these events on the turn index (turn.lua), and the last descendant's release

@@ -73,7 +73,25 @@ end
 -- ``fields``: a plain child's record fields when built already (``record_fields(a)``, a[2] the
 -- 4th word).
 local function create_record(k, a, fields)
-  redis.call('HSET', k[1], unpack(fields or record_fields(a)))
+  fields = fields or record_fields(a)
+  -- The tree's root, whose record sums the usage of every append in its tree (append.lua): a new
+  -- session is a root ("tree"); a child on one server names its parent's root, or its parent when
+  -- that is a root (a child of a session without either, or on a cluster, names none). In the one
+  -- HSET; found once for the children of one call (``fields`` is shared by a fan-out's).
+  if not fields.rooted then
+    fields.rooted = true
+    local root = nil
+    if k[6] then
+      local up = redis.call('HMGET', k[6], 'root', 'tree')
+      root = up[1] or (up[2] and a[17] ~= '' and a[17]) or nil
+    end
+    if root then
+      fields[#fields + 1] = 'root'; fields[#fields + 1] = root
+    elseif not k[6] and a[17] == '' then
+      fields[#fields + 1] = 'tree'; fields[#fields + 1] = '1'
+    end
+  end
+  redis.call('HSET', k[1], unpack(fields))
   local first = 21
   if #a >= first then
     for i = first, #a, 4000 do
