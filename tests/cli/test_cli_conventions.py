@@ -1,4 +1,4 @@
-"""The command line's conventions (issue 29 #4): ``-h`` everywhere, ``--version`` and
+"""The command line's conventions: ``-h`` everywhere, ``--version`` and
 ``sessionfork.__version__``, every variable the CLI reads shown in ``--help``, ``--json`` on every
 read command, ``wait REQUEST_ID``, a timed-out ``fork --wait`` that says the request stays queued
 and how to wait for it, errors that name what the user passed. (Bounds: test_cli_bounds.py.)"""

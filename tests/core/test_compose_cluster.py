@@ -153,7 +153,7 @@ def test_no_node_answered_crossslot_to_a_composed_fork(cluster: EmbeddedCluster,
 
 def test_ended_branches_are_disposed_then_freed_across_nodes_without_a_descendants_byte_changing(
         cluster_registry: Registry, cluster_client: RedisCluster) -> None:
-    """Issue 28 #3 on a cluster: the merged child, the select's loser and the parent in other slots."""
+    """Branches that end, on a cluster: the merged child, the select's loser and the parent in other slots."""
     reg = cluster_registry
     reg.append(reg.create("p"), turn(1))
     home = node_of(cluster_client, "p")

@@ -1,4 +1,4 @@
-"""A registry that lost its data is detected, never silently served (issue 10, #3).
+"""A registry that lost its data is detected, never silently served.
 
 A fork is two steps: the source step reads the source, the child step creates the children with
 references to the source's log. If the source's server restarts empty in between (or loses writes

@@ -1,4 +1,4 @@
-"""Merge and select on a Redis Cluster (3 primaries, 1 replica each), in the library (issue 28): the
+"""Merge and select on a Redis Cluster (3 primaries, 1 replica each), in the library: the
 parent and its children in different slots, on different nodes; the merge's three steps (the
 child's read, the parent's write, the marks) each on one slot. A merge, a select, a replay by
 request id, ``ALREADY_MERGED``, ``NOT_DESCENDANT``, a process that died between the parent's step

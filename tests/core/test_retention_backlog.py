@@ -1,4 +1,4 @@
-"""Retention and persist-before-evict under load (issue 16 #7, issue 17), on a real server:
+"""Retention and persist-before-evict under load, on a real server:
 
 * a session the persistence backend has not written whole is refused ``UNPERSISTED`` for any mark
   short of its length, stays, and a ``session/flush`` is asked — once per interval, not per attempt;

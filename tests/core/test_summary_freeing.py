@@ -1,5 +1,5 @@
 """Deletion and retention keep a summary child's kept range and free what only the summarised part
-needed (issue 19 item 6), on one real server and on the 3-master cluster: the needs index records
+needed, on one real server and on the 3-master cluster: the needs index records
 where each summary child starts reading its parent; a deleted, pinned session's own-log prefix that
 no descendant reads becomes placeholders (positions never move), and a session whose descendants
 read none of its seed is unpinned from its parent. Not one byte of any descendant changes."""

@@ -237,7 +237,7 @@ def test_key_names_are_built_only_in_keys() -> None:
         assert 'f"sf:' not in text and "'sf:" not in text and '"sf:' not in text, path.name
 
 
-# The fork path, each step in one place (issue 18): the queue's sides enter the session core through
+# The fork path, each step in one place: the queue's sides enter the session core through
 # ``core/forks.py`` only, one entry per step, and never calls the registry's fork steps itself.
 FORK_STEPS = {"take_snapshot", "prepare_fork", "look_ops", "plan_of", "create_children", "create_child",
               "confirm_replays", "read_snapshot", "child_header", "is_cluster"}

@@ -110,7 +110,7 @@ def test_worker_with_a_cluster_registry_answers_a_retried_request_with_its_first
 
 def test_worker_with_a_cluster_registry_merges_and_selects_across_slots(cluster_registry: Registry,
                                                                          queue_client: Client) -> None:
-    """A merge and a select through the worker, parent and children in different slots (issue 28)."""
+    """A merge and a select through the worker, parent and children in different slots."""
     completed_source(cluster_registry, "src")
     fan = queue_client.fork("src", session_ids=["k0", "k1", "k2"], request_id=unique("req"), timeout=TIMEOUT)
     assert fan.ok, fan

@@ -1,4 +1,4 @@
-"""SIGKILLed workers mid-merge and mid-select (issue 28): a worker process killed after the parent's
+"""SIGKILLed workers mid-merge and mid-select: a worker process killed after the parent's
 step wrote the merge turn, before the marks and the outcome (and, for a select, between the winner's
 mark and the losers'), leaves a job RQ's started registry hands to another worker, whose run of it
 answers the first merge: one outcome, one merge turn in the parent, the marks written.

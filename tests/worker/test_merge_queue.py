@@ -1,4 +1,4 @@
-"""Merges and selects through the queue (issue 28): both clients and a worker process, the CLI, the
+"""Merges and selects through the queue: both clients and a worker process, the CLI, the
 raw any-language producer (EVAL and the loaded Function library), typed ``merge/error`` and
 ``select/error`` outcomes for bad input, idempotent retries and ``IDEMPOTENCY_CONFLICT`` as forks',
 and the outcome stream."""

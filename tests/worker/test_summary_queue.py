@@ -152,7 +152,7 @@ def test_cli_fork_with_a_summary(server: EmbeddedServer, client: Client, registr
 @pytest.mark.parametrize("huge", [-(2**63) - 5, 2**64 + 7, 10**30])
 def test_a_keep_from_beyond_64_bits_is_invalid_boundary_naming_it(client: Client, registry: Registry, src: str,
                                                                    huge: int) -> None:
-    """Through the worker, as ``boundary`` answers for the same values (issue 26 item 5): the rule's
+    """Through the worker, as ``boundary`` answers for the same values: the rule's
     ``INVALID_BOUNDARY`` naming keepFrom, not an ``INVALID_REQUEST`` about the summary event."""
     reply = client.fork(src, session_id="h", summary=Summary(keep_from=huge, data="s"), timeout=TIMEOUT)
     assert isinstance(reply, ForkFailure)
