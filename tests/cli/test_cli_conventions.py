@@ -16,7 +16,6 @@ import pytest
 from click.testing import CliRunner
 from helpers import clean_environ, cli_args, make_client, queue_of
 from redis import Redis
-from worker_fixtures import client_fixture, source_fixture, worker_fixture  # noqa: F401
 
 import sessionfork
 from sessionfork.cli import cli, merge_commands

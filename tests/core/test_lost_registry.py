@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_registry_fixture  # noqa: F401
 from helpers import count_session_keys, turn
 from redis import Redis
 from redis.cluster import RedisCluster

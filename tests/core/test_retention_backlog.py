@@ -13,7 +13,6 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_registry_fixture  # noqa: F401
 from helpers import clean_environ, cli_args, start_worker, stop, turn, wait_registered, worker_name
 from redis import Redis
 from test_deletion import family, raw_state

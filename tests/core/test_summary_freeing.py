@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_registry_fixture  # noqa: F401
 from helpers import turn
 from waits import raised
 

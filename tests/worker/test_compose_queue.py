@@ -15,8 +15,6 @@ import msgspec
 import pytest
 from helpers import (
     SETTINGS,
-    clean_environ,
-    cli_args,
     live_client,
     make_client,
     queue_of,
@@ -25,6 +23,9 @@ from helpers import (
     stop,
     turn,
     worker_name,
+)
+from helpers import (
+    run_fork_cli as run_cli,
 )
 from redis import Redis
 
@@ -214,11 +215,6 @@ def test_the_request_on_the_queue_carries_the_fields_as_json(client: Client) -> 
     request = client.request("run", variants=[Variant("a", RETRY[1:]), Variant()], request_id="shape")
     assert json.loads(wire.encode(request)) == {"source": "run", "requestId": "shape", "variants": [
         {"sessionId": "a", "edits": [{"type": "user/message", "data": {"text": "again"}, "surfaceOp": "x"}]}, {}]}
-
-
-def run_cli(url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_args(url, "fork", *args, "--wait", str(TIMEOUT)), env=clean_environ(), input=stdin,
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_cli_fork_with_a_guard_edits_and_variants(server: EmbeddedServer, client: Client, registry: Registry,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import SETTINGS, clean_environ, cli_args, live_client, registered_worker, turn
+from helpers import SETTINGS, live_client, registered_worker, run_cli, turn
 from redis import Redis
 
 from sessionfork.aio import AsyncClient
@@ -133,11 +133,6 @@ def test_the_raw_producer_merges_and_selects(server: EmbeddedServer, redis: Redi
               "summary": {"t": 1}}
     chosen = produce(server, f"raw-s-{route}", select, route)
     assert (chosen["type"], chosen["abandoned"]) == ("select/result", ["k2"]), chosen
-
-
-def run_cli(url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_args(url, *args, "--wait", str(TIMEOUT)), env=clean_environ(), input=stdin,
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_cli_merge_and_select(server: EmbeddedServer, client: Client, fam: Registry) -> None:

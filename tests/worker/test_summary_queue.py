@@ -12,14 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import (
-    SETTINGS,
-    clean_environ,
-    cli_args,
-    live_client,
-    registered_worker,
-    turn,
-)
+from helpers import SETTINGS, live_client, registered_worker, turn
+from helpers import run_fork_cli as run_cli
 from redis import Redis
 
 from sessionfork import Summary
@@ -123,11 +117,6 @@ def test_the_raw_producer_sends_a_summary(server: EmbeddedServer, registry: Regi
     bad = produce(server, src, "raw-d", "raw-bad", {"summary": {"keepFrom": 0, "data": 1}})
     assert (bad["code"], bad["message"]) == ("INVALID_BOUNDARY", 'cannot summarise session "src" before keepFrom 0: '
                                                                  "expected 1 to 12 (the snapshot's 12 events)")
-
-
-def run_cli(url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_args(url, "fork", *args, "--wait", str(TIMEOUT)), env=clean_environ(), input=stdin,
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_cli_fork_with_a_summary(server: EmbeddedServer, client: Client, registry: Registry, src: str,

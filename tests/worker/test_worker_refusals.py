@@ -16,16 +16,7 @@ from helpers import count_session_keys, outcome_entries
 from redis import Redis
 from rq.job import JobStatus
 from waits import outcome_of
-from worker_fixtures import (  # noqa: F401  (fixtures: worker, client, source)
-    TIMEOUT,
-    client_fixture,
-    failure,
-    next_message,
-    source_fixture,
-    subscribed,
-    wait_job_status,
-    worker_fixture,
-)
+from worker_fixtures import TIMEOUT, failure, next_message, subscribed, wait_job_status
 
 from sessionfork.clients.client import Client
 from sessionfork.clients.waiting import wait_for_reply
