@@ -8,17 +8,14 @@ import asyncio
 import json
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
 from helpers import (
     SETTINGS,
-    live_client,
     make_client,
     queue_of,
-    registered_worker,
     start_worker,
     stop,
     turn,
@@ -40,17 +37,6 @@ from sessionfork.worker import jobs
 
 TIMEOUT = 30.0
 RETRY = [NewEvent("turn/start", {"turn": 3}), NewEvent("user/message", {"text": "again"}, extra={"surfaceOp": "x"})]
-
-
-@pytest.fixture(scope="module")
-def worker(server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
-    with registered_worker(server, "compose") as proc:
-        yield proc
-
-
-@pytest.fixture
-def client(redis: Redis, worker: subprocess.Popen[bytes]) -> Client:
-    return live_client(redis, worker)
 
 
 @pytest.fixture

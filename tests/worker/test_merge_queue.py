@@ -9,12 +9,11 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import SETTINGS, live_client, registered_worker, run_cli, turn
+from helpers import SETTINGS, run_cli, turn
 from redis import Redis
 
 from sessionfork.aio import AsyncClient
@@ -28,17 +27,6 @@ from sessionfork.protocol.enqueue import library
 TIMEOUT = 30.0
 PRODUCER = Path(__file__).parent.parent / "data" / "raw_producer.py"
 pytestmark = pytest.mark.rq
-
-
-@pytest.fixture(scope="module")
-def worker(server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
-    with registered_worker(server, "merge") as proc:
-        yield proc
-
-
-@pytest.fixture
-def client(redis: Redis, worker: subprocess.Popen[bytes]) -> Client:
-    return live_client(redis, worker)
 
 
 @pytest.fixture

@@ -8,13 +8,11 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import SETTINGS, live_client, registered_worker, turn
+from helpers import SETTINGS, turn
 from helpers import run_fork_cli as run_cli
-from redis import Redis
 
 from sessionfork import Summary
 from sessionfork.aio import AsyncClient
@@ -25,17 +23,6 @@ from sessionfork.embedded import EmbeddedServer
 
 TIMEOUT = 30.0
 PRODUCER = Path(__file__).parent.parent / "data" / "raw_producer.py"
-
-
-@pytest.fixture(scope="module")
-def worker(server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
-    with registered_worker(server, "summary") as proc:
-        yield proc
-
-
-@pytest.fixture
-def client(redis: Redis, worker: subprocess.Popen[bytes]) -> Client:
-    return live_client(redis, worker)
 
 
 @pytest.fixture
