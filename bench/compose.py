@@ -1,4 +1,4 @@
-"""Composed forks (issue 19): a fork with edits and a summary fork, measured as ``measure.fork_cost``
+"""Composed forks: a fork with edits and a summary fork, measured as ``measure.fork_cost``
 measures a plain one; what deleting a summary child's source frees."""
 
 from __future__ import annotations

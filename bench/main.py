@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((FAN_OUT, fan, "single-fork requests/s (1 worker, median of rounds)", single, "≥ 20"))
         rows.append(("variant fan-out children/s (64 variants, one edit each, median of rounds)", varied,
                      FAN_OUT, fan, "≥ 0.5"))
-        # Merges and selects (issue 28): through one worker, against plain forks and fan-outs of the same rounds.
+        # Merges and selects: through one worker, against plain forks and fan-outs of the same rounds.
         rows.extend(merge_rows(server, rounds, QUICK if q else FULL, step=step))
         mem = step("bytes retained per request", lambda: request_memory(server, 100 if q else 1000))
         print(mem.render(), file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Merges and selects (issue 28): ``python -m bench.merges [--quick]`` alone, or as part of ``bench.main``.
+"""Merges and selects: ``python -m bench.merges [--quick]`` alone, or as part of ``bench.main``.
 
 Time: one ``sessionfork worker`` process, the requests of a batch submitted at once and timed
 first submit → last reply read on the reply channel (as ``measure.fork_throughput`` times forks),
@@ -46,7 +46,7 @@ FAN = 64
 EVENT_TURNS = 25
 """Turns of 4 events the child of an ``events`` merge brings back (100 events)."""
 BYTES_BAR = 512.0
-"""Redis bytes a merge may add to its parent beyond the merged events' own (issue 28)."""
+"""Redis bytes a merge may add to its parent beyond the merged events' own."""
 SUMMARY = {"text": "tried the migration on a branch: it works, tests green"}
 
 

@@ -1,4 +1,4 @@
-"""Forks/s with 1 and 2 queue shards on one machine (issue 20): ``python -m bench.shards [--quick]`` alone,
+"""Forks/s with 1 and 2 queue shards on one machine: ``python -m bench.shards [--quick]`` alone,
 or as part of ``bench.main``.
 
 One registry server and two queue servers are started once. Each run flushes them, starts the same

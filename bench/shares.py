@@ -1,4 +1,4 @@
-"""The queue server's and the registry's shares of a fork's Redis CPU (issue 20): ``python -m bench.shares``
+"""The queue server's and the registry's shares of a fork's Redis CPU: ``python -m bench.shares``
 alone, or as part of ``bench.main``.
 
 The registry is started on a server of its own, apart from the queue server, so that each one's

@@ -1,4 +1,4 @@
-"""The command line under hostile input and unlucky servers (issue 10, #8 and #11): one ``error:``
+"""The command line under hostile input and unlucky servers: one ``error:``
 line, never a traceback, the documented exit status, and every command ends within its bound.
 
 Statuses (docs/cli.md): 1 an error code, 2 usage or settings, 3 Redis unreachable,
@@ -122,7 +122,7 @@ def test_a_frozen_server_is_status_3_within_the_socket_timeout(frozen: EmbeddedS
 
 @pytest.mark.serial
 def test_fork_wait_1_against_a_frozen_server_is_status_4_within_its_deadline(frozen: EmbeddedServer) -> None:
-    """Issue 26 #6: ``fork --wait 1`` with a socket time-out far longer (30 s) ends within HARD_AFTER of
+    """``fork --wait 1`` with a socket time-out far longer (30 s) ends within HARD_AFTER of
     its deadline (it took the socket time-out: the enqueue blocked): status 4, the client's
     ``TimeoutError``. The interpreter's start is measured by runs that touch no server, the slower
     of two (under CI's parallel phases one start may take 0.1 s more than the other)."""
@@ -184,7 +184,7 @@ BOUND_ARGS = [["fork", "src", "--wait", "2"], ["wait", "r-bound", "--timeout", "
 @pytest.mark.serial
 @pytest.mark.parametrize("args", BOUND_ARGS, ids=" ".join)
 def test_a_server_refusing_connections_fails_within_the_time_given(args: list[str]) -> None:
-    """Issue 29 #4: the retries of a refused connection stop at the time the user gave (they took
+    """The retries of a refused connection stop at the time the user gave (they took
     5-8 s: ``fork --wait 2`` 7.7 s, ``health`` 7.3 s, against a compose healthcheck's 5 s). The
     interpreter's start is measured by a run that touches no server."""
     from sessionfork.embedded import free_port

@@ -1,4 +1,4 @@
-"""The command line's conventions (issue 29 #4): ``-h`` everywhere, ``--version`` and
+"""The command line's conventions: ``-h`` everywhere, ``--version`` and
 ``sessionfork.__version__``, every variable the CLI reads shown in ``--help``, ``--json`` on every
 read command, ``wait REQUEST_ID``, a timed-out ``fork --wait`` that says the request stays queued
 and how to wait for it, errors that name what the user passed. (Bounds: test_cli_bounds.py.)"""
@@ -16,7 +16,6 @@ import pytest
 from click.testing import CliRunner
 from helpers import clean_environ, cli_args, make_client, queue_of
 from redis import Redis
-from worker_fixtures import client_fixture, source_fixture, worker_fixture  # noqa: F401
 
 import sessionfork
 from sessionfork.cli import cli, merge_commands

@@ -1,4 +1,4 @@
-"""The command line reference (docs/cli.md) cannot drift from the CLI (issue 29 #3): its reference
+"""The command line reference (docs/cli.md) cannot drift from the CLI: its reference
 part is generated from the click commands (``sessionfork.cli.reference``) and compared here, and
 its output shapes are the shapes the commands print."""
 

@@ -8,7 +8,6 @@ import subprocess
 
 import pytest
 from helpers import clean_environ, cli_args, start_worker, stop, turn, wait_registered, worker_name
-from worker_fixtures import client_fixture, source_fixture, worker_fixture  # noqa: F401
 
 from sessionfork.clients.client import Client
 from sessionfork.core.registry import Registry

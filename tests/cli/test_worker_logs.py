@@ -1,4 +1,4 @@
-"""Logs that trace (issue 29 #7): a real worker's log lines, parsed in both formats (``--log-format
+"""Logs that trace: a real worker's log lines, parsed in both formats (``--log-format
 text``: logfmt; ``json``: one object per line). Every outcome line carries the request id, the op,
 the source, the children, the code and the duration; every time is RFC 3339 (UTC); the start line
 names the server (without its password), the queue, the shard and the metrics port."""

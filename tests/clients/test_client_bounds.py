@@ -231,7 +231,7 @@ def test_a_fork_across_a_freeze_of_the_server_returns_its_child(caplog: pytest.L
 @pytest.mark.parametrize("call", ["fork", "wait"])
 def test_a_cancelled_call_ends_at_once_even_when_its_command_swallows_the_cancellation(
         server: EmbeddedServer, monkeypatch: pytest.MonkeyPatch, call: str) -> None:
-    """Issue 26 #4. On Python 3.11, redis-py's ``asyncio.wait_for`` around a socket write can swallow
+    """On Python 3.11, redis-py's ``asyncio.wait_for`` around a socket write can swallow
     a cancellation (a few of 1,000 cancelled calls then ran to their own deadline). Here the write
     of the call's outcome read (``fork``: the enqueue's pipeline; ``wait``: its HMGET) does not end
     and swallows the cancellation that reaches it: the cancelled call still ends with
@@ -293,7 +293,7 @@ def test_a_cancelled_call_ends_at_once_even_when_its_command_swallows_the_cancel
 
 
 def test_thousands_of_cancelled_calls_each_end_at_their_cancellation(server: EmbeddedServer) -> None:
-    """Issue 26 #4 as reported (1,000 there; 2,000 here, where that load loses a few cancellations
+    """The swallowed cancellation at scale (2,000 calls, a load that loses a few cancellations
     on this project's 2-core machines): concurrent ``wait_for(fork(timeout=30), 1.5)`` with no
     worker each end with ``TimeoutError`` within 1 s of their cancellation at 1.5 s (a few ran to
     their 30 s deadline when redis-py's write swallowed their cancellation)."""
@@ -321,7 +321,7 @@ def sync_clients(server: EmbeddedServer) -> dict[str, Callable[[], SyncClient]]:
     return {
         # from_urls: each command bounded by the settings' socket_timeout (longer than the call here).
         "from_urls": lambda: SyncClient.from_urls(server.url, Settings(socket_timeout=30, connect_timeout=30)),
-        # redis-py's own defaults: a timed-out command sent again 10 times, with back-off (issue 26 #6:
+        # redis-py's own defaults: a timed-out command sent again 10 times, with back-off (measured:
         # a 1 s fork took 8-10 s with a 0.5 s socket_timeout).
         "redis-py retries": lambda: SyncClient(Redis(port=server.port, socket_timeout=0.5)),
         # No time-outs at all: only the call's own deadline bounds it.
@@ -344,7 +344,7 @@ def sync_took(call: Callable[[SyncClient], object], client: SyncClient) -> tuple
 @pytest.mark.parametrize("kind", ["from_urls", "redis-py retries", "no time-outs"])
 def test_the_sync_clients_calls_raise_timeout_error_by_their_deadline(frozen: EmbeddedServer, kind: str,
                                                                       call: str) -> None:
-    """Issue 26 #6: the sync client's ``fork`` and ``wait`` raise ``TimeoutError`` within
+    """The sync client's ``fork`` and ``wait`` raise ``TimeoutError`` within
     ``HARD_AFTER`` of their deadline against a frozen server, whatever the ``Redis`` (its retries
     multiplied the socket time-out, or it has none); the cut call's listener is not this thread's
     any more (its work still holds it), so the next call subscribes anew."""

@@ -290,7 +290,7 @@ def test_a_reply_channel_the_acl_forbids_is_logged_once_and_the_outcome_stored(
     assert stored_outcome(admin, "acl-elsewhere") is not None
     lines = [line for line in text.splitlines() if "acl-elsewhere" in line and "level=warning" in line]
     assert len(lines) == 1 and "stored but not published on 'elsewhere'" in lines[0], text
-    # The line is docs/cluster.md's example, word for word (issue 26 item 9): its template with the
+    # The line is docs/cluster.md's example, word for word: its template with the
     # request id and channel filled in, and the refusal the page quotes for the server the tests run.
     doc = (Path(__file__).parents[2] / "docs" / "cluster.md").read_text()
     template = re.search(r"`(outcome of request <id> [^`]*)`", " ".join(doc.split()))

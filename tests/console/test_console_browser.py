@@ -12,18 +12,7 @@ import urllib.parse
 from datetime import datetime
 
 import pytest
-from console_fixtures import (
-    HOSTILE,
-    TOKEN,
-    Deployment,
-    answer,
-    browser_fixture,  # noqa: F401
-    deployment_fixture,  # noqa: F401
-    fork,
-    page_fixture,  # noqa: F401
-    shot,
-    user_url,
-)
+from console_fixtures import HOSTILE, TOKEN, Deployment, answer, fork, shot, user_url
 from helpers import clean_environ, cli_args, turn
 from playwright.sync_api import Browser, Page, expect
 from redis import Redis

@@ -11,16 +11,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from console_fixtures import (
-    Deployment,
-    browser_fixture,  # noqa: F401
-    deployment_fixture,  # noqa: F401
-    fork,
-    free_port,
-    page_fixture,  # noqa: F401
-    shot,
-    up,
-)
+from console_fixtures import Deployment, fork, free_port, shot, up
 from helpers import clean_environ, cli_args, stop
 from playwright.sync_api import Browser, Page, expect
 from waits import wait_until

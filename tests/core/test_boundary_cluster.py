@@ -4,12 +4,7 @@ ancestor that holds a boundary lives on another node, and, last, no CROSSSLOT on
 from __future__ import annotations
 
 import pytest
-from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
-    assert_no_crossslot,
-    cluster_client_fixture,
-    cluster_fixture,
-    cluster_registry_fixture,
-)
+from cluster_fixtures import assert_no_crossslot
 from fork_helpers import fork_error
 from helpers import turn
 from redis.cluster import RedisCluster

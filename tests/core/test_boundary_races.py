@@ -11,7 +11,7 @@ from collections.abc import Callable
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
-from racing import OVER, a_later_fork, counted, ctx_fixture, report_on, run, spawned_fixture, succeeded  # noqa: F401
+from racing import OVER, a_later_fork, counted, report_on, run, succeeded
 
 from sessionfork.core import forks
 from sessionfork.core.registry import Registry

@@ -1,4 +1,4 @@
-"""Branches that end (issue 28 #3) on a real server: merged and abandoned branches are disposed once
+"""Branches that end on a real server: merged and abandoned branches are disposed once
 ``SESSIONFORK_BRANCH_TTL`` has passed (never before, never with 0), then deleted by retention as any
 disposed session, without one byte of a descendant's or the ancestor's log changing; ``sessionfork
 gc --dry-run`` reports them and changes nothing. On a cluster: ``test_compose_cluster``."""

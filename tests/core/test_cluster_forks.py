@@ -13,15 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
-from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
-    assert_no_crossslot,
-    cluster_client_fixture,
-    cluster_fixture,
-    cluster_registry_fixture,
-    completed_source,
-    edges,
-    session_ids,
-)
+from cluster_fixtures import assert_no_crossslot, completed_source, edges, session_ids
 from fork_helpers import fork_error
 from helpers import turn
 from msgspec import UNSET

@@ -13,24 +13,9 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
 import pytest
-from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
-    assert_no_crossslot,
-    cluster_client_fixture,
-    cluster_fixture,
-    cluster_registry_fixture,
-    completed_source,
-    edges,
-)
+from cluster_fixtures import assert_no_crossslot, completed_source, edges
 from helpers import turn
-from racing import (  # noqa: F401  (fixtures: ctx, spawned)
-    append_in_lockstep,
-    check_turn_prefix_race,
-    ctx_fixture,
-    fork_repeatedly,
-    report_on,
-    run,
-    spawned_fixture,
-)
+from racing import append_in_lockstep, check_turn_prefix_race, fork_repeatedly, report_on, run
 
 from sessionfork.core import forks
 from sessionfork.core.errors import ErrorCode

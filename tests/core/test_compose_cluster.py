@@ -4,17 +4,10 @@ last, no CROSSSLOT on any node."""
 
 from __future__ import annotations
 
-import subprocess
 import uuid
-from collections.abc import Iterator
 
 import pytest
-from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
-    cluster_client_fixture,
-    cluster_fixture,
-    cluster_registry_fixture,
-)
-from helpers import clean_environ, cli_args, make_client, stop, turn, wait_registered, worker_name
+from helpers import turn
 from redis.cluster import RedisCluster
 
 from sessionfork import Summary
@@ -25,7 +18,7 @@ from sessionfork.core.factories import now_ms
 from sessionfork.core.registry import Registry
 from sessionfork.core.retention import run_pass
 from sessionfork.core.wire import ForkResult, NewEvent
-from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
+from sessionfork.embedded import EmbeddedCluster
 
 TIMEOUT = 30.0
 RETRY = [NewEvent("turn/start", {"turn": 3}), NewEvent("user/message", {"text": "again"})]
@@ -60,34 +53,6 @@ def test_guard_and_edits_across_nodes(cluster_registry: Registry, cluster_client
                              edits={"v1": RETRY, "v3": RETRY[:1]})
     assert [cluster_registry.length(v) for v in ("v1", "v2", "v3")] == [10, 8, 9] and not result.failed
     assert sorted(cluster_registry.children("root")) == sorted([kid_id, "v1", "v2", "v3"])
-
-
-@pytest.fixture(scope="module")
-def queue_server() -> Iterator[EmbeddedServer]:
-    with EmbeddedServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def cluster_worker(cluster: EmbeddedCluster, queue_server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
-    name = worker_name("ccluster")
-    proc = subprocess.Popen(
-        cli_args(cluster.url, "--queue-url", queue_server.url, "--cluster", "worker", "--name", name,
-                 "--log-level", "WARNING"),
-        env=clean_environ(), stdin=subprocess.DEVNULL)
-    try:
-        with queue_server.client() as probe:
-            wait_registered(probe, name, TIMEOUT)
-        yield proc
-    finally:
-        assert stop(proc) == 0
-
-
-@pytest.fixture
-def queue_client(queue_server: EmbeddedServer, cluster_worker: subprocess.Popen[bytes]) -> Iterator[Client]:
-    redis = queue_server.client()
-    yield make_client(redis)
-    redis.close()
 
 
 def test_a_worker_with_a_cluster_registry_runs_guarded_variants(cluster_registry: Registry,
@@ -153,7 +118,7 @@ def test_no_node_answered_crossslot_to_a_composed_fork(cluster: EmbeddedCluster,
 
 def test_ended_branches_are_disposed_then_freed_across_nodes_without_a_descendants_byte_changing(
         cluster_registry: Registry, cluster_client: RedisCluster) -> None:
-    """Issue 28 #3 on a cluster: the merged child, the select's loser and the parent in other slots."""
+    """Branches that end, on a cluster: the merged child, the select's loser and the parent in other slots."""
     reg = cluster_registry
     reg.append(reg.create("p"), turn(1))
     home = node_of(cluster_client, "p")

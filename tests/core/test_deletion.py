@@ -11,9 +11,8 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
 import pytest
-from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_registry_fixture  # noqa: F401
 from helpers import turn
-from racing import ctx_fixture, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
+from racing import report, run
 from redis import Redis
 from redis.cluster import RedisCluster
 from waits import wait_until

@@ -1,4 +1,4 @@
-"""What a fan-out's child step does per child, counted (issue 26 #12: fan-out got slower).
+"""What a fan-out's child step does per child, counted.
 
 A fan-out's children share one seed and one source, so what they share is built once: the create
 script's call is built once for all of them (its names checked and its shared arguments placed

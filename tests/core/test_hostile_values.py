@@ -1,4 +1,4 @@
-"""Hostile values handed to the registry (issue 10, #5 and #10), on a real server.
+"""Hostile values handed to the registry, on a real server.
 
 What ``append`` accepts every reader reads back: data nested exactly ``MAX_DATA_DEPTH`` deep
 round-trips through ``events``, a fork and ``persist``; deeper data, lone surrogates and values

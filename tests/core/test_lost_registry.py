@@ -1,4 +1,4 @@
-"""A registry that lost its data is detected, never silently served (issue 10, #3).
+"""A registry that lost its data is detected, never silently served.
 
 A fork is two steps: the source step reads the source, the child step creates the children with
 references to the source's log. If the source's server restarts empty in between (or loses writes
@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_registry_fixture  # noqa: F401
 from helpers import count_session_keys, turn
 from redis import Redis
 from redis.cluster import RedisCluster

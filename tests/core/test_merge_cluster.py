@@ -1,4 +1,4 @@
-"""Merge and select on a Redis Cluster (3 primaries, 1 replica each), in the library (issue 28): the
+"""Merge and select on a Redis Cluster (3 primaries, 1 replica each), in the library: the
 parent and its children in different slots, on different nodes; the merge's three steps (the
 child's read, the parent's write, the marks) each on one slot. A merge, a select, a replay by
 request id, ``ALREADY_MERGED``, ``NOT_DESCENDANT``, a process that died between the parent's step
@@ -11,12 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
-    assert_no_crossslot,
-    cluster_client_fixture,
-    cluster_fixture,
-    cluster_registry_fixture,
-)
+from cluster_fixtures import assert_no_crossslot
+from helpers import family_forked_singly as family
 from helpers import turn
 from redis.cluster import RedisCluster
 from waits import outcome_of
@@ -43,14 +39,6 @@ def elsewhere(client: RedisCluster, parent: str, prefix: str, n: int) -> list[st
     slots = {client.keyslot(keys.session(sid)) for sid in [parent, *found]}  # type: ignore[no-untyped-call]
     assert len(slots) == n + 1  # each in a slot of its own
     return found
-
-
-def family(registry: Registry, parent: str, children: list[str]) -> None:
-    """``parent`` with one turn (4 events), each child forked from it with one turn of its own."""
-    registry.append(registry.create(parent), turn(1))
-    for i, child in enumerate(children):
-        forks.fork(registry, parent, child)
-        registry.append(child, turn(10 + i))
 
 
 def code_of(call: Callable[[], object]) -> tuple[ErrorCode, str]:

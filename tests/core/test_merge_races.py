@@ -1,4 +1,4 @@
-"""Merges and selects racing on one real server (issue 28): OS processes merging children into a
+"""Merges and selects racing on one real server: OS processes merging children into a
 parent while another appends turns to it, event by event; two selects over the same candidates with
 different winners; and, step by step, the interleavings a race can take (a select or a retry that
 runs whole between another's reads and its parent's step).

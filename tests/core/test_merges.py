@@ -1,4 +1,4 @@
-"""Merge and select in the library against a real server (issue 28): the merge's turn written in
+"""Merge and select in the library against a real server: the merge's turn written in
 one atomic step, lineage checked at any depth, each rule with its code and message, a range merged
 once, a request id merged once, the child's and the candidates' states. Through the queue:
 ``tests/worker/test_merge_queue.py``; on a cluster: ``test_merge_cluster``."""

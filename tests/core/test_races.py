@@ -6,16 +6,7 @@ from collections.abc import Callable
 from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any
 
-from racing import (  # noqa: F401  (fixtures: ctx, spawned)
-    append_in_lockstep,
-    check_turn_prefix_race,
-    ctx_fixture,
-    fork_repeatedly,
-    report_on,
-    run,
-    spawned_fixture,
-    succeeded,
-)
+from racing import append_in_lockstep, check_turn_prefix_race, fork_repeatedly, report_on, run, succeeded
 
 from sessionfork.core import forks
 from sessionfork.core.errors import ErrorCode, ForkError

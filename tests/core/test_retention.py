@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from clocks import HOUR, T0, Clock
 from helpers import clean_environ, cli_args, start_worker, stop, turn, wait_registered, worker_name
-from racing import ctx_fixture, report, run, spawned_fixture  # noqa: F401  (fixtures: ctx, spawned)
+from racing import report, run
 from redis import Redis
 from waits import wait_until
 

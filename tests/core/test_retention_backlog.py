@@ -1,4 +1,4 @@
-"""Retention and persist-before-evict under load (issue 16 #7, issue 17), on a real server:
+"""Retention and persist-before-evict under load, on a real server:
 
 * a session the persistence backend has not written whole is refused ``UNPERSISTED`` for any mark
   short of its length, stays, and a ``session/flush`` is asked — once per interval, not per attempt;
@@ -13,7 +13,6 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_registry_fixture  # noqa: F401
 from helpers import clean_environ, cli_args, start_worker, stop, turn, wait_registered, worker_name
 from redis import Redis
 from test_deletion import family, raw_state

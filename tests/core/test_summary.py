@@ -1,4 +1,4 @@
-"""Summary seeds in the library against a real server (issue 19 item 4): a child whose log is one
+"""Summary seeds in the library against a real server: a child whose log is one
 ``session/summary`` event then the source's events ``keepFrom…`` renumbered from seq 1, stored by
 reference; the ``keepFrom`` rule; forks of a summary child never bring the summarised events
 back; deleting the source never changes a byte of the child. Through the queue and the raw
@@ -77,7 +77,7 @@ def test_summary_with_boundary_and_edits(registry: Registry, src: str) -> None:
     (0, "expected 1 to 13 (the snapshot's 13 events)"), (14, "expected 1 to 13 (the snapshot's 13 events)"),
     (3, "event 2 is inside the turn opened at seq 0"), (12, "event 11 is inside the turn opened at seq 9"),
     # beyond the 64-bit range (the summary event's toSeq K-1 could not be written): the rule's
-    # answer, as a boundary's, never an INVALID_REQUEST about the summary event (issue 26 item 5)
+    # answer, as a boundary's, never an INVALID_REQUEST about the summary event
     *((k, "expected 1 to 13 (the snapshot's 13 events)") for k in (-(2**63), -(10**30), 2**64 + 1, 10**30)),
 ])
 def test_keep_from_rule(registry: Registry, src: str, keep_from: int, why: str) -> None:

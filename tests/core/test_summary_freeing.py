@@ -1,5 +1,5 @@
 """Deletion and retention keep a summary child's kept range and free what only the summarised part
-needed (issue 19 item 6), on one real server and on the 3-master cluster: the needs index records
+needed, on one real server and on the 3-master cluster: the needs index records
 where each summary child starts reading its parent; a deleted, pinned session's own-log prefix that
 no descendant reads becomes placeholders (positions never move), and a session whose descendants
 read none of its seed is unpinned from its parent. Not one byte of any descendant changes."""
@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_registry_fixture  # noqa: F401
 from helpers import turn
 from waits import raised
 

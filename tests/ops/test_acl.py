@@ -414,7 +414,7 @@ def test_without_the_library_the_scheduler_is_told_to_load_it(flow: Flow, schedu
 
 
 def test_the_scheduler_reads_its_reply_with_fcall_sf_outcome(flow: Flow, scheduler: Redis) -> None:
-    """Issue 29 #9: the any-language recipe's step 3 is one FCALL, which the sf-scheduler role may run
+    """The any-language recipe's step 3 is one FCALL, which the sf-scheduler role may run
     (FCALL on sf:req:*; the function reads with the caller's HMGET)."""
     read = scheduler.execute_command("FCALL", enqueue_module.OUTCOME_FUNCTION, 1,  # type: ignore[no-untyped-call]
                                      keys.request(flow.request_id))

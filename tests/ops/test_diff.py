@@ -158,7 +158,7 @@ def test_each_side_shows_its_state_and_merge(server: EmbeddedServer, registry: R
     assert "mergedInto" not in sides["b"] and "abandonedBy" not in sides["b"]
 
 
-# -- a deleted common ancestor; unrelated sessions (issue 16, #13) ---------------------------------
+# -- a deleted common ancestor; unrelated sessions ---------------------------------
 
 
 def test_siblings_of_a_deleted_parent_still_share_its_events(server: EmbeddedServer, registry: Registry) -> None:

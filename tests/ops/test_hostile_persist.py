@@ -1,4 +1,4 @@
-"""Every valid id gets a JSONL file (issue 10, #7): an id whose encoded name would pass the file
+"""Every valid id gets a JSONL file: an id whose encoded name would pass the file
 system's limit is persisted under its documented hashed name, by ``persist --sync`` (a real
 process) and by the daemon, which never leaves its entries pending nor logs a traceback.
 """

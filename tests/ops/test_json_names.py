@@ -1,4 +1,4 @@
-"""One naming scheme (issue 29 #8): every JSON a user reads names its fields as the wire does
+"""One naming scheme: every JSON a user reads names its fields as the wire does
 (camelCase): the outcome stream's entries, ``events --json``, ``stats --json``, ``gc --json``,
 ``diff --json``, ``tree --json``. Entries written with the old names (``request``, ``us``, ``lat``)
 still read."""

@@ -1,4 +1,4 @@
-"""OpenTelemetry metrics beside the spans (issue 30 #3): a worker's ``Observer`` records the counters
+"""OpenTelemetry metrics beside the spans: a worker's ``Observer`` records the counters
 and histograms it serves to Prometheus on an OpenTelemetry meter too, with the same names, the same
 attributes (``code``, ``shard``), the same buckets and the same counts, read here through the SDK's
 ``InMemoryMetricReader``; without the ``opentelemetry`` package it records nothing and fails nothing."""

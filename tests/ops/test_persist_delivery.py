@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from persist_fixtures import (  # noqa: F401  (fixtures: root, make_backend)
+from persist_fixtures import (
     GROUP,
     Factory,
     drain,
@@ -17,9 +17,7 @@ from persist_fixtures import (  # noqa: F401  (fixtures: root, make_backend)
     file_lines,
     file_of,
     fork,
-    make_backend_fixture,
     pending,
-    root_fixture,
     session_with_turns,
 )
 from redis import Redis

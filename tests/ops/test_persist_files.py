@@ -7,17 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from helpers import turn
-from persist_fixtures import (  # noqa: F401  (fixtures: root, make_backend)
-    Factory,
-    drain,
-    expected_lines,
-    file_lines,
-    file_of,
-    fork,
-    make_backend_fixture,
-    root_fixture,
-    session_with_turns,
-)
+from persist_fixtures import Factory, drain, expected_lines, file_lines, file_of, fork, session_with_turns
 
 from sessionfork.core import keys, merges
 from sessionfork.core.registry import Registry

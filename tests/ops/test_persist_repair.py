@@ -7,17 +7,7 @@ from pathlib import Path
 
 import pytest
 from helpers import turn
-from persist_fixtures import (  # noqa: F401  (fixtures: root, make_backend)
-    Factory,
-    drain,
-    expected_lines,
-    file_lines,
-    file_of,
-    make_backend_fixture,
-    pending,
-    root_fixture,
-    session_with_turns,
-)
+from persist_fixtures import Factory, drain, expected_lines, file_lines, file_of, pending, session_with_turns
 from redis import Redis
 
 from sessionfork.core.registry import Registry

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 from helpers import kill, stop, turn
-from persist_fixtures import expected_lines, file_lines, file_of, fork, root_fixture  # noqa: F401
+from persist_fixtures import expected_lines, file_lines, file_of, fork
 from waits import wait_until
 
 from sessionfork.core import wire

@@ -1,4 +1,4 @@
-"""The shipped rules and dashboard against a live Prometheus (issue 30 #2): Debian's ``prometheus``
+"""The shipped rules and dashboard against a live Prometheus: Debian's ``prometheus``
 scrapes a real worker process's metrics port every second and evaluates the shipped rules (their
 ``for`` set to 0 s, expressions as shipped) while real forks run, errors among them. Every recording
 rule and every dashboard expression must then be valid and give data (merges too); the error outcomes

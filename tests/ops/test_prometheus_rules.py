@@ -1,4 +1,4 @@
-"""The shipped Prometheus files, checked by Debian's ``promtool`` (issue 30 #2): the rules are valid,
+"""The shipped Prometheus files, checked by Debian's ``promtool``: the rules are valid,
 their unit tests (deploy/prometheus/tests/) pass with the shipped ``for`` durations, every alert has
 a unit test that makes it fire and one that keeps it quiet, and the compose deployments' Prometheus
 configs are valid with the rules they load."""

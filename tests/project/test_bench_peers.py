@@ -1,4 +1,4 @@
-"""The peers' per-process drains (bench.peers, issue 31 #5) count a run only when every job was
+"""The peers' per-process drains (bench.peers) count a run only when every job was
 done: a job left queued fails the run. In-process (no worker starts), so quick; the quick benchmark
 (test_bench_quick.py) drains each system for real and checks the rows."""
 

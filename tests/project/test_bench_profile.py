@@ -1,4 +1,4 @@
-"""``python -m bench.profile`` (issue 31 #3) runs and writes its tables: where a fork's worker CPU
+"""``python -m bench.profile`` runs and writes its tables: where a fork's worker CPU
 goes, in µs per fork. A tiny run in a process of its own (the worker command it profiles sets up
 logging and signal handlers); no figure is asserted but that each is measured."""
 

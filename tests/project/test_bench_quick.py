@@ -58,7 +58,7 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
     boundary = {f"boundary fork at {p} of a 2000-event parent, {what}"
                 for p in ("10%", "50%", "100%") for what in ("µs", "Redis bytes/child")}
     assert boundary <= names
-    # Issue 31 #5: the peers per worker process, measured in the same run (never skipped).
+    # The peers per worker process, measured in the same run (never skipped).
     per_process = {(f["figure"], f["baseline"]): f for f in figures if f["figure"] in {r[1] for r in peers.ROW_FIGURES}}
     assert set(per_process) == {(figure, f"{peers.LABELS[peer]} {unit}") for _, figure, unit in peers.ROW_FIGURES
                                 for peer in ("sessionfork-1", "dramatiq", "huey", "rq")}
@@ -71,7 +71,7 @@ def test_quick_benchmark_prints_table_and_writes_json(tmp_path: Path, capsys: py
     assert {"fork with 2 edits µs, 10-event parent", "Redis bytes/child with 2 edits, less the edits' own bytes",
             "variant fan-out children/s (64 variants, one edit each, median of rounds)",
             "bytes a deleted 2000-event parent's log holds, summary child keeping the last turn"} <= names
-    # Merges and selects (issue 28): each against its baseline of the same run; the targets are the full run's.
+    # Merges and selects: each against its baseline of the same run; the targets are the full run's.
     merge_rows = {(f["figure"], f["baseline"], f["bar"]) for f in figures}
     fork = merges.fork_row()
     assert {(fork, fork, ""), (merges.summary_row(merges.QUICK.big), fork, "≤ 1.5"), (merges.EVENTS_ROW, fork, "≤ 3"),

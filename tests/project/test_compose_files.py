@@ -1,4 +1,4 @@
-"""The compose files are deployable as they stand (issue 29 #10; Docker cannot run here, so the files are
+"""The compose files are deployable as they stand (Docker cannot run here, so the files are
 parsed and their healthcheck commands run): every stateful service keeps its data in a named volume of its
 own, every worker serves its metrics on an exposed port that the prometheus service scrapes with the
 shipped rules, every service has a healthcheck, and each check's command ends within the check's timeout
@@ -213,7 +213,7 @@ def test_the_dashboards_check_fails_within_its_timeout_on_a_hung_or_missing_dash
         assert code != 0 and took < seconds(check["timeout"]), (port, code, took, output)
 
 
-# -- Prometheus (issue 30 #4) -------------------------------------------------------------------------
+# -- Prometheus -------------------------------------------------------------------------
 
 
 def config_of(spec: dict[str, Any]) -> Path:

@@ -1,4 +1,4 @@
-"""Pictures where people look (issue 29 #6): Mermaid is enabled in the site (a ```mermaid block renders as a
+"""Pictures where people look: Mermaid is enabled in the site (a ```mermaid block renders as a
 diagram, not as code), and the pages people look at first carry their diagram: the moving parts (Home), a
 fork's path (Guarantees), shards (Sharding), Sentinel (Deployment), a summary fork (Wire format). The
 Performance page's charts are pinned with its tables in test_docs_bench.py.

@@ -197,7 +197,7 @@ def test_the_two_phases_select_every_test_once() -> None:
 
 def test_the_demo_installs_only_the_embedded_server_and_the_test_command_the_test_and_docs_tools(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Issue 29 #5: the docs tools sit in their own extra, so the demo's venv stays small; an env
+    """The docs tools sit in their own extra, so the demo's venv stays small; an env
     set up for the tests serves the demo as it is (no second install)."""
     installed: list[str] = []
     (tmp_path / "pyproject.toml").write_bytes((run.ROOT / "pyproject.toml").read_bytes())

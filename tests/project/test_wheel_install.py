@@ -1,4 +1,4 @@
-"""The install story (issue 29 #5, docs/getting-started.md#install): the wheel builds from a checkout as the
+"""The install story (docs/getting-started.md#install): the wheel builds from a checkout as the
 page says, installs into a fresh venv, runs ``sessionfork --help`` and imports from there, and holds every Lua
 script, ``py.typed`` and the LICENSE. Offline: the build uses this venv's setuptools (``--no-build-isolation``)
 and the fresh venv takes the dependencies from this venv's site-packages (a ``.pth`` line), not from an index.

@@ -1,5 +1,5 @@
 """The any-language recipe (docs/any-language.md) works: raw Redis commands submit a fork and get its reply, and
-detect a reused request id (issue 10, #6): a different request under a used id is refused by the
+detect a reused request id: a different request under a used id is refused by the
 enqueue script (-1, nothing enqueued), and no request id ever has two outcomes announced.
 """
 
@@ -180,7 +180,7 @@ def test_the_enqueue_script_compares_with_a_queued_request_not_yet_claimed(redis
 
 def test_an_identical_raw_retry_of_data_nested_at_the_workers_limit_is_the_same_request_once_claimed(
         server: EmbeddedServer, registry: Registry, redis: Redis, worker: None) -> None:
-    """Issue 26 #3: edits' data nested ``MAX_DATA_DEPTH`` deep, holding a float and an empty object
+    """Edits' data nested ``MAX_DATA_DEPTH`` deep, holding a float and an empty object
     (the script's exact reader), submitted raw, forked by a worker, then sent again: 0, never -1."""
     from sessionfork.core import rules
 

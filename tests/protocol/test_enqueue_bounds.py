@@ -1,4 +1,4 @@
-"""What one enqueue may cost the queue server (issue 26 #1): the enqueue script refuses a request over
+"""What one enqueue may cost the queue server: the enqueue script refuses a request over
 ``REQUEST_LIMIT`` before reading it, and reads the worst request under it in milliseconds, so the
 ``sf-scheduler`` role (``FCALL sf_enqueue`` only) never makes the server answer ``BUSY`` to anyone
 (docs/cluster.md). Times are the server's own (``INFO commandstats``: the script's run, not the transfer).

@@ -1,7 +1,7 @@
 """The enqueue script (``protocol/scripts/enqueue.lua``) on a real server: it sees conflicts with jobs
-whichever client queued them (issue 16 #2), validates before it writes (#8), compares numbers
-exactly (#14), agrees with ``wire.identity`` on random requests (issue 18), and runs as the
-``sf_enqueue`` function of the library ``sessionfork load-functions`` loads (issue 16 #5).
+whichever client queued them, validates before it writes, compares numbers
+exactly, agrees with ``wire.identity`` on random requests, and runs as the
+``sf_enqueue`` function of the library ``sessionfork load-functions`` loads.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def nothing_written(redis: Redis, rid: str) -> bool:
     return not redis.exists(f"rq:job:{rid}", keys.request(rid)) and redis.llen(QUEUE) == 0
 
 
-# -- issue 16 #2: conflicts with jobs the Python clients queued (zlib-compressed data) ------------
+# -- conflicts with jobs the Python clients queued (zlib-compressed data) ------------
 
 
 def test_a_raw_producer_sees_a_conflict_with_a_job_the_sync_client_queued(redis: Redis) -> None:
@@ -72,7 +72,7 @@ def test_the_python_clients_see_a_conflict_with_a_raw_producers_job(redis: Redis
                                                     __import__("datetime").datetime.now())) == -1
 
 
-# -- issue 16 #8: validate before writing ---------------------------------------------------------
+# -- validate before writing ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("fields", [("origin",), ("origin", "q", "status")])
@@ -100,7 +100,7 @@ def test_a_job_key_not_named_after_the_request_id_writes_nothing(redis: Redis) -
     assert not redis.exists("rq:job:other") and redis.llen(QUEUE) == 0
 
 
-# -- issue 16 #14: numbers compared exactly ------------------------------------------------------
+# -- numbers compared exactly ------------------------------------------------------
 
 
 @pytest.mark.parametrize("claimed", [False, True])
@@ -114,7 +114,7 @@ def test_boundaries_two_to_the_53_and_one_more_are_different_requests(redis: Red
     assert raw(redis, '{"boundary": 9007199254740992, "source": "sa", "sessionId": "c"}', rid="big") == 0
 
 
-# -- issue 18: one identity, Python's, field by field ---------------------------------------------
+# -- one identity, Python's, field by field ---------------------------------------------
 
 
 def test_the_scripts_identity_fields_are_pythons() -> None:
@@ -192,7 +192,7 @@ def test_the_script_and_wire_identity_agree_on_random_requests(redis: Redis, fir
     assert raw(redis, _json_text(second, shuffled), rid="prop") == expected
 
 
-# -- issue 28: merges' and selects' identity, Python's ------------------------------------------
+# -- merges' and selects' identity, Python's ------------------------------------------
 
 ranges = st.builds(wire.MergeRange, from_seq=numbers, to_seq=numbers)
 unset = st.just(msgspec.UNSET)
@@ -235,7 +235,7 @@ def test_the_script_and_wire_identity_agree_on_random_merges_and_selects(redis: 
     assert raw(redis, _json_text(second, shuffled), rid="prop") == expected
 
 
-# -- issue 16 #5: the same script as a Redis function ---------------------------------------------
+# -- the same script as a Redis function ---------------------------------------------
 
 
 def test_the_library_is_the_script_and_fcall_answers_as_eval(redis: Redis) -> None:
@@ -318,7 +318,7 @@ def test_a_library_of_another_release_is_never_run_by_the_clients(redis: Redis) 
     assert redis.lrange(QUEUE, 0, -1) == [b"stale-1"]
 
 
-# -- issue 26 #1: a request over the limit is refused before it is read ----------------------------
+# -- a request over the limit is refused before it is read ----------------------------
 
 
 def test_the_scripts_limits_are_the_workers() -> None:
@@ -387,7 +387,7 @@ def test_a_job_an_older_script_queued_over_the_limit_is_a_different_request(redi
     assert redis.llen(QUEUE) == 0
 
 
-# -- issue 26 #3: one identity for the raw request and the worker's kept form, at every depth ------
+# -- one identity for the raw request and the worker's kept form, at every depth ------
 
 scalars = st.one_of(st.sampled_from([1.5, -0.0, 1e300, 2.0, 0.1, 5e-324, "", None, True]),
                     st.integers(-(2**63), 2**64 - 1), ids)

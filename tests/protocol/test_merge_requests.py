@@ -1,4 +1,4 @@
-"""Merge and select requests at the edge (issue 28): any JSON shape with a merge's or a select's
+"""Merge and select requests at the edge: any JSON shape with a merge's or a select's
 ``op``, and any Python value handed to the clients' builders, is accepted or refused with a typed
 ``INVALID_REQUEST`` naming the field, never another exception; what is accepted round-trips through
 the wire and keeps its identity (a retry is the same request)."""

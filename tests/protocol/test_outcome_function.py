@@ -1,4 +1,4 @@
-"""The reply read as one call (issue 29 #9): ``FCALL sf_outcome 1 sf:req:<id>`` and its ``EVAL`` twin
+"""The reply read as one call: ``FCALL sf_outcome 1 sf:req:<id>`` and its ``EVAL`` twin
 answer a request's reply JSON however the worker stored its record (compact one-child fields or one
 ``outcome`` JSON: a single fork, a summary fork, a fan-out, a failure), byte for byte the reply the
 Python client returns, and nil for a request not answered yet (docs/any-language.md step 3).

@@ -55,7 +55,7 @@ def test_requests_within_the_limits_parse() -> None:
 
 def test_what_a_request_writes_is_bounded_by_the_write_setting() -> None:
     """Children x (edits + summary data) bytes over ``max_write_bytes``: refused naming the fields
-    and the limit, whatever multiplies them (issue 26 item 8); the limit itself is accepted."""
+    and the limit, whatever multiplies them; the limit itself is accepted."""
     edit = '{"type":"t","data":"' + "x" * 78 + '"}'  # 100 bytes of JSON
     count = '{"source":"a","count":8,"edits":[' + edit + "]}"
     assert requests.parse(count, "r1", limits(max_write_bytes=800)).count == 8

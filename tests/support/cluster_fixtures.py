@@ -1,20 +1,23 @@
 """Redis Cluster fixtures for the cluster tests: one 3-master/1-replica cluster per module, and the
 helpers the ``test_cluster_*.py`` modules share (a completed source, session ids, lineage edges).
 
-Import the fixtures into a test module (``from cluster_fixtures import ...  # noqa: F401``); they
-are registered under the names ``cluster``, ``cluster_client`` and ``cluster_registry``.
+The fixtures are registered under the names ``cluster``, ``cluster_client`` and ``cluster_registry``,
+and, for a worker whose registry is the cluster, ``queue_server``, ``cluster_worker`` and
+``queue_client``; the conftest.py of the folders that use them imports them.
 """
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
-from helpers import turn
+from helpers import clean_environ, cli_args, make_client, stop, turn, wait_registered, worker_name
 from redis.cluster import RedisCluster
 from waits import wait_until
 
+from sessionfork.clients.client import Client
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import LiveHandle
 from sessionfork.embedded import EmbeddedCluster, EmbeddedServer
@@ -96,6 +99,38 @@ def cluster_registry_fixture(cluster: EmbeddedCluster, cluster_client: RedisClus
     """A registry on the module's cluster, every primary flushed first."""
     flush_masters(cluster)
     return Registry(cluster_client)
+
+
+@pytest.fixture(scope="module", name="queue_server")
+def queue_server_fixture() -> Iterator[EmbeddedServer]:
+    """The queue's own single server (RQ, outcomes, replies); never flushed, ids are unique."""
+    with EmbeddedServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module", name="cluster_worker")
+def cluster_worker_fixture(cluster: EmbeddedCluster, queue_server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
+    """A ``sessionfork worker --cluster`` process on the module's cluster, its queue on ``queue_server``."""
+    name = worker_name("cluster")
+    proc = subprocess.Popen(
+        cli_args(cluster.url, "--queue-url", queue_server.url, "--cluster", "worker", "--name", name,
+                 "--log-level", "WARNING"),
+        env=clean_environ(), stdin=subprocess.DEVNULL)
+    try:
+        with queue_server.client() as probe:
+            wait_registered(probe, name, START_TIMEOUT)
+        yield proc
+    finally:
+        assert stop(proc) == 0
+
+
+@pytest.fixture(name="queue_client")
+def queue_client_fixture(queue_server: EmbeddedServer, cluster_worker: subprocess.Popen[bytes]) -> Iterator[Client]:
+    """A client of ``cluster_worker``'s queue (the worker still running)."""
+    assert cluster_worker.poll() is None, f"the cluster worker exited with {cluster_worker.returncode}"
+    redis = queue_server.client()
+    yield make_client(redis)
+    redis.close()
 
 
 # -- helpers ---------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The console browser tests' fixtures: a server of the module's own with the ACL users, a live
 worker under ``sf-worker``, the console (the CLI command, an OS process) under ``sf-console`` (the
 least-privileged user it needs), and Playwright driving Debian's chromium (never ``playwright
-install``). Import the fixtures into a test module (``from console_fixtures import ...  # noqa:
-F401``): ``deployment`` and ``browser`` (module-scoped), ``page`` (one per test).
+install``). The fixtures, which tests/console/conftest.py imports: ``deployment`` and ``browser``
+(module-scoped), ``page`` (one per test).
 
 Set ``CONSOLE_SCREENSHOTS`` to a folder to write each page's screenshot there (the docs' pictures:
 ``CONSOLE_SCREENSHOTS=docs/images .venv/bin/python -m pytest tests/console/``).

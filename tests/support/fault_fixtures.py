@@ -4,8 +4,8 @@ Each test has its own server. Most faults are injected while a worker has a larg
 (it shows as the worker's current job), so that they land inside a fork; the dequeue-window tests
 inject them between RQ's dequeue and the start of the job, deterministically.
 
-Import the fixtures into a test module (``from fault_fixtures import ...  # noqa: F401``); they are
-registered under the names ``procs``, ``own_server`` and ``rds``.
+The fixtures are registered under the names ``procs``, ``own_server`` and ``rds``; the conftest.py of
+the folders that use them imports them.
 """
 
 from __future__ import annotations

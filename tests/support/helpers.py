@@ -52,6 +52,17 @@ def cli_args(url: str | None, *args: str) -> list[str]:
     return [sys.executable, "-m", "sessionfork", *(["--redis-url", url] if url else []), *args]
 
 
+def run_cli(url: str, *args: str, stdin: str | None = None, wait: float = 30.0) -> subprocess.CompletedProcess[str]:
+    """``sessionfork --redis-url URL <args> --wait <wait>`` as an OS process, ``stdin`` on its standard input."""
+    return subprocess.run(cli_args(url, *args, "--wait", str(wait)), env=clean_environ(), input=stdin,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def run_fork_cli(url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``sessionfork fork <args>`` through ``run_cli``."""
+    return run_cli(url, "fork", *args, stdin=stdin)
+
+
 def start_worker(url: str, name: str, **env: object) -> subprocess.Popen[bytes]:
     """Start ``sessionfork worker`` as an OS process (its output goes to the test's captured stderr)."""
     return subprocess.Popen(cli_args(url, "worker", "--name", name, "--log-level", "WARNING"),
@@ -128,6 +139,14 @@ def family(registry: Registry, parent: str, children: list[str]) -> None:
     registry.append(registry.create(parent), turn(1))
     forks.fork_many(registry, parent, children)
     for i, child in enumerate(children):
+        registry.append(child, turn(10 + i))
+
+
+def family_forked_singly(registry: Registry, parent: str, children: list[str]) -> None:
+    """As ``family``, each child by a ``forks.fork`` of its own (``family`` forks them in one ``fork_many``)."""
+    registry.append(registry.create(parent), turn(1))
+    for i, child in enumerate(children):
+        forks.fork(registry, parent, child)
         registry.append(child, turn(10 + i))
 
 

@@ -1,8 +1,8 @@
 """Fixtures and helpers of the JSONL persistence backend tests (``test_persist_*.py``): the files' root,
 a backend factory, draining, and what a session's file must hold (built from the registry).
 
-Import the fixtures into a test module (``from persist_fixtures import ...  # noqa: F401``); they
-are registered under the names ``root`` and ``make_backend``.
+The fixtures are registered under the names ``root`` and ``make_backend``; the conftest.py of the
+folders that use them imports them.
 """
 
 from __future__ import annotations

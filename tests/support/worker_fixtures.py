@@ -1,8 +1,8 @@
 """The worker tests' fixtures and helpers: one real ``sessionfork worker`` process per test module
 (on the session's server), a client of it, a source session, and pub/sub and job-status helpers.
 
-Import the fixtures into a test module (``from worker_fixtures import ...  # noqa: F401``); they are
-registered under the names ``worker``, ``client`` and ``source``.
+The fixtures are registered under the names ``worker``, ``client`` and ``source``; the conftest.py of
+the folders that use them imports them.
 """
 
 from __future__ import annotations

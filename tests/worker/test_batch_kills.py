@@ -13,14 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fault_fixtures import (  # noqa: F401  (fixtures: procs, own_server, rds)
-    missing_outcomes,
-    own_server_fixture,
-    procs_fixture,
-    rds_fixture,
-    stranded_jobs,
-    wait_all_outcomes,
-)
+from fault_fixtures import missing_outcomes, stranded_jobs, wait_all_outcomes
 from helpers import SETTINGS, clean_environ, make_client, outcome_entries, start_worker, turn, worker_name
 from redis import Redis
 from rq.registry import FinishedJobRegistry, StartedJobRegistry

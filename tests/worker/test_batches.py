@@ -15,13 +15,7 @@ from typing import Any, ClassVar
 
 import msgspec
 import pytest
-from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
-    assert_no_crossslot,
-    cluster_client_fixture,
-    cluster_fixture,
-    cluster_registry_fixture,
-    completed_source,
-)
+from cluster_fixtures import assert_no_crossslot, completed_source
 from helpers import family, outcome_entries, queue_of
 from redis import Redis
 from redis.exceptions import NoScriptError

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import uuid
-from collections.abc import Iterator
 
 import msgspec
 import pytest
-from helpers import clean_environ, cli_args, live_client, queue_of, registered_worker, turn
+from helpers import clean_environ, cli_args, queue_of, turn
 from redis import Redis
 
 from sessionfork.clients.client import Client
@@ -23,17 +22,6 @@ from sessionfork.worker import jobs
 
 TIMEOUT = 30.0
 OPEN = [NewEvent("turn/start", {"turn": 9}), NewEvent("tool/call", {"id": "t1"})]
-
-
-@pytest.fixture(scope="module")
-def worker(server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
-    with registered_worker(server, "boundary") as proc:
-        yield proc
-
-
-@pytest.fixture
-def client(redis: Redis, worker: subprocess.Popen[bytes]) -> Client:
-    return live_client(redis, worker)
 
 
 @pytest.fixture

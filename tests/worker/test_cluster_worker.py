@@ -5,21 +5,12 @@ request with its first outcome (creating nothing more)."""
 from __future__ import annotations
 
 import signal
-import subprocess
 import uuid
-from collections.abc import Iterator
 
 import msgspec
 import pytest
-from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
-    assert_no_crossslot,
-    cluster_client_fixture,
-    cluster_fixture,
-    cluster_registry_fixture,
-    completed_source,
-    session_ids,
-)
-from helpers import SETTINGS, clean_environ, cli_args, make_client, stop, wait_registered, worker_name
+from cluster_fixtures import assert_no_crossslot, completed_source, session_ids
+from helpers import SETTINGS
 from rq.exceptions import StopRequested
 
 from sessionfork.clients.client import Client
@@ -38,36 +29,6 @@ from sessionfork.worker.service import RequestService
 pytestmark = pytest.mark.rq  # its stop handler test builds RQ's worker (run.py: again on RQ 2)
 
 TIMEOUT = 60.0
-
-
-@pytest.fixture(scope="module")
-def queue_server() -> Iterator[EmbeddedServer]:
-    """The queue's own single server (RQ, outcomes, replies); never flushed, ids are unique."""
-    with EmbeddedServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def cluster_worker(cluster: EmbeddedCluster, queue_server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
-    name = worker_name("cluster")
-    proc = subprocess.Popen(
-        cli_args(cluster.url, "--queue-url", queue_server.url, "--cluster", "worker", "--name", name,
-                 "--log-level", "WARNING"),
-        env=clean_environ(), stdin=subprocess.DEVNULL)
-    try:
-        with queue_server.client() as probe:
-            wait_registered(probe, name, TIMEOUT)
-        yield proc
-    finally:
-        assert stop(proc) == 0
-
-
-@pytest.fixture
-def queue_client(queue_server: EmbeddedServer, cluster_worker: subprocess.Popen[bytes]) -> Iterator[Client]:
-    assert cluster_worker.poll() is None, f"the cluster worker exited with {cluster_worker.returncode}"
-    redis = queue_server.client()
-    yield make_client(redis)
-    redis.close()
 
 
 def unique(prefix: str) -> str:
@@ -110,7 +71,7 @@ def test_worker_with_a_cluster_registry_answers_a_retried_request_with_its_first
 
 def test_worker_with_a_cluster_registry_merges_and_selects_across_slots(cluster_registry: Registry,
                                                                          queue_client: Client) -> None:
-    """A merge and a select through the worker, parent and children in different slots (issue 28)."""
+    """A merge and a select through the worker, parent and children in different slots."""
     completed_source(cluster_registry, "src")
     fan = queue_client.fork("src", session_ids=["k0", "k1", "k2"], request_id=unique("req"), timeout=TIMEOUT)
     assert fan.ok, fan

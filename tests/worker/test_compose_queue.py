@@ -8,23 +8,21 @@ import asyncio
 import json
 import subprocess
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import msgspec
 import pytest
 from helpers import (
     SETTINGS,
-    clean_environ,
-    cli_args,
-    live_client,
     make_client,
     queue_of,
-    registered_worker,
     start_worker,
     stop,
     turn,
     worker_name,
+)
+from helpers import (
+    run_fork_cli as run_cli,
 )
 from redis import Redis
 
@@ -39,17 +37,6 @@ from sessionfork.worker import jobs
 
 TIMEOUT = 30.0
 RETRY = [NewEvent("turn/start", {"turn": 3}), NewEvent("user/message", {"text": "again"}, extra={"surfaceOp": "x"})]
-
-
-@pytest.fixture(scope="module")
-def worker(server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
-    with registered_worker(server, "compose") as proc:
-        yield proc
-
-
-@pytest.fixture
-def client(redis: Redis, worker: subprocess.Popen[bytes]) -> Client:
-    return live_client(redis, worker)
 
 
 @pytest.fixture
@@ -214,11 +201,6 @@ def test_the_request_on_the_queue_carries_the_fields_as_json(client: Client) -> 
     request = client.request("run", variants=[Variant("a", RETRY[1:]), Variant()], request_id="shape")
     assert json.loads(wire.encode(request)) == {"source": "run", "requestId": "shape", "variants": [
         {"sessionId": "a", "edits": [{"type": "user/message", "data": {"text": "again"}, "surfaceOp": "x"}]}, {}]}
-
-
-def run_cli(url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_args(url, "fork", *args, "--wait", str(TIMEOUT)), env=clean_environ(), input=stdin,
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_cli_fork_with_a_guard_edits_and_variants(server: EmbeddedServer, client: Client, registry: Registry,

@@ -1,4 +1,4 @@
-"""An invalid value is echoed bounded and escaped everywhere it is shown (issue 16, #15): the
+"""An invalid value is echoed bounded and escaped everywhere it is shown: the
 outcome message, the outcome stream, the worker's JSON log line and its span attribute all go
 through ``rules.echo`` (at most ``ECHO_LIMIT`` characters of the value, every control or
 non-printable character escaped), run by a real worker process.

@@ -1,4 +1,4 @@
-"""A fan-out racing the deletion of its source (issue 16, #3 and #6), with a real worker process.
+"""A fan-out racing the deletion of its source, with a real worker process.
 
 Decision (docs/wire-format.md): **no hidden partial state** — a fan-out reports every child it
 created. When its source is deleted while its children are being created, or before a replay of

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from fault_fixtures import add_sources, own_server_fixture, procs_fixture, rds_fixture, wait_all_outcomes  # noqa: F401
+from fault_fixtures import add_sources, wait_all_outcomes
 from helpers import SETTINGS, clean_environ, make_client, start_worker, stored_outcome, worker_name
 from redis import Redis
 from waits import exited

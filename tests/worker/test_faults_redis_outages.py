@@ -7,13 +7,10 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from fault_fixtures import (  # noqa: F401  (fixtures: procs, own_server, rds)
+from fault_fixtures import (
     FAULT_ENV,
     add_sources,
     assert_consistent,
-    own_server_fixture,
-    procs_fixture,
-    rds_fixture,
     stream,
     submit_all,
     wait_all_outcomes,

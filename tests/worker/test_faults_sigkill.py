@@ -9,15 +9,12 @@ import threading
 
 import msgspec
 import pytest
-from fault_fixtures import (  # noqa: F401  (fixtures: procs, own_server, rds)
+from fault_fixtures import (
     BIG,
     FAULT_ENV,
     add_sources,
     assert_consistent,
     children_of,
-    own_server_fixture,
-    procs_fixture,
-    rds_fixture,
     stranded_jobs,
     stream,
     submit_all,

@@ -8,14 +8,11 @@ import subprocess
 import time
 
 import pytest
-from fault_fixtures import (  # noqa: F401  (fixtures: procs, own_server, rds)
+from fault_fixtures import (
     FAULT_ENV,
     add_sources,
     assert_consistent,
     missing_outcomes,
-    own_server_fixture,
-    procs_fixture,
-    rds_fixture,
     stranded_jobs,
     stream,
     submit_all,

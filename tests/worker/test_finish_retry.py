@@ -1,6 +1,6 @@
 """A worker whose success bookkeeping fails mid-way (the primary died with the pipeline in flight,
 and the promoted replica lacks the job's execution record, as in a Sentinel failover) runs it
-again and goes on; it used to drop the job's execution on the first try and quit on the retry."""
+again and goes on: it never drops the job's execution on the first try nor quits on the retry."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SIGKILLed workers mid-merge and mid-select (issue 28): a worker process killed after the parent's
+"""SIGKILLed workers mid-merge and mid-select: a worker process killed after the parent's
 step wrote the merge turn, before the marks and the outcome (and, for a select, between the winner's
 mark and the losers'), leaves a job RQ's started registry hands to another worker, whose run of it
 answers the first merge: one outcome, one merge turn in the parent, the marks written.
@@ -17,7 +17,7 @@ import sys
 from collections import Counter
 
 import pytest
-from fault_fixtures import own_server_fixture, procs_fixture, rds_fixture, wait_all_outcomes  # noqa: F401
+from fault_fixtures import wait_all_outcomes
 from helpers import (
     SETTINGS,
     clean_environ,
@@ -25,13 +25,15 @@ from helpers import (
     outcome_entries,
     start_worker,
     stored_outcome,
-    turn,
     worker_name,
+)
+from helpers import (
+    family_forked_singly as family,
 )
 from redis import Redis
 from waits import exited
 
-from sessionfork.core import forks, keys, merges, wire
+from sessionfork.core import keys, merges, wire
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.registry import Registry
 from sessionfork.core.wire import MergeRequest, MergeResult, SelectRequest, SelectResult
@@ -76,14 +78,6 @@ def start_dying_worker(url: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", DIES_IN_MERGE, "--redis-url", url, "worker", "--name",
                              worker_name("dies-in-merge"), "--log-level", "WARNING"],
                             env=clean_environ(SESSIONFORK_BATCH=1), stdin=subprocess.DEVNULL)
-
-
-def family(registry: Registry, parent: str, children: list[str]) -> None:
-    """``parent`` with one turn (4 events); each child forked from it with one turn of its own (8 events)."""
-    registry.append(registry.create(parent), turn(1))
-    for i, child in enumerate(children):
-        forks.fork(registry, parent, child)
-        registry.append(child, turn(10 + i))
 
 
 def merge_turns(registry: Registry, parent: str) -> list[int]:

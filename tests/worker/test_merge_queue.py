@@ -1,4 +1,4 @@
-"""Merges and selects through the queue (issue 28): both clients and a worker process, the CLI, the
+"""Merges and selects through the queue: both clients and a worker process, the CLI, the
 raw any-language producer (EVAL and the loaded Function library), typed ``merge/error`` and
 ``select/error`` outcomes for bad input, idempotent retries and ``IDEMPOTENCY_CONFLICT`` as forks',
 and the outcome stream."""
@@ -9,12 +9,11 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import SETTINGS, clean_environ, cli_args, live_client, registered_worker, turn
+from helpers import SETTINGS, run_cli, turn
 from redis import Redis
 
 from sessionfork.aio import AsyncClient
@@ -28,17 +27,6 @@ from sessionfork.protocol.enqueue import library
 TIMEOUT = 30.0
 PRODUCER = Path(__file__).parent.parent / "data" / "raw_producer.py"
 pytestmark = pytest.mark.rq
-
-
-@pytest.fixture(scope="module")
-def worker(server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
-    with registered_worker(server, "merge") as proc:
-        yield proc
-
-
-@pytest.fixture
-def client(redis: Redis, worker: subprocess.Popen[bytes]) -> Client:
-    return live_client(redis, worker)
 
 
 @pytest.fixture
@@ -146,11 +134,6 @@ def test_the_raw_producer_merges_and_selects(server: EmbeddedServer, redis: Redi
               "summary": {"t": 1}}
     chosen = produce(server, f"raw-s-{route}", select, route)
     assert (chosen["type"], chosen["abandoned"]) == ("select/result", ["k2"]), chosen
-
-
-def run_cli(url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_args(url, *args, "--wait", str(TIMEOUT)), env=clean_environ(), input=stdin,
-                          capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_cli_merge_and_select(server: EmbeddedServer, client: Client, fam: Registry) -> None:

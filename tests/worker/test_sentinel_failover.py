@@ -285,7 +285,7 @@ def test_workers_and_clients_follow_a_sentinel_promotion_with_exactly_one_outcom
 
 STOP_BOUND = 3.0
 """Seconds from SIGTERM to exit of an idle worker whose servers are all gone (about 0.5 s here;
-before the fix, over 20 s: the sentinels' own retries inside the data connection's)."""
+over 20 s if the sentinels' own retries ran inside the data connection's)."""
 
 
 @pytest.mark.serial  # a time bound

@@ -8,19 +8,11 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import (
-    SETTINGS,
-    clean_environ,
-    cli_args,
-    live_client,
-    registered_worker,
-    turn,
-)
-from redis import Redis
+from helpers import SETTINGS, turn
+from helpers import run_fork_cli as run_cli
 
 from sessionfork import Summary
 from sessionfork.aio import AsyncClient
@@ -31,17 +23,6 @@ from sessionfork.embedded import EmbeddedServer
 
 TIMEOUT = 30.0
 PRODUCER = Path(__file__).parent.parent / "data" / "raw_producer.py"
-
-
-@pytest.fixture(scope="module")
-def worker(server: EmbeddedServer) -> Iterator[subprocess.Popen[bytes]]:
-    with registered_worker(server, "summary") as proc:
-        yield proc
-
-
-@pytest.fixture
-def client(redis: Redis, worker: subprocess.Popen[bytes]) -> Client:
-    return live_client(redis, worker)
 
 
 @pytest.fixture
@@ -125,11 +106,6 @@ def test_the_raw_producer_sends_a_summary(server: EmbeddedServer, registry: Regi
                                                                  "expected 1 to 12 (the snapshot's 12 events)")
 
 
-def run_cli(url: str, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_args(url, "fork", *args, "--wait", str(TIMEOUT)), env=clean_environ(), input=stdin,
-                          capture_output=True, text=True, timeout=60, check=False)
-
-
 def test_cli_fork_with_a_summary(server: EmbeddedServer, client: Client, registry: Registry, src: str,
                                  tmp_path: Path) -> None:
     done = run_cli(server.url, src, "--session-id", "cs", "--boundary", "7", "--summary", "-",
@@ -152,7 +128,7 @@ def test_cli_fork_with_a_summary(server: EmbeddedServer, client: Client, registr
 @pytest.mark.parametrize("huge", [-(2**63) - 5, 2**64 + 7, 10**30])
 def test_a_keep_from_beyond_64_bits_is_invalid_boundary_naming_it(client: Client, registry: Registry, src: str,
                                                                    huge: int) -> None:
-    """Through the worker, as ``boundary`` answers for the same values (issue 26 item 5): the rule's
+    """Through the worker, as ``boundary`` answers for the same values: the rule's
     ``INVALID_BOUNDARY`` naming keepFrom, not an ``INVALID_REQUEST`` about the summary event."""
     reply = client.fork(src, session_id="h", summary=Summary(keep_from=huge, data="s"), timeout=TIMEOUT)
     assert isinstance(reply, ForkFailure)

@@ -1,4 +1,4 @@
-"""Paths the rest of the suite did not reach (issue 10, "tests that must become strong"), each
+"""Paths the rest of the suite did not reach, each
 through real worker processes: the outcome TTL, retries spent (a replica wait that never succeeds,
 retried by RQ, then INTERNAL naming the child), ``SESSIONFORK_JOB_TIMEOUT`` exceeded, a waiter
 whose connection drops, and the plain ``rq worker`` path.

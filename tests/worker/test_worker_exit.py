@@ -1,10 +1,10 @@
-"""``sessionfork worker``'s exit status, from real worker processes (issue 10, #12 and "tests that
-must become strong"): 0 after a warm stop, whatever the load and wherever the SIGTERM lands; 1 when
-RQ's loop stops on an unexpected error (here: a Redis permission the loop needs is revoked).
+"""``sessionfork worker``'s exit status, from real worker processes: 0 after a warm stop, whatever the
+load and wherever the SIGTERM lands; 1 when RQ's loop stops on an unexpected error (here: a Redis
+permission the loop needs is revoked).
 
-A SIGTERM used to raise ``StopRequested`` from the signal handler at any instruction: inside
-redis-py between a command and its reply (the next command read the stale reply: a garbled
-teardown, exit 3) or inside a maintenance pass (swallowed: the worker never stopped). The load test
+A handler that raised ``StopRequested`` at any instruction would land inside redis-py between a
+command and its reply (the next command reads the stale reply: a garbled teardown, exit 3) or
+inside a maintenance pass (swallowed: the worker never stops). The load test
 freezes the server briefly (``DEBUG SLEEP``) under CPU burners, so that the signal lands while the
 worker waits on Redis; the in-process test shows the handler itself never raises.
 """

@@ -13,15 +13,7 @@ from helpers import outcome_entries, queue_of, stored_outcome, turn
 from msgspec import UNSET
 from redis import Redis
 from rq.job import Job, JobStatus
-from worker_fixtures import (  # noqa: F401  (fixtures: worker, client, source)
-    TIMEOUT,
-    client_fixture,
-    failure,
-    source_fixture,
-    subscribed,
-    wait_job_status,
-    worker_fixture,
-)
+from worker_fixtures import TIMEOUT, failure, subscribed, wait_job_status
 
 from sessionfork.clients.client import Client
 from sessionfork.core import keys, wire

@@ -1,4 +1,4 @@
-"""A Redis that stalls or loses its data under a real worker process (issue 16, items 5 and 10).
+"""A Redis that stalls or loses its data under a real worker process.
 
 * A script that runs past ``busy-reply-threshold`` makes the server answer ``BUSY`` to everyone:
   the worker treats it like an outage (backs off, runs the step again), never as the request's

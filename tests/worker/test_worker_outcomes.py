@@ -17,15 +17,7 @@ from msgspec import UNSET
 from redis import Redis
 from rq.job import Job, JobStatus
 from waits import wait_until
-from worker_fixtures import (  # noqa: F401  (fixtures: worker, client, source)
-    TIMEOUT,
-    client_fixture,
-    next_message,
-    source_fixture,
-    subscribed,
-    wait_job_status,
-    worker_fixture,
-)
+from worker_fixtures import TIMEOUT, next_message, subscribed, wait_job_status
 
 from sessionfork.clients.client import Client
 from sessionfork.clients.waiting import wait_for_reply

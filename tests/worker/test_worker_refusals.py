@@ -16,16 +16,7 @@ from helpers import count_session_keys, outcome_entries
 from redis import Redis
 from rq.job import JobStatus
 from waits import outcome_of
-from worker_fixtures import (  # noqa: F401  (fixtures: worker, client, source)
-    TIMEOUT,
-    client_fixture,
-    failure,
-    next_message,
-    source_fixture,
-    subscribed,
-    wait_job_status,
-    worker_fixture,
-)
+from worker_fixtures import TIMEOUT, failure, next_message, subscribed, wait_job_status
 
 from sessionfork.clients.client import Client
 from sessionfork.clients.waiting import wait_for_reply
@@ -56,7 +47,7 @@ def submit_raw(redis: Redis, payload: bytes, request_id: str | None = None) -> t
 
 OVERSIZED = json.dumps({"source": "a", "sessionId": "x" * (64 * 1024)}).encode()
 BIG_EDITS = [{"type": "user/message", "data": {"text": "x" * 1000}} for _ in range(54)]
-"""54 KB of edits: under the 64 KiB request limit, 55 MB written by 1024 children (issue 26 item 8)."""
+"""54 KB of edits: under the 64 KiB request limit, 55 MB written by 1024 children."""
 
 INVALID: list[Any] = [
     pytest.param({"source": "a", "bogus": 1},
@@ -193,7 +184,7 @@ def test_worker_keeps_serving_after_refusing_jobs(redis: Redis, client: Client, 
 
 def test_text_that_is_not_utf8_is_refused_naming_the_field(redis: Redis, registry: Registry, source: str) -> None:
     """Bytes that are not UTF-8 (a payload handed to the service as bytes) and a lone surrogate
-    escape: ``INVALID_REQUEST`` naming the field and saying what is wrong (issue 26 item 9), never a
+    escape: ``INVALID_REQUEST`` naming the field and saying what is wrong, never a
     ``UnicodeDecodeError`` nor msgspec's "not JSON (Input data was truncated)"."""
     service = RequestService(registry, Outcomes(redis, ttl=60, stream_maxlen=100), reply_channel="sf:replies")
     cases = {

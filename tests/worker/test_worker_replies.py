@@ -10,15 +10,7 @@ import pytest
 from helpers import count_session_keys, stored_outcome, turn
 from msgspec import UNSET
 from redis import Redis
-from worker_fixtures import (  # noqa: F401  (fixtures: worker, client, source)
-    TIMEOUT,
-    client_fixture,
-    failure,
-    next_message,
-    source_fixture,
-    subscribed,
-    worker_fixture,
-)
+from worker_fixtures import TIMEOUT, failure, next_message, subscribed
 
 from sessionfork.clients.client import Client
 from sessionfork.core import keys

@@ -1,4 +1,4 @@
-"""A request enqueued on the wrong shard of a sharded queue is refused, never forked (issue 26 item 7).
+"""A request enqueued on the wrong shard of a sharded queue is refused, never forked.
 
 Two queue servers, a worker process on each, one registry: a producer that routes with another
 shard list (here: a client of shard 0's server alone) gets ``WRONG_SHARD`` naming both shards,
