@@ -8,7 +8,6 @@ import json
 
 import pytest
 from click.testing import CliRunner, Result
-from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_registry_fixture  # noqa: F401
 from helpers import turn
 from redis import Redis
 

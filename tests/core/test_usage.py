@@ -5,7 +5,6 @@ twice, bad usage refused before anything is written. On one real server and a re
 from __future__ import annotations
 
 import pytest
-from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_registry_fixture  # noqa: F401
 from fork_helpers import state
 from helpers import turn
 from redis import Redis

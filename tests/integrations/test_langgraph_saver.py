@@ -13,12 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from cluster_fixtures import (  # noqa: F401  (fixtures: registered under their ``name=``)
-    assert_no_crossslot,
-    cluster_client_fixture,
-    cluster_fixture,
-    cluster_registry_fixture,
-)
+from cluster_fixtures import assert_no_crossslot
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.conformance import checkpointer_test, validate

@@ -15,7 +15,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from cluster_fixtures import cluster_client_fixture, cluster_fixture, cluster_registry_fixture  # noqa: F401
 from helpers import clean_environ, cli_args, turn
 from redis import Redis
 from waits import wait_until
