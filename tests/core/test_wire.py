@@ -161,14 +161,16 @@ def test_any_json_event_round_trips_through_storage(
 
 def test_the_request_identity_is_defined_once_and_both_sides_use_it() -> None:
     """``wire.identity`` (and ``wire.digest``, its sha256: ``digest_of``) is the one Python definition of what makes
-    two requests "the same": no other module defines or reads the identity fields, and the clients
-    and the worker call it (the enqueue script's copy is pinned by test_enqueue_script.py)."""
+    two requests "the same": no other module defines it, and no other reads the identity fields but the
+    table of operations (each row's ``identity``, the fields its request has); the clients and the
+    worker call it (the enqueue script's copy is pinned by test_enqueue_script.py and test_operations.py)."""
     src = Path(wire.__file__).resolve().parents[1]
     texts = {p.relative_to(src).as_posix(): p.read_text() for p in src.rglob("*.py")}
-    defining = {name for name, text in texts.items() for node in ast.walk(ast.parse(text))
+    defining = {name for name, text in texts.items() for node in ast.parse(text).body  # module-level functions
                 if isinstance(node, ast.FunctionDef) and node.name in ("identity", "digest")}
     assert defining == {"core/wire.py"}
-    assert {name for name, text in texts.items() if "IDENTITY_FIELDS" in text} == {"core/wire.py"}
+    assert {name for name, text in texts.items() if "IDENTITY_FIELDS" in text} == {"core/wire.py",
+                                                                                  "protocol/operations.py"}
     for side in ("clients/client.py", "clients/aio.py"):
         assert "wire.digest(request)" in texts[side], side
     worker = "".join(text for name, text in texts.items() if name.startswith("worker/"))
