@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 from cluster_fixtures import assert_no_crossslot
+from helpers import died_before_the_marks, turn
 from helpers import family_forked_singly as family
-from helpers import turn
 from redis.cluster import RedisCluster
 from waits import outcome_of
 
@@ -21,7 +21,6 @@ from sessionfork.core import forks, keys, merges, wire
 from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.merge_steps import Merged, MergeSteps, merge_key
 from sessionfork.core.registry import Registry
-from sessionfork.core.specs import MergeSpec, SelectSpec
 from sessionfork.core.state import RegistryState
 from sessionfork.core.wire import MergedInto
 from sessionfork.embedded import EmbeddedCluster
@@ -45,26 +44,6 @@ def code_of(call: Callable[[], object]) -> tuple[ErrorCode, str]:
     with pytest.raises(ForkError) as info:
         call()
     return info.value.code, info.value.message
-
-
-def died_before_the_marks(steps: MergeSteps, spec: MergeSpec | SelectSpec) -> Merged:
-    """The spec's steps up to its parent's step, as a process that died before the marks left
-    them: what the parent's step wrote."""
-    class Dies(Exception):
-        pass
-
-    def dies(done: list[tuple[MergeSpec, Merged, tuple[str, ...]]]) -> None:
-        raise Dies(done[0][1])
-
-    steps._mark_many = dies  # type: ignore[assignment, method-assign]  # this instance's: the process died
-    try:
-        steps.run_many([spec])
-    except Dies as died:
-        merged: Merged = died.args[0]
-        return merged
-    finally:
-        del steps._mark_many
-    raise AssertionError("the marks were not reached")
 
 
 def test_merge_across_slots_replays_and_refuses_as_on_one_server(cluster_registry: Registry,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from clocks import Clock
-from helpers import family, turn
+from helpers import died_before_the_marks, family, turn
 from redis import Redis
 from waits import outcome_of
 
@@ -26,7 +26,7 @@ from sessionfork.core.errors import ErrorCode, ForkError
 from sessionfork.core.merge_steps import Merged, MergeSteps
 from sessionfork.core.registry import Registry
 from sessionfork.core.settings import Settings
-from sessionfork.core.specs import MergeSpec, SelectSpec
+from sessionfork.core.specs import SelectSpec
 from sessionfork.core.wire import NewEvent
 from sessionfork.embedded import EmbeddedServer
 
@@ -54,26 +54,6 @@ def between_child_and_parent_step(steps: MergeSteps, action: Callable[[], object
 
     steps._write_op = hooked  # type: ignore[method-assign]  # this instance's only
     return ran
-
-
-def died_before_the_marks(steps: MergeSteps, spec: MergeSpec | SelectSpec) -> Merged:
-    """The spec's steps up to its parent's step, as a process that died before the marks left
-    them: what the parent's step wrote."""
-    class Dies(Exception):
-        pass
-
-    def dies(done: list[tuple[MergeSpec, Merged, tuple[str, ...]]]) -> None:
-        raise Dies(done[0][1])
-
-    steps._mark_many = dies  # type: ignore[assignment, method-assign]  # this instance's: the process died
-    try:
-        steps.run_many([spec])
-    except Dies as died:
-        merged: Merged = died.args[0]
-        return merged
-    finally:
-        del steps._mark_many
-    raise AssertionError("the marks were not reached")
 
 
 def merge_turns(registry: Registry, parent: str) -> list[int]:

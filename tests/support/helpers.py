@@ -21,7 +21,9 @@ from waits import wait_until
 from sessionfork.clients.client import Client
 from sessionfork.core import forks, keys, records, wire
 from sessionfork.core.config import Settings
+from sessionfork.core.merge_steps import Merged, MergeSteps
 from sessionfork.core.registry import Registry
+from sessionfork.core.specs import MergeSpec, SelectSpec
 from sessionfork.core.wire import NewEvent, Reply
 from sessionfork.embedded import EmbeddedServer
 from sessionfork.worker.jobs import fresh_workers, make_queue
@@ -224,3 +226,23 @@ def apply_acl(redis: Redis, settings: Settings, passwords: dict[str, str]) -> No
 
     for line in acl.acl_rules(settings, passwords):
         redis.execute_command(*shlex.split(line))  # type: ignore[no-untyped-call]
+
+
+def died_before_the_marks(steps: MergeSteps, spec: MergeSpec | SelectSpec) -> Merged:
+    """The spec's steps up to its parent's step, as a process that died before the marks left
+    them: what the parent's step wrote."""
+    class Dies(Exception):
+        pass
+
+    def dies(done: list[tuple[MergeSpec, Merged, tuple[str, ...]]]) -> None:
+        raise Dies(done[0][1])
+
+    steps._mark_many = dies  # type: ignore[assignment, method-assign]  # this instance's: the process died
+    try:
+        steps.run_many([spec])
+    except Dies as died:
+        merged: Merged = died.args[0]
+        return merged
+    finally:
+        del steps._mark_many
+    raise AssertionError("the marks were not reached")
